@@ -1,0 +1,1 @@
+"""The pipeline: re-parameterize, verify, export, check parity, measure, report, package."""

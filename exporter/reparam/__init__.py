@@ -1,0 +1,4 @@
+"""Re-parameterization: train-form -> deploy-form, with a summary of every fold."""
+from .engine import BlockCheck, FoldContext, ReparamSummary, register_plan, reparameterize, schedule_state
+
+__all__ = ["BlockCheck", "FoldContext", "ReparamSummary", "register_plan", "reparameterize", "schedule_state"]

@@ -1,0 +1,142 @@
+"""The re-parameterization engine: per-family fold plans, a summary of what was folded, the schedule check."""
+from __future__ import annotations
+
+import copy
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from ...models.errors import VitedgeError
+from ...models.layers.attention import ORDERS
+from ...models.layers.norms import LinearNorm
+
+
+@dataclass
+class ReparamSummary:
+    folded: Counter = field(default_factory=Counter)
+    unfolded: list = field(default_factory=list)          # [{"module", "why"}]
+    attention_order: dict = field(default_factory=dict)   # module path -> "qk_first" | "kv_first"
+    attention_reason: dict = field(default_factory=dict)  # module path -> why
+    schedule: list = field(default_factory=list)          # [{"module", "lambda"}] for unfinished LinearNorms
+    rewrites: list = field(default_factory=list)          # names of deploy-form rewrites applied
+
+    def to_dict(self) -> dict:
+        return {"folded": dict(sorted(self.folded.items())), "unfolded": list(self.unfolded),
+                "attention_order": dict(self.attention_order), "attention_reason": dict(self.attention_reason),
+                "schedule": list(self.schedule), "rewrites": list(self.rewrites)}
+
+
+@dataclass
+class BlockCheck:
+    """A pair of modules whose outputs the equivalence gate compares (block by block).
+
+    `to_train` maps the deploy module's output into the train module's layout (None = same layout).
+    """
+    name: str
+    train_path: str
+    deploy_path: str
+    to_train: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+@dataclass
+class FoldContext:
+    imgsz: int
+    attn_order: str = "auto"
+    rewrites: bool = True
+    summary: ReparamSummary = field(default_factory=ReparamSummary)
+    blocks: list = field(default_factory=list)
+
+    def fold(self, kind: str, n: int = 1) -> None:
+        self.summary.folded[kind] += n
+
+    def unfold(self, module: str, why: str) -> None:
+        self.summary.unfolded.append({"module": module, "why": why})
+
+    def order(self, module: str, order: str, why: str) -> None:
+        self.summary.attention_order[module] = order
+        self.summary.attention_reason[module] = why
+
+    def rewrite(self, name: str) -> None:
+        if name not in self.summary.rewrites:
+            self.summary.rewrites.append(name)
+
+    def check(self, name: str, train_path: str, deploy_path: str | None = None, to_train=None) -> None:
+        self.blocks.append(BlockCheck(name, train_path, deploy_path or train_path, to_train))
+
+
+FoldPlan = Callable[[nn.Module, FoldContext], nn.Module]
+_PLANS: dict[type, FoldPlan] = {}
+
+
+def register_plan(*classes: type):
+    """Register `plan(model_copy, ctx) -> deploy_model` for train-form model classes."""
+
+    def deco(fn: FoldPlan) -> FoldPlan:
+        for c in classes:
+            _PLANS[c] = fn
+        return fn
+
+    return deco
+
+
+def _ensure_plans() -> None:
+    from . import sima, slab_deit, slab_swin, swiftformer  # noqa: F401  (registers plans)
+
+
+def schedule_state(model: nn.Module) -> list[dict]:
+    """LinearNorms whose LN->RepBN schedule has not finished: their next training lambda > 0 (or warm-up left)."""
+    out = []
+    for name, m in model.named_modules():
+        if isinstance(m, LinearNorm) and (int(m.warm) > 0 or float(m.lam()) > 0):
+            out.append({"module": name, "lambda": round(float(m.lam()), 6), "warm": int(m.warm)})
+    return out
+
+
+def reparameterize(model: nn.Module, imgsz: int | None = None, attn_order: str = "auto",
+                   strict_schedule: bool = False, rewrites: bool = True) -> nn.Module:
+    """Return the deploy-form of `model` (a new module tree; `model` is untouched).
+
+    The result carries `.reparam_summary` (ReparamSummary) and `.reparam_blocks` (block pairs for the
+    equivalence gate). Verify it with `exporter.equivalence.verify_equivalence`.
+    """
+    _ensure_plans()
+    if attn_order not in ORDERS:
+        raise VitedgeError(f"--attn-order must be one of {', '.join(ORDERS)}; got {attn_order!r}")
+    spec = getattr(model, "vitedge_spec", None)
+    if imgsz is None:
+        imgsz = spec.fixed_size(getattr(model, "vitedge_overrides", {})) or spec.default_imgsz if spec else 224
+    if spec is not None:
+        spec.check_imgsz(imgsz, getattr(model, "vitedge_overrides", {}))
+    plan = _PLANS.get(type(model))
+    if plan is None:
+        raise VitedgeError(f"no re-parameterization plan for {type(model).__name__}: build it with vitedge.create_model")
+
+    ctx = FoldContext(imgsz=imgsz, attn_order=attn_order, rewrites=rewrites)
+    unfinished = schedule_state(model)
+    if unfinished:
+        lams = ", ".join(f"{u['module']}={u['lambda']}" for u in unfinished[:4])
+        more = f" (+{len(unfinished) - 4} more)" if len(unfinished) > 4 else ""
+        msg = (f"checkpoint taken before the LN->RepBN schedule finished: lambda {lams}{more}; "
+               "using official eval semantics (RepBN only), which differ from the train-mode blend")
+        if strict_schedule:
+            raise VitedgeError(msg + "; drop --strict-schedule to accept it or finish training")
+        warnings.warn(msg, stacklevel=2)
+        ctx.summary.schedule = unfinished
+
+    deploy = copy.deepcopy(model).eval()
+    with torch.no_grad():
+        deploy = plan(deploy, ctx)
+    deploy.eval()
+    for p in deploy.parameters():
+        p.requires_grad_(False)
+    deploy.reparam_summary = ctx.summary
+    deploy.reparam_blocks = ctx.blocks
+    deploy.reparam_imgsz = imgsz
+    for attr in ("vitedge_name", "vitedge_overrides", "vitedge_spec"):
+        if hasattr(model, attr):
+            setattr(deploy, attr, getattr(model, attr))
+    return deploy

@@ -1,0 +1,133 @@
+"""Fold primitives: pure functions on modules, each exact in real arithmetic.
+
+Per-family fold plans (one file per family beside this one) are short lists of calls to these.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+
+def bn_affine(bn: nn.modules.batchnorm._BatchNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eval BatchNorm as per-channel `a * x + b`."""
+    inv = torch.rsqrt(bn.running_var + bn.eps)
+    a = inv if bn.weight is None else bn.weight * inv
+    b = -bn.running_mean * a
+    if bn.bias is not None:
+        b = b + bn.bias
+    return a, b
+
+
+def ln_is_foldable(ln: nn.Module) -> bool:
+    return False  # LayerNorm depends on the token's own statistics: never a constant affine
+
+
+def _clone_with_bias(m: nn.Module) -> nn.Module:
+    """A copy of a Linear/Conv with a (possibly zero) bias parameter, same dtype/device."""
+    w = m.weight
+    if isinstance(m, nn.Linear):
+        new = nn.Linear(m.in_features, m.out_features, bias=True)
+    else:
+        new = type(m)(m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding, m.dilation, m.groups,
+                      bias=True, padding_mode=m.padding_mode)
+    new = new.to(dtype=w.dtype, device=w.device)
+    with torch.no_grad():
+        new.weight.copy_(w)
+        new.bias.copy_(m.bias if m.bias is not None else torch.zeros_like(new.bias))
+    return new
+
+
+@torch.no_grad()
+def affine_after(m: nn.Module, a: torch.Tensor, b: torch.Tensor) -> nn.Module:
+    """`a * m(x) + b` (per output channel) as one Linear/Conv: W' = a W, b' = a bias + b.
+
+    Exact for any padding: the affine acts on outputs. (This is the correct patch-embed-with-bias
+    fold that SLAB's own merge code gets wrong by dropping `a * bias`.)
+    """
+    new = _clone_with_bias(m)
+    shape = (-1,) + (1,) * (new.weight.dim() - 1)
+    new.weight.mul_(a.reshape(shape).to(new.weight))
+    new.bias.mul_(a.to(new.bias)).add_(b.to(new.bias))
+    return new
+
+
+@torch.no_grad()
+def affine_before(m: nn.Module, a: torch.Tensor, b: torch.Tensor) -> nn.Module:
+    """`m(a * x + b)` (per input channel) as one Linear or 1x1/unpadded dense Conv: W' = W diag(a), b' = bias + W b.
+
+    Only exact when every output sees the shift `b` at every tap: Linear, or a Conv with no padding
+    and groups=1. Zero-padded convs are handled by `affine_before_padded_depthwise`.
+    """
+    if isinstance(m, nn.Conv2d):
+        if any(p != 0 for p in m.padding) or m.groups != 1:
+            raise ValueError("affine_before: conv with padding or groups is not exact; use affine_before_padded_depthwise")
+    new = _clone_with_bias(m)
+    w = new.weight
+    shape = (1, -1) + (1,) * (w.dim() - 2)
+    shift = (w * b.to(w).reshape(shape)).flatten(1).sum(1)
+    new.bias.add_(shift)
+    w.mul_(a.to(w).reshape(shape))
+    return new
+
+
+@torch.no_grad()
+def scale_output(m: nn.Module, s: torch.Tensor) -> nn.Module:
+    """`s * m(x)` per output channel (layer scale absorption)."""
+    return affine_after(m, s.reshape(-1), torch.zeros_like(s.reshape(-1)))
+
+
+@torch.no_grad()
+def fuse_conv_bn(conv: nn.Conv2d, bn: nn.modules.batchnorm._BatchNorm) -> nn.Conv2d:
+    """`bn(conv(x))` as one conv."""
+    return affine_after(conv, *bn_affine(bn))
+
+
+class ChannelAffine(nn.Module):
+    """An explicit per-channel `scale * x + shift` on a given axis, for what cannot fold exactly.
+
+    The re-parameterization summary lists every instance as unfolded with its reason.
+    """
+
+    def __init__(self, scale: torch.Tensor | None, shift: torch.Tensor | None, dim: int = 1):
+        super().__init__()
+        self.dim = dim
+        self.register_buffer("scale", None if scale is None else scale.detach().clone())
+        self.register_buffer("shift", None if shift is None else shift.detach().clone())
+
+    def _view(self, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        shape = [1] * x.dim()
+        shape[self.dim] = -1
+        return t.reshape(shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.scale is not None:
+            x = x * self._view(self.scale, x)
+        if self.shift is not None:
+            x = x + self._view(self.shift, x)
+        return x
+
+
+@torch.no_grad()
+def affine_before_padded_depthwise(conv: nn.Conv2d, a: torch.Tensor, b: torch.Tensor) -> tuple[nn.Module, nn.Module]:
+    """`conv(a * x + b)` for a zero-padded depthwise conv: the scale folds exactly; the shift does not.
+
+    With zero padding, border outputs see `b` only at in-image taps, so `conv(b)` is spatially varying.
+    Returns `(ChannelAffine(None, b), conv')` with `conv' = conv(diag(a) .)`: the shift stays an explicit
+    per-channel add before the conv (exact everywhere).
+    """
+    if conv.groups != conv.in_channels or conv.in_channels != conv.out_channels:
+        raise ValueError("affine_before_padded_depthwise expects a depthwise conv")
+    new = _clone_with_bias(conv)
+    new.weight.mul_(a.to(new.weight).reshape(-1, 1, 1, 1))
+    return ChannelAffine(None, b.to(new.weight), dim=1), new
+
+
+def replace_module(root: nn.Module, path: str, new: nn.Module) -> None:
+    """Replace the submodule at dotted `path` (ModuleList/Sequential indices allowed)."""
+    parent_path, _, leaf = path.rpartition(".")
+    parent = root.get_submodule(parent_path) if parent_path else root
+    setattr(parent, leaf, new)
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,30 @@
+"""Small layers shared by several families."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+
+class Mlp(nn.Module):
+    """timm-style `fc2(act(fc1(x)))` on the last axis (keys `fc1`, `fc2`)."""
+
+    def __init__(self, in_features: int, hidden_features: int | None = None, out_features: int | None = None,
+                 act_layer=nn.GELU, bias: bool = True):
+        super().__init__()
+        hidden_features = hidden_features or in_features
+        out_features = out_features or in_features
+        self.fc1 = nn.Linear(in_features, hidden_features, bias=bias)
+        self.act = act_layer()
+        self.fc2 = nn.Linear(hidden_features, out_features, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def init_trunc_normal(module: nn.Module, std: float = 0.02) -> None:
+    """The usual ViT init: trunc_normal(std) weights, zero biases for Linear/Conv."""
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Conv2d, nn.Conv1d)):
+            nn.init.trunc_normal_(m.weight, std=std)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)

@@ -1,0 +1,1 @@
+"""Backends, one module each, behind the small interface in base.py."""
