@@ -1,1 +1,27 @@
-"""Backends, one module each, behind the small interface in base.py."""
+"""Backends, one module each, behind the small interface in base.py.
+
+TARGETS is the one table of export formats: name -> "module:Class" (imported lazily, so a backend
+whose package is missing never breaks the others).
+"""
+from __future__ import annotations
+
+import importlib
+
+from .base import Artifact, LowerSpec, Runner, Target, UnavailableError
+
+TARGETS: dict[str, str] = {
+    "onnx": "vitedge.targets.ort:OnnxTarget",
+    "coreml": "vitedge.targets.coreml:CoreMLTarget",
+    "tensorrt": "vitedge.targets.tensorrt:TensorRTTarget",
+}
+
+ALIASES = {"trt": "tensorrt", "engine": "tensorrt", "mlpackage": "coreml", "ios": "coreml", "onnxruntime": "onnx"}
+
+
+def get_target(name: str) -> Target:
+    name = ALIASES.get(name, name)
+    mod, cls = TARGETS[name].split(":")
+    return getattr(importlib.import_module(mod), cls)()
+
+
+__all__ = ["TARGETS", "ALIASES", "get_target", "Artifact", "LowerSpec", "Runner", "Target", "UnavailableError"]
