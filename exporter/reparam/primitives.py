@@ -108,18 +108,36 @@ class ChannelAffine(nn.Module):
 
 
 @torch.no_grad()
-def affine_before_padded_depthwise(conv: nn.Conv2d, a: torch.Tensor, b: torch.Tensor) -> tuple[nn.Module, nn.Module]:
+def affine_before_padded_depthwise(conv: nn.Conv2d, a: torch.Tensor, b: torch.Tensor,
+                                   max_shift: float = 1e4) -> tuple[nn.Module, nn.Module]:
     """`conv(a * x + b)` for a zero-padded depthwise conv: the scale folds exactly; the shift does not.
 
     With zero padding, border outputs see `b` only at in-image taps, so `conv(b)` is spatially varying.
-    Returns `(ChannelAffine(None, b), conv')` with `conv' = conv(diag(a) .)`: the shift stays an explicit
-    per-channel add before the conv (exact everywhere).
+    Returns `(ChannelAffine(None, b / a), conv')` with `conv' = conv(diag(a) .)`, since
+    `conv(a x + b) = conv'(x + b / a)`: the shift stays an explicit per-channel add before the conv (exact
+    everywhere). When some `a` is 0 or `|b / a| > max_shift` (fp16 range), nothing folds:
+    `(ChannelAffine(a, b), conv)`.
     """
     if conv.groups != conv.in_channels or conv.in_channels != conv.out_channels:
         raise ValueError("affine_before_padded_depthwise expects a depthwise conv")
     new = _clone_with_bias(conv)
-    new.weight.mul_(a.to(new.weight).reshape(-1, 1, 1, 1))
-    return ChannelAffine(None, b.to(new.weight), dim=1), new
+    a, b = a.to(new.weight), b.to(new.weight)
+    if bool((a == 0).any()) or float((b / a).abs().max()) > max_shift:
+        return ChannelAffine(a, b, dim=1), new
+    new.weight.mul_(a.reshape(-1, 1, 1, 1))
+    return ChannelAffine(None, b / a, dim=1), new
+
+
+@torch.no_grad()
+def linear_to_conv1x1(linear: nn.Linear) -> nn.Conv2d:
+    """The same Linear acting on the channel axis of an NCHW tensor, as a 1x1 conv (channels-first rewrites)."""
+    w = linear.weight
+    conv = nn.Conv2d(linear.in_features, linear.out_features, 1, bias=linear.bias is not None)
+    conv = conv.to(dtype=w.dtype, device=w.device)
+    conv.weight.copy_(w.reshape(linear.out_features, linear.in_features, 1, 1))
+    if linear.bias is not None:
+        conv.bias.copy_(linear.bias)
+    return conv
 
 
 def replace_module(root: nn.Module, path: str, new: nn.Module) -> None:
