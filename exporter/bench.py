@@ -1,0 +1,374 @@
+"""The latency harness behind `vitedge bench`: measured, paired, parity-checked, with a regression gate.
+
+Per size, every available backend is built (its load/compile time measured), checked against the
+train-form on parity inputs, then all passing backends are timed *interleaved* in rounds, so the
+train-form / deploy-form ratio (the re-parameterization speedup) is a paired measurement with a
+bootstrap confidence interval. A backend that fails parity is reported as failed and its latency is
+marked invalid; a backend that cannot run here is listed as unavailable with the reason.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from ..models.errors import VitedgeError
+from ..targets.base import Runner, UnavailableError
+from . import latency
+from .inputs import parity_inputs
+from .parity import compute_metrics, run_batched, tolerances as make_tolerances
+
+BACKENDS = ("torch", "torch-deploy", "onnxruntime", "coreml", "tensorrt")
+DEFAULT_BACKENDS = ("torch", "torch-deploy", "onnxruntime")
+PARITY_SAMPLES = 8
+ORDER_BACKENDS = ("torch-deploy", "onnxruntime")  # where `--order measured` can time both orders
+
+
+@dataclass
+class BackendResult:
+    backend: str
+    imgsz: int
+    status: str                       # "ok" | "failed" | "unavailable"
+    reason: str | None = None
+    mode: str | None = None           # runner mode (reference/device/emulated)
+    load_s: float | None = None       # build / export / compile / session creation
+    parity: dict | None = None        # metrics vs train-form
+    latency: dict | None = None       # LatencyStats.to_dict()
+    valid: bool = False               # latency is only valid with passed parity
+
+    @property
+    def key(self) -> str:
+        return f"{self.backend}@{self.imgsz}"
+
+
+@dataclass
+class BenchReport:
+    model: str
+    weights: str
+    batch: int
+    threads: int
+    sizes: list
+    results: list = field(default_factory=list)      # [BackendResult]
+    ratios: list = field(default_factory=list)       # [{"imgsz", "numerator", "denominator", "ratio", "ci", "pairs"}]
+    order: list = field(default_factory=list)        # `--order measured` results per size
+    regressions: list = field(default_factory=list)  # entries beyond --max-regression
+    baseline: str | None = None
+    settings: dict = field(default_factory=dict)
+    machine: dict = field(default_factory=dict)
+    exit_code: int = 0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["results"] = [dict(asdict(r), key=r.key) for r in self.results]
+        return d
+
+    def p50_by_key(self) -> dict[str, float]:
+        return {r.key: r.latency["p50_ms"] for r in self.results if r.valid and r.latency}
+
+
+def machine_info() -> dict:
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__}
+
+
+# ---- backends ---------------------------------------------------------------------------------------
+
+def _torch_runner(model: nn.Module, label: str) -> Runner:
+    from ..targets.pytorch import TorchRunner
+    return TorchRunner(model, label)
+
+
+def _ort_runner(deploy: nn.Module, imgsz: int, batch: int, threads: int) -> Runner:
+    from ..targets.ort import OnnxRuntimeRunner
+    from .onnx_export import check_onnx, export_onnx, simplify_onnx
+    model = simplify_onnx(check_onnx(export_onnx(deploy, imgsz, batch=batch)))
+    return OnnxRuntimeRunner(model, threads=threads)
+
+
+def _target_runner(name: str, deploy: nn.Module, imgsz: int, batch: int, tmp: Path) -> Runner:
+    """CoreML / TensorRT through their targets; raises UnavailableError with the reason when they cannot run."""
+    from ..targets import LowerSpec, get_target
+    try:
+        target = get_target(name)
+    except ImportError as e:
+        raise UnavailableError(f"{name} target is not installed here ({e})") from None
+    ok, why = target.available()
+    if not ok:
+        raise UnavailableError(why or f"{name} is unavailable here")
+    ok, why = target.runnable()
+    if not ok:
+        raise UnavailableError(why or f"{name} cannot run here")
+    onnx_path = None
+    if name == "tensorrt":
+        from .onnx_export import check_onnx, export_onnx, save_onnx, simplify_onnx
+        onnx_path = save_onnx(simplify_onnx(check_onnx(export_onnx(deploy, imgsz, batch=batch))), tmp / "bench.onnx")
+    spec = LowerSpec(name="bench", imgsz=imgsz, batch=batch, precision=target.default_precision, out_dir=tmp,
+                     onnx_path=onnx_path)
+    runner = target.runner(target.lower(deploy, spec))
+    if runner.mode != "device":
+        # An emulator's speed says nothing about the device: never time it as if it were.
+        raise UnavailableError(f"{name} runs only {runner.mode} here ({runner.backend}); no device to time")
+    return runner
+
+
+def build_runner(backend: str, train: nn.Module, deploy: nn.Module, imgsz: int, batch: int, threads: int,
+                 tmp: Path) -> Runner:
+    if backend == "torch":
+        return _torch_runner(train, "train-form")
+    if backend == "torch-deploy":
+        return _torch_runner(deploy, "deploy-form")
+    if backend == "onnxruntime":
+        return _ort_runner(deploy, imgsz, batch, threads)
+    if backend in ("coreml", "tensorrt"):
+        return _target_runner(backend, deploy, imgsz, batch, tmp)
+    raise VitedgeError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+
+
+def parse_backends(spec: str | list) -> list[str]:
+    names = [b.strip() for b in (spec.split(",") if isinstance(spec, str) else spec) if b.strip()]
+    bad = [b for b in names if b not in BACKENDS]
+    if bad or not names:
+        raise VitedgeError(f"--backends takes a comma list of {', '.join(BACKENDS)}; got {spec!r}")
+    return list(dict.fromkeys(names))
+
+
+def parse_sizes(spec: str | list | int) -> list[int]:
+    try:
+        sizes = [int(s) for s in (str(spec).split(",") if not isinstance(spec, list) else spec)]
+    except ValueError:
+        raise VitedgeError(f"--imgsz takes a comma list of integers (e.g. 224,320); got {spec!r}") from None
+    return list(dict.fromkeys(sizes))
+
+
+# ---- the harness --------------------------------------------------------------------------------------
+
+def _tolerance_for(runner: Runner):
+    tols = make_tolerances()
+    return tols["fp16"] if "fp16" in getattr(runner, "backend", "") else tols["fp32"]
+
+
+def _parity(runner: Runner, x: np.ndarray, ref: np.ndarray) -> tuple[dict, list[str]]:
+    m = compute_metrics(ref, run_batched(runner, x))
+    return asdict(m), _tolerance_for(runner).violations(m)
+
+
+def _fresh_input(imgsz: int, batch: int) -> np.ndarray:
+    return parity_inputs(batch, imgsz, seed=99).numpy()
+
+
+def measure_size(name: str, train: nn.Module, make_deploy: Callable[[int], nn.Module], imgsz: int,
+                 backends: list[str], batch: int, threads: int, warmup_s: float, min_iters: int, max_s: float,
+                 tmp: Path, inject: dict | None = None) -> tuple[list[BackendResult], list[dict]]:
+    """Build, parity-check and time every backend at one size. `inject` maps backend -> Runner (tests)."""
+    x = parity_inputs(PARITY_SAMPLES, imgsz, seed=0).numpy()
+    with torch.no_grad():
+        ref = train(torch.from_numpy(x)).float().numpy()
+    deploy = make_deploy(imgsz)
+    results, runners = [], {}
+    for b in backends:
+        t0 = time.perf_counter()
+        try:
+            runner = (inject or {}).get(b) or build_runner(b, train, deploy, imgsz, batch, threads, tmp)
+        except UnavailableError as e:
+            results.append(BackendResult(b, imgsz, "unavailable", reason=str(e)))
+            continue
+        load_s = time.perf_counter() - t0
+        res = BackendResult(b, imgsz, "ok", mode=runner.mode, load_s=round(load_s, 4))
+        try:
+            res.parity, problems = _parity(runner, x, ref)
+        except Exception as e:  # a backend that crashes on the parity inputs has failed parity
+            res.parity, problems = None, [f"{type(e).__name__}: {e}"]
+        if problems:
+            res.status, res.reason = "failed", "parity failed: " + "; ".join(problems)
+        results.append(res)
+        runners[b] = (runner, res)
+    timed = {b: rr for b, rr in runners.items() if rr[1].status == "ok"}
+    ratios: list[dict] = []
+    if timed:
+        xb = _fresh_input(imgsz, batch)
+        fns = {b: (lambda r=r: r.run(xb)) for b, (r, _) in timed.items()}
+        times = latency.time_interleaved(fns, warmup_s=warmup_s, min_iters=min_iters, max_s=max_s)
+        for b, (_, res) in timed.items():
+            res.latency = latency.summarize(times[b], batch=batch).to_dict()
+            res.valid = True
+        for num, den in (("torch", "torch-deploy"), ("torch", "onnxruntime")):
+            if num in timed and den in timed:
+                ratios.append({"imgsz": imgsz, "numerator": num, "denominator": den,
+                               **latency.paired_ratio(times[num], times[den])})
+    return results, ratios
+
+
+def _attention_modules(model: nn.Module) -> list[str]:
+    return [n for n, m in model.named_modules() if hasattr(m, "attn_order") and hasattr(m, "order_for")]
+
+
+def measure_orders(train: nn.Module, make_deploy: Callable[[int, str], nn.Module], imgsz: int, backend: str,
+                   batch: int, threads: int, warmup_s: float, min_iters: int, max_s: float, tmp: Path) -> dict:
+    """Time the deploy-form with each attention order forced, interleaved; return the faster one."""
+    if backend not in ORDER_BACKENDS:
+        raise VitedgeError(f"--order measured times orders on {' or '.join(ORDER_BACKENDS)}; add one to --backends")
+    runners = {}
+    for order in ("qk_first", "kv_first"):
+        deploy = make_deploy(imgsz, order)
+        runners[order] = build_runner(backend, train, deploy, imgsz, batch, threads, tmp)
+    xb = _fresh_input(imgsz, batch)
+    times = latency.time_interleaved({o: (lambda r=r: r.run(xb)) for o, r in runners.items()},
+                                     warmup_s=warmup_s, min_iters=min_iters, max_s=max_s)
+    stats = {o: latency.summarize(t, batch).to_dict() for o, t in times.items()}
+    best = min(stats, key=lambda o: stats[o]["p50_ms"])
+    rule = make_deploy(imgsz, "auto").reparam_summary.attention_order
+    return {"imgsz": imgsz, "backend": backend, "latency": stats, "measured_best": best,
+            "rule_choice": sorted(set(rule.values())), "qk_over_kv": latency.paired_ratio(times["qk_first"],
+                                                                                          times["kv_first"])}
+
+
+def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torch-deploy,onnxruntime",
+              imgsz="224", batch: int = 1, threads: int = 1, warmup_s: float = 0.5, min_iters: int = 50,
+              max_s: float = 5.0, baseline: str | None = None, max_regression: float | None = None,
+              order: str = "auto", attn_order: str = "auto", overrides: dict | None = None,
+              device: str | None = None, inject: dict | None = None, tmp_dir: str | Path | None = None,
+              log: Callable[[str], None] = lambda s: None) -> BenchReport:
+    """Run the harness; the report's exit_code is 1 when --baseline shows a p50 regression beyond the limit."""
+    import tempfile
+
+    from .pipeline import build_deploy_form, build_train_form
+
+    backends_l = parse_backends(backends)
+    sizes = parse_sizes(imgsz)
+    if batch <= 0:
+        raise VitedgeError(f"--batch must be >= 1; got {batch}")
+    if threads < 0:
+        raise VitedgeError(f"--threads must be >= 0 (0 = all cores); got {threads}")
+    if min_iters <= 0 or warmup_s < 0 or max_s < 0:
+        raise VitedgeError("--min-iters must be >= 1 and --warmup-s / --max-s >= 0")
+    if (baseline is None) != (max_regression is None):
+        raise VitedgeError("--baseline and --max-regression go together: give both or neither")
+    if order not in ("auto", "measured"):
+        raise VitedgeError(f"--order must be auto or measured; got {order!r}")
+    base_p50 = _read_baseline(baseline) if baseline else None
+    if device is not None:
+        from .iphone import check_device
+        check_device(device)  # raises VitedgeError saying what is missing (platform, Xcode tools, device)
+
+    loaded = build_train_form(model, checkpoint=checkpoint, overrides=overrides)
+    spec = getattr(loaded.model, "vitedge_spec", None)
+    for s in sizes:
+        if spec is not None:
+            spec.check_imgsz(s, loaded.overrides)
+    torch.set_num_threads(threads or os.cpu_count() or 1)
+    train = loaded.model.eval()
+
+    def make_deploy(size: int, forced: str | None = None) -> nn.Module:
+        return build_deploy_form(train, size, attn_order=forced or attn_order)[0]
+
+    report = BenchReport(model=loaded.name, weights=loaded.weights, batch=batch, threads=threads, sizes=sizes,
+                         baseline=baseline, machine=machine_info(),
+                         settings={"backends": backends_l, "warmup_s": warmup_s, "min_iters": min_iters,
+                                   "max_s": max_s, "order": order, "attn_order": attn_order,
+                                   "parity_samples": PARITY_SAMPLES})
+    with tempfile.TemporaryDirectory(dir=tmp_dir) as tmp:
+        for s in sizes:
+            log(f"imgsz {s}: building and checking {', '.join(backends_l)}")
+            results, ratios = measure_size(loaded.name, train, make_deploy, s, backends_l, batch, threads,
+                                           warmup_s, min_iters, max_s, Path(tmp), inject)
+            report.results += results
+            report.ratios += ratios
+            if order == "measured":
+                if not _attention_modules(train):
+                    raise VitedgeError(f"--order measured needs SLA or SimA attention; {loaded.name} has none")
+                ob = next((b for b in backends_l if b in ORDER_BACKENDS), None)
+                if ob is None:
+                    raise VitedgeError(f"--order measured needs one of {', '.join(ORDER_BACKENDS)} in --backends")
+                report.order.append(measure_orders(train, make_deploy, s, ob, batch, threads, warmup_s,
+                                                   min_iters, max_s, Path(tmp)))
+    if base_p50 is not None:
+        report.regressions = latency.regression_check(report.p50_by_key(), base_p50, max_regression)
+        report.exit_code = 1 if report.regressions else 0
+    return report
+
+
+def _read_baseline(path: str) -> dict[str, float]:
+    p = Path(path)
+    try:
+        d = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise VitedgeError(f"--baseline {p} not found; pass a report written by `vitedge bench --report`") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise VitedgeError(f"--baseline {p} is not a bench report JSON ({e})") from None
+    try:
+        return {r["key"]: r["latency"]["p50_ms"] for r in d["results"] if r.get("valid") and r.get("latency")}
+    except (KeyError, TypeError):
+        raise VitedgeError(f"--baseline {p} is not a bench report JSON (no results[].latency)") from None
+
+
+# ---- outputs ------------------------------------------------------------------------------------------
+
+def format_table(report: BenchReport) -> str:
+    rows = [("backend", "imgsz", "status", "load s", "p50 ms", "95% CI", "p90", "p99", "CV", "iters", "img/s")]
+    for r in report.results:
+        lat = r.latency
+        if lat and r.valid:
+            ci = f"{lat['p50_ci_ms'][0]:.3f}-{lat['p50_ci_ms'][1]:.3f}"
+            rows.append((r.backend, str(r.imgsz), r.status, f"{r.load_s:.2f}", f"{lat['p50_ms']:.3f}", ci,
+                         f"{lat['p90_ms']:.3f}", f"{lat['p99_ms']:.3f}", f"{lat['cv']:.3f}", str(lat["iters"]),
+                         f"{lat['throughput']:.1f}"))
+        else:
+            rows.append((r.backend, str(r.imgsz), r.status, "-" if r.load_s is None else f"{r.load_s:.2f}",
+                         "invalid" if r.status == "failed" else "-", "", "", "", "", "", ""))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    for r in report.results:
+        if r.reason:
+            lines.append(f"  {r.backend}@{r.imgsz}: {r.reason}")
+    for q in report.ratios:
+        lines.append(f"ratio {q['numerator']}/{q['denominator']} @{q['imgsz']}: {q['ratio']:.3f} "
+                     f"(95% CI {q['ci'][0]:.3f}-{q['ci'][1]:.3f}, {q['pairs']} paired rounds)")
+    for o in report.order:
+        lines.append(f"order @{o['imgsz']} on {o['backend']}: measured best {o['measured_best']}, FLOP rule "
+                     f"{'/'.join(o['rule_choice'])}; qk_first/kv_first = {o['qk_over_kv']['ratio']:.3f}")
+    for g in report.regressions:
+        lines.append(f"REGRESSION {g['key']}: p50 {g['current_ms']:.3f} ms vs baseline {g['baseline_ms']:.3f} ms "
+                     f"(+{g['regression_pct']:.1f}%)")
+    return "\n".join(lines)
+
+
+def write_plot(report: BenchReport, path: str | Path) -> Path:
+    """Latency (p50 with its CI as error bars) vs resolution per backend; with --order measured, both orders."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    for b in dict.fromkeys(r.backend for r in report.results):
+        pts = [(r.imgsz, r.latency) for r in report.results if r.backend == b and r.valid and r.latency]
+        if not pts:
+            continue
+        xs = [p[0] for p in pts]
+        ys = [p[1]["p50_ms"] for p in pts]
+        err = np.array([[y - p[1]["p50_ci_ms"][0] for y, p in zip(ys, pts)],
+                        [p[1]["p50_ci_ms"][1] - y for y, p in zip(ys, pts)]]).clip(min=0)
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=b)
+    for order in ("qk_first", "kv_first"):
+        pts = [(o["imgsz"], o["latency"][order]) for o in report.order]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1]["p50_ms"] for p in pts], linestyle="--", marker="x",
+                    label=f"{report.order[0]['backend']} {order}")
+    ax.set_xlabel("input size (px)")
+    ax.set_ylabel("p50 latency (ms), 95% CI")
+    ax.set_title(f"{report.model}, batch {report.batch}, {report.threads or 'all'} thread(s)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

@@ -1,0 +1,127 @@
+"""The latency harness: a short real run, parity gating of latency, the regression gate, device dispatch."""
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from vitedge.exporter.bench import format_table, run_bench, write_plot
+from vitedge.exporter.iphone import check_device
+from vitedge.models.errors import VitedgeError
+from vitedge.targets.base import Runner
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10)
+QUICK = dict(warmup_s=0.05, max_s=0.0)
+
+
+class BrokenRunner(Runner):
+    """Looks like a backend but computes something else: parity must fail and latency be invalid."""
+    mode = "device"
+    backend = "broken"
+
+    def run(self, x):
+        return np.random.default_rng(0).normal(size=(x.shape[0], 10)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def report():
+    return run_bench("swiftformer_xs", overrides=TINY, imgsz="64", backends="torch,torch-deploy,onnxruntime",
+                     min_iters=12, inject={"onnxruntime": BrokenRunner()}, **QUICK)
+
+
+def test_real_run_counts_iterations_and_pairs(report):
+    ok = {r.backend: r for r in report.results if r.valid}
+    assert set(ok) == {"torch", "torch-deploy"}
+    for r in ok.values():
+        assert r.latency["iters"] >= 12
+        assert r.parity["max_rel"] <= 1e-4
+        assert r.latency["p50_ci_ms"][0] <= r.latency["p50_ms"] <= r.latency["p50_ci_ms"][1]
+    ratio = next(q for q in report.ratios if q["denominator"] == "torch-deploy")
+    assert ratio["pairs"] >= 12 and ratio["ci"][0] <= ratio["ratio"] <= ratio["ci"][1]
+
+
+def test_broken_backend_is_failed_and_latency_invalid(report):
+    bad = next(r for r in report.results if r.backend == "onnxruntime")
+    assert bad.status == "failed" and not bad.valid and bad.latency is None
+    assert "parity failed" in bad.reason
+    assert "invalid" in format_table(report)
+
+
+def test_plot_is_a_png(report, tmp_path):
+    p = write_plot(report, tmp_path / "bench.png")
+    data = p.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    assert width > 100 and height > 100
+
+
+def test_unavailable_backends_say_why():
+    r = run_bench("swiftformer_xs", overrides=TINY, imgsz="64", backends="torch,tensorrt,coreml", min_iters=3,
+                  **QUICK)
+    by = {x.backend: x for x in r.results}
+    assert by["tensorrt"].status == "unavailable" and by["tensorrt"].reason
+    assert by["coreml"].status == "unavailable" and by["coreml"].reason
+    assert by["torch"].valid
+
+
+def _cli(*args, cwd=REPO):
+    return subprocess.run([sys.executable, "cli.py", "bench", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_cli_regression_gate_both_ways(tmp_path):
+    base = tmp_path / "base.json"
+    args = ["--model", "swiftformer_xs", "--set", "layers=[1,1,2,1]", "--set", "embed_dims=[16,24,32,48]",
+            "--set", "num_classes=10", "--imgsz", "64", "--backends", "torch-deploy", "--min-iters", "5",
+            "--warmup-s", "0.05", "--max-s", "0"]
+    r = _cli(*args, "--report", str(base), "--plot", str(tmp_path / "p.png"))
+    assert r.returncode == 0, r.stderr
+    d = json.loads(base.read_text())
+    assert d["results"][0]["key"] == "torch-deploy@64" and d["results"][0]["valid"]
+    # A baseline 1000x faster than anything real: a regression, exit 1.
+    d["results"][0]["latency"]["p50_ms"] /= 1000
+    fast = tmp_path / "fast.json"
+    fast.write_text(json.dumps(d))
+    r = _cli(*args, "--baseline", str(fast), "--max-regression", "10")
+    assert r.returncode == 1 and "REGRESSION" in r.stdout
+    # A baseline 1000x slower: no regression, exit 0.
+    d["results"][0]["latency"]["p50_ms"] *= 1e6
+    slow = tmp_path / "slow.json"
+    slow.write_text(json.dumps(d))
+    r = _cli(*args, "--baseline", str(slow), "--max-regression", "10")
+    assert r.returncode == 0 and "REGRESSION" not in r.stdout
+
+
+def test_cli_bad_usage_exit_2():
+    r = _cli("--model", "swiftformer_xs", "--backends", "torch,nope")
+    assert r.returncode == 2 and "--backends" in r.stderr
+    r = _cli("--model", "swiftformer_xs", "--baseline", "x.json")
+    assert r.returncode == 2 and "--max-regression" in r.stderr
+
+
+def test_iphone_dispatch_names_what_is_missing():
+    with pytest.raises(VitedgeError, match="needs macOS"):
+        check_device("iphone", platform="linux")
+    with pytest.raises(VitedgeError, match="Xcode command-line tools"):
+        check_device("iphone", platform="darwin", which=lambda _: None)
+
+    phone = SimpleNamespace(name="Test iPhone")
+
+    class FakeDevice:
+        @staticmethod
+        def get_connected_devices(kind):
+            assert kind == "IPHONE"
+            return [phone]
+
+    fake = (SimpleNamespace(Device=FakeDevice, DeviceType=SimpleNamespace(IPHONE="IPHONE")), None)
+    assert check_device("iphone", platform="darwin", which=lambda _: "/usr/bin/x", experimental=fake) is phone
+    assert check_device("iphone:Test iPhone", platform="darwin", which=lambda _: "/x", experimental=fake) is phone
+    with pytest.raises(VitedgeError, match="no connected iPhone named 'Other'"):
+        check_device("iphone:Other", platform="darwin", which=lambda _: "/x", experimental=fake)
+    with pytest.raises(VitedgeError, match="--device takes"):
+        check_device("android", platform="darwin")
