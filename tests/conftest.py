@@ -8,6 +8,9 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+# Many tiny float64 ops: one intra-op thread is several times faster than two on small CI machines.
+torch.set_num_threads(1)
+
 GOLDEN = Path(os.environ.get("VITEDGE_GOLDEN", REPO.parent / "shared" / "golden"))
 
 
