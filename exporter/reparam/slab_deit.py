@@ -1,1 +1,219 @@
-"""(being written)"""
+"""Fold plan for SLAB-DeiT and PRepBN-DeiT: every RepBN / LinearNorm into the next Linear, the final norm
+through the (linear) pooling into the head, the attention order fixed at the export resolution.
+
+Deploy-form (`DeiTDeploy`), per forward:
+  patch_embed (Conv16 s16 -> flatten -> (B, N, C)) + pos_embed        [constant per-token add]
+  (PRepBN: cat(cls_token + pos_embed[:, :1], ...))                      [one constant token]
+  blocks: x + attn(x); x + mlp(x)        (norm1 folded into attn.qkv, norm2 into mlp.fc1)
+  mean over tokens (SLAB) | token 0 (PRepBN) -> head                  (final norm folded into head)
+No BatchNorm / LayerNorm / RepBN / LinearNorm / Dropout remains; nothing per-channel is left unfolded for the
+released configs (a LayerNorm built on purpose with norm_layer="layernorm" is kept and listed as unfolded).
+
+Deploy SLA (`DeploySLA`): ReLU(q), ReLU(k + positional_encoding), per head `(q (k^T v)) / (q . sum_j k_j + eps)`
+or `((q k^T) v) / (...)`, order fixed here; batched 4-D MatMuls only (no Einsum), one normalizer per head
+(a MatMul against sum_j k_j) applied as a single Div (no 1/x: fp16 gives 0/eps = 0 instead of 0 * inf), plus
+the shared depth-wise conv on v. With `rewrites` the attention runs channel-first, (B, h, d, N): q, k, v
+come from one transpose of the qkv output, the dwc reads v with a free reshape (no round trip), and the result
+is transposed once into proj; only k needs one more transpose. The positional encoding stays a per-token
+constant add on k (folding k's Linear bias into it saves no op).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ...models.errors import VitedgeError
+from ...models.layers import LinearNorm, Mlp, RepBN, SimplifiedLinearAttention
+from ...models.layers.attention import order_reason, resolve_order, sla_rule
+from ...models.slab_deit import Attention, PRepBNDeiT, SlabDeiT, DeiTBase
+from .engine import FoldContext, register_plan
+from .primitives import ChannelAffine, affine_before, scale_output
+
+SLA_EPS = 1e-6
+
+
+def norm_affine(norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Eval-mode `a * x + b` of a SLAB norm (LinearNorm evaluates as its RepBN), or None if not a constant affine."""
+    if isinstance(norm, LinearNorm):
+        norm = norm.norm2
+    if isinstance(norm, RepBN):
+        a, b = norm.affine()
+        return a.expand_as(b), b
+    return None
+
+
+class DeploySLA(nn.Module):
+    """SLA with folded qkv, a fixed association order and no Einsum (see the module docstring)."""
+
+    def __init__(self, attn: SimplifiedLinearAttention, grid: tuple[int, int], order: str, channel_first: bool):
+        super().__init__()
+        self.num_heads, self.head_dim = attn.num_heads, attn.head_dim
+        self.grid, self.order, self.channel_first = grid, order, channel_first
+        self.qkv, self.proj, self.dwc = attn.qkv, attn.proj, attn.dwc
+        n, h, d = grid[0] * grid[1], self.num_heads, self.head_dim
+        pe = attn.positional_encoding.detach().reshape(1, n, h, d)
+        # Stored in the layout k has when it is added: (1, h, d, N) channel-first, else (1, N, h, d).
+        self.positional_encoding = nn.Parameter(pe.permute(0, 2, 3, 1).contiguous() if channel_first else pe,
+                                                requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._channel_first(x) if self.channel_first else self._token_first(x)
+
+    def _token_first(self, x: torch.Tensor) -> torch.Tensor:
+        # The official layout: heads as (B, h, N, d); the dwc reads v as (B*h, d, H, W) and back.
+        b, n, c = x.shape
+        h, d = self.num_heads, self.head_dim
+        q, k, v = self.qkv(x).reshape(b, n, 3, h, d).unbind(2)
+        q = F.relu(q).transpose(1, 2)
+        k = F.relu(k + self.positional_encoding).transpose(1, 2)
+        v = v.transpose(1, 2)
+        kt = k.transpose(-2, -1)                                   # (B, h, d, N)
+        den = q @ kt.sum(dim=-1, keepdim=True)                     # (B, h, N, 1): once per head
+        num = q @ (kt @ v) if self.order == "kv_first" else (q @ kt) @ v
+        out = num / (den + SLA_EPS)
+        fmap = v.transpose(-2, -1).reshape(b * h, d, *self.grid)
+        out = out + self.dwc(fmap).reshape(b, h, d, n).transpose(-2, -1)
+        return self.proj(out.transpose(1, 2).reshape(b, n, c))
+
+    def _channel_first(self, x: torch.Tensor) -> torch.Tensor:
+        # (B, h, d, N) throughout: the (h d) channel split and the dwc input/output are free reshapes.
+        b, n, c = x.shape
+        h, d = self.num_heads, self.head_dim
+        q, k, v = self.qkv(x).transpose(1, 2).reshape(b, 3, h, d, n).unbind(1)
+        q = F.relu(q)
+        k = F.relu(k + self.positional_encoding)
+        den = k.sum(dim=-1).reshape(b, h, 1, d) @ q                 # (B, h, 1, N): once per head
+        kt = k.transpose(-2, -1)                                   # (B, h, N, d)
+        num = (v @ kt) @ q if self.order == "kv_first" else v @ (kt @ q)
+        out = num / (den + SLA_EPS)
+        out = out + self.dwc(v.reshape(b * h, d, *self.grid)).reshape(b, h, d, n)
+        return self.proj(out.reshape(b, c, n).transpose(1, 2))
+
+
+class DeploySoftmaxAttention(nn.Module):
+    """Softmax MHSA with the norm folded into qkv and the 1/sqrt(d) scale folded into its q rows."""
+
+    def __init__(self, attn: Attention):
+        super().__init__()
+        self.num_heads = attn.num_heads
+        self.qkv, self.proj = attn.qkv, attn.proj
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, c // self.num_heads).permute(2, 0, 3, 1, 4).unbind(0)
+        attn = (q @ k.transpose(-2, -1)).softmax(dim=-1)
+        return self.proj((attn @ v).transpose(1, 2).reshape(b, n, c))
+
+
+class DeployBlock(nn.Module):
+    """`x + attn(norm1 x)`, `x + mlp(norm2 x)`; the norms are Identity once folded."""
+
+    def __init__(self, norm1: nn.Module, attn: nn.Module, norm2: nn.Module, mlp: Mlp):
+        super().__init__()
+        self.norm1, self.attn, self.norm2, self.mlp = norm1, attn, norm2, mlp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class DeiTDeploy(nn.Module):
+    """Deploy-form of both SLAB DeiT classes: `cls_token` None means mean pooling over the patch tokens."""
+
+    def __init__(self, patch_embed: nn.Module, pos_embed: torch.Tensor, blocks: nn.Sequential, norm: nn.Module,
+                 head: nn.Module, cls_token: torch.Tensor | None):
+        super().__init__()
+        self.patch_embed = patch_embed
+        self.pos_embed = nn.Parameter(pos_embed.detach().clone(), requires_grad=False)
+        self.cls_token = None if cls_token is None else nn.Parameter(cls_token.detach().clone(), requires_grad=False)
+        self.blocks, self.norm, self.head = blocks, norm, head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(x) + self.pos_embed
+        if self.cls_token is not None:
+            x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)
+        x = self.norm(self.blocks(x))
+        x = x.mean(dim=1) if self.cls_token is None else x[:, 0]
+        return self.head(x)
+
+
+def _fold_norm_into(norm: nn.Module, linear: nn.Linear, path: str, target: str,
+                    ctx: FoldContext) -> tuple[nn.Module, nn.Module]:
+    """(norm', linear'): the norm folded into the Linear that reads it (exact: a Linear is affine per input)."""
+    ab = norm_affine(norm)
+    if ab is None:
+        ctx.unfold(path, f"{type(norm).__name__} uses per-token statistics; it is not a constant affine")
+        return norm, linear
+    ctx.fold(f"norm->{target}")
+    return nn.Identity(), affine_before(linear, *ab)
+
+
+def _deploy_mlp(mlp: Mlp) -> Mlp:
+    mlp.act = nn.GELU()  # drops the (eval-identity) hidden dropout
+    return mlp
+
+
+def _sla_order(attn: SimplifiedLinearAttention, n: int, ctx: FoldContext) -> tuple[str, str]:
+    requested = ctx.attn_order if ctx.attn_order != "auto" else attn.attn_order
+    rule = sla_rule(n, n, attn.head_dim, attn.head_dim)
+    return resolve_order(requested, rule), order_reason(requested, rule, n, n, attn.head_dim, attn.head_dim)
+
+
+def _deploy_attention(attn: nn.Module, path: str, grid: tuple[int, int], ctx: FoldContext) -> nn.Module:
+    if isinstance(attn, SimplifiedLinearAttention):
+        order, why = _sla_order(attn, grid[0] * grid[1], ctx)
+        ctx.order(path, order, why)
+        if ctx.rewrites:
+            ctx.rewrite("sla_channel_first")
+        return DeploySLA(attn, grid, order, channel_first=ctx.rewrites)
+    if isinstance(attn, Attention):
+        ctx.order(path, "qk_first", "softmax attention: q k^T is formed for the softmax (attn_order does not apply)")
+        dim = attn.qkv.in_features
+        s = torch.ones(3 * dim, dtype=attn.qkv.weight.dtype, device=attn.qkv.weight.device)
+        s[:dim] = attn.scale
+        attn.qkv = scale_output(attn.qkv, s)
+        ctx.fold("attn_scale->q")
+        return DeploySoftmaxAttention(attn)
+    raise VitedgeError(f"{path}: unsupported attention {type(attn).__name__}; "
+                       "build the model with vitedge.create_model")
+
+
+@register_plan(SlabDeiT, PRepBNDeiT)
+def plan_slab_deit(model: DeiTBase, ctx: FoldContext) -> DeiTDeploy:
+    if ctx.imgsz != model.img_size:
+        raise VitedgeError(f"{type(model).__name__} is built for {model.img_size}x{model.img_size} "
+                           f"(fixed-size positional embeddings); got --imgsz {ctx.imgsz}: use --imgsz {model.img_size}")
+    grid = model.patch_embed.grid
+    ctx.check("patch_embed", "patch_embed")
+    blocks = []
+    for i, blk in enumerate(model.blocks):
+        p = f"blocks.{i}"
+        attn = blk.attn
+        norm1, attn.qkv = _fold_norm_into(blk.norm1, attn.qkv, f"{p}.norm1", "qkv", ctx)
+        norm2, fc1 = _fold_norm_into(blk.norm2, blk.mlp.fc1, f"{p}.norm2", "fc1", ctx)
+        blk.mlp.fc1 = fc1
+        blocks.append(DeployBlock(norm1, _deploy_attention(attn, f"{p}.attn", grid, ctx), norm2, _deploy_mlp(blk.mlp)))
+        ctx.check(p, p)
+
+    # Final norm -> head: pooling (token mean or CLS pick) commutes with a per-channel affine, the head is linear.
+    norm, head = model.norm, model.head
+    ab = norm_affine(norm)
+    if ab is not None and isinstance(head, nn.Linear):
+        norm, head = nn.Identity(), affine_before(head, *ab)
+        ctx.fold("norm->head")
+    elif ab is not None:
+        norm = ChannelAffine(*ab, dim=-1)
+        ctx.unfold("norm", "no classifier head to fold into (num_classes=0)")
+    else:
+        ctx.unfold("norm", f"{type(norm).__name__} uses per-token statistics; it is not a constant affine")
+
+    if isinstance(model, PRepBNDeiT):
+        # cat(cls, x) + pos == cat(cls + pos[:, :1], x + pos[:, 1:]): one constant token.
+        cls = model.cls_token + model.pos_embed[:, :1]
+        pos = model.pos_embed[:, 1:]
+        ctx.fold("pos_embed->cls_token")
+    else:
+        cls, pos = None, model.pos_embed
+        ctx.fold("unused cls_token dropped")
+    return DeiTDeploy(model.patch_embed, pos, nn.Sequential(*blocks), norm, head, cls)
