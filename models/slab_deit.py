@@ -114,6 +114,8 @@ class PatchEmbed(nn.Module):
 
 class Attention(nn.Module):
     """Standard softmax multi-head self-attention (keys `qkv`, `proj`)."""
+    trained_like_qk_scale = 0.5  # test weights: softmax neither flat nor one-hot (golden recipe)
+
 
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, attn_drop: float = 0.0):
         super().__init__()

@@ -9,6 +9,12 @@ value while keeping activations O(1):
 - RepBN alpha ~ U(0.2, 1.0); layer scales (`layer_scale*`, `gamma*`) ~ U(0.2, 0.8) with random sign
 - positional encodings, cls tokens ~ N(0, 0.2); SwiftFormer `w_g` ~ N(0, 1)
 - LinearNorm schedules at their end (iter = 0), as a finished training run leaves them
+- models with RepBN (SLAB): RepBN does not renormalize the residual stream, so random statistics let it
+  grow block after block and deep softmax stacks turn fp32 rounding into percent-level noise. As SLAB's own
+  recipe ends with a BN recalibration, each RepBN's statistics are set from the activations it sees on
+  parity inputs, then perturbed (mean + N(0, 0.1)*std, var * U(0.5, 1.5)) so they are NOT the batch
+  statistics; softmax attentions scale their q, k rows (`trained_like_qk_scale`) so softmax is neither flat
+  nor one-hot. This is the golden fixtures' recipe.
 """
 from __future__ import annotations
 
@@ -24,7 +30,8 @@ _TOKEN_NAMES = ("positional_encoding", "pos_embed", "cls_token", "absolute_pos_e
 
 
 @torch.no_grad()
-def make_trained_like(model: nn.Module, seed: int = 0, residual_scale: float = 0.5) -> nn.Module:
+def make_trained_like(model: nn.Module, seed: int = 0, residual_scale: float = 0.5, calibrate: bool = True,
+                      imgsz: int | None = None) -> nn.Module:
     """Fill `model` in place with seeded trained-like values; returns it.
 
     `residual_scale` multiplies output projections of residual branches (`attn.proj`, `mlp.fc2`, ...)
@@ -76,4 +83,38 @@ def make_trained_like(model: nn.Module, seed: int = 0, residual_scale: float = 0
             normal(p, 1.0)
         elif leaf == "relative_position_bias_table":
             normal(p, 1.0)
+    for m in model.modules():
+        qk = getattr(m, "trained_like_qk_scale", None)
+        if qk is not None:
+            m.qkv.weight[: 2 * (m.qkv.out_features // 3)].mul_(qk)
+    whole_model = hasattr(model, "vitedge_spec") or isinstance(getattr(model, "img_size", None), int)
+    if calibrate and whole_model and any(isinstance(m, RepBN) for m in model.modules()):  # needs image inputs
+        _calibrate_repbn(model, g, imgsz)
     return model
+
+
+def _calibrate_repbn(model: nn.Module, g: torch.Generator, imgsz: int | None) -> None:
+    from ..exporter.inputs import parity_inputs  # lazy: the parity set lives downstream
+
+    if imgsz is None:
+        imgsz = getattr(model, "img_size", None)  # fixed-size models know their size
+    if not isinstance(imgsz, int):
+        spec = getattr(model, "vitedge_spec", None)
+        imgsz = (spec.fixed_size(getattr(model, "vitedge_overrides", {})) or spec.default_imgsz) if spec else 224
+    bns = [m.bn for m in model.modules() if isinstance(m, RepBN)]
+    was_training = model.training
+    model.eval()
+    dtype = next(p.dtype for p in model.parameters())
+    for bn in bns:
+        bn.reset_running_stats()
+        bn.momentum = None  # cumulative average: one batch -> exactly its statistics
+        bn.train()
+    model(parity_inputs(4, imgsz, seed=7).to(dtype))
+    for bn in bns:
+        bn.eval()
+        bn.momentum = 0.1
+        bn.num_batches_tracked.fill_(1000)
+        std = bn.running_var.sqrt()
+        bn.running_mean.add_(0.1 * std * torch.randn(std.shape, generator=g, dtype=torch.float64).to(std))
+        bn.running_var.mul_((0.5 + torch.rand(std.shape, generator=g, dtype=torch.float64)).to(std))
+    model.train(was_training)
