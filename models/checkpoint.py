@@ -1,0 +1,498 @@
+"""Load a checkpoint into a train-form model: containers, layout remaps, strict checks, safe reading.
+
+    result = load_checkpoint(model, "swiftformer_xs.pth")      # strict: raises CheckpointError on any mismatch
+    print(result.summary())
+
+Steps, each visible in the returned `LoadResult`:
+1. read the file without running code from it (`safe_pickle`, or `safetensors`);
+2. find the weights in the container (`model`, `state_dict`, `model_ema`, `state_dict_ema`, or a bare dict);
+3. strip wrapper prefixes (`module.` from DDP, `_orig_mod.` from torch.compile);
+4. cast fp16/bf16 to fp32, refuse NaN/Inf;
+5. apply the layout remaps whose key pattern is detected against the *target model* (timm SwiftFormer
+   names; SLAB LinearNorm <-> RepBN norm layouts) - never guessed, always listed in `result.remaps`;
+6. compare keys and shapes; strict mode raises one line with the first few problems and a hint
+   (e.g. "the checkpoint fits swiftformer_s") when another registered variant matches.
+LinearNorm schedule buffers (`warm`, `iter`, `total_step`) are loaded as stored.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+import struct
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+import torch.nn as nn
+
+from .errors import CheckpointError
+from .safe_pickle import Inert, TorchFile, load_torch_file
+
+CONTAINER_KEYS = ("model", "state_dict", "model_ema", "state_dict_ema")
+EMA_CONTAINER_KEYS = ("model_ema", "state_dict_ema", "model", "state_dict")
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+SHOW = 3  # keys shown per problem kind in one-line errors
+
+__all__ = ["LoadResult", "load_checkpoint", "read_checkpoint", "extract_state_dict", "remap_state_dict",
+           "match_registered", "REMAPS", "CheckpointError"]
+
+
+@dataclass
+class LoadResult:
+    """What `load_checkpoint` did. `remaps` names every key rewrite that was applied, in order."""
+
+    path: str
+    format: str  # "torch-zip" | "torch-legacy" | "safetensors" | "in-memory"
+    source_key: str | None  # container entry the weights came from ("model", "model_ema", ...); None = bare dict
+    remaps: list[str] = field(default_factory=list)
+    missing_keys: list[str] = field(default_factory=list)
+    unexpected_keys: list[str] = field(default_factory=list)
+    mismatched_keys: list[tuple[str, tuple, tuple]] = field(default_factory=list)  # (key, checkpoint, model)
+    cast: dict[str, int] = field(default_factory=dict)  # source dtype -> number of tensors cast to float32
+    loaded: int = 0  # tensors copied into the model
+    container_keys: list[str] = field(default_factory=list)  # top-level keys of the file's container
+    metadata: dict = field(default_factory=dict)  # harmless extras as plain data: epoch, args, config, ...
+    placeholders: list[str] = field(default_factory=list)  # classes kept inert (never imported): argparse.Namespace
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing_keys or self.unexpected_keys or self.mismatched_keys)
+
+    def summary(self) -> str:
+        src = f"[{self.source_key!r}]" if self.source_key else "(bare state_dict)"
+        parts = [f"loaded {self.loaded} tensors from {self.path} {src} ({self.format})"]
+        parts += self.remaps
+        parts += [f"cast {n} {dt} tensors to float32" for dt, n in self.cast.items()]
+        if not self.ok:
+            parts.append(_problems(self))
+        return "; ".join(parts)
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading
+# --------------------------------------------------------------------------------------------------
+def _looks_like_safetensors(path: Path, size: int) -> bool:
+    if path.suffix == ".safetensors":
+        return True
+    with open(path, "rb") as f:
+        head = f.read(9)
+    if len(head) < 9:
+        return False
+    (n,) = struct.unpack("<Q", head[:8])
+    return 0 < n <= size - 8 and head[8:9] == b"{"
+
+
+def _read_safetensors(path: Path) -> TorchFile:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            tensors = OrderedDict((k, f.get_tensor(k)) for k in f.keys())
+            meta = dict(f.metadata() or {})
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path} is a corrupt or truncated safetensors file ({str(e)[:100]}); "
+                              "re-download or re-save it") from None
+    return TorchFile(tensors, "safetensors", metadata=meta)
+
+
+def read_checkpoint(path: str | os.PathLike) -> TorchFile:
+    """Read a checkpoint file safely (torch.save zip/legacy, or .safetensors); no code from it runs."""
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"checkpoint {p} not found: check the path")
+    if p.is_dir():
+        raise CheckpointError(f"{p} is a directory, not a checkpoint file: pass the .pth/.safetensors file in it")
+    size = p.stat().st_size
+    if size == 0:
+        raise CheckpointError(f"{p} is empty (0 bytes): the download or save did not finish")
+    if _looks_like_safetensors(p, size):
+        return _read_safetensors(p)
+    return load_torch_file(p)
+
+
+# --------------------------------------------------------------------------------------------------
+# Containers and metadata
+# --------------------------------------------------------------------------------------------------
+def _is_state_dict(obj: Any) -> bool:
+    # Mostly tensors under string keys; a stray non-tensor entry (`_extra_state`, a counter) is tolerated.
+    if not (isinstance(obj, Mapping) and obj and all(isinstance(k, str) for k in obj)):
+        return False
+    n_tensors = sum(isinstance(v, torch.Tensor) for v in obj.values())
+    return n_tensors > 0 and 2 * n_tensors >= len(obj)
+
+
+def _tensors_only(sd: Mapping) -> tuple[OrderedDict, list[str]]:
+    dropped = [k for k, v in sd.items() if not isinstance(v, torch.Tensor)]
+    notes = [f"ignored {len(dropped)} non-tensor entries ({_few(dropped)})"] if dropped else []
+    return OrderedDict((k, v) for k, v in sd.items() if isinstance(v, torch.Tensor)), notes
+
+
+def _holds_tensors(obj: Any, depth: int = 0) -> bool:
+    if depth > 50:  # pickles may hold cycles; this deep is not metadata anyway
+        return True
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() > 1
+    if isinstance(obj, Mapping):
+        return any(_holds_tensors(v, depth + 1) for v in obj.values())
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return any(_holds_tensors(v, depth + 1) for v in obj)
+    if isinstance(obj, Inert):
+        return _holds_tensors(obj.to_plain(), depth + 1)
+    return False
+
+
+def to_plain(obj: Any, depth: int = 0) -> Any:
+    """Plain Python data (dict/list/str/number/None) for metadata; inert objects become their content."""
+    if depth > 50:
+        return "..."
+    if isinstance(obj, Inert):
+        return to_plain(obj.to_plain(), depth + 1)
+    if isinstance(obj, Mapping):
+        return {(k if isinstance(k, (str, int, float, bool)) else str(k)): to_plain(v, depth + 1)
+                for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [to_plain(v, depth + 1) for v in obj]
+    if isinstance(obj, torch.Tensor):
+        return obj.item() if obj.numel() == 1 else f"<tensor {tuple(obj.shape)}>"
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        return obj
+    if isinstance(obj, bytes):
+        return obj.decode("utf-8", "replace")
+    return str(obj)
+
+
+def extract_state_dict(obj: Any, where: str, use_ema: bool = False) -> tuple[Mapping, str | None]:
+    """The weights inside a loaded container, and the container key they came from (None = bare)."""
+    if isinstance(obj, Mapping):
+        for key in EMA_CONTAINER_KEYS if use_ema else CONTAINER_KEYS:
+            if _is_state_dict(obj.get(key)):
+                return obj[key], key
+            if _is_pickled_module(obj.get(key)):
+                _refuse_module(obj[key], where)
+        if _is_state_dict(obj):
+            return obj, None
+        keys = ", ".join(map(str, list(obj)[:8])) + (", ..." if len(obj) > 8 else "")
+        raise CheckpointError(f"{where}: no state_dict found in the container (keys: {keys}); expected one of "
+                              f"{', '.join(CONTAINER_KEYS)} holding tensors, or a bare state_dict")
+    if _is_pickled_module(obj):
+        _refuse_module(obj, where)
+    raise CheckpointError(f"{where} is not a checkpoint: it holds a {type(obj).__name__}, not a dict of tensors")
+
+
+def _is_pickled_module(obj: Any) -> bool:
+    # `torch.save(model)`: an nn.Module arrives as an inert object whose state has `_parameters`.
+    return isinstance(obj, Inert) and isinstance(obj.to_plain(), dict) and "_parameters" in obj.to_plain()
+
+
+def _refuse_module(obj: Inert, where: str):
+    raise CheckpointError(f"{where} holds a pickled nn.Module ({type(obj).qualified_name}), not a state_dict: "
+                          "re-save it with torch.save(model.state_dict(), path)")
+
+
+def _metadata(obj: Any, source_key: str | None) -> tuple[list[str], dict]:
+    if not isinstance(obj, Mapping) or source_key is None:
+        return [], {}
+    keys = [str(k) for k in obj]
+    meta = {str(k): to_plain(v) for k, v in obj.items() if k != source_key and not _holds_tensors(v)}
+    return keys, meta
+
+
+# --------------------------------------------------------------------------------------------------
+# Layout remaps: each detected from the checkpoint's keys *against the target model's keys*
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Remap:
+    """`detect(ckpt_keys, model_keys)` -> whether it applies; `apply(sd, model_sd)` -> (new sd, description)."""
+    name: str
+    detect: Callable[[set, set], bool]
+    apply: Callable[[Mapping, Mapping], tuple[OrderedDict, str]]
+
+
+def _timm_swiftformer_key(k: str) -> str:
+    # Inverse of timm's checkpoint_filter_fn (timm 1.0.31 models/swiftformer.py).
+    if k.startswith("stem."):
+        k = "patch_embed." + k[len("stem."):]
+    elif k.startswith("head_dist."):
+        k = "dist_head." + k[len("head_dist."):]
+    m = re.match(r"stages\.(\d+)\.(blocks|downsample)\.(.*)", k)
+    if m:
+        i, rest = int(m[1]), m[3]
+        k = f"network.{2 * i}.{rest}" if m[2] == "blocks" else f"network.{2 * i - 1}.{rest}"
+    k = k.replace(".attn.proj.", ".attn.Proj.")
+    return re.sub(r"\.(layer_scale(?:_[12])?)\.gamma$", r".\1", k)
+
+
+def _detect_timm_swiftformer(ck: set, model: set) -> bool:
+    return (any(k.startswith(("stem.", "stages.")) for k in ck) and "patch_embed.0.weight" in model
+            and any(k.startswith("network.") for k in model))
+
+
+def _apply_timm_swiftformer(sd: Mapping, model_sd: Mapping) -> tuple[OrderedDict, str]:
+    out = OrderedDict((_timm_swiftformer_key(k), v) for k, v in sd.items())
+    return out, ("timm SwiftFormer key names -> official (stem->patch_embed, stages.i.blocks->network.2i, "
+                 "stages.i.downsample->network.2i-1, head_dist->dist_head, attn.proj->attn.Proj, "
+                 "*.gamma->layer_scale*)")
+
+
+_COUNTERS = ("warm", "iter", "total_step")
+
+
+def _join(prefix: str, rest: str) -> str:
+    return f"{prefix}.{rest}" if prefix else rest
+
+
+def _linearnorm_prefixes(ck: set, model: set) -> list[str]:
+    """Checkpoint LinearNorm prefixes X (`X.norm2.alpha`) where the model has a plain RepBN (`X.alpha`)."""
+    out = []
+    for k in ck:
+        if k.endswith("norm2.alpha"):
+            x = k[: -len("norm2.alpha")].rstrip(".")
+            if _join(x, "alpha") in model and k not in model:
+                out.append(x)
+    return sorted(out)
+
+
+def _repbn_prefixes(ck: set, model: set) -> list[str]:
+    """Checkpoint RepBN prefixes X (`X.alpha`) where the model has a LinearNorm (`X.norm2.alpha`)."""
+    out = []
+    for k in ck:
+        if k.endswith("alpha") and (k == "alpha" or k.endswith(".alpha")):
+            x = k[: -len("alpha")].rstrip(".")
+            if _join(x, "norm2.alpha") in model and k not in model:
+                out.append(x)
+    return sorted(out)
+
+
+def _apply_linearnorm_to_repbn(sd: Mapping, model_sd: Mapping) -> tuple[OrderedDict, str]:
+    prefixes = set(_linearnorm_prefixes(set(sd), set(model_sd)))
+    out = OrderedDict()
+    for k, v in sd.items():
+        x, rest = _split_norm_key(k, prefixes)
+        if x is None:
+            out[k] = v
+        elif rest.startswith("norm2."):
+            out[_join(x, rest[len("norm2."):])] = v
+        # norm1.* (the LayerNorm) and the schedule counters have no place in a RepBN: dropped
+    return out, (f"SLAB LinearNorm layout -> RepBN model ({len(prefixes)} norms: X.norm2.* -> X.*, "
+                 "dropped X.norm1.* and X.warm/iter/total_step)")
+
+
+def _apply_repbn_to_linearnorm(sd: Mapping, model_sd: Mapping) -> tuple[OrderedDict, str]:
+    prefixes = _repbn_prefixes(set(sd), set(model_sd))
+    pset = set(prefixes)
+    out = OrderedDict()
+    for k, v in sd.items():
+        x, rest = _split_norm_key(k, pset)
+        out[k if x is None else _join(x, "norm2." + rest)] = v
+    for x in prefixes:
+        # A RepBN checkpoint is a finished schedule: eval and train both use RepBN alone (lambda = 0).
+        out[_join(x, "warm")] = torch.zeros((), dtype=torch.long)
+        out[_join(x, "iter")] = torch.zeros((), dtype=torch.long)
+        total = model_sd[_join(x, "total_step")]
+        on_meta = total.device.type == "meta"
+        out[_join(x, "total_step")] = torch.zeros((), dtype=torch.long) if on_meta else total.clone()
+        for k, v in model_sd.items():  # the LayerNorm keeps its init values; with lambda = 0 it is never used
+            if k.startswith(_join(x, "norm1.")):
+                out[k] = v.clone() if v.device.type != "meta" else v
+    return out, (f"SLAB RepBN layout -> LinearNorm model ({len(prefixes)} norms: X.* -> X.norm2.*, schedule set "
+                 "finished (warm=0, iter=0, total_step from the model), LayerNorm norm1 left at its init)")
+
+
+def _split_norm_key(k: str, prefixes: set) -> tuple[str | None, str]:
+    # Longest matching prefix first: `blocks.0.norm2` must win over `blocks.0` for `blocks.0.norm2.norm2.alpha`.
+    parts = k.split(".")
+    for i in range(len(parts) - 1, -1, -1):
+        x = ".".join(parts[:i])
+        if x in prefixes:
+            return x, ".".join(parts[i:])
+    return None, k
+
+
+REMAPS: tuple[Remap, ...] = (
+    Remap("timm_swiftformer", _detect_timm_swiftformer, _apply_timm_swiftformer),
+    Remap("slab_linearnorm_to_repbn", lambda ck, m: bool(_linearnorm_prefixes(ck, m)), _apply_linearnorm_to_repbn),
+    Remap("slab_repbn_to_linearnorm", lambda ck, m: bool(_repbn_prefixes(ck, m)), _apply_repbn_to_linearnorm),
+)
+
+
+def _strip_wrappers(sd: Mapping, model_keys: set) -> tuple[Mapping, list[str]]:
+    notes = []
+    for prefix in WRAPPER_PREFIXES:
+        if sd and all(k.startswith(prefix) for k in sd) and not any(k.startswith(prefix) for k in model_keys):
+            sd = OrderedDict((k[len(prefix):], v) for k, v in sd.items())
+            notes.append(f"stripped the {prefix!r} prefix")
+    return sd, notes
+
+
+def remap_state_dict(sd: Mapping, model_sd: Mapping) -> tuple[OrderedDict, list[str]]:
+    """`sd` rewritten to the target model's layout, and a description of every rewrite applied."""
+    sd, notes = _strip_wrappers(sd, set(model_sd))
+    sd = OrderedDict(sd)
+    for remap in REMAPS:
+        if remap.detect(set(sd), set(model_sd)):
+            sd, note = remap.apply(sd, model_sd)
+            notes.append(note)
+    return sd, notes
+
+
+# --------------------------------------------------------------------------------------------------
+# Values: precision and finiteness
+# --------------------------------------------------------------------------------------------------
+def _cast_and_check(sd: OrderedDict, where: str) -> dict[str, int]:
+    cast: dict[str, int] = {}
+    for k, v in sd.items():
+        if v.dtype in HALF_DTYPES:
+            name = str(v.dtype).replace("torch.", "")
+            cast[name] = cast.get(name, 0) + 1
+            v = sd[k] = v.float()
+        if v.is_floating_point() and v.device.type != "meta":
+            finite = torch.isfinite(v)
+            if not bool(finite.all()):
+                bad = int((~finite).sum())
+                raise CheckpointError(f"{where}: weight {k!r} has {bad} NaN/Inf value(s) of {v.numel()}: the "
+                                      "checkpoint is broken (diverged training or a corrupt file); use an earlier one")
+    return cast
+
+
+# --------------------------------------------------------------------------------------------------
+# Comparison, hints, loading
+# --------------------------------------------------------------------------------------------------
+def _compare(sd: Mapping, model_sd: Mapping) -> tuple[list[str], list[str], list[tuple[str, tuple, tuple]]]:
+    missing = [k for k in model_sd if k not in sd]
+    unexpected = [k for k in sd if k not in model_sd]
+    mismatched = [(k, tuple(v.shape), tuple(model_sd[k].shape)) for k, v in sd.items()
+                  if k in model_sd and tuple(v.shape) != tuple(model_sd[k].shape)]
+    return missing, unexpected, mismatched
+
+
+def _few(items: list[str]) -> str:
+    more = f", +{len(items) - SHOW} more" if len(items) > SHOW else ""
+    return ", ".join(items[:SHOW]) + more
+
+
+def _problems(r: LoadResult) -> str:
+    out = []
+    if r.missing_keys:
+        out.append(f"{len(r.missing_keys)} missing ({_few(r.missing_keys)})")
+    if r.unexpected_keys:
+        out.append(f"{len(r.unexpected_keys)} unexpected ({_few(r.unexpected_keys)})")
+    if r.mismatched_keys:
+        shown = [f"{k}: checkpoint {list(a)} vs model {list(b)}" for k, a, b in r.mismatched_keys]
+        out.append(f"{len(r.mismatched_keys)} shape mismatches ({_few(shown)})")
+    return ", ".join(out)
+
+
+@functools.lru_cache(maxsize=None)
+def _signature(name: str) -> OrderedDict:
+    from .flops import meta_model  # shapes only, no weights
+
+    return OrderedDict(meta_model(name).state_dict())
+
+
+def _templates(keys) -> set:
+    return {re.sub(r"\d+", "#", k) for k in keys}
+
+
+def _is_head_key(k: str) -> bool:
+    return k.split(".")[-2:-1] in (["head"], ["dist_head"], ["head_dist"])
+
+
+def match_registered(sd: Mapping) -> list[tuple[str, int | None]]:
+    """Registered variants whose official layout `sd` fits: (name, None) for an exact fit,
+    (name, num_classes) when only the classifier width differs. Builds each variant on `meta` (cached)."""
+    from .registry import list_models
+
+    fits = []
+    for name in list_models():
+        try:
+            ref = _signature(name)
+        except Exception:  # a variant that cannot be built here cannot be suggested either
+            continue
+        mapped, _ = remap_state_dict(sd, ref)
+        missing, unexpected, mismatched = _compare(mapped, ref)
+        if missing or unexpected:
+            continue
+        if not mismatched:
+            fits.append((name, None))
+        elif all(_is_head_key(k) and a[1:] == b[1:] for k, a, b in mismatched):
+            fits.append((name, mismatched[0][1][0]))
+    return fits
+
+
+def _hint(sd: Mapping, model: nn.Module) -> str:
+    from .registry import get_spec, list_models
+
+    own = getattr(model, "vitedge_name", None)
+    fits = match_registered(sd)
+    exact = [n for n, classes in fits if classes is None]
+    heads = {n: classes for n, classes in fits if classes is not None}
+    if own in exact:
+        return (f"the checkpoint fits {own} with its default options: drop the overrides "
+                f"{getattr(model, 'vitedge_overrides', {})}")
+    if exact:
+        return f"the checkpoint fits {exact[0]}: create the model with that name"
+    if own in heads:
+        return f"the checkpoint has {heads[own]} classes: create_model({own!r}, num_classes={heads[own]})"
+    if heads:
+        name, classes = next(iter(heads.items()))
+        return f"the checkpoint fits {name} with num_classes={classes}: create_model({name!r}, num_classes={classes})"
+    # No exact variant: name the family whose key names (digits ignored) overlap most.
+    ck = _templates(sd)
+    best, score = None, 0.0
+    for name in list_models():
+        try:
+            ref = _templates(_signature(name))
+        except Exception:
+            continue
+        s = len(ck & ref) / max(len(ck | ref), 1)
+        if s > score:
+            best, score = name, s
+    if best and score >= 0.5:
+        fam = get_spec(best).family
+        return (f"the checkpoint looks like a {fam} model with another configuration (closest: {best}); "
+                "pass the matching overrides")
+    return "the checkpoint does not match any registered model's layout"
+
+
+def load_checkpoint(model: nn.Module, checkpoint: str | os.PathLike | Mapping[str, Any], strict: bool = True, *,
+                    use_ema: bool = False) -> LoadResult:
+    """Load `checkpoint` (a file path, or an already loaded container/state_dict) into `model` in place.
+
+    strict=True (default): any missing, unexpected or mis-shaped key raises CheckpointError (one line, the
+    first few keys of each kind, counts, and a hint such as "the checkpoint fits swiftformer_s").
+    strict=False: loads every key whose name and shape fit and lists the rest in the result.
+    use_ema: prefer `model_ema` / `state_dict_ema` over `model` / `state_dict` when both are present.
+    Always raises CheckpointError for unreadable/corrupt/unsafe files and NaN/Inf weights.
+    """
+    if isinstance(checkpoint, Mapping):
+        where, raw = "<state_dict>", TorchFile(checkpoint, "in-memory")
+    else:
+        where, raw = str(checkpoint), read_checkpoint(checkpoint)
+    sd, source_key = extract_state_dict(raw.obj, where, use_ema)
+    container_keys, metadata = _metadata(raw.obj, source_key)
+    metadata.update(raw.metadata)
+
+    model_sd = model.state_dict()
+    sd, dropped = _tensors_only(sd)
+    original = sd
+    sd, remaps = remap_state_dict(sd, model_sd)
+    remaps = dropped + remaps
+    cast = _cast_and_check(sd, where)
+    missing, unexpected, mismatched = _compare(sd, model_sd)
+    result = LoadResult(where, raw.format, source_key, remaps, missing, unexpected, mismatched, cast,
+                        container_keys=container_keys, metadata=metadata, placeholders=list(raw.placeholders))
+    if strict and not result.ok:
+        name = getattr(model, "vitedge_name", type(model).__name__)
+        after = f" after {len(remaps)} remap(s)" if remaps else ""
+        raise CheckpointError(f"{where} does not fit {name}{after}: {_problems(result)}; {_hint(original, model)} "
+                              "(or pass strict=False to load only what fits)")
+    bad = {k for k, _, _ in mismatched}
+    to_load = OrderedDict((k, v) for k, v in sd.items() if k in model_sd and k not in bad)
+    on_meta = any(t.device.type == "meta" for t in model_sd.values())
+    model.load_state_dict(to_load, strict=False, assign=on_meta)  # assign: fill a model built on `meta`
+    result.loaded = len(to_load)
+    return result
