@@ -71,6 +71,7 @@ def register_model(name: str, family: str, *, default_imgsz: int = 224, stride: 
 def _ensure_loaded() -> None:
     # Importing the family modules runs their @register_model decorators.
     from . import swiftformer, slab_deit, slab_swin, sima_xcit  # noqa: F401
+    from . import slab_pvt, slab_cswin, sima_deit  # noqa: F401
 
 
 def get_spec(name: str) -> ModelSpec:
@@ -93,8 +94,12 @@ def create_model(name: str, **overrides) -> nn.Module:
     kwargs = {**spec.default_kwargs, **overrides}
     try:
         model = spec.builder(**kwargs)
-    except TypeError as e:
-        raise VitedgeError(f"bad override for {name}: {e}") from None
+    except VitedgeError:
+        raise
+    except (TypeError, ValueError, RuntimeError, ZeroDivisionError, IndexError) as e:
+        # An override the constructor cannot build is bad input (exit 2), not an internal error.
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise VitedgeError(f"cannot build {name} with overrides {overrides}: {first}; fix the --set values") from None
     model.vitedge_name = name
     model.vitedge_overrides = dict(overrides)
     model.vitedge_spec = spec

@@ -52,6 +52,9 @@ class ConvPatchEmbed(nn.Module):
             raise VitedgeError(f"SimA's conv patch embedding supports patch_size 8 or 16, got {patch_size}: "
                                "use one of them")
         n_convs = int(math.log2(patch_size))
+        if embed_dim < 2 ** (n_convs - 1):
+            raise VitedgeError(f"embed_dim {embed_dim} too small for the {n_convs}-conv stem (widths "
+                               f"embed_dim // 2**i): use at least {2 ** (n_convs - 1)}")
         widths = [in_chans] + [embed_dim // 2 ** i for i in range(n_convs - 1, -1, -1)]
         layers: list[nn.Module] = []
         for i in range(n_convs):

@@ -171,6 +171,9 @@ class SwinTransformerBlock(nn.Module):
         if not 0 <= shift_size < window_size:
             raise VitedgeError(f"shift {shift_size} must lie in [0, window {window_size}): "
                                "fix the window_size override")
+        if any(r % window_size for r in self.input_resolution):
+            raise VitedgeError(f"window {window_size} does not tile the {self.input_resolution} token grid: choose "
+                               "a window_size that divides every stage's resolution")
         if attn_type not in ("L", "S"):
             raise VitedgeError(f"attention type {attn_type!r} must be 'L' (linear) or 'S' (softmax): fix attn_type")
         self.window_size, self.shift_size, self.attn_type = window_size, shift_size, attn_type
@@ -305,6 +308,13 @@ class _SwinBackbone(nn.Module):
         self.layers = nn.ModuleList()
         for i, layout in enumerate(layouts):
             start = sum(depths[:i])
+            width, stage_res = int(embed_dim * 2 ** i), res[0] // 2 ** i
+            if width % num_heads[i]:
+                raise VitedgeError(f"stage {i}: num_heads {num_heads[i]} does not divide its width {width}: "
+                                   "choose heads that divide embed_dim * 2**stage")
+            if stage_res == 0 or (i < len(layouts) - 1 and stage_res % 2):
+                raise VitedgeError(f"stage {i}: resolution {stage_res} cannot be merged by 2: use img_size "
+                                   f"divisible by patch_size * 2**{len(layouts) - 1}")
             self.layers.append(BasicLayer(
                 int(embed_dim * 2 ** i), (res[0] // 2 ** i, res[1] // 2 ** i), num_heads[i], layout,
                 dpr[start:start + depths[i]], norm_layer, downsample=i < self.num_layers - 1,

@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 
 from .layers import DropPath, EfficientAdditiveAttention, init_trunc_normal
+from .errors import VitedgeError
 from .registry import register_model
 
 __all__ = ["SwiftFormer", "ConvEncoder", "SwiftFormerLocalRepresentation", "SwiftFormerEncoder", "Mlp", "Embedding"]
@@ -147,6 +148,9 @@ class SwiftFormer(nn.Module):
                  drop_path_rate: float = 0.0, use_layer_scale: bool = True, layer_scale_init_value: float = 1e-5,
                  vit_num: int = 1, distillation: bool = True):
         super().__init__()
+        if len(layers) != len(embed_dims) or not layers:
+            raise VitedgeError(f"layers ({len(layers)} stages) and embed_dims ({len(embed_dims)} widths) must have "
+                               "the same, non-zero length: give one width per stage")
         downsamples = downsamples if downsamples is not None else [True] * len(layers)
         self.num_classes = num_classes
         self.dist = distillation

@@ -35,3 +35,21 @@ def assert_close_rel(y: torch.Tensor, ref: torch.Tensor, rel: float) -> None:
 @pytest.fixture
 def golden():
     return load_golden
+
+
+def onnx_parity(train_model, deploy_model, imgsz: int, samples: int = 4, seed: int = 0):
+    """Export `deploy_model` to ONNX (checked, simplified), run it in ONNX Runtime (CPU) on the parity inputs and
+    compare it in fp32 with the train-form eval model; returns (metrics, node counts of the simplified graph)."""
+    import copy
+
+    from vitedge.exporter.inputs import parity_inputs
+    from vitedge.exporter.onnx_export import check_onnx, export_onnx, node_counts, simplify_onnx
+    from vitedge.exporter.parity import compute_metrics, run_batched
+    from vitedge.targets.ort import OnnxRuntimeRunner
+
+    graph = simplify_onnx(check_onnx(export_onnx(copy.deepcopy(deploy_model), imgsz, batch=None)))
+    x = parity_inputs(samples, imgsz, seed=seed)
+    with torch.no_grad():
+        ref = copy.deepcopy(train_model).float().eval()(x).numpy()
+    out = run_batched(OnnxRuntimeRunner(graph, threads=1), x.numpy())
+    return compute_metrics(ref, out), node_counts(graph)

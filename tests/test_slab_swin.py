@@ -99,11 +99,16 @@ def test_window_rule_and_structural_buffers(golden_mini):
 
 def test_slab_window_rule_variants():
     with torch.device("meta"):
+        # 1536 px: token grids 384/192/96/48, tiled by the 64 (L) and 12 (S) windows.
         big = SlabSwinTransformer(embed_dim=16, depths=[1, 1, 2, 1], num_heads=[1, 2, 4, 8], window_size=64,
-                                  attn_type="LLSS", img_size=384)
+                                  attn_type="LLSS", img_size=1536)
         det = SlabSwinTransformer(**{k: v for k, v in WINDOWED_SLA.items() if k != "ape"})
     assert [b.window_size for b in big.layers[2].blocks] == [12, 12]  # S stages use 12 when window > 56
-    assert big.layers[0].blocks[0].window_size == 64                   # L stage: 96x96 map, 64-token windows
+    assert big.layers[0].blocks[0].window_size == 64                   # L stage: 384x384 map, 64-token windows
+    with pytest.raises(VitedgeError, match="does not tile"):             # a window that cannot tile the grid
+        with torch.device("meta"):
+            SlabSwinTransformer(embed_dim=16, depths=[1, 1, 2, 1], num_heads=[1, 2, 4, 8], window_size=64,
+                                attn_type="LLSS", img_size=384)
     assert [(type(b.attn), b.window_size, b.shift_size) for b in det.layers[0].blocks] == [
         (SimplifiedLinearAttention, 7, 0), (SimplifiedLinearAttention, 7, 3)]
     assert [type(b.attn) for b in det.layers[1].blocks] == [SimplifiedLinearAttention, WindowAttention]

@@ -85,6 +85,7 @@ def register_plan(*classes: type):
 
 def _ensure_plans() -> None:
     from . import sima, slab_deit, slab_swin, swiftformer  # noqa: F401  (registers plans)
+    from . import sima_deit, slab_cswin, slab_pvt  # noqa: F401
 
 
 def schedule_state(model: nn.Module) -> list[dict]:

@@ -1,0 +1,126 @@
+"""Fold plan for SimA-DeiT (`SimADeiT`) -> `SimADeiTDeploy`, locked to the model's input size.
+
+Exact folds:
+- each block's norm1 / norm2 affine -> `attn.qkv` / `mlp.fc1` (the LayerNorm stays, without affine: its statistics
+  are per token);
+- the final norm's affine -> `head` (a LayerNorm is per token, so its affine commutes with taking the CLS token);
+- `cat(cls, x) + pos_embed` -> `cat(cls + pos_embed[:, :1], x + pos_embed[:, 1:])`: one constant CLS token.
+SimA attention orders are fixed per block for the export token count 1+N (the official rule `(QK^T)V iff N < d`
+on the tokens the attention sees; `--attn-order` or the model's `attn_order` can force one).
+
+Rewrites (`rewrites=True`, exact): l1-normalize as a broadcast division (no Expand in ONNX), and the final
+LayerNorm on the CLS token only (only `norm(x)[:, 0]` is read).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ...models.errors import VitedgeError
+from ...models.layers.attention import resolve_order, sima_rule
+from ...models.sima_deit import SimADeiT, SimADeiTBlock
+from .engine import FoldContext, register_plan
+from .primitives import affine_before
+from .sima import FixedOrderSimA, sima_order_reason
+
+__all__ = ["SimADeiTDeploy", "DeploySimADeiTBlock", "plan_sima_deit"]
+
+
+class DeploySimADeiTBlock(nn.Module):
+    """`x + attn(ln x)`, `x + mlp(ln x)` with the LayerNorm affines folded into qkv / fc1."""
+
+    def __init__(self, norm1: nn.LayerNorm, attn: FixedOrderSimA, norm2: nn.LayerNorm, mlp: nn.Module):
+        super().__init__()
+        self.norm1, self.attn, self.norm2, self.mlp = norm1, attn, norm2, mlp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class SimADeiTDeploy(nn.Module):
+    """patch_embed (+ constant pos) -> cat(constant CLS) -> blocks -> norm -> head on CLS."""
+
+    def __init__(self, proj: nn.Conv2d, pos_embed: torch.Tensor, cls_token: torch.Tensor, blocks: list[nn.Module],
+                 norm: nn.Module, head: nn.Module, img_size: int, norm_cls_only: bool):
+        super().__init__()
+        self.patch_embed = _TokensConv(proj)
+        self.pos_embed = nn.Parameter(pos_embed.detach().clone(), requires_grad=False)
+        self.cls_token = nn.Parameter(cls_token.detach().clone(), requires_grad=False)
+        self.blocks = nn.Sequential(*blocks)
+        self.norm, self.head = norm, head
+        self.img_size, self.norm_cls_only = img_size, norm_cls_only
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.jit.is_tracing() and tuple(x.shape[-2:]) != (self.img_size, self.img_size):
+            raise VitedgeError(f"this SimA-DeiT deploy-form was built for {self.img_size}x{self.img_size} inputs; got "
+                               f"{x.shape[-2]}x{x.shape[-1]}: resize the input")
+        x = self.patch_embed(x) + self.pos_embed
+        x = self.blocks(torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1))
+        x = self.norm(x[:, 0]) if self.norm_cls_only else self.norm(x)[:, 0]
+        return self.head(x)
+
+
+class _TokensConv(nn.Module):
+    def __init__(self, proj: nn.Conv2d):
+        super().__init__()
+        self.proj = proj
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x).flatten(2).transpose(1, 2)
+
+
+def _ln_affine(ln: nn.Module, path: str) -> tuple[torch.Tensor, torch.Tensor, nn.LayerNorm]:
+    """(a, b, LayerNorm without affine) for a LayerNorm."""
+    if not isinstance(ln, nn.LayerNorm) or ln.weight is None:
+        raise VitedgeError(f"{path} is a {type(ln).__name__}, not an affine LayerNorm: build the model with the "
+                           "default norm_layer")
+    return ln.weight, ln.bias, nn.LayerNorm(ln.normalized_shape, eps=ln.eps, elementwise_affine=False)
+
+
+def _fold_block(blk: SimADeiTBlock, path: str, n: int, ctx: FoldContext) -> DeploySimADeiTBlock:
+    attn = blk.attn
+    a1, b1, norm1 = _ln_affine(blk.norm1, f"{path}.norm1")
+    a2, b2, norm2 = _ln_affine(blk.norm2, f"{path}.norm2")
+    qkv = affine_before(attn.qkv, a1, b1)
+    ctx.fold("layernorm_affine->linear")
+    if ctx.attn_order != "auto":
+        requested, source = ctx.attn_order, "override"
+    else:
+        requested, source = attn.attn_order, "the model's attn_order"
+    rule = sima_rule(n, attn.head_dim)
+    order = resolve_order(requested, rule)
+    ctx.order(f"{path}.attn", order, sima_order_reason(requested, rule, n, attn.head_dim, source))
+    mlp = blk.mlp
+    mlp.fc1 = affine_before(mlp.fc1, a2, b2)
+    mlp.drop = None  # identity in eval
+    ctx.fold("layernorm_affine->linear")
+    return DeploySimADeiTBlock(norm1, FixedOrderSimA(qkv, attn.proj, attn.num_heads, order, attn.eps, ctx.rewrites),
+                               norm2, mlp)
+
+
+@register_plan(SimADeiT)
+def plan_sima_deit(model: SimADeiT, ctx: FoldContext) -> SimADeiTDeploy:
+    if ctx.imgsz != model.img_size:
+        raise VitedgeError(f"SimA-DeiT is built for {model.img_size}x{model.img_size} (fixed-size pos_embed); got "
+                           f"--imgsz {ctx.imgsz}: use --imgsz {model.img_size}")
+    n = 1 + model.patch_embed.num_patches  # SimA sees the CLS token too
+    ctx.check("patch_embed", "patch_embed")
+    blocks = []
+    for i, blk in enumerate(model.blocks):
+        blocks.append(_fold_block(blk, f"blocks.{i}", n, ctx))
+        ctx.check(f"blocks.{i}", f"blocks.{i}")
+    cls = model.cls_token + model.pos_embed[:, :1]
+    ctx.fold("pos_embed->cls_token")
+    norm, head = model.norm, model.head
+    if isinstance(head, nn.Linear):
+        a, b, norm = _ln_affine(norm, "norm")
+        head = affine_before(head, a, b)
+        ctx.fold("layernorm_affine->linear")
+    else:
+        ctx.unfold("norm", "num_classes=0: no head Linear to fold the final norm's affine into; kept")
+    if ctx.rewrites:
+        ctx.rewrite("l1_normalize_broadcast_div")
+        ctx.rewrite("final_norm_on_cls_only")
+    return SimADeiTDeploy(model.patch_embed.proj, model.pos_embed[:, 1:], cls, blocks, norm, head, model.img_size,
+                          norm_cls_only=ctx.rewrites)

@@ -1,0 +1,298 @@
+"""The export output folder is the atomic unit (issue 8): killing `vitedge export` at any moment leaves DIR
+absent, holding the old complete artifacts, or holding the new complete ones; never a half-written set.
+
+What the pipeline documents (exporter/pipeline.py): everything is built in a temporary sibling `.DIR.tmp-*`
+and renamed into place in one step; with --force the old folder is first moved aside to `.DIR.old-*`.
+After a SIGKILL nothing can clean up, so stale hidden siblings may remain: they must never be merged into
+DIR and the next run must ignore them. SIGINT is an ordinary KeyboardInterrupt: it cleans the build folder,
+leaves DIR as it was and exits 130.
+
+Kills are of two kinds: real signals sent from outside at polled moments (build folder created, hub graph
+written), and deterministic kills from inside the process at the commit's renames and halfway through
+writing the .onnx (a driver wraps `os.rename` / `onnx.save` and SIGKILLs itself).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import onnx
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+NAME = "swiftformer_xs"
+OUT = "artifacts"  # the --out folder's name inside each test's own parent folder
+TINY = ["--model", NAME, "--set", "layers=[1,1,1,1]", "--set", "embed_dims=[8,8,16,16]", "--set", "num_classes=5",
+        "--imgsz", "32", "--samples", "2", "--target", "onnx"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+TIMEOUT = 240
+
+# Runs the CLI with a kill point: VITEDGE_TEST_KILL_AT = "rename:before|after:N" (the Nth rename whose source
+# or target is the --out folder) or "save-half" (write half of the first .onnx, then die).
+_DRIVER = r"""
+import os, signal, sys
+from pathlib import Path
+
+point, out_name = os.environ["VITEDGE_TEST_KILL_AT"], os.environ["VITEDGE_TEST_OUT_NAME"]
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+if point.startswith("rename:"):
+    _, when, nth = point.split(":")
+    real_rename, seen = os.rename, [0]
+
+    def rename(src, dst, *args, **kwargs):
+        if out_name not in (Path(src).name, Path(dst).name):
+            return real_rename(src, dst, *args, **kwargs)
+        seen[0] += 1
+        if seen[0] == int(nth) and when == "before":
+            die()
+        real_rename(src, dst, *args, **kwargs)
+        if seen[0] == int(nth):
+            die()
+
+    os.rename = rename
+elif point == "save-half":
+    import onnx
+
+    def save(model, path, *args, **kwargs):
+        data = model.SerializeToString()
+        with open(path, "wb") as f:
+            f.write(data[: len(data) // 2])
+            f.flush()
+            os.fsync(f.fileno())
+        die()
+
+    onnx.save = save
+else:
+    raise SystemExit(f"unknown kill point {point!r}")
+
+from vitedge.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+# ---- helpers ----------------------------------------------------------------------------------------
+
+def export_argv(out: Path, *extra: str) -> list[str]:
+    return ["-q", "export", *TINY, "--out", str(out), *extra]
+
+
+def run_cli(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "cli.py", *export_argv(out, *extra)], cwd=REPO, env=ENV,
+                          capture_output=True, text=True, timeout=TIMEOUT)
+
+
+def start_cli(out: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "cli.py", *export_argv(out, *extra)], cwd=REPO, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def run_driver(out: Path, kill_at: str, *extra: str) -> subprocess.CompletedProcess:
+    env = {**ENV, "VITEDGE_TEST_KILL_AT": kill_at, "VITEDGE_TEST_OUT_NAME": out.name}
+    return subprocess.run([sys.executable, "-c", _DRIVER, *export_argv(out, *extra)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file under `folder` (relative path -> sha256)."""
+    return {str(p.relative_to(folder)): sha256(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def assert_complete(folder: Path) -> dict[str, str]:
+    """A complete export: report.json parses, every artifact it lists exists with its sha256 and size, the hub
+    graph loads and passes onnx.checker, and no file is there that the report does not account for."""
+    report = json.loads((folder / "report.json").read_text())
+    listed = {"report.json"}
+    for key, a in report["artifacts"].items():
+        path = folder / a["path"]
+        assert path.is_file(), f"report lists {key} at {a['path']}, which is missing"
+        assert sha256(path) == a["sha256"] and path.stat().st_size == a["bytes"], \
+            f"{a['path']} is not what the report says"
+        listed.add(a["path"])
+    onnx.checker.check_model(onnx.load(str(folder / f"{NAME}.onnx")))
+    snap = snapshot(folder)
+    assert set(snap) == listed, f"files the report does not list: {sorted(set(snap) - listed)}"
+    return snap
+
+
+def state_of(out: Path, old: dict[str, str] | None) -> str:
+    """'absent', 'old' (byte-identical to the previous export) or 'new' (a different, complete export)."""
+    if not out.exists():
+        return "absent"
+    snap = snapshot(out)
+    if old is not None and snap == old:
+        return "old"
+    try:
+        assert_complete(out)
+    except Exception as e:  # report it as the contract violation it is
+        pytest.fail(f"{out} holds a half-written set {sorted(snap)}: {type(e).__name__}: {e}")
+    return "new"
+
+
+def assert_only_hidden_siblings(out: Path) -> None:
+    """Whatever a killed run leaves beside DIR is a hidden `.DIR.tmp-*` / `.DIR.old-*` folder, nothing else."""
+    for entry in out.parent.iterdir():
+        if entry.name == out.name:
+            continue
+        assert entry.name.startswith((f".{out.name}.tmp-", f".{out.name}.old-")), f"unexpected {entry} beside {out}"
+        assert entry.is_dir(), f"{entry} should be a build folder"
+
+
+def build_siblings(out: Path) -> list[Path]:
+    return sorted(out.parent.glob(f".{out.name}.tmp-*"))
+
+
+def wait_for(proc: subprocess.Popen, condition, what: str, timeout: float = TIMEOUT) -> None:
+    """Poll `condition()` every 10 ms while `proc` runs; fail if the process ends first."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if condition():
+            return
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"export finished (rc {proc.returncode}) before {what}: {err[-2000:]}")
+        time.sleep(0.01)
+    proc.kill()
+    pytest.fail(f"timed out waiting for {what}")
+
+
+# ---- fixtures ---------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def good_export(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """One complete export (the 'old artifacts' every --force re-export starts from). Its --samples differs from
+    the re-exports', so its report.json (and so its snapshot) can never equal theirs: 'old' and 'new' stay
+    distinguishable."""
+    out = tmp_path_factory.mktemp("good") / OUT
+    r = run_cli(out, "--samples", "3")
+    assert r.returncode == 0, r.stderr
+    return out, assert_complete(out)
+
+
+@pytest.fixture
+def previous(good_export, tmp_path) -> tuple[Path, dict[str, str]]:
+    """A private copy of the good export at tmp_path/OUT (the folder a --force re-export replaces)."""
+    src, snap = good_export
+    out = tmp_path / OUT
+    shutil.copytree(src, out)
+    assert snapshot(out) == snap
+    return out, snap
+
+
+# ---- real signals from outside ----------------------------------------------------------------------
+
+def test_sigkill_when_the_build_folder_appears_keeps_the_old_artifacts(previous):
+    out, old = previous
+    proc = start_cli(out, "--force")
+    wait_for(proc, lambda: build_siblings(out), "the temporary build folder appeared")
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == -signal.SIGKILL
+    assert state_of(out, old) == "old"
+    assert_only_hidden_siblings(out)
+
+
+def test_sigkill_after_the_hub_graph_is_written_leaves_a_complete_set(previous):
+    out, old = previous
+    proc = start_cli(out, "--force")
+    # The hub .onnx lands in the build folder before its own parity hop and the report: kill in that window.
+    wait_for(proc, lambda: any(p.suffix == ".onnx" for s in build_siblings(out) for p in s.iterdir()),
+             "the hub graph was written into the build folder")
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == -signal.SIGKILL
+    # Usually "old"; "new" only if the commit won the race against the kill, which the contract also allows.
+    assert state_of(out, old) in ("old", "new")
+    assert_only_hidden_siblings(out)
+
+
+def test_sigkill_of_a_first_export_leaves_no_folder(tmp_path):
+    out = tmp_path / OUT
+    proc = start_cli(out)
+    wait_for(proc, lambda: build_siblings(out), "the temporary build folder appeared")
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == -signal.SIGKILL
+    assert not out.exists()
+    assert_only_hidden_siblings(out)
+
+
+def test_sigint_exits_nonzero_and_leaves_nothing_partial(previous):
+    out, old = previous
+    proc = start_cli(out, "--force")
+    wait_for(proc, lambda: build_siblings(out), "the temporary build folder appeared")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted" in err
+    assert state_of(out, old) == "old"
+    assert build_siblings(out) == [], "a KeyboardInterrupt must clean its build folder"
+    assert_only_hidden_siblings(out)
+
+
+# ---- deterministic kills from inside ----------------------------------------------------------------
+
+@pytest.mark.parametrize("kill_at, allowed", [
+    ("rename:after:1", {"absent"}),   # old folder moved aside, new not yet in place: DIR is absent, never partial
+    ("rename:after:2", {"new"}),      # new folder in place, the moved-aside old one not yet deleted
+])
+def test_sigkill_inside_the_commit(previous, kill_at, allowed):
+    out, old = previous
+    r = run_driver(out, kill_at, "--force")
+    assert r.returncode == -signal.SIGKILL, f"the kill point {kill_at} was never reached: {r.stderr[-2000:]}"
+    assert state_of(out, old) in allowed
+    if out.exists():
+        assert f"{NAME}.onnx" in snapshot(out)  # never an empty or partial folder at the normal path
+    assert_only_hidden_siblings(out)
+
+
+def test_sigkill_halfway_through_writing_the_graph_then_rerun(previous):
+    """Killed halfway through writing the hub .onnx: the half graph exists only in a hidden build folder and DIR
+    keeps the old artifacts. The next --force run ignores the stale folder, succeeds, and nothing from it
+    reaches DIR (stale build folders are not cleaned: nothing documents that, and only hidden names remain)."""
+    out, old = previous
+    killed = run_driver(out, "save-half", "--force")
+    assert killed.returncode == -signal.SIGKILL, f"the .onnx was never written: {killed.stderr[-2000:]}"
+    assert state_of(out, old) == "old"
+    stale = build_siblings(out)
+    assert len(stale) == 1 and (stale[0] / f"{NAME}.onnx").stat().st_size > 0
+    r = run_cli(out, "--force")
+    assert r.returncode == 0, r.stderr
+    assert state_of(out, old) == "new"  # complete, and nothing but what its report lists
+    assert_only_hidden_siblings(out)
+
+
+# ---- refusing to overwrite, and what the committed folder looks like ---------------------------------
+
+def test_existing_artifacts_need_force(previous):
+    out, old = previous
+    r = run_cli(out)
+    assert r.returncode == 2
+    err = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(err) == 1 and "--force" in err[0], r.stderr
+    assert snapshot(out) == old
+    assert build_siblings(out) == []
+
+
+def test_committed_folder_has_normal_permissions(good_export):
+    """The build folder comes from tempfile.mkdtemp (mode 0700); once renamed into place it is the user's
+    output folder and must carry the usual umask-derived mode, like any `mkdir` (CI artifact uploads,
+    shared volumes and other users read it)."""
+    out, _ = good_export
+    umask = os.umask(0)
+    os.umask(umask)
+    mode = out.stat().st_mode & 0o777
+    assert mode == 0o777 & ~umask, f"{out} has mode {oct(mode)}, expected {oct(0o777 & ~umask)}"
