@@ -160,6 +160,8 @@ class CSWinBlock(nn.Module):
         if attn_type not in ("L", "S"):
             raise VitedgeError(f"attention type {attn_type!r} must be 'L' (linear) or 'S' (softmax): fix attn_type")
         self.dim, self.num_heads, self.patches_resolution = dim, num_heads, reso
+        if attn_type == "S":
+            self.trained_like_qk_scale = 0.5  # test weights: softmax neither flat nor one-hot (golden recipe)
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.norm1 = norm_layer(dim)
         self.proj = nn.Linear(dim, dim)

@@ -88,6 +88,8 @@ class _SpatialReduction(nn.Module):
 class PVTAttention(_SpatialReduction):
     """PVT's softmax attention with spatial reduction (keys `q`, `kv`, `proj`, `sr`, `norm`)."""
 
+    trained_like_qk_scale = 0.5  # test weights: softmax neither flat nor one-hot (golden recipe)
+
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, qk_scale: float | None = None,
                  attn_drop: float = 0.0, sr_ratio: int = 1, norm_layer=nn.LayerNorm):
         super().__init__(dim, num_heads, qkv_bias, sr_ratio, norm_layer)

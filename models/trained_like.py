@@ -85,8 +85,11 @@ def make_trained_like(model: nn.Module, seed: int = 0, residual_scale: float = 0
             normal(p, 1.0)
     for m in model.modules():
         qk = getattr(m, "trained_like_qk_scale", None)
-        if qk is not None:
+        if qk is not None and hasattr(m, "qkv"):
             m.qkv.weight[: 2 * (m.qkv.out_features // 3)].mul_(qk)
+        elif qk is not None:  # separate q and kv projections (PVT)
+            m.q.weight.mul_(qk)
+            m.kv.weight[: m.kv.out_features // 2].mul_(qk)
     whole_model = hasattr(model, "vitedge_spec") or isinstance(getattr(model, "img_size", None), int)
     if calibrate and whole_model and any(isinstance(m, RepBN) for m in model.modules()):  # needs image inputs
         _calibrate_repbn(model, g, imgsz)
