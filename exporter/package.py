@@ -1,0 +1,380 @@
+"""`vitedge package`: an app-ready CoreML bundle (.zip) that can check itself.
+
+The bundle is built from one `vitedge.export(..., targets="coreml", input="image")` run (the full parity ladder,
+CoreML hop included) and holds, under a top-level folder named after the model:
+
+  NAME.mlpackage        image input (RGB pixels 0-255, normalization inside), classifier when --labels is given
+  labels.txt            the class labels (with --labels)
+  golden/inputs.npy     uint8 RGB pixel images, NHWC (the structured parity images, quantized to 8 bits)
+  golden/outputs.npy    float32 logits of the train-form PyTorch model on exactly those pixels
+  golden/golden.json    shapes, layouts, preprocessing, tolerance and how to check
+  README.md             Swift usage (Core ML and Vision) and the self-check
+  manifest.json         sha256 of every other file, input spec, preprocessing, labels, parity results, versions
+
+Deterministic: the same inputs give a byte-identical zip (sorted entries, fixed timestamps and permissions, no
+wall-clock or temporary paths in any file, the .mlpackage's Manifest.json identifiers derived from its contents).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import shutil
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+# No torch-importing module at the top: cli.py builds the `package` parser from this module.
+
+BUNDLE_FORMAT = "vitedge-coreml-bundle/1"
+GOLDEN_SAMPLES = 8          # golden vectors per bundle
+GOLDEN_SEED = 1             # their parity-input seed (the ladder uses seed 0)
+ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # the earliest date a zip can carry: no wall clock in the bytes
+METRIC_DIGITS = 6           # significant digits of metrics in manifest.json (thread-order noise stays out)
+
+
+@dataclass
+class PackageResult:
+    path: Path | None           # the zip, or None when a parity hop failed
+    exit_code: int              # 0 written, 1 a hop failed (nothing written)
+    report: object              # the export Report
+    manifest: dict | None
+    export_dir: Path | None     # kept for inspection when a hop failed
+
+
+# ------------------------------------------------------------------------------------------------ small helpers
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _round(v):
+    if isinstance(v, float):
+        return float(f"{v:.{METRIC_DIGITS}g}")
+    if isinstance(v, dict):
+        return {k: _round(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_round(x) for x in v]
+    return v
+
+
+def _npy_bytes(a: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, a, allow_pickle=False)
+    return buf.getvalue()
+
+
+def _json_bytes(d: dict) -> bytes:
+    return (json.dumps(d, indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
+
+
+def _hop_entry(hop) -> dict:
+    """A report hop without wall time (it would change the bytes on every run)."""
+    d = {"hop": hop.hop, "backend": hop.backend, "status": hop.status, "mode": hop.mode, "reason": hop.reason,
+         "samples": hop.samples}
+    if hop.metrics is not None:
+        d["metrics"] = _round({k: v for k, v in vars(hop.metrics).items()})
+    if hop.tolerance is not None:
+        d["tolerance"] = {k: v for k, v in vars(hop.tolerance).items() if v is not None}
+    return d
+
+
+def write_deterministic_zip(files: dict[str, bytes], path: Path) -> None:
+    """`files`: archive name -> bytes. Sorted, fixed date/permissions, deflate level 9."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with zipfile.ZipFile(tmp, "w") as zf:
+        for name in sorted(files):
+            info = zipfile.ZipInfo(name, date_time=ZIP_DATE)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            info.create_system = 3  # unix, whatever the host
+            zf.writestr(info, files[name], compresslevel=9)
+    tmp.replace(path)
+
+
+def _tree_files(root: Path, prefix: str) -> dict[str, bytes]:
+    return {f"{prefix}/{p.relative_to(root).as_posix()}": p.read_bytes()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# ------------------------------------------------------------------------------------------------ golden vectors
+
+def golden_vectors(model, imgsz: int, mean, std, n: int = GOLDEN_SAMPLES) -> tuple[np.ndarray, np.ndarray]:
+    """(uint8 NHWC RGB pixels, float32 train-form logits on exactly those pixels)."""
+    import torch
+
+    from .inputs import parity_inputs
+
+    x = parity_inputs(n, imgsz, seed=GOLDEN_SEED, mean=mean, std=std).numpy()
+    m = np.asarray(mean, np.float32).reshape(1, 3, 1, 1)
+    s = np.asarray(std, np.float32).reshape(1, 3, 1, 1)
+    pixels = np.clip(np.round((x * s + m) * 255.0), 0, 255).astype(np.uint8)
+    normalized = ((pixels.astype(np.float32) / 255.0 - m) / s).astype(np.float32)
+    with torch.no_grad():
+        logits = model.eval()(torch.from_numpy(normalized)).float().numpy()
+    return np.ascontiguousarray(pixels.transpose(0, 2, 3, 1)), logits.astype(np.float32)
+
+
+def check_golden(mlpackage: Path, pixels_nhwc: np.ndarray, expected: np.ndarray, tolerance) -> dict:
+    """Run the golden pixels through the emulated CoreML hop; metrics and verdict against `tolerance`."""
+    from ..targets.coreml import EmulatedCoreMLRunner
+    from .parity import compute_metrics
+
+    runner = EmulatedCoreMLRunner(mlpackage, max_samples=None)
+    y = runner.run_raw(pixels_nhwc.transpose(0, 3, 1, 2).astype(np.float32))
+    metrics = compute_metrics(expected, y)
+    problems = tolerance.violations(metrics)
+    if not np.isfinite(y).all():
+        problems.insert(0, "non-finite outputs")
+    return {"mode": runner.mode, "backend": runner.backend, "passed": not problems, "problems": problems,
+            "metrics": _round(vars(metrics)), "samples": int(len(y))}
+
+
+# ------------------------------------------------------------------------------------------------ README
+
+def _readme(name: str, imgsz: int, classifier: bool, weights: str, ios: int, precision: str, golden: dict) -> str:
+    demo = ("\n> **Demo weights.** This bundle was packaged without `--checkpoint`: the model has seeded random "
+            "(trained-like) weights. Its predictions are meaningless; use it to wire up the app, then package a "
+            "real checkpoint.\n" if weights == "untrained" else "")
+    cls_swift = ('let label = out.featureValue(for: "classLabel")!.stringValue            // most likely class\n'
+                 'let probs = out.featureValue(for: "classLabel_probs")!.dictionaryValue  // label -> probability\n'
+                 if classifier else "")
+    vision = ("""
+### With Vision (crop and scale handled for you)
+
+```swift
+import Vision
+
+let vnModel = try VNCoreMLModel(for: model)
+let request = VNCoreMLRequest(model: vnModel) { request, _ in
+    if let best = (request.results as? [VNClassificationObservation])?.first {
+        print(best.identifier, best.confidence)
+    }
+}
+request.imageCropAndScaleOption = .centerCrop
+try VNImageRequestHandler(cgImage: cgImage).perform([request])
+```
+""" if classifier else "")
+    tol = golden["tolerance"]
+    return f"""# {name} for Core ML ({precision}, iOS {ios}+)
+{demo}
+`{name}.mlpackage` is an ML Program converted by vitedge from the re-parameterized deploy-form of `{name}` and
+checked against the original PyTorch model (see `manifest.json` -> `parity`).
+
+- **Input** `image`: an RGB image of {imgsz}x{imgsz} pixels, values 0-255. ImageNet mean/std normalization happens
+  inside the model; pass the pixels as they are.
+- **Outputs**: `logits` (float32, 1 x classes){', `classLabel` (String) and `classLabel_probs` ([String: Double])' if classifier else ''}.
+- Static shape, fp16 compute with fp32 islands for normalizations (`manifest.json` -> `precision_policy`), so the
+  Neural Engine can run it.
+
+## Swift
+
+Drag `{name}.mlpackage` into Xcode (it generates a `{name}` class), or load it at run time:
+
+```swift
+import CoreML
+
+let config = MLModelConfiguration()
+config.computeUnits = .cpuAndNeuralEngine
+let url = Bundle.main.url(forResource: "{name}", withExtension: "mlmodelc")!   // Xcode compiles .mlpackage
+let model = try MLModel(contentsOf: url, configuration: config)
+
+// pixelBuffer: a {imgsz}x{imgsz} kCVPixelFormatType_32BGRA or 32ARGB CVPixelBuffer of the (center-cropped) photo
+let input = try MLDictionaryFeatureProvider(dictionary: ["image": MLFeatureValue(pixelBuffer: pixelBuffer)])
+let out = try model.prediction(from: input)
+let logits = out.featureValue(for: "logits")!.multiArrayValue!
+{cls_swift}```
+{vision}
+## Self-check on a device
+
+`golden/inputs.npy` holds {golden['inputs']['shape'][0]} images (uint8, N x {imgsz} x {imgsz} x 3, RGB) and
+`golden/outputs.npy` the PyTorch model's logits for them (float32, N x classes). Feed each image as above and
+compare your `logits` with the expected row: cosine similarity >= {tol.get('cosine')}, PSNR >= {tol.get('psnr_db')} dB
+(20 log10(max|expected| / RMSE) over all N), top-1 class equal. `golden/golden.json` says the same in machine form.
+A `.npy` file is a small text header followed by the raw little-endian array:
+
+```swift
+func loadNpy(_ url: URL) throws -> Data {{
+    let data = try Data(contentsOf: url)
+    let headerLen = Int(data[8]) | (Int(data[9]) << 8)   // format version 1.0
+    return data.subdata(in: (10 + headerLen)..<data.count)  // uint8 pixels or float32 logits, C order
+}}
+```
+
+Integrity: `manifest.json` lists the sha256 of every file in this bundle.
+"""
+
+
+# ------------------------------------------------------------------------------------------------ package
+
+def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = None, labels: str | Path | None = None,
+            ios: int | str = 16, imgsz: int | None = None, precision: str = "fp16", samples: int | None = None,
+            overrides: dict | None = None, tolerances=None, force: bool = False, seed: int | None = None,
+            progress=None) -> PackageResult:
+    """Build BUNDLE.zip at `out`. Raises VitedgeError on bad input (nothing written); a failed parity hop gives
+    exit_code 1, no zip, and the export folder kept at `out` + '.failed/' for inspection."""
+    from ..models.errors import VitedgeError
+    from ..targets.coreml import parse_ios
+    from .inputs import DEFAULT_SAMPLES
+    from .parity import tolerances as make_tolerances
+    from .pipeline import DEMO_SEED, export
+
+    out = Path(out)
+    if out.suffix != ".zip":
+        raise VitedgeError(f"--out must name a .zip file; got {out}")
+    if out.exists() and not force:
+        raise VitedgeError(f"{out} exists; pass --force to replace it or choose another --out")
+    if out.is_dir():
+        raise VitedgeError(f"--out {out} is a folder; give a .zip file path")
+    ios = parse_ios(ios)
+    if labels is not None and not Path(labels).is_file():
+        raise VitedgeError(f"--labels file {labels} not found; give a text file with one class label per line")
+    tol = make_tolerances(tolerances)[precision]
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.stem}.pkg-", dir=out.parent))
+    try:
+        report = export(model_or_name, "coreml", checkpoint=checkpoint, imgsz=imgsz, precision=precision,
+                        out=work / "export", samples=samples or DEFAULT_SAMPLES, tolerances=tolerances,
+                        overrides=overrides, seed=DEMO_SEED if seed is None else seed, progress=progress,
+                        options={"input": "image", "labels": str(labels) if labels is not None else None, "ios": ios})
+        hop = report.hop("coreml")
+        if report.exit_code != 0 or hop is None or hop.status != "passed":
+            failed_dir = out.with_name(out.name + ".failed")
+            shutil.rmtree(failed_dir, ignore_errors=True)
+            shutil.move(str(work / "export"), failed_dir)
+            return PackageResult(None, 1, report, None, failed_dir)
+        return _assemble(report, work / "export", out, checkpoint, overrides, labels, ios, precision, tol, seed,
+                         progress)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _assemble(report, export_dir: Path, out: Path, checkpoint, overrides, labels, ios: int, precision: str, tol,
+              seed, progress) -> PackageResult:
+    from ..models.registry import IMAGENET_MEAN, IMAGENET_STD, get_spec
+    from .pipeline import DEMO_SEED, build_train_form
+
+    name = report.model
+    entry = report.artifacts["coreml"]
+    mlpackage = export_dir / entry.path
+    spec = get_spec(name)
+    mean, std = (spec.mean, spec.std) if spec else (IMAGENET_MEAN, IMAGENET_STD)
+    loaded = build_train_form(name, checkpoint, overrides, DEMO_SEED if seed is None else seed)
+    pixels, logits = golden_vectors(loaded.model, report.imgsz, mean, std)
+    golden_check = check_golden(mlpackage, pixels, logits, tol)
+    if not golden_check["passed"]:
+        raise RuntimeError(f"the packaged model fails its own golden vectors: {'; '.join(golden_check['problems'])}")
+
+    root = name
+    files: dict[str, bytes] = _tree_files(mlpackage, f"{root}/{mlpackage.name}")
+    label_list = None
+    if labels is not None:
+        from ..targets.coreml import read_labels
+
+        label_list = read_labels(labels)
+        files[f"{root}/labels.txt"] = ("\n".join(label_list) + "\n").encode()
+    info = entry.info
+    tol_d = {k: v for k, v in vars(tol).items() if v is not None}
+    golden = {
+        "inputs": {"file": "golden/inputs.npy", "dtype": "uint8", "shape": list(pixels.shape), "layout": "NHWC",
+                   "color": "RGB", "range": [0, 255],
+                   "source": f"vitedge.exporter.inputs.parity_inputs(n={len(pixels)}, seed={GOLDEN_SEED}) quantized "
+                             "to 8-bit pixels (noise, gradient, checker, smooth, blocks, extreme; cycled)"},
+        "outputs": {"file": "golden/outputs.npy", "dtype": "float32", "shape": list(logits.shape), "name": "logits",
+                    "source": "train-form PyTorch model (float32) on the same pixels, normalized with mean/std"},
+        "preprocessing": info["input_spec"],
+        "tolerance": tol_d,
+        "check": "per image: feed the pixels to `image`, compare `logits` with the expected row; over all images: "
+                 "lowest cosine, PSNR = 20*log10(max|expected|/RMSE) and top-1 agreement must meet `tolerance`",
+        "verified": golden_check,
+    }
+    files[f"{root}/golden/inputs.npy"] = _npy_bytes(pixels)
+    files[f"{root}/golden/outputs.npy"] = _npy_bytes(logits)
+    files[f"{root}/golden/golden.json"] = _json_bytes(golden)
+    files[f"{root}/README.md"] = _readme(name, report.imgsz, label_list is not None, report.weights, ios, precision,
+                                         golden).encode()
+    manifest = {
+        "format": BUNDLE_FORMAT,
+        "model": name, "imgsz": report.imgsz, "overrides": report.overrides,
+        "weights": report.weights,
+        "weights_note": ("untrained: seeded trained-like demo weights, predictions are meaningless"
+                         if report.weights == "untrained" else "checkpoint"),
+        "checkpoint_sha256": report.checkpoint_sha256,
+        "mlpackage": f"{mlpackage.name}", "precision": precision, "ios": ios,
+        "input": info["input_spec"],
+        "outputs": info["outputs"],
+        "labels": {"file": "labels.txt", "count": len(label_list)} if label_list else None,
+        "precision_policy": {"rules": [r["name"] for r in (info.get("precision_policy") or {}).get("rules", [])],
+                             "fp32_islands": info.get("fp32_islands")},
+        "reparam": {"folded": report.reparam.folded, "unfolded": report.reparam.unfolded,
+                    "attention_order": report.reparam.attention_order},
+        "parity": [_hop_entry(h) for h in report.parity],
+        "parity_inputs": report.inputs,
+        "golden": {"description": "golden/golden.json", "verified": golden_check},
+        "versions": report.versions,
+        "files": {k[len(root) + 1:]: _sha256(v) for k, v in sorted(files.items())},
+    }
+    files[f"{root}/manifest.json"] = _json_bytes(manifest)
+    write_deterministic_zip(files, out)
+    return PackageResult(out, 0, report, manifest, None)
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`vitedge package` flags (cli.py registers the subcommand)."""
+    p.add_argument("--model", required=True, help="model name (see `vitedge models`)")
+    p.add_argument("--checkpoint", help="train-form checkpoint; without it the bundle holds seeded demo weights "
+                                        "(untrained, said in the manifest and README)")
+    p.add_argument("--labels", help="class labels, one per line: the model becomes a classifier")
+    p.add_argument("--ios", type=int, choices=(16, 17, 18), default=16, help="minimum deployment target (default 16)")
+    p.add_argument("--imgsz", type=int, help="input size (default: the model's)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="constructor override, official keyword names (e.g. --set depth=2); repeatable")
+    p.add_argument("--samples", type=int, help="parity inputs for the ladder (default: the documented set)")
+    p.add_argument("--tol", action="append", default=[], metavar="PROFILE.KEY=VALUE", help="tolerance override")
+    p.add_argument("--out", required=True, help="the bundle to write (BUNDLE.zip)")
+    p.add_argument("--force", action="store_true", help="replace an existing --out")
+
+
+def _overrides(items: list) -> dict:
+    import ast
+
+    from ..models.errors import VitedgeError
+
+    out = {}
+    for text in items:
+        if isinstance(text, tuple):
+            out[text[0]] = text[1]
+            continue
+        if "=" not in text:
+            raise VitedgeError(f"--set expects KEY=VALUE; got {text!r}")
+        k, v = text.split("=", 1)
+        try:
+            out[k.strip()] = ast.literal_eval(v)
+        except (ValueError, SyntaxError):
+            out[k.strip()] = v
+    return out
+
+
+def cmd_package(args) -> int:
+    res = package(args.model, args.out, checkpoint=args.checkpoint, labels=args.labels, ios=args.ios,
+                  imgsz=args.imgsz, samples=args.samples, overrides=_overrides(args.overrides),
+                  tolerances=args.tol or None, force=args.force, progress=getattr(args, "progress", None))
+    hop = res.report.hop("coreml")
+    if res.exit_code != 0:
+        bad = ", ".join(h.hop for h in res.report.failed_hops()) or "coreml"
+        print(f"FAILED: parity hop {bad} did not pass; no bundle written. The export is kept in {res.export_dir}")
+        return res.exit_code
+    demo = " (DEMO: untrained seeded weights)" if res.manifest["weights"] == "untrained" else ""
+    m = hop.metrics
+    print(f"{res.manifest['model']} @ {res.manifest['imgsz']}{demo}: coreml hop {hop.status} ({hop.mode}, "
+          f"{hop.samples} samples, cosine {m.cosine:.6f}, PSNR {m.psnr_db:.1f} dB); golden vectors "
+          f"{'passed' if res.manifest['golden']['verified']['passed'] else 'FAILED'}")
+    print(f"wrote {res.path} ({res.path.stat().st_size / 1e6:.2f} MB, {len(res.manifest['files']) + 1} files)")
+    return 0
