@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from .errors import VitedgeError
-from .layers import ORDERS, DropPath, Mlp, SimAAttention
+from .layers import ORDERS, DropPath, Mlp, SimAAttention, init_vit_weights
 from .registry import register_model
 
 __all__ = ["SimADeiT", "SimADeiTBlock", "PatchEmbed16"]
@@ -90,19 +90,8 @@ class SimADeiT(nn.Module):
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self._init_weights()
 
-    @torch.no_grad()
     def _init_weights(self) -> None:
-        # DeiT's init: trunc_normal(0.02) tokens and Linear weights, zero Linear biases, LayerNorm (1, 0)
-        nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        nn.init.trunc_normal_(self.cls_token, std=0.02)
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+        init_vit_weights(self, self.pos_embed, self.cls_token)  # DeiT's init
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         x = self.patch_embed(x)

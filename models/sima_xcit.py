@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .errors import VitedgeError
-from .layers import ORDERS, DropPath, Mlp, SimAAttention
+from .layers import ORDERS, DropPath, Mlp, SimAAttention, init_vit_weights
 from .registry import register_model
 
 __all__ = ["SimAVisionTransformer", "ConvPatchEmbed", "PositionalEncodingFourier", "LPI", "SimABlock",
@@ -250,19 +250,8 @@ class SimAVisionTransformer(nn.Module):
         self.use_pos = use_pos
         self._init_weights()
 
-    @torch.no_grad()
     def _init_weights(self) -> None:
-        # The official init: trunc_normal(0.02) for cls_token and Linear weights, zero Linear biases,
-        # LayerNorm (1, 0); convs and BNs keep PyTorch's defaults.
-        nn.init.trunc_normal_(self.cls_token, std=0.02)
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+        init_vit_weights(self, self.cls_token)  # official: convs and BNs keep PyTorch's defaults
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         b = x.shape[0]

@@ -24,7 +24,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .errors import VitedgeError
-from .layers import ORDERS, DropPath, LinearNorm, Mlp, RepBN, linear_attention, resolve_order, sla_rule
+from .layers import (ORDERS, DropPath, LinearNorm, Mlp, RepBN, init_vit_weights, linear_attention, resolve_order,
+                     sla_rule)
 from .registry import register_model
 from .slab_pvt import merge_heads, split_heads
 
@@ -275,17 +276,8 @@ class CSWinTransformer(nn.Module):
         self.head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
         self._init_weights()
 
-    @torch.no_grad()
     def _init_weights(self) -> None:
-        # official: trunc_normal(0.02) Linear weights, zero Linear biases, LayerNorm (1, 0); convs default
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+        init_vit_weights(self)  # official: Linear trunc_normal(0.02), LayerNorm (1, 0); convs default
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stage1_conv_embed(x)

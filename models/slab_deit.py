@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 
 from .errors import VitedgeError
-from .layers import DropPath, LinearNorm, Mlp, RepBN, SimplifiedLinearAttention
+from .layers import DropPath, LinearNorm, Mlp, RepBN, SimplifiedLinearAttention, init_vit_weights
 from .registry import register_model
 
 NormFactory = Callable[[int], nn.Module]
@@ -195,16 +195,8 @@ class DeiTBase(nn.Module):
     def _make_attn(self, dim, num_heads, num_tokens, qkv_bias, attn_drop, **kw) -> nn.Module:
         raise NotImplementedError
 
-    @torch.no_grad()
     def _init_weights(self) -> None:
-        # The official init: trunc_normal(0.02) for tokens and Linear weights, zero Linear biases; convs default.
-        nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        nn.init.trunc_normal_(self.cls_token, std=0.02)
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
+        init_vit_weights(self, self.pos_embed, self.cls_token)  # official DeiT init; convs default
 
     def _embed(self, x: torch.Tensor) -> torch.Tensor:
         h, w = x.shape[-2:]

@@ -25,7 +25,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .errors import VitedgeError
-from .layers import ORDERS, DropPath, LinearNorm, Mlp, RepBN, linear_attention, resolve_order, sla_rule
+from .layers import (ORDERS, DropPath, LinearNorm, Mlp, RepBN, init_vit_weights, linear_attention, resolve_order,
+                     sla_rule)
 from .registry import register_model
 
 __all__ = ["PyramidVisionTransformer", "PVTPatchEmbed", "PVTBlock", "PVTAttention", "PVTLinearAttention",
@@ -240,19 +241,8 @@ class PyramidVisionTransformer(nn.Module):
         self.head = nn.Linear(embed_dims[-1], num_classes) if num_classes > 0 else nn.Identity()
         self._init_weights()
 
-    @torch.no_grad()
     def _init_weights(self) -> None:
-        # official: trunc_normal(0.02) pos embeds and Linear weights, zero Linear biases, LayerNorm (1, 0)
-        for i in range(self.num_stages):
-            nn.init.trunc_normal_(getattr(self, f"pos_embed{i + 1}"), std=0.02)
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+        init_vit_weights(self, *(getattr(self, f"pos_embed{i + 1}") for i in range(self.num_stages)))
 
     def stage_pos_embed(self, i: int, hw: tuple[int, int]) -> torch.Tensor:
         """The official `_get_pos_embed` for stage i (0-based) at grid `hw`: stage 1's own size returns the parameter,

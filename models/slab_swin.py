@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.utils.checkpoint as checkpoint
 
 from .errors import VitedgeError
-from .layers import DropPath, LinearNorm, Mlp, RepBN, SimplifiedLinearAttention
+from .layers import DropPath, LinearNorm, Mlp, RepBN, SimplifiedLinearAttention, init_vit_weights
 from .registry import register_model
 
 __all__ = ["SlabSwinTransformer", "SwinTransformer", "SwinTransformerBlock", "WindowAttention", "PatchMerging",
@@ -322,17 +322,7 @@ class _SwinBackbone(nn.Module):
                 drop=drop_rate, attn_drop=attn_drop_rate, **block_kw))
         self.norm = norm_layer(self.num_features)
         self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
-        self.apply(self._init_weights)
-
-    @staticmethod
-    def _init_weights(m: nn.Module) -> None:
-        if isinstance(m, nn.Linear):
-            nn.init.trunc_normal_(m.weight, std=0.02)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.LayerNorm):
-            nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
+        init_vit_weights(self)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         x = self.patch_embed(x)

@@ -47,3 +47,19 @@ class DropPath(nn.Module):
         keep = 1.0 - self.drop_prob
         mask = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(keep)
         return x * mask.div_(keep)
+
+
+@torch.no_grad()
+def init_vit_weights(module: nn.Module, *tokens: torch.Tensor, std: float = 0.02) -> None:
+    """The official ViT-family init: trunc_normal(std) for `tokens` (pos embeds, cls tokens) and Linear
+    weights, zero Linear biases, LayerNorm (1, 0); convs and BatchNorms keep PyTorch's defaults."""
+    for t in tokens:
+        nn.init.trunc_normal_(t, std=std)
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.trunc_normal_(m.weight, std=std)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LayerNorm) and m.weight is not None:
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
