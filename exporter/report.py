@@ -1,0 +1,225 @@
+"""The report.json schema, defined once: the CLI writes it, the Python API returns it, tests read it.
+
+Field names here are a public contract (documented in the README); add fields, never rename them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import math
+import platform
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+HOPS = ("deploy-form", "onnx", "onnx-simplified", "onnx-fp16", "coreml", "tensorrt")
+STATUSES = ("passed", "failed", "unverified")
+MODES = ("reference", "device", "emulated")
+WEIGHTS = ("untrained", "checkpoint", "module")  # "module": an in-memory nn.Module given to the Python API
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+@dataclass
+class Metrics:
+    """Candidate vs train-form logits over the whole parity set.
+
+    max_rel is max|y - ref| / max|ref|; cosine is the lowest per-sample cosine similarity; psnr_db is
+    20*log10(max|ref| / RMSE); top-k agreement is the fraction of samples whose top-k class sets match.
+    """
+    max_abs: float
+    max_rel: float
+    cosine: float
+    psnr_db: float
+    top1_agreement: float
+    top5_agreement: float
+
+
+@dataclass
+class Tolerance:
+    """Thresholds of one precision profile; None = not checked. max_* are upper bounds, the rest lower bounds."""
+    profile: str
+    max_abs: float | None = None
+    max_rel: float | None = None
+    cosine: float | None = None
+    psnr_db: float | None = None
+    top1_agreement: float | None = None
+    top5_agreement: float | None = None
+
+    UPPER = ("max_abs", "max_rel")
+    LOWER = ("cosine", "psnr_db", "top1_agreement", "top5_agreement")
+
+    def violations(self, m: Metrics) -> list[str]:
+        """Human-readable list of the thresholds `m` misses (empty = within tolerance)."""
+        out = []
+        for key in self.UPPER + self.LOWER:
+            limit = getattr(self, key)
+            if limit is None:
+                continue
+            value = getattr(m, key)
+            bad = not (value <= limit) if key in self.UPPER else not (value >= limit)  # NaN counts as bad
+            if bad:
+                out.append(f"{key} {value:.4g} {'>' if key in self.UPPER else '<'} {limit:.4g}")
+        return out
+
+
+@dataclass
+class Hop:
+    hop: str
+    backend: str
+    status: str
+    mode: str | None = None
+    reason: str | None = None
+    samples: int = 0
+    metrics: Metrics | None = None
+    tolerance: Tolerance | None = None
+    diverging_module: str | None = None
+    seconds: float | None = None  # wall time of the hop (lowering + running)
+
+
+@dataclass
+class ArtifactEntry:
+    path: str           # relative to the output folder (it is renamed into place after the build)
+    sha256: str
+    bytes: int
+    precision: str
+    nodes: dict | None = None       # ONNX artifacts: node count per op type
+    info: dict = field(default_factory=dict)  # target-specific facts (precision policy, compute units, ...)
+
+
+@dataclass
+class ReparamInfo:
+    folded: dict = field(default_factory=dict)            # kind -> count
+    unfolded: list = field(default_factory=list)          # [{"module", "why"}]
+    attention_order: dict = field(default_factory=dict)   # module path -> "qk_first" | "kv_first"
+    attention_reason: dict = field(default_factory=dict)  # module path -> why
+    schedule: list = field(default_factory=list)          # unfinished LN->RepBN schedules found
+    equivalence: dict | None = None                      # the fp64 gate's result
+
+
+@dataclass
+class Report:
+    model: str
+    imgsz: int
+    batch: int | None                 # None = dynamic batch
+    weights: str                      # WEIGHTS
+    checkpoint_sha256: str | None
+    reparam: ReparamInfo
+    artifacts: dict = field(default_factory=dict)   # target -> ArtifactEntry
+    parity: list = field(default_factory=list)      # [Hop]
+    versions: dict = field(default_factory=dict)
+    # Beyond the issue's fields: how to read the outcome without re-deriving it.
+    command: str = "export"
+    targets: list = field(default_factory=list)     # requested targets
+    overrides: dict = field(default_factory=dict)   # create_model overrides
+    samples: int = 0
+    inputs: str = ""                                # which parity input set (vitedge.exporter.inputs)
+    require_verified: bool = False
+    out_dir: str | None = None                      # the export's output folder
+    quarantine: str | None = None                   # folder (relative to out_dir) holding a failed run's artifacts
+    exit_code: int = EXIT_OK
+    status: str = "passed"                          # "passed" | "failed"
+
+    # ---- outcome -------------------------------------------------------------------------------
+    def failed_hops(self) -> list[Hop]:
+        return [h for h in self.parity if h.status == "failed"]
+
+    def unverified_hops(self) -> list[Hop]:
+        return [h for h in self.parity if h.status == "unverified"]
+
+    def finalize(self) -> "Report":
+        """Set `exit_code` / `status` from the hops: 1 if any failed (or, with require_verified, is unverified)."""
+        bad = bool(self.failed_hops()) or (self.require_verified and bool(self.unverified_hops()))
+        self.exit_code = EXIT_FAILED if bad else EXIT_OK
+        self.status = "failed" if bad else "passed"
+        return self
+
+    def hop(self, name: str) -> Hop | None:
+        return next((h for h in self.parity if h.hop == name), None)
+
+    # ---- (de)serialization ---------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return _finite(asdict(self))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=_json_default, allow_nan=False) + "\n"
+
+    def write(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_json())
+        return path
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Report":
+        d = dict(d)
+        d["reparam"] = ReparamInfo(**d["reparam"])
+        d["artifacts"] = {k: ArtifactEntry(**v) for k, v in d.get("artifacts", {}).items()}
+        hops = []
+        for h in d.get("parity", []):
+            h = dict(h)
+            h["metrics"] = Metrics(**h["metrics"]) if h.get("metrics") else None
+            h["tolerance"] = Tolerance(**h["tolerance"]) if h.get("tolerance") else None
+            hops.append(Hop(**h))
+        d["parity"] = hops
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    @classmethod
+    def read(cls, path: str | Path) -> "Report":
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def _finite(o):
+    """NaN/Inf become null: strict JSON has no spelling for them (the hop's reason says what happened)."""
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    return o
+
+
+def _json_default(o):
+    if isinstance(o, Path):
+        return str(o)
+    if hasattr(o, "item"):  # numpy / torch scalars
+        return o.item()
+    raise TypeError(f"not JSON serializable: {type(o).__name__}")
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    """sha256 of a file, or of every file in a folder (sorted relative paths + contents; .mlpackage is a folder)."""
+    path = Path(path)
+    h = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for f in files:
+        if path.is_dir():
+            h.update(str(f.relative_to(path)).encode() + b"\0")
+        with open(f, "rb") as fh:
+            while block := fh.read(chunk):
+                h.update(block)
+    return h.hexdigest()
+
+
+def size_bytes(path: str | Path) -> int:
+    path = Path(path)
+    return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+_VERSIONED = ("torch", "numpy", "onnx", "onnxruntime", "onnxsim", "coremltools", "tensorrt")
+
+
+def versions() -> dict:
+    """Versions of everything that shaped the artifacts (read from package metadata: no imports)."""
+    from .. import __version__
+
+    out = {"vitedge": __version__, "python": platform.python_version(), "platform": platform.platform()}
+    for pkg in _VERSIONED:
+        try:
+            out[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out

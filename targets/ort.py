@@ -1,0 +1,95 @@
+"""The `onnx` target: the simplified fp32 graph (built by the pipeline as the hub), an optional fp16
+graph, and ONNX Runtime runners for both."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch.nn as nn
+
+from .base import Artifact, LowerSpec, Runner, Target, UnavailableError
+
+_NP_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}
+
+
+class OnnxRuntimeRunner(Runner):
+    """ONNX Runtime (CPU execution provider unless told otherwise) on a file, bytes or a ModelProto."""
+    mode = "device"
+
+    def __init__(self, model: str | Path | bytes | onnx.ModelProto, providers: list[str] | None = None,
+                 threads: int = 0):
+        try:
+            import onnxruntime as ort
+        except ImportError as e:  # pragma: no cover - onnxruntime is a dependency
+            raise UnavailableError(f"onnxruntime is not installed ({e}); pip install onnxruntime") from e
+        if isinstance(model, onnx.ModelProto):
+            model = model.SerializeToString()
+        elif isinstance(model, Path):
+            model = str(model)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.log_severity_level = 3
+        self.session = ort.InferenceSession(model, opts, providers=providers or ["CPUExecutionProvider"])
+        self.input = self.session.get_inputs()[0]
+        self.in_dtype = _NP_TYPES.get(self.input.type, np.float32)
+        self.backend = f"onnxruntime {ort.__version__} ({self.session.get_providers()[0]})"
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        y = self.session.run(None, {self.input.name: x.astype(self.in_dtype, copy=False)})[0]
+        return y.astype(np.float32, copy=False)
+
+    def run_all(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        """Every graph output by name (localization adds intermediate tensors as outputs)."""
+        names = [o.name for o in self.session.get_outputs()]
+        return dict(zip(names, self.session.run(names, {self.input.name: x.astype(self.in_dtype, copy=False)})))
+
+    def max_batch(self) -> int | None:
+        b = self.input.shape[0]
+        return b if isinstance(b, int) else None
+
+
+class OnnxTarget(Target):
+    name = "onnx"
+    suffix = ".onnx"
+    default_precision = "fp32"
+    precisions = ("fp32", "fp16")
+    options = ()
+    dynamic_batch = True
+    # The fp32 artifact IS the pipeline's simplified hub graph, whose hop is "onnx-simplified".
+    hop_names = {"fp32": "onnx-simplified", "fp16": "onnx-fp16"}
+
+    def available(self) -> tuple[bool, str | None]:
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError as e:
+            return False, f"onnxruntime is not installed ({e})"
+        return True, None
+
+    def lower(self, deploy_model: nn.Module, spec: LowerSpec) -> Artifact:
+        if spec.onnx_path is None:
+            raise ValueError("the onnx target lowers from the pipeline's simplified fp32 ONNX (spec.onnx_path)")
+        if spec.precision == "fp32":
+            return Artifact(self.name, Path(spec.onnx_path), "fp32")
+        if spec.precision != "fp16":
+            raise ValueError(f"onnx precision must be one of {self.precisions}; got {spec.precision!r}")
+        from ..exporter.onnx_export import read_metadata, set_metadata
+        from ..exporter.onnx_fp16 import convert_onnx_fp16
+        from ..exporter.precision import default_policy
+
+        policy = default_policy()
+        fp32 = onnx.load(str(spec.onnx_path))
+        fp16 = set_metadata(convert_onnx_fp16(fp32, policy), {**read_metadata(fp32), "precision": "fp16"})
+        path = Path(spec.out_dir) / f"{spec.name}.fp16.onnx"
+        onnx.save(fp16, str(path))
+        info = {"policy": policy.to_dict()} if hasattr(policy, "to_dict") else {}
+        return Artifact(self.name, path, "fp16", info=info)
+
+    def runner(self, artifact: Artifact, **kw) -> Runner:
+        return OnnxRuntimeRunner(artifact.path, **kw)
+
+    def read_metadata(self, path: str | Path) -> dict:
+        """The vitedge metadata an exported graph carries (model, imgsz, precision, overrides, ...)."""
+        from ..exporter.onnx_export import read_metadata
+
+        return read_metadata(path)
