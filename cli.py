@@ -281,9 +281,12 @@ def format_summary(report, report_path: str | None = None) -> str:
 
 # ---- bench ----------------------------------------------------------------------------------------
 
-def add_bench(sub) -> None:
-    from vitedge.exporter.bench import BACKENDS, DEFAULT_BACKENDS
+BENCH_BACKENDS = ("torch", "torch-deploy", "onnxruntime", "coreml", "tensorrt")  # validated in exporter.bench
+BENCH_DEFAULT = ("torch", "torch-deploy", "onnxruntime")
 
+
+def add_bench(sub) -> None:
+    BACKENDS, DEFAULT_BACKENDS = BENCH_BACKENDS, BENCH_DEFAULT  # no torch import while building the parser
     p = sub.add_parser("bench", help="latency per backend and size: paired, parity-checked, regression gate",
                        description="Exit codes: 0 measured (and no regression), 1 a p50 regression beyond "
                                    "--max-regression against --baseline, 2 bad usage or input.")

@@ -41,6 +41,7 @@ PRECISIONS = ("fp32", "fp16")
 PARITY_SEED = 0          # the parity input set's seed (README "Parity inputs")
 DEMO_SEED = 0            # trained-like demo weights when no checkpoint is given
 LOCALIZE_SAMPLES = 4     # inputs used to localize a failed hop
+FP16_CALIBRATION = 32    # parity inputs used for the fp16 range analysis
 QUARANTINE = "quarantine"
 SKIPPED = "not run: an earlier step failed"
 
@@ -123,6 +124,10 @@ def resolve_targets(targets, precision: str | None = None, dynamic_batch: bool =
             raise VitedgeError(f"{_flag(key)} does not apply to --target {','.join(names)}: {where}")
         for p in owners:
             p.options[key] = value
+    for p in loaded:  # target-specific values (e.g. a --labels file that must exist) before any work
+        validate = getattr(p.target, "validate_options", None)
+        if validate is not None:
+            validate(p.options)
     return plans
 
 
@@ -366,6 +371,9 @@ class _Build:
     tols: dict
     progress: Progress
     raw: onnx.ModelProto | None = None  # the unsimplified graph, kept for the quarantine
+    fp16_analysis: object = None        # exporter.precision.Fp16Analysis, computed once if any target is fp16
+    fp16_problem: str | None = None
+    fp16_module: str | None = None
 
     def run(self) -> None:
         r, fp32, imgsz = self.report, self.tols["fp32"], self.report.imgsz
@@ -418,6 +426,25 @@ class _Build:
                 tolerance=self.tols["fp32"], diverging_module=eq.diverging_module))
         return eq.passed
 
+    def _fp16_safe(self, plan: TargetPlan, x: np.ndarray) -> bool:
+        """fp16 range analysis of the deploy-form (once per run): a model that would overflow in fp16 outside
+        the precision policy's fp32 islands fails its fp16 hops with the module named, before lowering."""
+        if self.fp16_analysis is None:
+            from .precision import analyze_fp16_ranges, default_policy
+
+            with self.progress.step("fp16 range analysis"):
+                policy = default_policy()
+                self.fp16_analysis = analyze_fp16_ranges(self.deploy, torch.from_numpy(x[:FP16_CALIBRATION]),
+                                                         policy)
+            self.report.reparam.fp16 = self.fp16_analysis.to_dict()
+            bad = [h for h in self.fp16_analysis.hazards if policy.covers(h.op) is None]
+            if bad:
+                more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
+                self.fp16_module = bad[0].module
+                self.fp16_problem = (f"fp16 is unsafe: {bad[0].describe()} outside the precision policy's fp32 "
+                                     f"islands{more}; export this target with --precision fp32")
+        return self.fp16_problem is None
+
     def _skip_rest(self) -> None:
         done = {h.hop for h in self.report.parity}
         for h in dict.fromkeys(["onnx", "onnx-simplified"] + [p.hop() for p in self.plans]):
@@ -439,6 +466,8 @@ class _Build:
         ok, why = t.available()
         if not ok:
             return unverified(hop_name, t.name, f"{t.name} cannot lower here: {why}", tol)
+        if plan.precision == "fp16" and not self._fp16_safe(plan, x):
+            return failed(hop_name, t.name, self.fp16_problem, tolerance=tol, diverging_module=self.fp16_module)
         spec = LowerSpec(name=self.report.model, imgsz=self.report.imgsz, batch=self.batch, precision=plan.precision,
                          out_dir=self.tmp, onnx_path=hub, metadata=dict(meta, precision=plan.precision),
                          options=dict(plan.options))
