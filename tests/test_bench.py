@@ -125,3 +125,20 @@ def test_iphone_dispatch_names_what_is_missing():
         check_device("iphone:Other", platform="darwin", which=lambda _: "/x", experimental=fake)
     with pytest.raises(VitedgeError, match="--device takes"):
         check_device("android", platform="darwin")
+
+
+def test_order_measured_times_both_orders_and_plots(tmp_path):
+    sima = dict(embed_dim=32, depth=1, num_heads=2, num_classes=10)
+    r = run_bench("sima_nano_12_p16", overrides=sima, imgsz="32,96", backends="torch-deploy", min_iters=4,
+                  order="measured", **QUICK)
+    assert [o["imgsz"] for o in r.order] == [32, 96]
+    for o in r.order:
+        assert set(o["latency"]) == {"qk_first", "kv_first"}
+        assert all(s["iters"] >= 4 for s in o["latency"].values())
+        assert o["measured_best"] in ("qk_first", "kv_first")
+    # head_dim 16: N=4 < 16 -> (QK^T)V at 32 px; N=36 >= 16 -> Q(K^T V) at 96 px (SimA's official rule)
+    assert [o["rule_choice"] for o in r.order] == [["qk_first"], ["kv_first"]]
+    assert write_plot(r, tmp_path / "o.png").stat().st_size > 1000
+    with pytest.raises(VitedgeError, match="SLA or SimA"):
+        run_bench("swiftformer_xs", overrides=TINY, imgsz="64", backends="torch-deploy", min_iters=2,
+                  order="measured", **QUICK)
