@@ -28,13 +28,6 @@ PARAMS_P16 = {"sima_nano_12_p16": "3.05", "sima_tiny_12_p16": "6.72", "sima_smal
 SMALL = dict(embed_dim=32, depth=2, num_heads=1, num_classes=10)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # These models are tiny: intra-op threading only adds sync overhead (10x on a busy 2-core box).
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
 
 
 def _golden_model(ck_name: str, io: dict) -> nn.Module:

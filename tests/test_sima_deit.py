@@ -20,12 +20,6 @@ from vitedge.tests.conftest import onnx_parity
 REDUCED = dict(img_size=64, embed_dim=64, depth=2, num_heads=4, num_classes=10)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
 
 
 def deit_keys(depth: int) -> list[str]:

@@ -31,12 +31,6 @@ PARAMS = {"slab_cswin_tiny": 21.23, "slab_cswin_small": 35.49}  # MODELS.md §2.
 DEPTHS = {"slab_cswin_tiny": (2, 4, 18, 1), "slab_cswin_small": (2, 4, 32, 2)}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
 
 
 def official_keys(depths, branches) -> list[str]:

@@ -29,12 +29,6 @@ PARAMS = {"slab_pvt_tiny": 12.16, "slab_pvt_small": 21.68, "slab_pvt_medium": 37
 DEPTHS = {"tiny": (2, 2, 2, 2), "small": (3, 4, 6, 3), "medium": (3, 4, 18, 3)}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: threads only add sync overhead on a busy 2-core box
-    yield
-    torch.set_num_threads(prev)
 
 
 def official_keys(depths, attn_type: str, sr_ratios=(8, 4, 2, 1), la_sr_ratios=(1, 1, 1, 1)) -> list[str]:

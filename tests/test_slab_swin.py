@@ -8,7 +8,6 @@ import torch
 import torch.nn as nn
 
 from vitedge.exporter.equivalence import EquivalenceError, verify_equivalence
-from vitedge.exporter.inputs import parity_inputs
 from vitedge.exporter.reparam.engine import reparameterize
 from vitedge.exporter.reparam.primitives import ChannelAffine, count_params
 from vitedge.exporter.reparam.slab_swin import PatchMergingDeploy, SwinBlockDeploy, WindowAttentionDeploy

@@ -21,7 +21,7 @@ from ...models.layers.attention import resolve_order, sima_rule
 from ...models.sima_deit import SimADeiT, SimADeiTBlock
 from .engine import FoldContext, register_plan
 from .primitives import affine_before
-from .sima import FixedOrderSimA, sima_order_reason
+from .sima import DeployPatchEmbed, FixedOrderSimA, sima_order_reason
 
 __all__ = ["SimADeiTDeploy", "DeploySimADeiTBlock", "plan_sima_deit"]
 
@@ -44,7 +44,7 @@ class SimADeiTDeploy(nn.Module):
     def __init__(self, proj: nn.Conv2d, pos_embed: torch.Tensor, cls_token: torch.Tensor, blocks: list[nn.Module],
                  norm: nn.Module, head: nn.Module, img_size: int, norm_cls_only: bool):
         super().__init__()
-        self.patch_embed = _TokensConv(proj)
+        self.patch_embed = DeployPatchEmbed(proj)
         self.pos_embed = nn.Parameter(pos_embed.detach().clone(), requires_grad=False)
         self.cls_token = nn.Parameter(cls_token.detach().clone(), requires_grad=False)
         self.blocks = nn.Sequential(*blocks)
@@ -61,13 +61,6 @@ class SimADeiTDeploy(nn.Module):
         return self.head(x)
 
 
-class _TokensConv(nn.Module):
-    def __init__(self, proj: nn.Conv2d):
-        super().__init__()
-        self.proj = proj
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x).flatten(2).transpose(1, 2)
 
 
 def _ln_affine(ln: nn.Module, path: str) -> tuple[torch.Tensor, torch.Tensor, nn.LayerNorm]:
