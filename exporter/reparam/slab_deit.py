@@ -11,13 +11,21 @@ released configs (a LayerNorm built on purpose with norm_layer="layernorm" is ke
 
 Deploy SLA (`DeploySLA`): ReLU(q), ReLU(k + positional_encoding), per head `(q (k^T v)) / (q . sum_j k_j + eps)`
 or `((q k^T) v) / (...)`, order fixed here; batched 4-D MatMuls only (no Einsum), one normalizer per head
-(a MatMul against sum_j k_j) applied as a single Div (no 1/x: fp16 gives 0/eps = 0 instead of 0 * inf), plus
-the shared depth-wise conv on v. With `rewrites` the attention runs channel-first, (B, h, d, N): q, k, v
-come from one transpose of the qkv output, the dwc reads v with a free reshape (no round trip), and the result
-is transposed once into proj; only k needs one more transpose. The positional encoding stays a per-token
-constant add on k (folding k's Linear bias into it saves no op).
+(a MatMul against sum_j k_j) applied as a single broadcasting Div (no 1/x: fp16 gives 0/eps = 0 instead of
+0 * inf), plus the shared depth-wise conv on v.
+
+Rewrites (`ctx.rewrites`, summary `tokens_channel_first` + `sla_channel_first`; off = the folded-only
+token-first ablation baseline): the residual stream is channel-first, (B, C, N, 1), from the patch-embed
+conv (a free reshape) to the pooling; every token Linear is a 1x1 Conv2d (ONNX Runtime runs it in its NCHWc
+layout with prepacked weights, within a few % of a Gemm; Conv1d measured ~10 % slower); heads are (B, h, d, N) by
+free reshapes, M = v k^T then M q (kv_first) or v (k^T q) (qk_first), so k's transpose is the only one per
+block; the dwc reads v by a free reshape; positional encodings are (1, h, d, N) constants. PRepBN's softmax
+attention forms S^T = k^T q and normalizes over the key axis, again one transpose. MLP GELU is written in
+ONNX Runtime's fusable form (`ErfGELU`).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn as nn
@@ -28,7 +36,7 @@ from ...models.layers import LinearNorm, Mlp, RepBN, SimplifiedLinearAttention
 from ...models.layers.attention import order_reason, resolve_order, sla_rule
 from ...models.slab_deit import Attention, PRepBNDeiT, SlabDeiT, DeiTBase
 from .engine import FoldContext, register_plan
-from .primitives import ChannelAffine, affine_before, scale_output
+from .primitives import ChannelAffine, affine_before, linear_to_conv1x1, scale_output
 
 SLA_EPS = 1e-6
 
@@ -43,14 +51,47 @@ def norm_affine(norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
     return None
 
 
+def _split_heads_cf(qkv: torch.Tensor, h: int, d: int) -> tuple[torch.Tensor, ...]:
+    """(B, 3C, N, 1) -> q, k, v as (B, h, d, N): a free reshape (the (3 h d) channel split is row-major)."""
+    b, _, n, _ = qkv.shape
+    return qkv.reshape(b, 3, h, d, n).unbind(1)
+
+
+class ErfGELU(nn.Module):
+    """Exact (erf) GELU written `(0.5 x) (1 + erf(x / sqrt 2))`: ONNX Runtime's GeluFusion pattern 1.
+
+    torch exports GELU as `(x (1 + erf)) * 0.5`, and onnxsim folds that trailing 0.5 into the next 1x1 conv
+    (never into a Gemm), leaving an unfused Div/Erf/Add/Mul chain: slab_deit_tiny ran 2.4x slower.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * 0.5) * (1.0 + torch.erf(x / math.sqrt(2.0)))
+
+
+class ChannelsFirst(nn.Module):
+    """Runs a last-axis module (an unfoldable LayerNorm) on (B, C, N, 1) tokens; only built for unfolded configs."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.module(_to_tokens(x)).transpose(1, 2).unsqueeze(-1)
+
+
 class DeploySLA(nn.Module):
-    """SLA with folded qkv, a fixed association order and no Einsum (see the module docstring)."""
+    """SLA with folded qkv, a fixed association order and no Einsum (see the module docstring).
+
+    `channel_first`: input and output are (B, C, N, 1) and qkv / proj are 1x1 convs; else (B, N, C) and Linear.
+    """
 
     def __init__(self, attn: SimplifiedLinearAttention, grid: tuple[int, int], order: str, channel_first: bool):
         super().__init__()
         self.num_heads, self.head_dim = attn.num_heads, attn.head_dim
         self.grid, self.order, self.channel_first = grid, order, channel_first
         self.qkv, self.proj, self.dwc = attn.qkv, attn.proj, attn.dwc
+        if channel_first:
+            self.qkv, self.proj = linear_to_conv1x1(attn.qkv), linear_to_conv1x1(attn.proj)
         n, h, d = grid[0] * grid[1], self.num_heads, self.head_dim
         pe = attn.positional_encoding.detach().reshape(1, n, h, d)
         # Stored in the layout k has when it is added: (1, h, d, N) channel-first, else (1, N, h, d).
@@ -77,29 +118,41 @@ class DeploySLA(nn.Module):
         return self.proj(out.transpose(1, 2).reshape(b, n, c))
 
     def _channel_first(self, x: torch.Tensor) -> torch.Tensor:
-        # (B, h, d, N) throughout: the (h d) channel split and the dwc input/output are free reshapes.
-        b, n, c = x.shape
+        # (B, C, N, 1) in and out, (B, h, d, N) per head: every split / merge and the dwc input/output are free
+        # reshapes; the only transpose is k's, as the (B, h, N, d) operand of one MatMul.
+        b, c, n, _ = x.shape
         h, d = self.num_heads, self.head_dim
-        q, k, v = self.qkv(x).transpose(1, 2).reshape(b, 3, h, d, n).unbind(1)
+        q, k, v = _split_heads_cf(self.qkv(x), h, d)
         q = F.relu(q)
         k = F.relu(k + self.positional_encoding)
-        den = k.sum(dim=-1).reshape(b, h, 1, d) @ q                 # (B, h, 1, N): once per head
+        den = k.sum(dim=-1).reshape(b, h, 1, d) @ q                 # (B, h, 1, N): once per head, broadcast over d
         kt = k.transpose(-2, -1)                                   # (B, h, N, d)
         num = (v @ kt) @ q if self.order == "kv_first" else v @ (kt @ q)
         out = num / (den + SLA_EPS)
         out = out + self.dwc(v.reshape(b * h, d, *self.grid)).reshape(b, h, d, n)
-        return self.proj(out.reshape(b, c, n).transpose(1, 2))
+        return self.proj(out.reshape(b, c, n, 1))
 
 
 class DeploySoftmaxAttention(nn.Module):
-    """Softmax MHSA with the norm folded into qkv and the 1/sqrt(d) scale folded into its q rows."""
+    """Softmax MHSA with the norm folded into qkv and the 1/sqrt(d) scale folded into its q rows.
 
-    def __init__(self, attn: Attention):
+    `channel_first`: (B, C, N, 1) in and out; the scores are formed transposed, S^T = k^T q (k's transpose is
+    the only one), normalized over the key axis (-2), and `v @ softmax(S^T)` is already (B, h, d, N).
+    """
+
+    def __init__(self, attn: Attention, channel_first: bool = False):
         super().__init__()
-        self.num_heads = attn.num_heads
+        self.num_heads, self.channel_first = attn.num_heads, channel_first
         self.qkv, self.proj = attn.qkv, attn.proj
+        if channel_first:
+            self.qkv, self.proj = linear_to_conv1x1(attn.qkv), linear_to_conv1x1(attn.proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.channel_first:
+            b, c, n, _ = x.shape
+            q, k, v = _split_heads_cf(self.qkv(x), self.num_heads, c // self.num_heads)
+            attn_t = (k.transpose(-2, -1) @ q).softmax(dim=-2)     # (B, h, N_k, N_q)
+            return self.proj((v @ attn_t).reshape(b, c, n, 1))
         b, n, c = x.shape
         q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, c // self.num_heads).permute(2, 0, 3, 1, 4).unbind(0)
         attn = (q @ k.transpose(-2, -1)).softmax(dim=-1)
@@ -118,23 +171,61 @@ class DeployBlock(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
+class PatchEmbedCF(nn.Module):
+    """Patch-embed conv output (B, C, H, W) -> (B, C, N, 1) tokens: a free reshape, no transpose."""
+
+    def __init__(self, proj: nn.Conv2d):
+        super().__init__()
+        self.proj = proj
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.proj(x)
+        return x.reshape(x.shape[0], x.shape[1], -1, 1)
+
+
 class DeiTDeploy(nn.Module):
-    """Deploy-form of both SLAB DeiT classes: `cls_token` None means mean pooling over the patch tokens."""
+    """Deploy-form of both SLAB DeiT classes.
+
+    Token-first (`channel_first` False, the folded-only baseline): (B, N, C) tokens; `cls_token` None means
+    mean pooling over the patch tokens. Channel-first: (B, C, N, 1) tokens for the whole network, so every
+    Linear is a 1x1 Conv2d (ONNX Runtime runs those in its blocked NCHWc layout with prepacked weights, within a few %
+    of the token-first Gemm; a Conv1d measured ~10 % slower); `pos_embed` is (1, C, N, 1), or (1, C, 1+N, 1)
+    with the CLS token (its position folded in) as row 0, so `pad(x) + pos_embed` inserts it without Concat
+    or Expand; `pool` is "mean" or "cls".
+    """
 
     def __init__(self, patch_embed: nn.Module, pos_embed: torch.Tensor, blocks: nn.Sequential, norm: nn.Module,
-                 head: nn.Module, cls_token: torch.Tensor | None):
+                 head: nn.Module, cls_token: torch.Tensor | None, channel_first: bool = False):
         super().__init__()
-        self.patch_embed = patch_embed
+        self.channel_first = channel_first
+        self.pool = "mean" if cls_token is None else "cls"
+        self.patch_embed = PatchEmbedCF(patch_embed.proj) if channel_first else patch_embed
+        if channel_first:
+            pos = pos_embed.detach().transpose(1, 2)
+            if cls_token is not None:
+                pos = torch.cat((cls_token.detach().transpose(1, 2), pos), dim=2)
+            pos_embed, cls_token = pos.unsqueeze(-1).contiguous(), None
         self.pos_embed = nn.Parameter(pos_embed.detach().clone(), requires_grad=False)
         self.cls_token = None if cls_token is None else nn.Parameter(cls_token.detach().clone(), requires_grad=False)
         self.blocks, self.norm, self.head = blocks, norm, head
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._channel_first(x) if self.channel_first else self._token_first(x)
+
+    def _token_first(self, x: torch.Tensor) -> torch.Tensor:
         x = self.patch_embed(x) + self.pos_embed
         if self.cls_token is not None:
             x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)
         x = self.norm(self.blocks(x))
         x = x.mean(dim=1) if self.cls_token is None else x[:, 0]
+        return self.head(x)
+
+    def _channel_first(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(x)
+        if self.pool == "cls":
+            x = F.pad(x, (0, 0, 1, 0))  # a zero row for the CLS token: 0 + its constant is exact
+        x = self.norm(self.blocks(x + self.pos_embed))
+        x = x.mean(dim=(2, 3)) if self.pool == "mean" else x[:, :, 0, 0]
         return self.head(x)
 
 
@@ -149,9 +240,20 @@ def _fold_norm_into(norm: nn.Module, linear: nn.Linear, path: str, target: str,
     return nn.Identity(), affine_before(linear, *ab)
 
 
-def _deploy_mlp(mlp: Mlp) -> Mlp:
-    mlp.act = nn.GELU()  # drops the (eval-identity) hidden dropout
+def _deploy_mlp(mlp: Mlp, channel_first: bool) -> Mlp:
+    mlp.act = ErfGELU() if channel_first else nn.GELU()  # drops the (eval-identity) hidden dropout
+    if channel_first:
+        mlp.fc1, mlp.fc2 = linear_to_conv1x1(mlp.fc1), linear_to_conv1x1(mlp.fc2)
     return mlp
+
+
+def _channels_first_norm(norm: nn.Module, channel_first: bool) -> nn.Module:
+    """An unfolded per-token norm made to read (B, C, N, 1) tokens (folded ones are Identity already)."""
+    return ChannelsFirst(norm) if channel_first and not isinstance(norm, nn.Identity) else norm
+
+
+def _to_tokens(t: torch.Tensor) -> torch.Tensor:
+    return t.flatten(2).transpose(1, 2)  # (B, C, N, 1) -> the train-form's (B, N, C)
 
 
 def _sla_order(attn: SimplifiedLinearAttention, n: int, ctx: FoldContext) -> tuple[str, str]:
@@ -174,7 +276,7 @@ def _deploy_attention(attn: nn.Module, path: str, grid: tuple[int, int], ctx: Fo
         s[:dim] = attn.scale
         attn.qkv = scale_output(attn.qkv, s)
         ctx.fold("attn_scale->q")
-        return DeploySoftmaxAttention(attn)
+        return DeploySoftmaxAttention(attn, channel_first=ctx.rewrites)
     raise VitedgeError(f"{path}: unsupported attention {type(attn).__name__}; "
                        "build the model with vitedge.create_model")
 
@@ -185,7 +287,11 @@ def plan_slab_deit(model: DeiTBase, ctx: FoldContext) -> DeiTDeploy:
         raise VitedgeError(f"{type(model).__name__} is built for {model.img_size}x{model.img_size} "
                            f"(fixed-size positional embeddings); got --imgsz {ctx.imgsz}: use --imgsz {model.img_size}")
     grid = model.patch_embed.grid
-    ctx.check("patch_embed", "patch_embed")
+    cf = ctx.rewrites  # channel-first tokens (B, C, N, 1) through the whole network
+    if cf:
+        ctx.rewrite("tokens_channel_first")
+    to_train = _to_tokens if cf else None
+    ctx.check("patch_embed", "patch_embed", to_train=to_train)
     blocks = []
     for i, blk in enumerate(model.blocks):
         p = f"blocks.{i}"
@@ -193,8 +299,9 @@ def plan_slab_deit(model: DeiTBase, ctx: FoldContext) -> DeiTDeploy:
         norm1, attn.qkv = _fold_norm_into(blk.norm1, attn.qkv, f"{p}.norm1", "qkv", ctx)
         norm2, fc1 = _fold_norm_into(blk.norm2, blk.mlp.fc1, f"{p}.norm2", "fc1", ctx)
         blk.mlp.fc1 = fc1
-        blocks.append(DeployBlock(norm1, _deploy_attention(attn, f"{p}.attn", grid, ctx), norm2, _deploy_mlp(blk.mlp)))
-        ctx.check(p, p)
+        blocks.append(DeployBlock(_channels_first_norm(norm1, cf), _deploy_attention(attn, f"{p}.attn", grid, ctx),
+                                  _channels_first_norm(norm2, cf), _deploy_mlp(blk.mlp, cf)))
+        ctx.check(p, p, to_train=to_train)
 
     # Final norm -> head: pooling (token mean or CLS pick) commutes with a per-channel affine, the head is linear.
     norm, head = model.norm, model.head
@@ -203,10 +310,11 @@ def plan_slab_deit(model: DeiTBase, ctx: FoldContext) -> DeiTDeploy:
         norm, head = nn.Identity(), affine_before(head, *ab)
         ctx.fold("norm->head")
     elif ab is not None:
-        norm = ChannelAffine(*ab, dim=-1)
+        norm = ChannelAffine(*ab, dim=1 if cf else -1)
         ctx.unfold("norm", "no classifier head to fold into (num_classes=0)")
     else:
         ctx.unfold("norm", f"{type(norm).__name__} uses per-token statistics; it is not a constant affine")
+        norm = _channels_first_norm(norm, cf)
 
     if isinstance(model, PRepBNDeiT):
         # cat(cls, x) + pos == cat(cls + pos[:, :1], x + pos[:, 1:]): one constant token.
@@ -216,4 +324,4 @@ def plan_slab_deit(model: DeiTBase, ctx: FoldContext) -> DeiTDeploy:
     else:
         cls, pos = None, model.pos_embed
         ctx.fold("unused cls_token dropped")
-    return DeiTDeploy(model.patch_embed, pos, nn.Sequential(*blocks), norm, head, cls)
+    return DeiTDeploy(model.patch_embed, pos, nn.Sequential(*blocks), norm, head, cls, channel_first=cf)
