@@ -25,8 +25,6 @@ ONNX Runtime's fusable form (`ErfGELU`).
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -36,7 +34,7 @@ from ...models.layers import LinearNorm, Mlp, RepBN, SimplifiedLinearAttention
 from ...models.layers.attention import order_reason, resolve_order, sla_rule
 from ...models.slab_deit import Attention, PRepBNDeiT, SlabDeiT, DeiTBase
 from .engine import FoldContext, register_plan
-from .primitives import ChannelAffine, affine_before, linear_to_conv1x1, scale_output
+from .primitives import ChannelAffine, ErfGELU, affine_before, linear_to_conv1x1, scale_output
 
 SLA_EPS = 1e-6
 
@@ -55,17 +53,6 @@ def _split_heads_cf(qkv: torch.Tensor, h: int, d: int) -> tuple[torch.Tensor, ..
     """(B, 3C, N, 1) -> q, k, v as (B, h, d, N): a free reshape (the (3 h d) channel split is row-major)."""
     b, _, n, _ = qkv.shape
     return qkv.reshape(b, 3, h, d, n).unbind(1)
-
-
-class ErfGELU(nn.Module):
-    """Exact (erf) GELU written `(0.5 x) (1 + erf(x / sqrt 2))`: ONNX Runtime's GeluFusion pattern 1.
-
-    torch exports GELU as `(x (1 + erf)) * 0.5`, and onnxsim folds that trailing 0.5 into the next 1x1 conv
-    (never into a Gemm), leaving an unfused Div/Erf/Add/Mul chain: slab_deit_tiny ran 2.4x slower.
-    """
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (x * 0.5) * (1.0 + torch.erf(x / math.sqrt(2.0)))
 
 
 class ChannelsFirst(nn.Module):

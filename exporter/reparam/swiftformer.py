@@ -20,7 +20,7 @@ import torch.nn as nn
 from ...models.layers import EfficientAdditiveAttention
 from ...models.swiftformer import ConvEncoder, Embedding, SwiftFormer, SwiftFormerEncoder
 from .engine import FoldContext, register_plan
-from .primitives import (ChannelAffine, affine_before, bn_affine, fuse_conv_bn, linear_to_conv1x1,
+from .primitives import (ChannelAffine, ErfGELU, affine_before, bn_affine, fuse_conv_bn, linear_to_conv1x1,
                          scale_output)
 
 __all__ = ["ConvBlock", "ConvMlp", "AdditiveAttention2d", "EncoderBlock", "SwiftFormerDeploy", "l2_normalize"]
@@ -32,12 +32,20 @@ def l2_normalize(x: torch.Tensor, dim, eps: float = 1e-12) -> torch.Tensor:
     return x * torch.rsqrt(torch.clamp_min((x * x).sum(dim=dim, keepdim=True), eps * eps))
 
 
+def _gelu(ctx: FoldContext) -> nn.Module:
+    # The rewrite writes erf-GELU in the form ONNX Runtime fuses (see primitives.ErfGELU).
+    if ctx.rewrites:
+        ctx.rewrite("erf_gelu_fusable")
+        return ErfGELU()
+    return nn.GELU()
+
+
 class ConvBlock(nn.Module):
     """Folded ConvEncoder / SwiftFormerLocalRepresentation: `x + pwconv2(GELU(pwconv1(dwconv(x))))`."""
 
-    def __init__(self, dwconv: nn.Conv2d, pwconv1: nn.Conv2d, pwconv2: nn.Conv2d):
+    def __init__(self, dwconv: nn.Conv2d, pwconv1: nn.Conv2d, pwconv2: nn.Conv2d, act: nn.Module | None = None):
         super().__init__()
-        self.dwconv, self.pwconv1, self.act, self.pwconv2 = dwconv, pwconv1, nn.GELU(), pwconv2
+        self.dwconv, self.pwconv1, self.act, self.pwconv2 = dwconv, pwconv1, act or nn.GELU(), pwconv2
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.pwconv2(self.act(self.pwconv1(self.dwconv(x))))
@@ -46,9 +54,9 @@ class ConvBlock(nn.Module):
 class ConvMlp(nn.Module):
     """Folded Mlp: `fc2(GELU(fc1(x)))` with 1x1 convs (norm1 in fc1, layer_scale_2 in fc2)."""
 
-    def __init__(self, fc1: nn.Conv2d, fc2: nn.Conv2d):
+    def __init__(self, fc1: nn.Conv2d, fc2: nn.Conv2d, act: nn.Module | None = None):
         super().__init__()
-        self.fc1, self.act, self.fc2 = fc1, nn.GELU(), fc2
+        self.fc1, self.act, self.fc2 = fc1, act or nn.GELU(), fc2
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(x)))
@@ -127,7 +135,7 @@ def _layer_scale(m: nn.Module, owner: nn.Module, attr: str, ctx: FoldContext) ->
 
 def _fold_conv_block(blk: ConvEncoder, ctx: FoldContext) -> ConvBlock:
     dw = _conv_bn(blk.dwconv, blk.norm, ctx)
-    return ConvBlock(dw, blk.pwconv1, _layer_scale(blk.pwconv2, blk, "layer_scale", ctx))
+    return ConvBlock(dw, blk.pwconv1, _layer_scale(blk.pwconv2, blk, "layer_scale", ctx), _gelu(ctx))
 
 
 def _fold_attention(attn: EfficientAdditiveAttention, final: nn.Linear, ctx: FoldContext) -> nn.Module:
@@ -150,7 +158,7 @@ def _fold_encoder(blk: SwiftFormerEncoder, ctx: FoldContext) -> EncoderBlock:
     mlp = blk.linear
     ctx.fold("bn->conv1x1")
     fc1 = affine_before(mlp.fc1, *bn_affine(mlp.norm1))
-    linear = ConvMlp(fc1, _layer_scale(mlp.fc2, blk, "layer_scale_2", ctx))
+    linear = ConvMlp(fc1, _layer_scale(mlp.fc2, blk, "layer_scale_2", ctx), _gelu(ctx))
     return EncoderBlock(local, attn, linear, channels_first=ctx.rewrites)
 
 
