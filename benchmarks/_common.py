@@ -1,0 +1,222 @@
+"""Shared pieces of the benchmark scripts: the command line, interleaved timing, paired speedups with
+confidence intervals, ONNX builds, the machine description and the JSON results.
+
+Timing and statistics are the project's own (`vitedge.exporter.latency`): every script times its
+candidates *interleaved* in rounds, so load from other processes hits all of them alike, and reports
+ratios of medians with a paired bootstrap interval. The scripts run as `python benchmarks/NAME.py`.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import io
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+import types
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import onnx
+import torch
+import torch.nn as nn
+
+from vitedge.exporter import latency
+from vitedge.exporter.onnx_export import (DEFAULT_OPSET, INPUT_NAME, OUTPUT_NAME, check_onnx, export_onnx, node_counts,
+                                          simplify_onnx)
+from vitedge.exporter.parity import compute_metrics, tolerances
+from vitedge.models.flops import model_macs
+from vitedge.targets.ort import OnnxRuntimeRunner
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+# Reduced configurations (the test suite's: golden-fixture sized) for --quick and for time-short runs.
+REDUCED = {
+    "swiftformer_xs": dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10),
+    "slab_deit_tiny": dict(embed_dim=64, depth=2, num_heads=2, num_classes=10),
+    "sima_nano_12_p16": dict(embed_dim=32, depth=2, num_heads=1, num_classes=10),
+    "slab_swin_tiny": dict(embed_dim=16, depths=[1, 1, 2, 1], num_heads=[1, 2, 4, 8], mlp_ratio=2.0,
+                           num_classes=10, drop_path_rate=0.0),
+}
+
+
+# ---- command line -----------------------------------------------------------------------------------
+
+def parser(script: str, doc: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"benchmarks/{script}.py", description=doc.strip().splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="reduced configs and a few rounds (seconds; the smoke test)")
+    p.add_argument("--out", type=Path, default=None,
+                   help=f"JSON results file (default benchmarks/results/{script}.json; --quick: {script}.quick.json)")
+    return p
+
+
+def out_path(script: str, args: argparse.Namespace) -> Path:
+    return args.out or RESULTS / (f"{script}.quick.json" if args.quick else f"{script}.json")
+
+
+# ---- the machine --------------------------------------------------------------------------------------
+
+def cpu_model() -> str:
+    """`lscpu`'s model name (platform.processor() is empty on most Linux hosts)."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return platform.processor() or platform.machine()
+
+
+def load_average() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def machine() -> dict:
+    import onnxruntime
+
+    cores = os.cpu_count() or 1
+    return {"cpu": cpu_model(), "cores": cores, "platform": platform.platform(),
+            "python": platform.python_version(), "torch": torch.__version__, "onnxruntime": onnxruntime.__version__,
+            "numpy": np.__version__, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "load_start": load_average()}
+
+
+def load_note(info: dict) -> str:
+    """Whether other processes were competing for the cores (1-minute load average vs core count)."""
+    loads = [info.get("load_start"), info.get("load_end")]
+    worst = max((lv[0] for lv in loads if lv), default=0.0)
+    if worst > 0.5 * info["cores"]:
+        return (f"machine busy (1-min load average up to {worst:.1f} on {info['cores']} cores): absolute timings are "
+                "inflated and noisy; the interleaved ratios and their CIs are the figures to read")
+    return f"machine quiet (1-min load average up to {worst:.1f} on {info['cores']} cores)"
+
+
+def describe_machine(info: dict) -> str:
+    return f"{info['cpu']}, {info['cores']} cores, {info['platform']}, torch {info['torch']}, ORT {info['onnxruntime']}"
+
+
+# ---- timing and ratios --------------------------------------------------------------------------------
+
+def time_rounds(fns: dict[str, Callable[[], object]], min_rounds: int, max_s: float) -> dict[str, list[float]]:
+    """Interleaved rounds (A, B, C, A, B, C, ...) after a short warm-up: at least `min_rounds`, until `max_s`."""
+    return latency.time_interleaved(fns, warmup_s=min(0.2, max_s), min_iters=min_rounds, max_s=max_s)
+
+
+def stats(times_s: list[float], batch: int = 1) -> dict:
+    return latency.summarize(times_s, batch=batch).to_dict()
+
+
+def speedup(base_s: list[float], new_s: list[float]) -> dict:
+    """How many times faster `new` is than `base`: median(base) / median(new), paired bootstrap CI."""
+    return latency.paired_ratio(base_s, new_s)
+
+
+def fmt_ratio(r: dict, unit: str = "x") -> str:
+    return f"{r['ratio']:.3f}{unit} (95% CI {r['ci'][0]:.3f}-{r['ci'][1]:.3f}, {r['pairs']} pairs)"
+
+
+# ---- models and ONNX ----------------------------------------------------------------------------------
+
+def gflop(name: str, imgsz: int, overrides: dict | None = None) -> float:
+    """GFLOP of one image: 2 x the model's MACs (matmul, conv, linear; vitedge.models.flops)."""
+    return 2.0 * model_macs(name, imgsz, **(overrides or {})) / 1e9
+
+
+def onnx_image_model(model: nn.Module, imgsz: int, batch: int) -> onnx.ModelProto:
+    """The project's ONNX path for image models: TorchScript export, checker, onnxsim (static batch)."""
+    return simplify_onnx(check_onnx(export_onnx(model, imgsz, batch=batch)))
+
+
+def onnx_token_model(module: nn.Module, example: torch.Tensor) -> onnx.ModelProto:
+    """A (B, N, C) -> (B, N, C) layer through the same export, checker and onnxsim steps.
+
+    The graph reuses the image graph's tensor names so the project's checker and simplifier accept it.
+    """
+    buf = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module.eval(), (example,), buf, dynamo=False, input_names=[INPUT_NAME],
+                          output_names=[OUTPUT_NAME], opset_version=DEFAULT_OPSET, do_constant_folding=True)
+    return simplify_onnx(check_onnx(onnx.load_from_string(buf.getvalue())))
+
+
+def ort(model: onnx.ModelProto, threads: int) -> OnnxRuntimeRunner:
+    """ONNX Runtime CPU session; threads=0 lets ORT use every core."""
+    return OnnxRuntimeRunner(model, threads=threads)
+
+
+def total_nodes(model: onnx.ModelProto) -> dict:
+    counts = node_counts(model)
+    return {"total": int(sum(counts.values())), "by_op": counts}
+
+
+def parity_problems(reference: np.ndarray, candidate: np.ndarray) -> list[str]:
+    """The project's fp32 tolerance applied to one candidate's logits (empty = within tolerance)."""
+    return tolerances()["fp32"].violations(compute_metrics(reference, candidate))
+
+
+def gemm_fn(n: int) -> tuple[Callable[[], object], float]:
+    """An fp32 n x n x n torch matmul and its GFLOP: the machine's compute ceiling (single-thread once the
+    caller has set `torch.set_num_threads(1)`, as deploy_speed.py does)."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
+    out = torch.empty(n, n)
+
+    def run():
+        torch.mm(a, b, out=out)
+    return run, 2.0 * n ** 3 / 1e9
+
+
+def import_timm() -> tuple[types.ModuleType | None, str | None]:
+    """(timm, None), or (None, why not): through tests/_timm.py's torchvision workaround (timm is test-only)."""
+    try:
+        import pytest
+
+        from vitedge.tests._timm import import_timm as _import
+    except ImportError as e:
+        return None, f"the test helpers are not importable ({e})"
+    try:
+        return _import(), None
+    except pytest.skip.Exception as e:
+        return None, str(e.msg if hasattr(e, "msg") else e)
+
+
+# ---- results ------------------------------------------------------------------------------------------
+
+def _finite(o):
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    if isinstance(o, dict):
+        return {str(k): _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    if isinstance(o, np.generic):
+        return _finite(o.item())
+    return o
+
+
+def write_results(path: Path, script: str, info: dict, args: argparse.Namespace, body: dict,
+                  started: float) -> Path:
+    info["load_end"] = load_average()
+    info["load_note"] = load_note(info)
+    data = {"script": script, "quick": bool(args.quick), "machine": info, "wall_s": round(time.time() - started, 1),
+            "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]), **body}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_finite(data), indent=1, allow_nan=False) + "\n")
+    return path
+
+
+def banner(script: str, info: dict, quick: bool) -> None:
+    print(f"{script}{' (--quick)' if quick else ''} on {describe_machine(info)}; "
+          f"load average {info['load_start']}", flush=True)

@@ -1,0 +1,275 @@
+"""Both attention orders, (Q K^T) V ("qk_first") and Q (K^T V) ("kv_first"), measured across token counts.
+
+For SimA models (a reduced and a real config) at several image sizes, and for the SLA and SimA attention
+layers alone over synthetic N, each order is timed on ONNX Runtime (1 thread) and torch (1 thread),
+the two orders interleaved per point and backend. Reports the measured crossover N next to the FLOP rule's
+(N = head_dim for both rules when N_q = N_k) and how far the rule's choice is from the measured best
+(latency of the rule's order / latency of the faster order, per N). SLAB-DeiT and SLAB-Swin are fixed
+to 224 px, where their order never flips: the script prints the rule's choice there and why.
+
+    python benchmarks/attention_order.py [--quick] [--out FILE]
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+import _common as C
+from vitedge.exporter.reparam import reparameterize
+from vitedge.models import create_model, list_models, make_trained_like
+from vitedge.models.layers import SimAAttention, SimplifiedLinearAttention, sima_rule, sla_rule
+
+ORDERS = ("qk_first", "kv_first")
+BACKENDS = ("onnxruntime", "torch")
+SIMA_MODEL = "sima_nano_12_p16"
+
+# (label, overrides or None for the real config, image sizes): p16, so N = (imgsz / 16)^2.
+MODEL_SERIES_FULL = [("reduced", C.REDUCED[SIMA_MODEL], (48, 64, 96, 128, 224, 320, 448)),
+                     ("real", None, (64, 96, 128, 160, 224, 320))]
+MODEL_SERIES_QUICK = [("reduced", C.REDUCED[SIMA_MODEL], (64, 128))]
+# (layer, dim, heads): the widths of slab_deit_tiny's SLA (d = 64) and sima_nano's attention (d = 32).
+LAYERS = [("SimplifiedLinearAttention", 192, 3), ("SimAAttention", 128, 4)]
+LAYER_N_FULL = (9, 16, 25, 36, 49, 64, 100, 144, 196, 256, 400, 784)  # squares: SLA lays V out on the grid
+LAYER_N_QUICK = (16, 196)
+FIXED_SIZE = ("slab_deit_tiny", "slab_swin_tiny")
+
+
+# ---- one point: both orders on both backends, interleaved ---------------------------------------------
+
+def measure_point(candidates: dict[tuple[str, str], tuple], x: np.ndarray, rule: str, rounds: int,
+                  max_s: float) -> dict:
+    """`candidates[(backend, order)] = (callable on x, output)`; returns per-backend stats and ratios.
+
+    Each backend's two orders are interleaved with each other only: a torch call just before an ONNX
+    Runtime call slows that call (caches evicted), which would bias whichever order follows it."""
+    out = {}
+    for b in BACKENDS:
+        t = C.time_rounds({o: (lambda f=candidates[(b, o)][0]: f(x)) for o in ORDERS}, rounds, max_s / len(BACKENDS))
+        med = {o: float(np.median(t[o])) for o in ORDERS}
+        best = min(ORDERS, key=med.get)
+        qk_kv = C.speedup(t["qk_first"], t["kv_first"])  # median(qk) / median(kv): > 1 = kv_first faster
+        penalty = ({"ratio": 1.0, "ci": [1.0, 1.0], "pairs": len(t[rule])} if rule == best
+                   else C.speedup(t[rule], t[best]))
+        out[b] = {"latency": {o: C.stats(t[o]) for o in ORDERS}, "qk_over_kv": qk_kv, "best": best,
+                  "rule_over_best": penalty}
+    return out
+
+
+def check_orders_agree(candidates: dict, reference: np.ndarray) -> list[str]:
+    """Both orders compute the same function: every candidate's output against the torch reference."""
+    probs = []
+    for (b, o), (_, y) in candidates.items():
+        bad = C.parity_problems(reference.reshape(len(reference), -1), y.reshape(len(y), -1))
+        if bad:
+            probs.append(f"{b}:{o}: {'; '.join(bad)}")
+    return probs
+
+
+# ---- SimA models at several sizes ---------------------------------------------------------------------
+
+def model_series(label: str, overrides: dict | None, sizes, rounds: int, max_s: float) -> dict:
+    train = make_trained_like(create_model(SIMA_MODEL, **(overrides or {})), seed=0).eval()
+    d = next(m.head_dim for m in train.modules() if isinstance(m, SimAAttention))
+    points = []
+    for s in sizes:
+        n = (s // 16) ** 2
+        x = np.random.default_rng(s).standard_normal((1, 3, s, s)).astype(np.float32)
+        with torch.no_grad():
+            ref = train(torch.from_numpy(x)).numpy()
+        cands = {}
+        for o in ORDERS:
+            deploy = reparameterize(train, s, attn_order=o)
+            sess = C.ort(C.onnx_image_model(deploy, s, 1), threads=1)
+            cands[("onnxruntime", o)] = (sess.run, sess.run(x))
+            run_t = _torch_fn(deploy)
+            cands[("torch", o)] = (run_t, run_t(x))
+        # every SimA block sees the same N, so the rule picks one order for the whole model
+        (rule,) = set(reparameterize(train, s).reparam_summary.attention_order.values())
+        problems = check_orders_agree(cands, ref)
+        point = {"N": n, "imgsz": s, "rule": rule, "parity_problems": problems,
+                 **measure_point(cands, x, rule, rounds, max_s)}
+        points.append(point)
+        _print_point(f"{SIMA_MODEL} {label}", point)
+    return _series(f"{SIMA_MODEL} ({label}{'' if overrides is None else ' config'})", "model", d, overrides, points)
+
+
+def _torch_fn(module: nn.Module):
+    module = module.eval()
+
+    @torch.no_grad()
+    def run(x: np.ndarray) -> np.ndarray:
+        return module(torch.from_numpy(x)).numpy()
+    return run
+
+
+# ---- attention layers over synthetic N ----------------------------------------------------------------
+
+def _layer(kind: str, dim: int, heads: int, n: int) -> nn.Module:
+    if kind == "SimplifiedLinearAttention":
+        return SimplifiedLinearAttention(dim, heads, num_tokens=n)
+    return SimAAttention(dim, num_heads=heads, qkv_bias=True)
+
+
+def layer_series(kind: str, dim: int, heads: int, ns, rounds: int, max_s: float) -> dict:
+    d = dim // heads
+    points = []
+    for n in ns:
+        base = make_trained_like(_layer(kind, dim, heads, n), seed=n).eval()
+        rule = sla_rule(n, n, d, d) if kind == "SimplifiedLinearAttention" else sima_rule(n, d)
+        x = np.random.default_rng(n).standard_normal((1, n, dim)).astype(np.float32)
+        with torch.no_grad():
+            ref = base(torch.from_numpy(x)).numpy()
+        cands = {}
+        for o in ORDERS:
+            m = copy.deepcopy(base)
+            m.attn_order = o
+            sess = C.ort(C.onnx_token_model(m, torch.from_numpy(x)), threads=1)
+            cands[("onnxruntime", o)] = (sess.run, sess.run(x))
+            run_t = _torch_fn(m)
+            cands[("torch", o)] = (run_t, run_t(x))
+        point = {"N": n, "rule": rule, "parity_problems": check_orders_agree(cands, ref),
+                 **measure_point(cands, x, rule, rounds, max_s)}
+        points.append(point)
+        _print_point(kind, point)
+    return _series(f"{kind} (dim {dim}, {heads} heads)", "layer", d, None, points)
+
+
+# ---- crossover and the rule's distance from the best --------------------------------------------------
+
+def crossover(points: list[dict], backend: str) -> dict:
+    """Where kv_first becomes faster: the first N from which it stays the faster median (with a log-log
+    interpolation of qk/kv = 1 between that N and the previous one), and the first N from which it is
+    faster beyond noise (the ratio's CI above 1 at that N and every larger one)."""
+    ns = [p["N"] for p in points]
+    q = [p[backend]["qk_over_kv"] for p in points]
+    best = [p[backend]["best"] for p in points]
+    out = {"N": None, "between": None, "flips": [ns[i] for i in range(1, len(ns)) if best[i] != best[i - 1]],
+           "ties": [n for n, r in zip(ns, q) if r["ci"][0] <= 1.0 <= r["ci"][1]],
+           "qk_significantly_faster_at": [n for n, r in zip(ns, q) if r["ci"][1] < 1.0],
+           "kv_significantly_faster_from": next((ns[i] for i in range(len(ns)) if all(r["ci"][0] > 1.0 for r in q[i:])),
+                                                None)}
+    if all(b == "kv_first" for b in best):
+        return {**out, "note": f"kv_first faster at every N measured (from N={ns[0]})"}
+    if best[-1] != "kv_first":
+        return {**out, "note": f"qk_first still faster at the largest N measured ({ns[-1]})"}
+    i = max(j for j in range(len(best)) if best[j] != "kv_first") + 1
+    n0, n1, r0, r1 = ns[i - 1], ns[i], q[i - 1]["ratio"], q[i]["ratio"]
+    # r0 <= 1 < r1 here (the faster median switched), so the log ratios differ
+    est = math.exp(math.log(n0) - math.log(r0) * (math.log(n1) - math.log(n0)) / (math.log(r1) - math.log(r0)))
+    return {**out, "N": round(est, 1), "between": [n0, n1],
+            "note": f"kv_first faster from N={n1} on (qk_first at N={n0})"}
+
+
+def _series(name: str, kind: str, d: int | None, overrides: dict | None, points: list[dict]) -> dict:
+    out = {"name": name, "kind": kind, "head_dim": d, "rule_crossover_N": d, "overrides": overrides,
+           "points": points, "backends": {}}
+    for b in BACKENDS:
+        pen = max(points, key=lambda p: p[b]["rule_over_best"]["ratio"])
+        out["backends"][b] = {
+            "crossover": crossover(points, b),
+            "max_rule_over_best": {"N": pen["N"], **pen[b]["rule_over_best"]},
+            # where the rule's order is slower beyond noise (the CI of rule/best above 1)
+            "rule_significantly_slower_at": [{"N": p["N"], **p[b]["rule_over_best"]} for p in points
+                                             if p[b]["rule_over_best"]["ci"][0] > 1.0],
+            "rule_is_best_at": [p["N"] for p in points if p[b]["best"] == p["rule"]]}
+    return out
+
+
+# ---- SLAB: fixed sizes ----------------------------------------------------------------------------------
+
+def fixed_size_orders(quick: bool) -> list[dict]:
+    out = []
+    for name in FIXED_SIZE:
+        if name not in list_models():
+            out.append({"model": name, "missing": f"{name} is not registered yet"})
+            continue
+        overrides = C.REDUCED[name] if quick else {}
+        try:
+            # trained-like: its LN->RepBN schedules are finished, as in a released checkpoint
+            deploy = reparameterize(make_trained_like(create_model(name, **overrides)).eval(), 224)
+        except Exception as e:  # a family still being finished: say so instead of failing the benchmark
+            out.append({"model": name, "missing": f"reparameterize failed: {type(e).__name__}: {e}"})
+            continue
+        s = deploy.reparam_summary
+        orders = sorted(set(s.attention_order.values()))
+        out.append({"model": name, "config": "reduced" if quick else "real", "imgsz": 224, "orders": orders,
+                    "blocks": len(s.attention_order), "reason_example": next(iter(s.attention_reason.values()), None),
+                    "note": "fixed to 224 px (positional encodings / window sizes): N is fixed per block, "
+                            "so the order never flips"})
+    return out
+
+
+# ---- printing -------------------------------------------------------------------------------------------
+
+def _print_point(series: str, p: dict) -> None:
+    for b in BACKENDS:
+        q = p[b]
+        lat = q["latency"]
+        print(f"  {series:<28} N={p['N']:<4} {b:<11} qk {lat['qk_first']['p50_ms']:8.3f} ms  "
+              f"kv {lat['kv_first']['p50_ms']:8.3f} ms  best {q['best']:<8} rule {p['rule']:<8} "
+              f"rule/best {q['rule_over_best']['ratio']:.3f}", flush=True)
+    for prob in p["parity_problems"]:
+        print(f"  PARITY {series} N={p['N']}: {prob}")
+
+
+def print_ratios(result: dict) -> None:
+    print("\nratios (qk_first / kv_first latency per N; > 1 means kv_first is faster):")
+    for s in result["series"]:
+        for b in BACKENDS:
+            pts = ", ".join(f"N={p['N']}: {p[b]['qk_over_kv']['ratio']:.2f} "
+                            f"[{p[b]['qk_over_kv']['ci'][0]:.2f}-{p[b]['qk_over_kv']['ci'][1]:.2f}]"
+                            for p in s["points"])
+            print(f"  {s['name']} / {b}: {pts}")
+    print("\ncrossover and the FLOP rule (rule/best = latency of the rule's order / the faster order's):")
+    for s in result["series"]:
+        for b in BACKENDS:
+            r = s["backends"][b]
+            c, pen, sig = r["crossover"], r["max_rule_over_best"], r["rule_significantly_slower_at"]
+            where = f"measured N* ~ {c['N']:g} ({c['note']})" if c["N"] else c["note"]
+            kv_sig = c["kv_significantly_faster_from"]
+            qk_sig = c["qk_significantly_faster_at"]
+            print(f"  {s['name']} / {b}: rule flips at N = d = {s['rule_crossover_N']}; {where}; kv_first faster "
+                  f"beyond noise {'from N=' + str(kv_sig) if kv_sig else 'not throughout any tail'}, qk_first beyond "
+                  f"noise {'at N=' + str(qk_sig) if qk_sig else 'nowhere'}; rule picked the faster median at "
+                  f"{len(r['rule_is_best_at'])}/{len(s['points'])} N, worst rule/best {C.fmt_ratio(pen)} at "
+                  f"N={pen['N']}; rule slower beyond noise "
+                  + (", ".join(f"at N={x['N']} ({x['ratio']:.3f}x)" for x in sig) if sig else "nowhere"))
+    for f in result["fixed_size"]:
+        if "missing" in f:
+            print(f"  {f['model']}: not measured: {f['missing']}")
+        else:
+            print(f"  {f['model']} ({f['config']}) @224: {'/'.join(f['orders'])} in all {f['blocks']} SLA blocks; "
+                  f"{f['note']}")
+
+
+def main(argv=None) -> int:
+    args = C.parser("attention_order", __doc__).parse_args(argv)
+    started = time.time()
+    torch.set_num_threads(1)  # the same single core as ONNX Runtime's session
+    info = C.machine()
+    C.banner("attention_order", info, args.quick)
+    rounds, max_s = (5, 0.15) if args.quick else (15, 1.5)
+    series = []
+    if SIMA_MODEL not in list_models():
+        print(f"  {SIMA_MODEL} is not registered: SimA model series skipped")
+    else:
+        for label, overrides, sizes in (MODEL_SERIES_QUICK if args.quick else MODEL_SERIES_FULL):
+            series.append(model_series(label, overrides, sizes, rounds, max_s))
+    for kind, dim, heads in LAYERS:
+        series.append(layer_series(kind, dim, heads, LAYER_N_QUICK if args.quick else LAYER_N_FULL, rounds, max_s))
+    result = {"settings": {"threads": 1, "min_rounds": rounds, "max_s_per_point": max_s, "batch": 1,
+                           "backends": list(BACKENDS)},
+              "series": series, "fixed_size": fixed_size_orders(args.quick)}
+    path = C.write_results(C.out_path("attention_order", args), "attention_order", info, args, result, started)
+    print(f"\nresults: {path}\n{info['load_note']}")
+    print_ratios(result)  # last, as every benchmark script does
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,170 @@
+"""The benchmark scripts run (`--quick`), print their ratios last and write the JSON the README quotes from.
+
+The three scripts run concurrently in subprocesses, as a user runs them (`python benchmarks/NAME.py`);
+their timings are meaningless here (the point is that they run and report). The ratio and target logic
+is checked on synthetic numbers.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+SCRIPTS = ("attention_order", "export_time", "deploy_speed")
+TIMEOUT_S = 600  # a generous ceiling for a busy shared machine; on a quiet one all three take well under a minute
+CI_RE = re.compile(r"\d+\.\d+x \(95% CI \d+\.\d+-\d+\.\d+, \d+ pairs\)")
+MACHINE_KEYS = {"cpu", "cores", "date", "load_start", "load_end", "load_note"}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("bench")
+    procs = {s: subprocess.Popen([sys.executable, str(BENCH / f"{s}.py"), "--quick", "--out", str(tmp / f"{s}.json")],
+                                 cwd=BENCH, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for s in SCRIPTS}
+    out = {}
+    for s, p in procs.items():
+        try:
+            stdout, stderr = p.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            stdout, stderr = p.communicate()
+        out[s] = {"rc": p.returncode, "stdout": stdout, "stderr": stderr, "json": tmp / f"{s}.json"}
+    return out
+
+
+def _result(runs: dict, script: str) -> tuple[list[str], dict]:
+    r = runs[script]
+    assert r["rc"] == 0, f"{script} failed (rc {r['rc']}):\n{r['stdout'][-3000:]}\n{r['stderr'][-3000:]}"
+    data = json.loads(r["json"].read_text())
+    assert data["script"] == script and data["quick"] is True
+    assert MACHINE_KEYS <= set(data["machine"]) and data["machine"]["cores"] >= 1
+    return [ln for ln in r["stdout"].splitlines() if ln.strip()], data
+
+
+def _tail_after(lines: list[str], header: str) -> list[str]:
+    """The lines after the last occurrence of `header`: the ratios section must end the output."""
+    idx = [i for i, ln in enumerate(lines) if ln.startswith(header)]
+    assert idx, f"no {header!r} section in the output"
+    tail = lines[idx[-1] + 1:]
+    assert tail and not any(ln.startswith("results:") for ln in tail)
+    return tail
+
+
+def test_attention_order_quick(runs):
+    lines, data = _result(runs, "attention_order")
+    tail = _tail_after(lines, "ratios (qk_first / kv_first")
+    assert sum(bool(CI_RE.search(ln)) for ln in tail) >= len(data["series"]) * 2  # rule/best per series and backend
+    kinds = {s["kind"] for s in data["series"]}
+    assert kinds == {"model", "layer"}
+    for s in data["series"]:
+        assert s["head_dim"] > 0 and len(s["points"]) >= 2
+        for p in s["points"]:
+            assert p["parity_problems"] == [], p["parity_problems"]  # both orders compute the same function
+            for b in ("onnxruntime", "torch"):
+                q = p[b]
+                assert set(q["latency"]) == {"qk_first", "kv_first"} and q["best"] in q["latency"]
+                assert q["qk_over_kv"]["ci"][0] <= q["qk_over_kv"]["ratio"] <= q["qk_over_kv"]["ci"][1]
+                assert q["rule_over_best"]["ratio"] >= 1.0 or q["best"] != p["rule"]
+        for b in ("onnxruntime", "torch"):
+            assert {"crossover", "max_rule_over_best", "rule_significantly_slower_at",
+                    "rule_is_best_at"} <= set(s["backends"][b])
+    fixed = {f["model"]: f for f in data["fixed_size"]}
+    assert set(fixed) == {"slab_deit_tiny", "slab_swin_tiny"}
+    for f in fixed.values():
+        assert "missing" in f or (f["imgsz"] == 224 and f["orders"])
+
+
+def test_export_time_quick(runs):
+    lines, data = _result(runs, "export_time")
+    tail = _tail_after(lines, "ratios (pipeline wall time")
+    assert any(CI_RE.search(ln) for ln in tail)
+    runs_done = data["settings"]["runs"]
+    assert "onnx" in runs_done and "onnx-fp16" in runs_done
+    for label in ("coreml", "tensorrt"):
+        # every target is either timed or listed unavailable with its reason
+        assert label in runs_done or data["unavailable"][label]
+    for m in data["models"]:
+        for label in runs_done:
+            t = m["targets"][label]
+            assert t["wall"]["iters"] >= 2 and t["exit_code"] == 0
+            assert "exporting ONNX" in t["steps_s"] and any(h["seconds"] is not None for h in t["hops"])
+        assert set(m["ratios"]) == {f"{lbl}/onnx" for lbl in runs_done if lbl != "onnx"}
+
+
+def test_deploy_speed_quick(runs):
+    lines, data = _result(runs, "deploy_speed")
+    tail = _tail_after(lines, "speedups (base latency / new latency")
+    assert any(CI_RE.search(ln) for ln in tail)
+    assert any(ln.strip().startswith(("PASS:", "MISS:")) for ln in tail)
+    assert data["gemm"]["gflops_median"] > 0
+    measured = {m["model"] for m in data["models"]}
+    assert measured | set(data["missing"]) == {"swiftformer_xs", "slab_deit_tiny", "sima_nano_12_p16", "slab_swin_tiny"}
+    for m in data["models"]:
+        assert m["gflop_per_image"] > 0 and m["parity_failed"] == {}
+        assert {"a", "b", "c"} <= set(m["nodes"]) and all(n["total"] > 0 for n in m["nodes"].values())
+        assert {(c["threads"], c["batch"]) for c in m["cells"]} == {(1, 1), ("all", 1)}
+        for c in m["cells"]:
+            assert {"b/a", "c/a"} <= set(c["speedups"]) and set(c["latency"]) == set(m["variants"])
+            assert (c["gemm_gflops"] is not None) == (c["threads"] == 1)
+            assert all((p is not None) == (c["threads"] == 1) for p in c["pct_gemm"].values())
+        if m["model"] == "swiftformer_xs":  # timm's port is measured, or the reason it is not is recorded
+            assert "c/d" in m["cells"][0]["speedups"] or m["skipped"]["d"]
+    statuses = {t["status"] for t in data["targets"]}
+    assert statuses <= {"PASS", "MISS", "NOT MEASURED"} and len(data["targets"]) >= 3
+
+
+# ---- the logic, on synthetic numbers ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def bench_modules():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import attention_order
+        import deploy_speed
+        yield attention_order, deploy_speed
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def _point(n: int, qk_over_kv: float) -> dict:
+    best = "kv_first" if qk_over_kv > 1 else "qk_first"
+    r = {"ratio": qk_over_kv, "ci": [qk_over_kv * 0.98, qk_over_kv * 1.02], "pairs": 10}
+    return {"N": n, "onnxruntime": {"qk_over_kv": r, "best": best}}
+
+
+def test_crossover_interpolates_between_the_flip(bench_modules):
+    ao, _ = bench_modules
+    c = ao.crossover([_point(16, 0.5), _point(64, 0.8), _point(256, 1.25), _point(1024, 2.0)], "onnxruntime")
+    assert c["between"] == [64, 256] and c["flips"] == [256]
+    assert c["N"] == pytest.approx(128.0, rel=1e-6)  # log-log: ratio 0.8 -> 1.25 is symmetric about 1
+    assert c["kv_significantly_faster_from"] == 256 and c["qk_significantly_faster_at"] == [16, 64]
+    none = ao.crossover([_point(16, 0.5), _point(64, 0.9)], "onnxruntime")
+    assert none["N"] is None and "qk_first still faster" in none["note"]
+    always = ao.crossover([_point(16, 1.1), _point(64, 1.5)], "onnxruntime")
+    assert always["N"] is None and "kv_first faster at every N" in always["note"]
+
+
+def _model(name: str, ups: dict, pct_c: float = 50.0) -> dict:
+    cell = {"threads": 1, "batch": 1, "pct_gemm": {"c": pct_c},
+            "speedups": {k: {"ratio": r, "ci": [lo, hi], "pairs": 20} for k, (r, lo, hi) in ups.items()}}
+    return {"model": name, "config": "real", "skipped": {}, "cells": [cell]}
+
+
+def test_targets_report_what_is_measured(bench_modules):
+    _, ds = bench_modules
+    models = [_model("slab_deit_tiny", {"c/a": (1.09, 1.05, 1.12), "b/a": (1.0, 0.96, 1.03)}),
+              _model("swiftformer_xs", {"c/d": (1.06, 1.01, 1.1)}, pct_c=91.0)]
+    slab, swift, floor, *stretch = ds.check_targets(models)
+    assert slab["model"] == "slab_deit_tiny" and slab["status"] == "MISS"  # 1.09 < 1.10: no rounding up
+    assert swift["status"] == "PASS" and swift["ci_clears"] is False      # 1.06, but its CI reaches 1.01
+    assert floor["status"] == "MISS"
+    assert [(b["model"], b["ratio"]) for b in floor["below"]] == [("slab_deit_tiny", "b/a")]
+    assert {x["model"]: x["status"] for x in stretch} == {"slab_deit_tiny": "MISS", "swiftformer_xs": "PASS"}
+    missing = ds.check_targets([_model("swiftformer_xs", {})])
+    assert missing[0]["status"] == "NOT MEASURED"
