@@ -161,4 +161,6 @@ class ErfGELU(nn.Module):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (x * 0.5) * (1.0 + torch.erf(x / math.sqrt(2.0)))
+        if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+            return (x * 0.5) * (1.0 + torch.erf(x / math.sqrt(2.0)))
+        return torch.nn.functional.gelu(x)  # same function; eager PyTorch has a fused kernel for it
