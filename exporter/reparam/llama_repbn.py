@@ -22,7 +22,7 @@ import torch.nn as nn
 from ...models.errors import VitedgeError
 from ...models.layers.norms import LinearNorm, RepBN
 from .engine import ReparamSummary, schedule_state
-from .primitives import affine_before
+from .primitives import affine_before, require_repbn_affine
 
 __all__ = ["FoldedNorm", "llama_norm_affine", "fold_norm_into", "fold_decoder_layer", "reparameterize_llama",
            "DECODER_FOLDS"]
@@ -41,14 +41,7 @@ class FoldedNorm(nn.Identity):
         return x
 
 
-def llama_norm_affine(norm: nn.Module, path: str = "norm") -> tuple[torch.Tensor, torch.Tensor]:
-    """The eval-mode per-channel `(a, b)` of a LlamaLinearNorm (its RepBN) or a (masked) RepBN."""
-    inner = norm.norm2 if isinstance(norm, LinearNorm) else norm
-    if not isinstance(inner, RepBN):
-        raise VitedgeError(f"{path} is a {type(inner).__name__}, which uses per-token statistics and cannot fold: "
-                           "only RepBN / LinearNorm(RMSNorm -> RepBN) norms fold")
-    a, b = inner.affine()
-    return a.expand_as(b), b
+llama_norm_affine = require_repbn_affine  # LlamaLinearNorm / MaskedRepBN subclass these
 
 
 @torch.no_grad()

@@ -9,6 +9,9 @@ import math
 import torch
 import torch.nn as nn
 
+from ...models.errors import VitedgeError
+from ...models.layers.norms import LinearNorm, RepBN
+
 
 def bn_affine(bn: nn.modules.batchnorm._BatchNorm) -> tuple[torch.Tensor, torch.Tensor]:
     """Eval BatchNorm as per-channel `a * x + b`."""
@@ -164,3 +167,23 @@ class ErfGELU(nn.Module):
         if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
             return (x * 0.5) * (1.0 + torch.erf(x / math.sqrt(2.0)))
         return torch.nn.functional.gelu(x)  # same function; eager PyTorch has a fused kernel for it
+
+
+def repbn_affine(norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Eval-mode per-channel `(a, b)` of a SLAB norm (a LinearNorm evaluates as its RepBN alone), or None when
+    the norm is no constant affine (LayerNorm, RMSNorm: per-token statistics)."""
+    inner = norm.norm2 if isinstance(norm, LinearNorm) else norm
+    if not isinstance(inner, RepBN):
+        return None
+    a, b = inner.affine()
+    return a.expand_as(b), b
+
+
+def require_repbn_affine(norm: nn.Module, path: str = "norm") -> tuple[torch.Tensor, torch.Tensor]:
+    """`repbn_affine`, or a VitedgeError naming the norm that cannot fold."""
+    ab = repbn_affine(norm)
+    if ab is None:
+        inner = norm.norm2 if isinstance(norm, LinearNorm) else norm
+        raise VitedgeError(f"{path} is a {type(inner).__name__}, which uses per-token statistics and cannot fold: "
+                           "build the model with its default RepBN/LinearNorm norm_layer")
+    return ab

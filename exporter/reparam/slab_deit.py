@@ -30,23 +30,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...models.errors import VitedgeError
-from ...models.layers import LinearNorm, Mlp, RepBN, SimplifiedLinearAttention
+from ...models.layers import Mlp, SimplifiedLinearAttention
 from ...models.layers.attention import order_reason, resolve_order, sla_rule
 from ...models.slab_deit import Attention, PRepBNDeiT, SlabDeiT, DeiTBase
 from .engine import FoldContext, register_plan
-from .primitives import ChannelAffine, ErfGELU, affine_before, linear_to_conv1x1, scale_output
+from .primitives import ChannelAffine, ErfGELU, affine_before, linear_to_conv1x1, repbn_affine, scale_output
 
 SLA_EPS = 1e-6
 
 
-def norm_affine(norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Eval-mode `a * x + b` of a SLAB norm (LinearNorm evaluates as its RepBN), or None if not a constant affine."""
-    if isinstance(norm, LinearNorm):
-        norm = norm.norm2
-    if isinstance(norm, RepBN):
-        a, b = norm.affine()
-        return a.expand_as(b), b
-    return None
+norm_affine = repbn_affine  # kept as this module's public name
 
 
 def _split_heads_cf(qkv: torch.Tensor, h: int, d: int) -> tuple[torch.Tensor, ...]:

@@ -21,12 +21,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...models.errors import VitedgeError
-from ...models.layers import LinearNorm, Mlp, RepBN
+from ...models.layers import Mlp
 from ...models.layers.attention import order_reason, resolve_order, sla_rule
 from ...models.slab_pvt import (PVTBlock, PVTLinearAttention, PyramidVisionTransformer, merge_heads,
                                 split_heads, tokens_to_map)
 from .engine import FoldContext, register_plan
-from .primitives import affine_after, affine_before, scale_output
+from .primitives import affine_after, affine_before, require_repbn_affine, scale_output
 
 __all__ = ["PVTDeploy", "DeployPVTBlock", "DeployPVTAttention", "DeployPatchEmbed", "eval_affine", "fixed_order_sla",
            "sla_order", "softmax_order", "fold_mlp", "SLA_EPS"]
@@ -34,14 +34,7 @@ __all__ = ["PVTDeploy", "DeployPVTBlock", "DeployPVTAttention", "DeployPatchEmbe
 SLA_EPS = 1e-6
 
 
-def eval_affine(norm: nn.Module, path: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The eval-mode per-channel `(a, b)` of a RepBN or LinearNorm (whose eval is its RepBN alone)."""
-    inner = norm.norm2 if isinstance(norm, LinearNorm) else norm
-    if not isinstance(inner, RepBN):
-        raise VitedgeError(f"{path} is a {type(inner).__name__}, which uses per-token statistics and cannot fold: "
-                           "build the model with its default LinearNorm/RepBN norm_layer")
-    a, b = inner.affine()
-    return a.expand_as(b), b
+eval_affine = require_repbn_affine  # kept as this module's public name
 
 
 def fixed_order_sla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, order: str) -> torch.Tensor:

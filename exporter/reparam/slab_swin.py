@@ -19,13 +19,13 @@ import torch
 import torch.nn as nn
 
 from ...models.errors import VitedgeError
-from ...models.layers import LinearNorm, Mlp, RepBN, SimplifiedLinearAttention
+from ...models.layers import Mlp, SimplifiedLinearAttention
 from ...models.layers.attention import order_reason, resolve_order, sla_rule
 from ...models.slab_swin import (PatchMerging, SlabSwinTransformer, SwinTransformer, SwinTransformerBlock,
                                  WindowAttention, merge_heads, patch_merge_gather, split_qkv,
                                  window_softmax_attention, windowed)
 from .engine import FoldContext, register_plan
-from .primitives import ChannelAffine, affine_after, affine_before, scale_output
+from .primitives import ChannelAffine, affine_after, affine_before, require_repbn_affine, scale_output
 
 __all__ = ["SwinDeploy", "SwinStageDeploy", "SwinBlockDeploy", "WindowAttentionDeploy", "PatchEmbedDeploy",
            "PatchMergingDeploy", "norm_affine"]
@@ -148,13 +148,7 @@ class SwinDeploy(nn.Module):
 
 # ---------------------------------------------------------------- folds
 
-def norm_affine(norm: nn.Module, path: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The eval-mode per-channel affine of a RepBN or LinearNorm (whose eval is its RepBN alone)."""
-    inner = norm.norm2 if isinstance(norm, LinearNorm) else norm
-    if not isinstance(inner, RepBN):
-        raise VitedgeError(f"{path} is a {type(inner).__name__}, which is no constant affine and cannot fold: "
-                           "build the model with its default RepBN/LinearNorm norm_layer")
-    return inner.affine()
+norm_affine = require_repbn_affine  # kept as this module's public name
 
 
 def _fold_window_attention(attn: WindowAttention, mask: torch.Tensor | None,
