@@ -225,6 +225,19 @@ def sima_order_reason(requested: str, rule: str, n: int, d: int, source: str = "
             f"(QK^T)V 2*N^2*d={2 * n * n * d} vs Q(K^TV) 2*N*d^2={2 * n * d * d} MACs per head")
 
 
+def fix_sima_order(attn: nn.Module, n: int, path: str, ctx: FoldContext) -> str:
+    """The order a SimA attention over `n` tokens uses in the deploy-form (an --attn-order override wins over the
+    model's own `attn_order`), recorded in the summary with its reason."""
+    if ctx.attn_order != "auto":
+        requested, source = ctx.attn_order, "override"
+    else:
+        requested, source = attn.attn_order, "the model's attn_order"
+    rule = sima_rule(n, attn.head_dim)
+    order = resolve_order(requested, rule)
+    ctx.order(path, order, sima_order_reason(requested, rule, n, attn.head_dim, source))
+    return order
+
+
 def _ln_affine(ln: nn.Module, dim: int, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if not isinstance(ln, nn.LayerNorm):
         raise VitedgeError(f"SimA fold plan expects nn.LayerNorm norms, got {type(ln).__name__}: "
@@ -289,13 +302,7 @@ def _fold_sima_block(blk: SimABlock, path: str, n: int, grid: tuple[int, int], c
     proj = scale_output(attn.proj, g1)
     ctx.fold("layernorm_affine->linear")
     ctx.fold("layer_scale->linear")
-    if ctx.attn_order != "auto":
-        requested, source = ctx.attn_order, "override"
-    else:
-        requested, source = attn.attn_order, "the model's attn_order"
-    rule = sima_rule(n, attn.head_dim)
-    order = resolve_order(requested, rule)
-    ctx.order(f"{path}.attn", order, sima_order_reason(requested, rule, n, attn.head_dim, source))
+    order = fix_sima_order(attn, n, f"{path}.attn", ctx)
     new_attn = FixedOrderSimA(qkv, proj, attn.num_heads, order, attn.eps, broadcast=ctx.rewrites)
 
     # LPI: norm3 scale -> conv1 (shift kept as the LayerNorm's bias); BN scale and gamma3 -> conv2 (shift kept)

@@ -17,11 +17,10 @@ import torch
 import torch.nn as nn
 
 from ...models.errors import VitedgeError
-from ...models.layers.attention import resolve_order, sima_rule
 from ...models.sima_deit import SimADeiT, SimADeiTBlock
 from .engine import FoldContext, register_plan
 from .primitives import affine_before
-from .sima import DeployPatchEmbed, FixedOrderSimA, sima_order_reason
+from .sima import DeployPatchEmbed, FixedOrderSimA, fix_sima_order
 
 __all__ = ["SimADeiTDeploy", "DeploySimADeiTBlock", "plan_sima_deit"]
 
@@ -77,13 +76,7 @@ def _fold_block(blk: SimADeiTBlock, path: str, n: int, ctx: FoldContext) -> Depl
     a2, b2, norm2 = _ln_affine(blk.norm2, f"{path}.norm2")
     qkv = affine_before(attn.qkv, a1, b1)
     ctx.fold("layernorm_affine->linear")
-    if ctx.attn_order != "auto":
-        requested, source = ctx.attn_order, "override"
-    else:
-        requested, source = attn.attn_order, "the model's attn_order"
-    rule = sima_rule(n, attn.head_dim)
-    order = resolve_order(requested, rule)
-    ctx.order(f"{path}.attn", order, sima_order_reason(requested, rule, n, attn.head_dim, source))
+    order = fix_sima_order(attn, n, f"{path}.attn", ctx)
     mlp = blk.mlp
     mlp.fc1 = affine_before(mlp.fc1, a2, b2)
     mlp.drop = None  # identity in eval
