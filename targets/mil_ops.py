@@ -243,15 +243,20 @@ def _channel(v, rank: int) -> np.ndarray:
     return _f(v).reshape((1, -1) + (1,) * (rank - 2))
 
 
+def _channel_affine(y: np.ndarray, a: "OpArgs") -> np.ndarray:
+    """The optional per-channel (axis 1) `gamma` / `beta` of batch_norm and instance_norm."""
+    if a.get("gamma") is not None:
+        y = y * _channel(a["gamma"], y.ndim)
+    if a.get("beta") is not None:
+        y = y + _channel(a["beta"], y.ndim)
+    return y
+
+
 @op("batch_norm")
 def _batch_norm(a: OpArgs):
     x = _f(a["x"])
     y = (x - _channel(a["mean"], x.ndim)) / np.sqrt(_channel(a["variance"], x.ndim) + F32(a.scalar("epsilon", 1e-5)))
-    if a.get("gamma") is not None:
-        y = y * _channel(a["gamma"], x.ndim)
-    if a.get("beta") is not None:
-        y = y + _channel(a["beta"], x.ndim)
-    return (y,)
+    return (_channel_affine(y, a),)
 
 
 @op("instance_norm")
@@ -260,11 +265,7 @@ def _instance_norm(a: OpArgs):
     ax = tuple(range(2, x.ndim))
     mu = np.mean(x, axis=ax, keepdims=True)
     y = (x - mu) / np.sqrt(np.var(x, axis=ax, keepdims=True) + F32(a.scalar("epsilon", 1e-5)))
-    if a.get("gamma") is not None:
-        y = y * _channel(a["gamma"], x.ndim)
-    if a.get("beta") is not None:
-        y = y + _channel(a["beta"], x.ndim)
-    return (y,)
+    return (_channel_affine(y, a),)
 
 
 @op("l2_norm")
