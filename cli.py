@@ -66,6 +66,24 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="SLA/SimA attention order for the export size (default auto: the FLOP rule)")
 
 
+def _add_rewrites_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rewrites", type=_rewrites, default=True, metavar="all|none|NAME[,NAME]",
+                   help="deploy-form speed rewrites beyond folding (default all; each exact; names per family "
+                        "in the README), e.g. --rewrites none for the folded-only ablation")
+
+
+def _rewrites(value: str):
+    v = value.strip()
+    if v == "all":
+        return True
+    if v == "none":
+        return False
+    names = [n.strip() for n in v.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("give all, none or a comma list of rewrite names")
+    return names
+
+
 def _add_parity_flags(p: argparse.ArgumentParser) -> None:
     # Building the parser imports no torch, so `vitedge --help` and usage errors stay instant.
     p.add_argument("--samples", type=_positive_int, default=None,
@@ -120,6 +138,7 @@ def add_export(sub) -> None:
                         "listed target that supports it (onnx fp16 -> OUT/NAME.fp16.onnx)")
     p.add_argument("--out", help="output folder (default runs/NAME)")
     p.add_argument("--no-reparam", action="store_true", help="export the train-form as is (no folding)")
+    _add_rewrites_flag(p)
     p.add_argument("--strict-schedule", action="store_true",
                    help="error (instead of warn) on a checkpoint whose LN->RepBN schedule had not finished")
     p.add_argument("--force", action="store_true", help="replace an output folder that already holds artifacts")
@@ -148,7 +167,7 @@ def cmd_export(args) -> int:
                     attn_order=args.attn_order or "auto", strict_schedule=args.strict_schedule,
                     samples=_samples(args), tolerances=args.tol, require_verified=args.require_verified,
                     overrides=_overrides(args), options={k: getattr(args, k) for k in TARGET_OPTIONS},
-                    progress=args.progress)
+                    progress=args.progress, rewrites=args.rewrites)
     print(format_summary(report, os.path.join(report.out_dir, "report.json")))
     return report.exit_code
 
@@ -192,6 +211,7 @@ def add_reparam(sub) -> None:
     p = sub.add_parser("reparam", help="write a deploy-form checkpoint (folded, verified in float64)")
     _add_model_flags(p)
     p.add_argument("--out", required=True, help="deploy-form checkpoint to write (.pth)")
+    _add_rewrites_flag(p)
     p.add_argument("--strict-schedule", action="store_true",
                    help="error (instead of warn) on a checkpoint whose LN->RepBN schedule had not finished")
     p.add_argument("--force", action="store_true", help="overwrite --out")
@@ -203,7 +223,8 @@ def cmd_reparam(args) -> int:
 
     result = reparam_checkpoint(args.model, args.out, checkpoint=args.checkpoint, imgsz=args.imgsz,
                                 attn_order=args.attn_order or "auto", strict_schedule=args.strict_schedule,
-                                overrides=_overrides(args), force=args.force, progress=args.progress)
+                                overrides=_overrides(args), force=args.force, progress=args.progress,
+                                rewrites=args.rewrites)
     eq, s = result.equivalence, result.summary
     if not eq.passed:
         print(f"FAILED: re-parameterization changed the function: first diverging block {eq.diverging_module} "
@@ -299,6 +320,10 @@ def add_bench(sub) -> None:
     p.add_argument("--imgsz", default=None, help="comma list of input sizes (default: the model's)")
     p.add_argument("--batch", type=_positive_int, default=1)
     p.add_argument("--threads", type=int, default=1, help="intra-op threads (0 = all cores; default 1)")
+    _add_rewrites_flag(p)
+    p.add_argument("--ort-spinning", choices=("default", "on", "off"), default="default",
+                   help="ONNX Runtime intra-op spinning with --threads 0 or > 1 (off: steadier on small shared "
+                        "or virtual machines; default: ONNX Runtime's, on)")
     p.add_argument("--warmup-s", type=float, default=0.5, help="time-based warm-up per size (s)")
     p.add_argument("--min-iters", type=_positive_int, default=50, help="at least this many timed runs")
     p.add_argument("--max-s", type=float, default=5.0, help="time budget per size once --min-iters is met (s)")
@@ -325,6 +350,8 @@ def cmd_bench(args) -> int:
                        batch=args.batch, threads=args.threads, warmup_s=args.warmup_s, min_iters=args.min_iters,
                        max_s=args.max_s, baseline=args.baseline, max_regression=args.max_regression,
                        order=args.order, attn_order=args.attn_order, overrides=_overrides(args), device=args.device,
+                       ort_spinning={"default": None, "on": True, "off": False}[args.ort_spinning],
+                       rewrites=args.rewrites,
                        log=(lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr)))
     print(format_table(report))
     if args.report:

@@ -112,6 +112,57 @@ def time_rounds(fns: dict[str, Callable[[], object]], min_rounds: int, max_s: fl
     return latency.time_interleaved(fns, warmup_s=min(0.2, max_s), min_iters=min_rounds, max_s=max_s)
 
 
+def time_blocks(fns: dict[str, Callable[[], object]], rounds: int, block_s: float) -> dict[str, list[float]]:
+    """Interleaved *blocks*: per round, each candidate runs back to back for at least `block_s` (and at least
+    two calls); the median of the block's second half is that round's time (paired across candidates).
+
+    For multi-thread ONNX Runtime sessions: each session owns a thread pool whose idle workers spin, and
+    alternating sessions call by call makes them compete for the cores (on this 2-vCPU machine swiftformer_xs
+    read p50 20 ms interleaved call by call against 12-13 ms in blocks, same sessions, same minute)."""
+    out: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, f in fns.items():
+            ts, end = [], time.perf_counter() + block_s
+            while len(ts) < 2 or time.perf_counter() < end:
+                t0 = time.perf_counter()
+                f()
+                ts.append(time.perf_counter() - t0)
+            out[k].append(float(np.median(ts[len(ts) // 2:])))
+    return out
+
+
+def time_until_precise(fns: dict[str, Callable[[], object]], pairs: list[tuple[str, str]], min_rounds: int,
+                       max_s: float, ci_width: float, block_s: float = 0.0) -> dict[str, list[float]]:
+    """Interleaved rounds (call by call, or blocks of `block_s` with `time_blocks`) until every (new, base)
+    speedup's 95 % CI is at most `ci_width` wide (relative to the ratio), or `max_s` has passed; at least
+    `min_rounds`.
+
+    The stopping rule looks at the interval's width only, never at where it lies, so it cannot steer a ratio
+    towards a threshold; it spends rounds where the machine is noisy instead of reporting an interval too
+    wide to say anything."""
+    def rounds(n: int, warmup_s: float) -> dict[str, list[float]]:
+        if block_s > 0:
+            return time_blocks(fns, n, block_s)  # the first half of every block is its own warm-up
+        return latency.time_interleaved(fns, warmup_s=warmup_s, min_iters=n, max_s=0.0)
+
+    start = time.perf_counter()
+    times = rounds(min_rounds, min(0.2, max_s))
+    while time.perf_counter() - start < max_s:
+        widths = [_rel_width(speedup(times[base], times[new])) for new, base in pairs]
+        if all(w <= ci_width for w in widths):
+            break
+        # grow by half each time (few bootstrap checks), but not far past the time budget
+        done, elapsed = len(next(iter(times.values()))), time.perf_counter() - start
+        n = max(1, min(max(min_rounds, done // 2), math.ceil((max_s - elapsed) * done / elapsed)))
+        for k, v in rounds(n, 0.0).items():
+            times[k] += v
+    return times
+
+
+def _rel_width(r: dict) -> float:
+    return (r["ci"][1] - r["ci"][0]) / r["ratio"]
+
+
 def stats(times_s: list[float], batch: int = 1) -> dict:
     return latency.summarize(times_s, batch=batch).to_dict()
 
@@ -150,9 +201,9 @@ def onnx_token_model(module: nn.Module, example: torch.Tensor) -> onnx.ModelProt
     return simplify_onnx(check_onnx(onnx.load_from_string(buf.getvalue())))
 
 
-def ort(model: onnx.ModelProto, threads: int) -> OnnxRuntimeRunner:
-    """ONNX Runtime CPU session; threads=0 lets ORT use every core."""
-    return OnnxRuntimeRunner(model, threads=threads)
+def ort(model: onnx.ModelProto, threads: int, spinning: bool | None = None) -> OnnxRuntimeRunner:
+    """ONNX Runtime CPU session; threads=0 lets ORT use every core; spinning None = ORT's default (on)."""
+    return OnnxRuntimeRunner(model, threads=threads, spinning=spinning)
 
 
 def total_nodes(model: onnx.ModelProto) -> dict:

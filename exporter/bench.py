@@ -87,11 +87,11 @@ def _torch_runner(model: nn.Module, label: str) -> Runner:
     return TorchRunner(model, label)
 
 
-def _ort_runner(deploy: nn.Module, imgsz: int, batch: int, threads: int) -> Runner:
+def _ort_runner(deploy: nn.Module, imgsz: int, batch: int, threads: int, spinning: bool | None = None) -> Runner:
     from ..targets.ort import OnnxRuntimeRunner
     from .onnx_export import check_onnx, export_onnx, simplify_onnx
     model = simplify_onnx(check_onnx(export_onnx(deploy, imgsz, batch=batch)))
-    return OnnxRuntimeRunner(model, threads=threads)
+    return OnnxRuntimeRunner(model, threads=threads, spinning=spinning)
 
 
 def _target_runner(name: str, deploy: nn.Module, imgsz: int, batch: int, tmp: Path) -> Runner:
@@ -121,13 +121,13 @@ def _target_runner(name: str, deploy: nn.Module, imgsz: int, batch: int, tmp: Pa
 
 
 def build_runner(backend: str, train: nn.Module, deploy: nn.Module, imgsz: int, batch: int, threads: int,
-                 tmp: Path) -> Runner:
+                 tmp: Path, spinning: bool | None = None) -> Runner:
     if backend == "torch":
         return _torch_runner(train, "train-form")
     if backend == "torch-deploy":
         return _torch_runner(deploy, "deploy-form")
     if backend == "onnxruntime":
-        return _ort_runner(deploy, imgsz, batch, threads)
+        return _ort_runner(deploy, imgsz, batch, threads, spinning)
     if backend in ("coreml", "tensorrt"):
         return _target_runner(backend, deploy, imgsz, batch, tmp)
     raise VitedgeError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
@@ -167,7 +167,8 @@ def _fresh_input(imgsz: int, batch: int) -> np.ndarray:
 
 def measure_size(name: str, train: nn.Module, make_deploy: Callable[[int], nn.Module], imgsz: int,
                  backends: list[str], batch: int, threads: int, warmup_s: float, min_iters: int, max_s: float,
-                 tmp: Path, inject: dict | None = None) -> tuple[list[BackendResult], list[dict]]:
+                 tmp: Path, inject: dict | None = None,
+                 spinning: bool | None = None) -> tuple[list[BackendResult], list[dict]]:
     """Build, parity-check and time every backend at one size. `inject` maps backend -> Runner (tests)."""
     x = parity_inputs(PARITY_SAMPLES, imgsz, seed=0).numpy()
     with torch.no_grad():
@@ -177,7 +178,7 @@ def measure_size(name: str, train: nn.Module, make_deploy: Callable[[int], nn.Mo
     for b in backends:
         t0 = time.perf_counter()
         try:
-            runner = (inject or {}).get(b) or build_runner(b, train, deploy, imgsz, batch, threads, tmp)
+            runner = (inject or {}).get(b) or build_runner(b, train, deploy, imgsz, batch, threads, tmp, spinning)
         except UnavailableError as e:
             results.append(BackendResult(b, imgsz, "unavailable", reason=str(e)))
             continue
@@ -216,14 +217,15 @@ def _attention_modules(model: nn.Module) -> list[str]:
 
 
 def measure_orders(train: nn.Module, make_deploy: Callable[[int, str], nn.Module], imgsz: int, backend: str,
-                   batch: int, threads: int, warmup_s: float, min_iters: int, max_s: float, tmp: Path) -> dict:
+                   batch: int, threads: int, warmup_s: float, min_iters: int, max_s: float, tmp: Path,
+                   spinning: bool | None = None) -> dict:
     """Time the deploy-form with each attention order forced, interleaved; return the faster one."""
     if backend not in ORDER_BACKENDS:
         raise VitedgeError(f"--order measured times orders on {' or '.join(ORDER_BACKENDS)}; add one to --backends")
     runners = {}
     for order in ("qk_first", "kv_first"):
         deploy = make_deploy(imgsz, order)
-        runners[order] = build_runner(backend, train, deploy, imgsz, batch, threads, tmp)
+        runners[order] = build_runner(backend, train, deploy, imgsz, batch, threads, tmp, spinning)
     xb = _fresh_input(imgsz, batch)
     times = latency.time_interleaved({o: (lambda r=r: r.run(xb)) for o, r in runners.items()},
                                      warmup_s=warmup_s, min_iters=min_iters, max_s=max_s)
@@ -240,8 +242,12 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
               max_s: float = 5.0, baseline: str | None = None, max_regression: float | None = None,
               order: str = "auto", attn_order: str = "auto", overrides: dict | None = None,
               device: str | None = None, inject: dict | None = None, tmp_dir: str | Path | None = None,
+              ort_spinning: bool | None = None, rewrites=True,
               log: Callable[[str], None] = lambda s: None) -> BenchReport:
-    """Run the harness; the report's exit_code is 1 when --baseline shows a p50 regression beyond the limit."""
+    """Run the harness; the report's exit_code is 1 when --baseline shows a p50 regression beyond the limit.
+
+    `ort_spinning`: ONNX Runtime's intra-op spinning (None = its default; False helps multi-thread runs on
+    small shared or virtual machines, see `OnnxRuntimeRunner`)."""
     import tempfile
 
     from .pipeline import build_deploy_form, build_train_form
@@ -272,18 +278,20 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
     train = loaded.model.eval()
 
     def make_deploy(size: int, forced: str | None = None) -> nn.Module:
-        return build_deploy_form(train, size, attn_order=forced or attn_order)[0]
+        return build_deploy_form(train, size, attn_order=forced or attn_order, rewrites=rewrites)[0]
 
     report = BenchReport(model=loaded.name, weights=loaded.weights, batch=batch, threads=threads, sizes=sizes,
                          baseline=baseline, machine=machine_info(),
                          settings={"backends": backends_l, "warmup_s": warmup_s, "min_iters": min_iters,
                                    "max_s": max_s, "order": order, "attn_order": attn_order,
-                                   "parity_samples": PARITY_SAMPLES})
+                                   "parity_samples": PARITY_SAMPLES,
+                                   "ort_spinning": {None: "default", True: "on", False: "off"}[ort_spinning],
+                                   "rewrites": rewrites if isinstance(rewrites, bool) else sorted(rewrites)})
     with tempfile.TemporaryDirectory(dir=tmp_dir) as tmp:
         for s in sizes:
             log(f"imgsz {s}: building and checking {', '.join(backends_l)}")
             results, ratios = measure_size(loaded.name, train, make_deploy, s, backends_l, batch, threads,
-                                           warmup_s, min_iters, max_s, Path(tmp), inject)
+                                           warmup_s, min_iters, max_s, Path(tmp), inject, ort_spinning)
             report.results += results
             report.ratios += ratios
             if order == "measured":
@@ -293,7 +301,7 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
                 if ob is None:
                     raise VitedgeError(f"--order measured needs one of {', '.join(ORDER_BACKENDS)} in --backends")
                 report.order.append(measure_orders(train, make_deploy, s, ob, batch, threads, warmup_s,
-                                                   min_iters, max_s, Path(tmp)))
+                                                   min_iters, max_s, Path(tmp), ort_spinning))
     if base_p50 is not None:
         report.regressions = latency.regression_check(report.p50_by_key(), base_p50, max_regression)
         report.exit_code = 1 if report.regressions else 0

@@ -8,7 +8,6 @@ strictly, so a mismatch is an error and never a silently half-loaded model.
 from __future__ import annotations
 
 import os
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import torch.nn as nn
 from ..models.errors import CheckpointError, VitedgeError
 from ..models.layers.norms import LinearNorm
 from ..models.registry import create_model
+from . import stale
 from .report import versions
 
 FORMAT = "vitedge-deploy/1"
@@ -52,7 +52,7 @@ def save_deploy_checkpoint(deploy_model: nn.Module, path: str | Path, *, attn_or
         "overrides": _plain(dict(getattr(deploy_model, "vitedge_overrides", {})), "override"),
         "imgsz": int(deploy_model.reparam_imgsz),
         "attn_order": attn_order,
-        "rewrites": bool(summary.rewrites),  # none applied = folding without rewrites builds the same tree
+        "rewrites": list(summary.rewrites),  # the rewrites applied: re-applying exactly these rebuilds the tree
         "attention_order": dict(summary.attention_order),
         "reparam": _plain(summary.to_dict(), "reparam summary"),
         "checkpoint_sha256": checkpoint_sha256,
@@ -60,7 +60,8 @@ def save_deploy_checkpoint(deploy_model: nn.Module, path: str | Path, *, attn_or
         "state_dict": {k: v.detach().cpu().contiguous() for k, v in deploy_model.state_dict().items()},
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:12]}")  # not mkstemp: keep the umask's mode
+    stale.recover(path)  # temporary files of killed earlier writes of this path
+    tmp = stale.sibling(path, "tmp")  # not mkstemp: keep the umask's mode
     try:
         torch.save(payload, tmp)
         os.replace(tmp, path)  # atomic: readers see the old file or the complete new one
@@ -97,13 +98,19 @@ def _finish_schedules(model: nn.Module) -> None:
 
 def load_deploy_checkpoint(path: str | Path) -> nn.Module:
     """Rebuild a deploy-form model from a `vitedge reparam` checkpoint (strict load)."""
-    from .reparam import reparameterize
+    from .reparam import available_rewrites, reparameterize
 
     payload = read_deploy_checkpoint(path)
     model = create_model(payload["model"], **payload.get("overrides", {}))
     _finish_schedules(model)
+    rewrites = payload.get("rewrites", True)  # a bool in files written before rewrites were switchable one by one
+    if isinstance(rewrites, (list, tuple)):
+        unknown = sorted(set(rewrites) - set(available_rewrites(model)))
+        if unknown:
+            raise CheckpointError(f"{path} was written with deploy-form rewrites this vitedge does not know "
+                                  f"({', '.join(unknown)}); re-create it with `vitedge reparam`")
     deploy = reparameterize(model, imgsz=payload["imgsz"], attn_order=payload.get("attn_order", "auto"),
-                            rewrites=payload.get("rewrites", True))
+                            rewrites=rewrites)
     if dict(deploy.reparam_summary.attention_order) != dict(payload.get("attention_order", {})):
         raise CheckpointError(f"{path}: attention orders differ from a fresh re-parameterization at imgsz "
                               f"{payload['imgsz']}; re-create it with this vitedge version (`vitedge reparam`)")
@@ -134,7 +141,8 @@ class ReparamResult:
 
 def reparam_checkpoint(model_name: str, out: str | Path, *, checkpoint: str | Path | None = None,
                        imgsz: int | None = None, attn_order: str = "auto", strict_schedule: bool = False,
-                       overrides: dict | None = None, force: bool = False, progress=None) -> ReparamResult:
+                       overrides: dict | None = None, force: bool = False, progress=None,
+                       rewrites=True) -> ReparamResult:
     """`vitedge reparam`: load, fold, run the float64 gate, and write the deploy-form checkpoint only if it passed."""
     from .equivalence import verify_equivalence
     from .pipeline import build_deploy_form, build_train_form, resolve_imgsz
@@ -151,7 +159,7 @@ def reparam_checkpoint(model_name: str, out: str | Path, *, checkpoint: str | Pa
         loaded = build_train_form(model_name, checkpoint, overrides)
     size = resolve_imgsz(loaded.model, imgsz)
     with progress.step("re-parameterizing"):
-        deploy, deploy64 = build_deploy_form(loaded.model, size, True, attn_order, strict_schedule)
+        deploy, deploy64 = build_deploy_form(loaded.model, size, True, attn_order, strict_schedule, rewrites)
     with progress.step("equivalence gate (float64)"):
         eq = verify_equivalence(loaded.model, deploy64, size, raise_on_fail=False)
     path = None

@@ -15,7 +15,6 @@ import inspect
 import json
 import os
 import shutil
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from ..models.registry import IMAGENET_MEAN, IMAGENET_STD, create_model
 from ..targets import ALIASES, TARGETS, Artifact, LowerSpec, Runner, Target, UnavailableError, get_target
 from ..targets.ort import OnnxRuntimeRunner
 from ..targets.pytorch import deploy_form_runner, train_form_runner
-from . import inputs as parity_set
+from . import inputs as parity_set, stale
 from .localize import localize_onnx, localize_torch
 from .onnx_export import (DEFAULT_OPSET, OnnxExportError, check_onnx, check_opset, export_onnx, node_counts,
                           read_metadata, save_onnx, set_metadata, simplify_onnx)
@@ -200,7 +199,7 @@ def build_train_form(model_or_name, checkpoint: str | Path | None = None, overri
 
 
 def build_deploy_form(model: nn.Module, imgsz: int, reparam: bool = True, attn_order: str = "auto",
-                      strict_schedule: bool = False) -> tuple[nn.Module, nn.Module]:
+                      strict_schedule: bool = False, rewrites=True) -> tuple[nn.Module, nn.Module]:
     """(deploy-form in float32, the same in float64). The engine folds in float64 and rounds once, so the
     float64 gate checks the fold itself and the float32 weights carry a single rounding."""
     if not reparam:
@@ -209,7 +208,8 @@ def build_deploy_form(model: nn.Module, imgsz: int, reparam: bool = True, attn_o
         return deploy, copy.deepcopy(deploy).double()
     from .reparam import reparameterize
 
-    deploy = reparameterize(model, imgsz=imgsz, attn_order=attn_order, strict_schedule=strict_schedule)
+    deploy = reparameterize(model, imgsz=imgsz, attn_order=attn_order, strict_schedule=strict_schedule,
+                            rewrites=rewrites)
     return deploy, deploy.__dict__.get("reparam_fp64", deploy)
 
 
@@ -219,7 +219,8 @@ def reparam_info(deploy: nn.Module, reparam: bool = True) -> ReparamInfo:
         return ReparamInfo(unfolded=[{"module": "(model)", "why": "--no-reparam: exported in train-form"}])
     d = summary.to_dict()
     return ReparamInfo(folded=d["folded"], unfolded=d["unfolded"], attention_order=d["attention_order"],
-                       attention_reason=d.get("attention_reason", {}), schedule=d.get("schedule", []))
+                       attention_reason=d.get("attention_reason", {}), schedule=d.get("schedule", []),
+                       rewrites=d.get("rewrites", []))
 
 
 def _inputs(model: nn.Module, n: int, imgsz: int) -> np.ndarray:
@@ -294,8 +295,11 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
            precision: str | None = None, out: str | Path | None = None, reparam: bool = True, force: bool = False,
            attn_order: str = "auto", strict_schedule: bool = False, samples: int = parity_set.DEFAULT_SAMPLES,
            tolerances: dict | list | None = None, require_verified: bool = False, overrides: dict | None = None,
-           options: dict | None = None, seed: int = DEMO_SEED, progress: Progress | None = None) -> Report:
+           options: dict | None = None, seed: int = DEMO_SEED, progress: Progress | None = None,
+           rewrites=True) -> Report:
     """Export `model_or_name` to `targets` in folder `out` (default runs/NAME) and run the parity ladder.
+
+    `rewrites`: the deploy-form's speed rewrites (True all, False none, or names; see `available_rewrites`).
 
     Returns the Report also written to OUT/report.json; `report.exit_code` is 0 (all executed hops
     passed), 1 (a hop failed: artifacts in OUT/quarantine/). Raises VitedgeError (exit 2) on bad input,
@@ -313,15 +317,19 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
     tols = make_tolerances(tolerances)
     if samples <= 0:
         raise VitedgeError(f"--samples must be positive; got {samples}")
+    if not reparam and rewrites is not True:
+        raise VitedgeError("--rewrites shapes the re-parameterized deploy-form; drop it or drop --no-reparam")
     name = model_or_name if isinstance(model_or_name, str) else _model_name(model_or_name)
     out = Path(out) if out is not None else Path("runs") / name
+    for line in stale.recover(out):  # before the check: a killed --force run may have left DIR aside
+        progress.note(line)
     _check_out(out, force)
 
     with progress.step("building the train-form model"):
         loaded = build_train_form(model_or_name, checkpoint, overrides, seed)
     imgsz = resolve_imgsz(loaded.model, imgsz)
     with progress.step("re-parameterizing"):
-        deploy, deploy64 = build_deploy_form(loaded.model, imgsz, reparam, attn_order, strict_schedule)
+        deploy, deploy64 = build_deploy_form(loaded.model, imgsz, reparam, attn_order, strict_schedule, rewrites)
 
     vers = versions()
     info = reparam_info(deploy, reparam)
@@ -332,7 +340,7 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
 
     made = [p for p in [out.parent, *out.parent.parents] if not p.exists()]  # removed again if we fail
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:12]}"
+    tmp = stale.sibling(out, "tmp")
     try:
         tmp.mkdir()  # not mkdtemp: its 0700 mode would become the output folder's; mkdir follows the umask
         build = _Build(report, plans, loaded, deploy, deploy64, tmp, batch, opset, attn_order, reparam, tols,
@@ -518,7 +526,7 @@ def _commit(tmp: Path, out: Path, force: bool) -> None:
     if out.exists() and any(out.iterdir()):
         if not force:  # appeared while we were building
             raise VitedgeError(f"{out} already holds artifacts; pass --force to replace them")
-        old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
+        old = stale.sibling(out, "old")
         os.rename(out, old)
         try:
             os.rename(tmp, out)
@@ -653,7 +661,10 @@ def parity(model_or_name, artifact: str | Path | None = None, *, checkpoint: str
         raise VitedgeError(f"{deploy_checkpoint} was folded for imgsz {deploy.reparam_imgsz}, the check runs at "
                            f"{imgsz}; pass --imgsz {deploy.reparam_imgsz}")
     with progress.step("re-parameterizing"):
-        fresh, fresh64 = build_deploy_form(loaded.model, imgsz, True, attn_order or meta.get("attn_order") or "auto")
+        # the same rewrites as the deploy checkpoint, so that localization compares like module trees
+        same = deploy.deploy_checkpoint_meta.get("rewrites", True) if deploy is not None else True
+        fresh, fresh64 = build_deploy_form(loaded.model, imgsz, True, attn_order or meta.get("attn_order") or "auto",
+                                           rewrites=same)
     deploy = deploy or fresh
 
     batch = meta.get("batch")

@@ -18,6 +18,11 @@ class Progress:
     def _say(self, text: str) -> None:
         print(text, file=self.stream, flush=True)
 
+    def note(self, text: str) -> None:
+        """A one-off line (e.g. what was cleaned up before starting)."""
+        if self.enabled:
+            self._say(f"  note: {text}")
+
     @contextmanager
     def step(self, label: str):
         if not self.enabled:

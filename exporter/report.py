@@ -95,6 +95,7 @@ class ReparamInfo:
     attention_order: dict = field(default_factory=dict)   # module path -> "qk_first" | "kv_first"
     attention_reason: dict = field(default_factory=dict)  # module path -> why
     schedule: list = field(default_factory=list)          # unfinished LN->RepBN schedules found
+    rewrites: list = field(default_factory=list)          # deploy-form rewrites applied (beyond folding)
     equivalence: dict | None = None                      # the fp64 gate's result
     fp16: dict | None = None                             # fp16 range analysis (when an fp16 target was built)
 

@@ -3,9 +3,10 @@ absent, holding the old complete artifacts, or holding the new complete ones; ne
 
 What the pipeline documents (exporter/pipeline.py): everything is built in a temporary sibling `.DIR.tmp-*`
 and renamed into place in one step; with --force the old folder is first moved aside to `.DIR.old-*`.
-After a SIGKILL nothing can clean up, so stale hidden siblings may remain: they must never be merged into
-DIR and the next run must ignore them. SIGINT is an ordinary KeyboardInterrupt: it cleans the build folder,
-leaves DIR as it was and exits 130.
+After a SIGKILL nothing can clean up at once, so hidden siblings remain: they must never be merged into DIR,
+and the next run that writes DIR recovers them (exporter/stale.py: their names carry the owning pid@host;
+an abandoned build folder is removed, an abandoned moved-aside output is put back if DIR is missing).
+SIGINT is an ordinary KeyboardInterrupt: it cleans the build folder, leaves DIR as it was and exits 130.
 
 Kills are of two kinds: real signals sent from outside at polled moments (build folder created, hub graph
 written), and deterministic kills from inside the process at the commit's renames and halfway through
@@ -253,16 +254,25 @@ def test_sigkill_inside_the_commit(previous, kill_at, allowed):
     out, old = previous
     r = run_driver(out, kill_at, "--force")
     assert r.returncode == -signal.SIGKILL, f"the kill point {kill_at} was never reached: {r.stderr[-2000:]}"
-    assert state_of(out, old) in allowed
+    state = state_of(out, old)
+    assert state in allowed
     if out.exists():
         assert f"{NAME}.onnx" in snapshot(out)  # never an empty or partial folder at the normal path
     assert_only_hidden_siblings(out)
+    assert list(out.parent.glob(f".{out.name}.old-*")), "the moved-aside old folder is what the kill left"
+    # The next run recovers: a missing DIR gets its old artifacts back (byte-identical), a committed one keeps
+    # the new ones; either way the run then refuses to overwrite without --force and no sibling remains.
+    snap_before = snapshot(out) if out.exists() else None
+    again = run_cli(out)
+    assert again.returncode == 2 and "--force" in again.stderr, again.stderr
+    assert snapshot(out) == (old if state == "absent" else snap_before)
+    assert list(out.parent.iterdir()) == [out], sorted(p.name for p in out.parent.iterdir())
 
 
 def test_sigkill_halfway_through_writing_the_graph_then_rerun(previous):
     """Killed halfway through writing the hub .onnx: the half graph exists only in a hidden build folder and DIR
     keeps the old artifacts. The next --force run ignores the stale folder, succeeds, and nothing from it
-    reaches DIR (stale build folders are not cleaned: nothing documents that, and only hidden names remain)."""
+    reaches DIR, and the abandoned build folder is removed by that run."""
     out, old = previous
     killed = run_driver(out, "save-half", "--force")
     assert killed.returncode == -signal.SIGKILL, f"the .onnx was never written: {killed.stderr[-2000:]}"
@@ -272,7 +282,7 @@ def test_sigkill_halfway_through_writing_the_graph_then_rerun(previous):
     r = run_cli(out, "--force")
     assert r.returncode == 0, r.stderr
     assert state_of(out, old) == "new"  # complete, and nothing but what its report lists
-    assert_only_hidden_siblings(out)
+    assert list(out.parent.iterdir()) == [out], sorted(p.name for p in out.parent.iterdir())
 
 
 # ---- refusing to overwrite, and what the committed folder looks like ---------------------------------
@@ -296,3 +306,60 @@ def test_committed_folder_has_normal_permissions(good_export):
     os.umask(umask)
     mode = out.stat().st_mode & 0o777
     assert mode == 0o777 & ~umask, f"{out} has mode {oct(mode)}, expected {oct(0o777 & ~umask)}"
+
+
+# ---- recovery rules on their own (exporter/stale.py) ---------------------------------------------------
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def _fake_sibling(out: Path, kind: str, pid: int, host: str | None = None) -> Path:
+    from vitedge.exporter import stale
+
+    name = stale.sibling(out, kind).name
+    if host is not None:
+        name = name.rsplit("@", 1)[0] + "@" + host
+    name = name.replace(f"-{os.getpid()}@", f"-{pid}@")
+    path = out.parent / name
+    path.mkdir()
+    (path / "report.json").write_text(json.dumps({"kind": kind, "pid": pid}))
+    return path
+
+
+def test_recovery_touches_only_abandoned_siblings(tmp_path):
+    from vitedge.exporter import stale
+
+    out = tmp_path / OUT
+    dead = _dead_pid()
+    live = _fake_sibling(out, "tmp", os.getpid())                  # a concurrent run still building
+    other_host = _fake_sibling(out, "tmp", dead, host="elsewhere")  # its pid means nothing here
+    other_dir = _fake_sibling(tmp_path / "other", "tmp", dead)      # a sibling of a different output
+    gone_tmp = _fake_sibling(out, "tmp", dead)
+    gone_old = _fake_sibling(out, "old", dead)
+    lines = stale.recover(out)
+    # DIR was missing: the abandoned moved-aside output is put back, the abandoned build folder removed
+    assert json.loads((out / "report.json").read_text()) == {"kind": "old", "pid": dead}
+    assert not gone_tmp.exists() and not gone_old.exists()
+    assert live.exists() and other_host.exists() and other_dir.exists()
+    assert len(lines) == 2 and any(line.startswith("restored") for line in lines)
+    # DIR present: an abandoned moved-aside copy is just removed, DIR untouched
+    again = _fake_sibling(out, "old", dead)
+    assert stale.recover(out) == [f"removed {again.name} left by a killed run"]
+    assert json.loads((out / "report.json").read_text())["kind"] == "old" and not again.exists()
+
+
+def test_deploy_checkpoint_write_clears_its_abandoned_temp_file(tmp_path):
+    from vitedge.exporter import stale
+    from vitedge.exporter.deploy_checkpoint import save_deploy_checkpoint
+    from vitedge.exporter.reparam import reparameterize
+    from vitedge.models import create_model
+
+    path = tmp_path / "deploy.pt"
+    leftover = tmp_path / stale.sibling(path, "tmp").name.replace(f"-{os.getpid()}@", f"-{_dead_pid()}@")
+    leftover.write_bytes(b"half a checkpoint")
+    deploy = reparameterize(create_model(NAME, layers=[1, 1, 1, 1], embed_dims=[8, 8, 16, 16], num_classes=5).eval(), 32)
+    save_deploy_checkpoint(deploy, path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deploy.pt"]

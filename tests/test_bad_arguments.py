@@ -36,6 +36,10 @@ class Case:
 CASES = [
     # models and sizes
     Case("unknown-model", ("--model", "swiftformer_xz"), ("swiftformer_xz", "did you mean", "swiftformer_xs")),
+    # deploy-form rewrites
+    Case("unknown-rewrite", (*SWIFT, "--rewrites", "sla_everything"), ("sla_everything", "tokens_channels_first")),
+    Case("rewrites-with-no-reparam", (*SWIFT, "--rewrites", "none", "--no-reparam"), ("--rewrites", "--no-reparam")),
+    Case("empty-rewrites", (*SWIFT, "--rewrites", ","), ("--rewrites", "comma list")),
     Case("size-not-multiple-of-stride", (*SWIFT, "--imgsz", "100"), ("100", "32", "try 96")),
     Case("sima-size-not-multiple-of-patch", ("--model", "sima_nano_12_p16", "--set", "depth=1", "--imgsz", "40"),
          ("40", "16")),

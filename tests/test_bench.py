@@ -69,6 +69,35 @@ def test_unavailable_backends_say_why():
     assert by["torch"].valid
 
 
+def test_ort_spinning_reaches_the_session_and_the_report(tmp_path):
+    from vitedge.targets.ort import OnnxRuntimeRunner
+
+    def spin_entry(runner):
+        return runner.session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+
+    r = _cli("--model", "swiftformer_xs", "--set", "layers=[1,1,2,1]", "--set", "embed_dims=[16,24,32,48]",
+             "--set", "num_classes=10", "--imgsz", "64", "--backends", "onnxruntime", "--threads", "0",
+             "--ort-spinning", "off", "--min-iters", "3", "--warmup-s", "0", "--max-s", "0",
+             "--report", str(tmp_path / "r.json"))
+    assert r.returncode == 0, r.stderr
+    d = json.loads((tmp_path / "r.json").read_text())
+    assert d["settings"]["ort_spinning"] == "off" and d["threads"] == 0
+    assert d["results"][0]["valid"] and d["results"][0]["status"] == "ok"
+    # the session itself carries the setting (ONNX Runtime keeps its config entries readable)
+    from vitedge.exporter.bench import _ort_runner
+    from vitedge.models import create_model
+    m = create_model("swiftformer_xs", **TINY).eval()
+    assert spin_entry(_ort_runner(m, 64, 1, 0, spinning=False)) == "0"
+    assert spin_entry(_ort_runner(m, 64, 1, 0, spinning=True)) == "1"
+    assert "no spinning" in _ort_runner(m, 64, 1, 0, spinning=False).backend
+    default = _ort_runner(m, 64, 1, 0)
+    with pytest.raises(Exception):  # ONNX Runtime's default: the entry is not set at all
+        spin_entry(default)
+    assert isinstance(default, OnnxRuntimeRunner) and "no spinning" not in default.backend
+    r = _cli("--model", "swiftformer_xs", "--ort-spinning", "sometimes")
+    assert r.returncode == 2 and "--ort-spinning" in r.stderr
+
+
 def _cli(*args, cwd=REPO):
     return subprocess.run([sys.executable, "cli.py", "bench", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=300)

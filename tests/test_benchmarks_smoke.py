@@ -10,6 +10,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -108,8 +109,10 @@ def test_deploy_speed_quick(runs):
     for m in data["models"]:
         assert m["gflop_per_image"] > 0 and m["parity_failed"] == {}
         assert {"a", "b", "c"} <= set(m["nodes"]) and all(n["total"] > 0 for n in m["nodes"].values())
-        assert {(c["threads"], c["batch"]) for c in m["cells"]} == {(1, 1), ("all", 1)}
+        assert sorted((str(c["threads"]), c["spinning"], c["batch"]) for c in m["cells"]) == [
+            ("1", "default", 1), ("all", "default", 1), ("all", "off", 1)]  # ORT's default session and no-spin
         for c in m["cells"]:
+            assert c["rounds"] >= 3 and c["seconds"] >= 0
             assert {"b/a", "c/a"} <= set(c["speedups"]) and set(c["latency"]) == set(m["variants"])
             assert (c["gemm_gflops"] is not None) == (c["threads"] == 1)
             assert all((p is not None) == (c["threads"] == 1) for p in c["pct_gemm"].values())
@@ -168,3 +171,29 @@ def test_targets_report_what_is_measured(bench_modules):
     assert {x["model"]: x["status"] for x in stretch} == {"slab_deit_tiny": "MISS", "swiftformer_xs": "PASS"}
     missing = ds.check_targets([_model("swiftformer_xs", {})])
     assert missing[0]["status"] == "NOT MEASURED"
+
+
+def test_block_rounds_pair_the_second_half_of_each_block():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import _common as C
+    finally:
+        sys.path.remove(str(BENCH))
+    calls = {"slow": 0, "fast": 0}
+
+    def make(name, first_s, then_s):
+        def f():  # the very first call is slow (a cold start): the first block's second half leaves it out
+            calls[name] += 1
+            time.sleep(first_s if calls[name] == 1 else then_s)
+        return f
+
+    fns = {"slow": make("slow", 0.02, 0.004), "fast": make("fast", 0.02, 0.002)}
+    out = C.time_blocks(fns, rounds=3, block_s=0.02)
+    assert [len(v) for v in out.values()] == [3, 3]
+    assert all(0.002 <= t < 0.015 for t in out["slow"]) and all(0.001 <= t < 0.012 for t in out["fast"])
+    r = C.speedup(out["slow"], out["fast"])
+    assert r["ratio"] > 1.2 and r["pairs"] == 3
+    # the precision loop stops on the interval's width: identical candidates converge at once
+    t = C.time_until_precise({"x": lambda: time.sleep(0.001), "y": lambda: time.sleep(0.001)}, [("y", "x")],
+                             min_rounds=4, max_s=5.0, ci_width=10.0, block_s=0.003)
+    assert len(t["x"]) == len(t["y"]) == 4

@@ -46,9 +46,18 @@ class BlockCheck:
 class FoldContext:
     imgsz: int
     attn_order: str = "auto"
-    rewrites: bool = True
+    enabled: frozenset | None = None  # the deploy-form rewrites switched on (None = every one of the plan's)
     summary: ReparamSummary = field(default_factory=ReparamSummary)
     blocks: list = field(default_factory=list)
+
+    def use(self, name: str) -> bool:
+        """Whether rewrite `name` is switched on; if so it is recorded as applied, so ask right where it applies."""
+        if name not in _ALL_REWRITES:
+            raise KeyError(f"rewrite {name!r} is not declared by any fold plan (register_plan(..., rewrites=...))")
+        on = self.enabled is None or name in self.enabled
+        if on:
+            self.rewrite(name)
+        return on
 
     def fold(self, kind: str, n: int = 1) -> None:
         self.summary.folded[kind] += n
@@ -70,17 +79,51 @@ class FoldContext:
 
 FoldPlan = Callable[[nn.Module, FoldContext], nn.Module]
 _PLANS: dict[type, FoldPlan] = {}
+_REWRITES: dict[type, tuple[str, ...]] = {}
+_ALL_REWRITES: set[str] = set()
 
 
-def register_plan(*classes: type):
-    """Register `plan(model_copy, ctx) -> deploy_model` for train-form model classes."""
+def register_plan(*classes: type, rewrites: tuple[str, ...] = ()):
+    """Register `plan(model_copy, ctx) -> deploy_model` for train-form model classes, with the names of the
+    deploy-form rewrites it can apply (each exact and each switchable: the plan asks `ctx.use(name)`)."""
 
     def deco(fn: FoldPlan) -> FoldPlan:
         for c in classes:
             _PLANS[c] = fn
+            _REWRITES[c] = tuple(rewrites)
+        _ALL_REWRITES.update(rewrites)
         return fn
 
     return deco
+
+
+def available_rewrites(model: nn.Module | str) -> tuple[str, ...]:
+    """The deploy-form rewrites the fold plan of `model` (a train-form module or a registered name) can apply."""
+    _ensure_plans()
+    if isinstance(model, str):
+        from ...models.registry import create_model
+        with torch.device("meta"):
+            model = create_model(model)
+    if type(model) not in _PLANS:
+        raise VitedgeError(f"no re-parameterization plan for {type(model).__name__}: build it with vitedge.create_model")
+    return _REWRITES[type(model)]
+
+
+def resolve_rewrites(model: nn.Module, rewrites) -> frozenset:
+    """`rewrites`: True (all of the plan's), False/None (none), or an iterable of rewrite names."""
+    known = available_rewrites(model)
+    if rewrites is True:
+        return frozenset(known)
+    if rewrites is False or rewrites is None:
+        return frozenset()
+    if isinstance(rewrites, str):
+        rewrites = [r for r in rewrites.split(",") if r.strip()]
+    names = [str(r).strip() for r in rewrites]
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise VitedgeError(f"unknown rewrite {', '.join(map(repr, bad))} for {type(model).__name__}; its rewrites: "
+                           f"{', '.join(known) or 'none'} (or all / none)")
+    return frozenset(names)
 
 
 def _ensure_plans() -> None:
@@ -98,8 +141,11 @@ def schedule_state(model: nn.Module) -> list[dict]:
 
 
 def reparameterize(model: nn.Module, imgsz: int | None = None, attn_order: str = "auto",
-                   strict_schedule: bool = False, rewrites: bool = True) -> nn.Module:
+                   strict_schedule: bool = False, rewrites=True) -> nn.Module:
     """Return the deploy-form of `model` (a new module tree; `model` is untouched).
+
+    `rewrites`: the deploy-speed rewrites beyond folding: True = all of the family's (the default), False =
+    folding only, or a collection of names from `available_rewrites(model)` (ablation: each is exact alone).
 
     The result carries `.reparam_summary` (ReparamSummary) and `.reparam_blocks` (block pairs for the
     equivalence gate). Verify it with `exporter.equivalence.verify_equivalence`.
@@ -116,7 +162,7 @@ def reparameterize(model: nn.Module, imgsz: int | None = None, attn_order: str =
     if plan is None:
         raise VitedgeError(f"no re-parameterization plan for {type(model).__name__}: build it with vitedge.create_model")
 
-    ctx = FoldContext(imgsz=imgsz, attn_order=attn_order, rewrites=rewrites)
+    ctx = FoldContext(imgsz=imgsz, attn_order=attn_order, enabled=resolve_rewrites(model, rewrites))
     unfinished = schedule_state(model)
     if unfinished:
         lams = ", ".join(f"{u['module']}={u['lambda']}" for u in unfinished[:4])

@@ -20,9 +20,10 @@ Kept explicit, listed in the summary's `unfolded` with the reason:
 Attention orders are fixed per SimA block for the export N (patch tokens only): the official rule
 `(QK^T)V iff N < head_dim`, unless `--attn-order` (or the model's own `attn_order`) forces one.
 
-Rewrites (ctx.rewrites, exact, on by default): l1-normalize as `t / max(sum|t|, eps)` with broadcasting (no
-Expand in ONNX); the last class-attention block computes only the CLS token (its patch tokens are dead: only
-`norm(x)[:, 0]` is read) and the final norm runs on the CLS token only.
+Rewrites (each exact and switchable, `reparameterize(..., rewrites=[...])`, all on by default):
+`l1_normalize_broadcast_div`: l1-normalize as `t / max(sum|t|, eps)` with broadcasting (no Expand in ONNX);
+`cls_only_last_class_attention`: the last class-attention block computes only the CLS token (its patch tokens
+are dead: only `norm(x)[:, 0]` is read) and the final norm runs on the CLS token only.
 """
 from __future__ import annotations
 
@@ -303,7 +304,8 @@ def _fold_sima_block(blk: SimABlock, path: str, n: int, grid: tuple[int, int], c
     ctx.fold("layernorm_affine->linear")
     ctx.fold("layer_scale->linear")
     order = fix_sima_order(attn, n, f"{path}.attn", ctx)
-    new_attn = FixedOrderSimA(qkv, proj, attn.num_heads, order, attn.eps, broadcast=ctx.rewrites)
+    new_attn = FixedOrderSimA(qkv, proj, attn.num_heads, order, attn.eps,
+                              broadcast=ctx.use("l1_normalize_broadcast_div"))
 
     # LPI: norm3 scale -> conv1 (shift kept as the LayerNorm's bias); BN scale and gamma3 -> conv2 (shift kept)
     lpi = blk.local_mp
@@ -347,10 +349,11 @@ def _fold_cls_block(blk: ClassAttentionBlock, path: str, cls_only: bool, ctx: Fo
         norm2_patches.bias.copy_(2 * b)
         ctx.fold("patch_doubling->layernorm_affine")
     return DeployClassAttentionBlock(copy.deepcopy(blk.norm1), attn.qkv, proj, g1, copy.deepcopy(blk.norm2),
-                                     norm2_patches, mlp, attn.num_heads, attn.eps, ctx.rewrites, cls_only)
+                                     norm2_patches, mlp, attn.num_heads, attn.eps,
+                                     ctx.use("l1_normalize_broadcast_div"), cls_only)
 
 
-@register_plan(SimAVisionTransformer)
+@register_plan(SimAVisionTransformer, rewrites=("l1_normalize_broadcast_div", "cls_only_last_class_attention"))
 def plan_sima(model: SimAVisionTransformer, ctx: FoldContext) -> SimADeploy:
     side = patch_grid(ctx.imgsz, model.patch_size)
     grid, n = (side, side), side * side
@@ -371,15 +374,11 @@ def plan_sima(model: SimAVisionTransformer, ctx: FoldContext) -> SimADeploy:
     cls_blocks = []
     last = len(model.cls_attn_blocks) - 1
     for i, blk in enumerate(model.cls_attn_blocks):
-        cls_only = ctx.rewrites and i == last
+        cls_only = i == last and ctx.use("cls_only_last_class_attention")
         cls_blocks.append(_fold_cls_block(blk, f"cls_attn_blocks.{i}", cls_only, ctx))
         if not cls_only:  # a CLS-only block's output has no train-form counterpart; the logits check covers it
             ctx.check(f"cls_attn_blocks.{i}", f"cls_attn_blocks.{i}")
-    norm_cls_only = ctx.rewrites and last >= 0
-    if ctx.rewrites:
-        ctx.rewrite("l1_normalize_broadcast_div")
-        if last >= 0:
-            ctx.rewrite("cls_only_last_class_attention")
+    norm_cls_only = last >= 0 and ctx.use("cls_only_last_class_attention")
 
     # final norm: per token, so its affine commutes with taking the CLS token and folds into the head
     norm, head = model.norm, model.head

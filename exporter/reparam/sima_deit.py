@@ -8,8 +8,9 @@ Exact folds:
 SimA attention orders are fixed per block for the export token count 1+N (the official rule `(QK^T)V iff N < d`
 on the tokens the attention sees; `--attn-order` or the model's `attn_order` can force one).
 
-Rewrites (`rewrites=True`, exact): l1-normalize as a broadcast division (no Expand in ONNX), and the final
-LayerNorm on the CLS token only (only `norm(x)[:, 0]` is read).
+Rewrites (each exact and switchable, all on by default): `l1_normalize_broadcast_div`, l1-normalize as a
+broadcast division (no Expand in ONNX); `final_norm_on_cls_only`, the final LayerNorm on the CLS token only
+(only `norm(x)[:, 0]` is read).
 """
 from __future__ import annotations
 
@@ -81,11 +82,11 @@ def _fold_block(blk: SimADeiTBlock, path: str, n: int, ctx: FoldContext) -> Depl
     mlp.fc1 = affine_before(mlp.fc1, a2, b2)
     mlp.drop = None  # identity in eval
     ctx.fold("layernorm_affine->linear")
-    return DeploySimADeiTBlock(norm1, FixedOrderSimA(qkv, attn.proj, attn.num_heads, order, attn.eps, ctx.rewrites),
-                               norm2, mlp)
+    attn = FixedOrderSimA(qkv, attn.proj, attn.num_heads, order, attn.eps, ctx.use("l1_normalize_broadcast_div"))
+    return DeploySimADeiTBlock(norm1, attn, norm2, mlp)
 
 
-@register_plan(SimADeiT)
+@register_plan(SimADeiT, rewrites=("l1_normalize_broadcast_div", "final_norm_on_cls_only"))
 def plan_sima_deit(model: SimADeiT, ctx: FoldContext) -> SimADeiTDeploy:
     if ctx.imgsz != model.img_size:
         raise VitedgeError(f"SimA-DeiT is built for {model.img_size}x{model.img_size} (fixed-size pos_embed); got "
@@ -105,8 +106,5 @@ def plan_sima_deit(model: SimADeiT, ctx: FoldContext) -> SimADeiTDeploy:
         ctx.fold("layernorm_affine->linear")
     else:
         ctx.unfold("norm", "num_classes=0: no head Linear to fold the final norm's affine into; kept")
-    if ctx.rewrites:
-        ctx.rewrite("l1_normalize_broadcast_div")
-        ctx.rewrite("final_norm_on_cls_only")
     return SimADeiTDeploy(model.patch_embed.proj, model.pos_embed[:, 1:], cls, blocks, norm, head, model.img_size,
-                          norm_cls_only=ctx.rewrites)
+                          norm_cls_only=ctx.use("final_norm_on_cls_only"))

@@ -10,8 +10,9 @@ Every norm is a LinearNorm, i.e. its RepBN in eval: a per-channel `a * x + b`. F
   one is centred in the larger (`merge_depthwise`); the unused `scale` parameter is dropped.
 Attention orders are fixed per SLA branch for its window token count (SLAB's FLOP rule).
 
-Rewrite (`rewrites=True`, exact): a branch with one global window (every released `L` stage and stage 4) skips
-the window partition and its inverse, which are then the identity on the token layout.
+Rewrite (exact, switchable, on by default): `single_window_without_partition`, a branch with one global
+window (every released `L` stage and stage 4) skips the window partition and its inverse, which are then the
+identity on the token layout.
 """
 from __future__ import annotations
 
@@ -167,9 +168,7 @@ def _fold_block(blk: CSWinBlock, path: str, ctx: FoldContext) -> DeployCSWinBloc
     branches = []
     for b, br in enumerate(blk.attns):
         single = br.H_sp == br.W_sp == br.resolution
-        partition = not (single and ctx.rewrites)
-        if single and ctx.rewrites:
-            ctx.rewrite("single_window_without_partition")
+        partition = not (single and ctx.use("single_window_without_partition"))
         bpath = f"{path}.attns.{b}"
         if linear:
             n = br.window_tokens
@@ -193,7 +192,7 @@ def _fold_merge(merge: MergeBlock, path: str, ctx: FoldContext) -> DeployConvTok
     return DeployConvTokens(conv, merge.resolution)
 
 
-@register_plan(CSWinTransformer)
+@register_plan(CSWinTransformer, rewrites=("single_window_without_partition",))
 def plan_cswin(model: CSWinTransformer, ctx: FoldContext) -> CSWinDeploy:
     if ctx.imgsz != model.img_size:
         raise VitedgeError(f"this CSWin was built for {model.img_size}x{model.img_size} inputs, not {ctx.imgsz}: "

@@ -14,14 +14,14 @@ or `((q k^T) v) / (...)`, order fixed here; batched 4-D MatMuls only (no Einsum)
 (a MatMul against sum_j k_j) applied as a single broadcasting Div (no 1/x: fp16 gives 0/eps = 0 instead of
 0 * inf), plus the shared depth-wise conv on v.
 
-Rewrites (`ctx.rewrites`, summary `tokens_channel_first` + `sla_channel_first`; off = the folded-only
-token-first ablation baseline): the residual stream is channel-first, (B, C, N, 1), from the patch-embed
+Rewrites (each exact and switchable, `reparameterize(..., rewrites=[...])`; none = the folded-only token-first
+ablation baseline). `tokens_channel_first`: the residual stream is channel-first, (B, C, N, 1), from the patch-embed
 conv (a free reshape) to the pooling; every token Linear is a 1x1 Conv2d (ONNX Runtime runs it in its NCHWc
 layout with prepacked weights, within a few % of a Gemm; Conv1d measured ~10 % slower); heads are (B, h, d, N) by
 free reshapes, M = v k^T then M q (kv_first) or v (k^T q) (qk_first), so k's transpose is the only one per
 block; the dwc reads v by a free reshape; positional encodings are (1, h, d, N) constants. PRepBN's softmax
-attention forms S^T = k^T q and normalizes over the key axis, again one transpose. MLP GELU is written in
-ONNX Runtime's fusable form (`ErfGELU`).
+attention forms S^T = k^T q and normalizes over the key axis, again one transpose. `erf_gelu_fusable`: the
+MLP GELU is written in ONNX Runtime's fusable form (`ErfGELU`).
 """
 from __future__ import annotations
 
@@ -220,8 +220,8 @@ def _fold_norm_into(norm: nn.Module, linear: nn.Linear, path: str, target: str,
     return nn.Identity(), affine_before(linear, *ab)
 
 
-def _deploy_mlp(mlp: Mlp, channel_first: bool) -> Mlp:
-    mlp.act = ErfGELU() if channel_first else nn.GELU()  # drops the (eval-identity) hidden dropout
+def _deploy_mlp(mlp: Mlp, channel_first: bool, ctx: FoldContext) -> Mlp:
+    mlp.act = ErfGELU() if ctx.use("erf_gelu_fusable") else nn.GELU()  # drops the (eval-identity) hidden dropout
     if channel_first:
         mlp.fc1, mlp.fc2 = linear_to_conv1x1(mlp.fc1), linear_to_conv1x1(mlp.fc2)
     return mlp
@@ -242,13 +242,11 @@ def _sla_order(attn: SimplifiedLinearAttention, n: int, ctx: FoldContext) -> tup
     return resolve_order(requested, rule), order_reason(requested, rule, n, n, attn.head_dim, attn.head_dim)
 
 
-def _deploy_attention(attn: nn.Module, path: str, grid: tuple[int, int], ctx: FoldContext) -> nn.Module:
+def _deploy_attention(attn: nn.Module, path: str, grid: tuple[int, int], cf: bool, ctx: FoldContext) -> nn.Module:
     if isinstance(attn, SimplifiedLinearAttention):
         order, why = _sla_order(attn, grid[0] * grid[1], ctx)
         ctx.order(path, order, why)
-        if ctx.rewrites:
-            ctx.rewrite("sla_channel_first")
-        return DeploySLA(attn, grid, order, channel_first=ctx.rewrites)
+        return DeploySLA(attn, grid, order, channel_first=cf)
     if isinstance(attn, Attention):
         ctx.order(path, "qk_first", "softmax attention: q k^T is formed for the softmax (attn_order does not apply)")
         dim = attn.qkv.in_features
@@ -256,20 +254,18 @@ def _deploy_attention(attn: nn.Module, path: str, grid: tuple[int, int], ctx: Fo
         s[:dim] = attn.scale
         attn.qkv = scale_output(attn.qkv, s)
         ctx.fold("attn_scale->q")
-        return DeploySoftmaxAttention(attn, channel_first=ctx.rewrites)
+        return DeploySoftmaxAttention(attn, channel_first=cf)
     raise VitedgeError(f"{path}: unsupported attention {type(attn).__name__}; "
                        "build the model with vitedge.create_model")
 
 
-@register_plan(SlabDeiT, PRepBNDeiT)
+@register_plan(SlabDeiT, PRepBNDeiT, rewrites=("tokens_channel_first", "erf_gelu_fusable"))
 def plan_slab_deit(model: DeiTBase, ctx: FoldContext) -> DeiTDeploy:
     if ctx.imgsz != model.img_size:
         raise VitedgeError(f"{type(model).__name__} is built for {model.img_size}x{model.img_size} "
                            f"(fixed-size positional embeddings); got --imgsz {ctx.imgsz}: use --imgsz {model.img_size}")
     grid = model.patch_embed.grid
-    cf = ctx.rewrites  # channel-first tokens (B, C, N, 1) through the whole network
-    if cf:
-        ctx.rewrite("tokens_channel_first")
+    cf = ctx.use("tokens_channel_first")  # channel-first tokens (B, C, N, 1) through the whole network
     to_train = _to_tokens if cf else None
     ctx.check("patch_embed", "patch_embed", to_train=to_train)
     blocks = []
@@ -279,8 +275,8 @@ def plan_slab_deit(model: DeiTBase, ctx: FoldContext) -> DeiTDeploy:
         norm1, attn.qkv = _fold_norm_into(blk.norm1, attn.qkv, f"{p}.norm1", "qkv", ctx)
         norm2, fc1 = _fold_norm_into(blk.norm2, blk.mlp.fc1, f"{p}.norm2", "fc1", ctx)
         blk.mlp.fc1 = fc1
-        blocks.append(DeployBlock(_channels_first_norm(norm1, cf), _deploy_attention(attn, f"{p}.attn", grid, ctx),
-                                  _channels_first_norm(norm2, cf), _deploy_mlp(blk.mlp, cf)))
+        blocks.append(DeployBlock(_channels_first_norm(norm1, cf), _deploy_attention(attn, f"{p}.attn", grid, cf, ctx),
+                                  _channels_first_norm(norm2, cf), _deploy_mlp(blk.mlp, cf, ctx)))
         ctx.check(p, p, to_train=to_train)
 
     # Final norm -> head: pooling (token mean or CLS pick) commutes with a per-channel affine, the head is linear.

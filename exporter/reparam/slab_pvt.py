@@ -10,7 +10,8 @@ Every norm is a LinearNorm, i.e. its RepBN in eval: a per-channel `a * x + b`. F
 - SLA with sr > 1: the linear resize of v along the tokens becomes a constant (N x N') MatMul.
 Attention orders are fixed per block for the export size (SLAB's FLOP rule with N_q = N, N_k = N').
 
-Rewrite (`rewrites=True`, exact): with sr = 1, `q` and `kv` read the same input, so they become one `qkv` Linear.
+Rewrite (exact, switchable, on by default): `pvt_q_kv_merged_into_qkv`: with sr = 1, `q` and `kv` read the
+same input, so they become one `qkv` Linear.
 Nothing is left unfolded for the released configurations; a norm that is no constant affine (a LayerNorm built
 on purpose) is refused with an error, since the patch-embed norm feeds the residual stream.
 """
@@ -208,9 +209,8 @@ def _fold_attention(blk: PVTBlock, path: str, grid: tuple[int, int], ctx: FoldCo
         kv = affine_before(kv, a1, b1)
         ctx.fold("norm->attn.kv")
     fused = None
-    if sr is None and ctx.rewrites:
+    if sr is None and ctx.use("pvt_q_kv_merged_into_qkv"):
         fused = _stack_linears(q, kv)
-        ctx.rewrite("pvt_q_kv_merged_into_qkv")
     parts = dict(qkv=fused) if fused is not None else dict(q=q, kv=kv, sr=sr)
 
     n = grid[0] * grid[1]
@@ -230,7 +230,7 @@ def _fold_attention(blk: PVTBlock, path: str, grid: tuple[int, int], ctx: FoldCo
                               dwc=attn.dwc, order=order, v_resize=v_resize)
 
 
-@register_plan(PyramidVisionTransformer)
+@register_plan(PyramidVisionTransformer, rewrites=("pvt_q_kv_merged_into_qkv",))
 def plan_pvt(model: PyramidVisionTransformer, ctx: FoldContext) -> PVTDeploy:
     stride = model.patch_embed1.patch_size * 2 ** (model.num_stages - 1)
     if ctx.imgsz % stride:

@@ -9,9 +9,11 @@ Every norm is RepBN in eval (LinearNorm evaluates its RepBN alone), i.e. a per-c
 Window attention gets its relative position bias `table[index]` and its shift mask as constant buffers.
 SLA keeps the shared `SimplifiedLinearAttention` module with its association order fixed per block.
 
-Optional rewrites (`rewrites=True`, each exact in real arithmetic): fold the softmax scale into the q rows of
-`qkv`, merge the shift mask into the bias constant, skip roll/partition for single-window blocks, and gather
-PatchMerging's 2x2 neighbours with one reshape/transpose instead of four strided slices and a concat.
+Rewrites (each exact in real arithmetic, each switchable, all on by default): `softmax_scale_into_qkv` folds the
+softmax scale into the q rows of `qkv`; `shift_mask_merged_with_bias` merges the shift mask into the bias
+constant; `single_window_without_partition` skips roll/partition for single-window blocks;
+`patch_merging_as_reshape` gathers PatchMerging's 2x2 neighbours with one reshape/transpose instead of four
+strided slices and a concat.
 """
 from __future__ import annotations
 
@@ -154,20 +156,18 @@ norm_affine = require_repbn_affine  # kept as this module's public name
 def _fold_window_attention(attn: WindowAttention, mask: torch.Tensor | None,
                            ctx: FoldContext) -> WindowAttentionDeploy:
     qkv, scale = attn.qkv, attn.scale
-    if ctx.rewrites:
+    if ctx.use("softmax_scale_into_qkv"):
         s = torch.ones(qkv.out_features, dtype=qkv.weight.dtype)
         s[:attn.dim] = scale  # the q rows
         qkv, scale = scale_output(qkv, s), None
-        ctx.rewrite("softmax_scale_into_qkv")
     bias = attn.relative_position_bias().detach().clone()
     ctx.fold("relative_position_bias->constant")
     window_bias = None
     if mask is not None:
         window_bias = mask.detach().clone().unsqueeze(1)  # (nW, 1, N, N)
         ctx.fold("shift_mask->constant")
-        if ctx.rewrites:
+        if ctx.use("shift_mask_merged_with_bias"):
             window_bias, bias = window_bias + bias, None  # (nW, nH, N, N): one add instead of two
-            ctx.rewrite("shift_mask_merged_with_bias")
     return WindowAttentionDeploy(qkv, attn.proj, attn.num_heads, scale, bias, window_bias)
 
 
@@ -192,20 +192,17 @@ def _fold_block(blk: SwinTransformerBlock, path: str, ctx: FoldContext) -> SwinB
     mlp.drop = None  # dropout is the identity in eval
     ctx.fold("norm->mlp.fc1")
     single = blk.shift_size == 0 and blk.window_size == min(blk.input_resolution) == max(blk.input_resolution)
-    if single and ctx.rewrites:
-        ctx.rewrite("single_window_without_partition")
+    partition = not (single and ctx.use("single_window_without_partition"))
     ctx.check(path, path)
-    return SwinBlockDeploy(attn, mlp, blk.input_resolution, blk.window_size, blk.shift_size,
-                           partition=not (single and ctx.rewrites))
+    return SwinBlockDeploy(attn, mlp, blk.input_resolution, blk.window_size, blk.shift_size, partition=partition)
 
 
 def _fold_merging(down: PatchMerging, path: str, ctx: FoldContext) -> PatchMergingDeploy:
     reduction = affine_before(down.reduction, *norm_affine(down.norm, f"{path}.norm"))
     ctx.fold("norm->downsample.reduction")
-    if ctx.rewrites:
-        ctx.rewrite("patch_merging_as_reshape")
+    as_reshape = ctx.use("patch_merging_as_reshape")
     ctx.check(path, path)
-    return PatchMergingDeploy(reduction, down.input_resolution, as_reshape=ctx.rewrites)
+    return PatchMergingDeploy(reduction, down.input_resolution, as_reshape=as_reshape)
 
 
 def _fold_head(model: SlabSwinTransformer | SwinTransformer, ctx: FoldContext) -> nn.Module:
@@ -217,7 +214,9 @@ def _fold_head(model: SlabSwinTransformer | SwinTransformer, ctx: FoldContext) -
     return ChannelAffine(a, b, dim=-1)
 
 
-@register_plan(SlabSwinTransformer, SwinTransformer)
+@register_plan(SlabSwinTransformer, SwinTransformer, rewrites=("softmax_scale_into_qkv", "shift_mask_merged_with_bias",
+                                                            "single_window_without_partition",
+                                                            "patch_merging_as_reshape"))
 def fold_swin(model: SlabSwinTransformer | SwinTransformer, ctx: FoldContext) -> SwinDeploy:
     if ctx.imgsz != model.img_size:
         raise VitedgeError(f"this model was built for {model.img_size}x{model.img_size} inputs, not {ctx.imgsz}: "

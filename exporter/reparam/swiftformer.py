@@ -7,15 +7,19 @@ Folds (all exact in real arithmetic):
 - the attention's `scale_factor` into `w_g`
 - final BN + global average pool + (head + dist_head) / 2 into one Linear after the pool
 
-With `ctx.rewrites` (default) the encoders also get deploy-speed rewrites: tokens stay NCHW (no permute/reshape
-pairs), Linear-on-tokens become 1x1 convs, l2-normalize is `x * rsqrt(max(sum(x^2), eps^2))` (exactly
-F.normalize's `x / max(||x||, eps)`, with no Expand), and the global query is a reduction plus a broadcast multiply.
-Without rewrites the encoders keep the official token layout and attention module (folds only, for ablation).
+Deploy-speed rewrites (each exact, each switchable: `reparameterize(..., rewrites=[...])`, all on by default):
+- `tokens_channels_first`: tokens stay NCHW (no permute/reshape pairs), Linear-on-tokens become 1x1 convs and
+  the global query is a reduction plus a broadcast multiply (one change: the attention's layout);
+- `l2_normalize_rsqrt`: inside that channels-first attention, l2-normalize as `x * rsqrt(max(sum(x^2), eps^2))`
+  (exactly F.normalize's `x / max(||x||, eps)`, with no ReduceL2/Expand/Div);
+- `erf_gelu_fusable`: erf-GELU written in the form ONNX Runtime fuses into one Gelu op.
+With none, the encoders keep the official token layout and attention module (folds only, for ablation).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from ...models.layers import EfficientAdditiveAttention
 from ...models.swiftformer import ConvEncoder, Embedding, SwiftFormer, SwiftFormerEncoder
@@ -23,7 +27,8 @@ from .engine import FoldContext, register_plan
 from .primitives import (ChannelAffine, ErfGELU, affine_before, bn_affine, fuse_conv_bn, linear_to_conv1x1,
                          scale_output)
 
-__all__ = ["ConvBlock", "ConvMlp", "AdditiveAttention2d", "EncoderBlock", "SwiftFormerDeploy", "l2_normalize"]
+__all__ = ["ConvBlock", "ConvMlp", "AdditiveAttention2d", "AdditiveAttentionTokens", "EncoderBlock",
+           "SwiftFormerDeploy", "l2_normalize"]
 
 
 def l2_normalize(x: torch.Tensor, dim, eps: float = 1e-12) -> torch.Tensor:
@@ -34,10 +39,7 @@ def l2_normalize(x: torch.Tensor, dim, eps: float = 1e-12) -> torch.Tensor:
 
 def _gelu(ctx: FoldContext) -> nn.Module:
     # The rewrite writes erf-GELU in the form ONNX Runtime fuses (see primitives.ErfGELU).
-    if ctx.rewrites:
-        ctx.rewrite("erf_gelu_fusable")
-        return ErfGELU()
-    return nn.GELU()
+    return ErfGELU() if ctx.use("erf_gelu_fusable") else nn.GELU()
 
 
 class ConvBlock(nn.Module):
@@ -70,17 +72,39 @@ class AdditiveAttention2d(nn.Module):
     """
 
     def __init__(self, to_query: nn.Conv2d, to_key: nn.Conv2d, w_g: nn.Conv2d, Proj: nn.Conv2d,
-                 final: nn.Conv2d, eps: float = 1e-12):
+                 final: nn.Conv2d, eps: float = 1e-12, rsqrt: bool = True):
         super().__init__()
         self.to_query, self.to_key, self.w_g, self.Proj, self.final = to_query, to_key, w_g, Proj, final
         self.eps = eps
+        self.rsqrt = rsqrt
+
+    def norm(self, x: torch.Tensor, dim, eps: float) -> torch.Tensor:
+        return l2_normalize(x, dim, eps) if self.rsqrt else F.normalize(x, dim=dim, eps=eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q = l2_normalize(self.to_query(x), 1, self.eps)
-        k = l2_normalize(self.to_key(x), 1, self.eps)
-        a = l2_normalize(self.w_g(q), (2, 3), self.eps)  # (B, 1, H, W)
+        q = self.norm(self.to_query(x), 1, self.eps)
+        k = self.norm(self.to_key(x), 1, self.eps)
+        a = self.norm(self.w_g(q), (2, 3), self.eps)  # (B, 1, H, W)
         g = (a * q).sum(dim=(2, 3), keepdim=True)          # (B, C, 1, 1)
         return self.final(self.Proj(g * k) + q)
+
+
+class AdditiveAttentionTokens(EfficientAdditiveAttention):
+    """The official token-layout attention (B, N, C) with its scale folded into `w_g` and l2-normalize as
+    `l2_normalize` (the `l2_normalize_rsqrt` rewrite without `tokens_channels_first`)."""
+
+    def __init__(self, attn: EfficientAdditiveAttention):
+        nn.Module.__init__(self)
+        self.to_query, self.to_key, self.w_g, self.Proj, self.final = (attn.to_query, attn.to_key, attn.w_g,
+                                                                      attn.Proj, attn.final)
+        self.scale_factor = attn.scale_factor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        query = l2_normalize(self.to_query(x), -1)
+        key = l2_normalize(self.to_key(x), -1)
+        a = l2_normalize((query @ self.w_g) * self.scale_factor, 1)
+        g = torch.sum(a * query, dim=1, keepdim=True)
+        return self.final(self.Proj(g * key) + query)
 
 
 class EncoderBlock(nn.Module):
@@ -141,15 +165,16 @@ def _fold_conv_block(blk: ConvEncoder, ctx: FoldContext) -> ConvBlock:
 def _fold_attention(attn: EfficientAdditiveAttention, final: nn.Linear, ctx: FoldContext) -> nn.Module:
     w_g = attn.w_g * attn.scale_factor
     ctx.fold("attn_scale->w_g")
-    if not ctx.rewrites:
+    if not ctx.use("tokens_channels_first"):
         attn.final = final
         attn.w_g.copy_(w_g)
         attn.scale_factor = 1.0
-        return attn
+        return AdditiveAttentionTokens(attn) if ctx.use("l2_normalize_rsqrt") else attn
     g = nn.Conv2d(w_g.shape[0], 1, 1, bias=False).to(w_g)
     g.weight.copy_(w_g.t().reshape(1, -1, 1, 1))
     conv = linear_to_conv1x1
-    return AdditiveAttention2d(conv(attn.to_query), conv(attn.to_key), g, conv(attn.Proj), conv(final))
+    return AdditiveAttention2d(conv(attn.to_query), conv(attn.to_key), g, conv(attn.Proj), conv(final),
+                               rsqrt=ctx.use("l2_normalize_rsqrt"))
 
 
 def _fold_encoder(blk: SwiftFormerEncoder, ctx: FoldContext) -> EncoderBlock:
@@ -159,7 +184,7 @@ def _fold_encoder(blk: SwiftFormerEncoder, ctx: FoldContext) -> EncoderBlock:
     ctx.fold("bn->conv1x1")
     fc1 = affine_before(mlp.fc1, *bn_affine(mlp.norm1))
     linear = ConvMlp(fc1, _layer_scale(mlp.fc2, blk, "layer_scale_2", ctx), _gelu(ctx))
-    return EncoderBlock(local, attn, linear, channels_first=ctx.rewrites)
+    return EncoderBlock(local, attn, linear, channels_first=isinstance(attn, AdditiveAttention2d))
 
 
 def _fold_head(model: SwiftFormer, ctx: FoldContext) -> nn.Module:
@@ -182,7 +207,7 @@ def _fold_head(model: SwiftFormer, ctx: FoldContext) -> nn.Module:
     return affine_before(avg, a, b)
 
 
-@register_plan(SwiftFormer)
+@register_plan(SwiftFormer, rewrites=("tokens_channels_first", "l2_normalize_rsqrt", "erf_gelu_fusable"))
 def fold_swiftformer(model: SwiftFormer, ctx: FoldContext) -> SwiftFormerDeploy:
     pe = model.patch_embed
     stem = nn.Sequential(_conv_bn(pe[0], pe[1], ctx), pe[2], _conv_bn(pe[3], pe[4], ctx), pe[5])
@@ -203,8 +228,4 @@ def fold_swiftformer(model: SwiftFormer, ctx: FoldContext) -> SwiftFormerDeploy:
                 blocks.append(_fold_conv_block(blk, ctx))
             ctx.check(path, path)
         network.append(nn.Sequential(*blocks))
-    if ctx.rewrites:
-        for name in ("tokens kept channels-first (no permute/reshape)", "token Linear -> 1x1 conv",
-                     "l2-normalize -> x*rsqrt(max(sum(x^2), eps^2))", "global query -> reduction + broadcast mul"):
-            ctx.rewrite(name)
     return SwiftFormerDeploy(stem, network, _fold_head(model, ctx))
