@@ -132,10 +132,11 @@ def time_blocks(fns: dict[str, Callable[[], object]], rounds: int, block_s: floa
 
 
 def time_until_precise(fns: dict[str, Callable[[], object]], pairs: list[tuple[str, str]], min_rounds: int,
-                       max_s: float, ci_width: float, block_s: float = 0.0) -> dict[str, list[float]]:
+                       max_s: float, ci_width: float, block_s: float = 0.0,
+                       min_s: float = 0.0) -> dict[str, list[float]]:
     """Interleaved rounds (call by call, or blocks of `block_s` with `time_blocks`) until every (new, base)
     speedup's 95 % CI is at most `ci_width` wide (relative to the ratio), or `max_s` has passed; at least
-    `min_rounds`.
+    `min_rounds` and `min_s` (so that a cell spans more than a passing moment of the machine).
 
     The stopping rule looks at the interval's width only, never at where it lies, so it cannot steer a ratio
     towards a threshold; it spends rounds where the machine is noisy instead of reporting an interval too
@@ -147,13 +148,13 @@ def time_until_precise(fns: dict[str, Callable[[], object]], pairs: list[tuple[s
 
     start = time.perf_counter()
     times = rounds(min_rounds, min(0.2, max_s))
-    while time.perf_counter() - start < max_s:
+    while time.perf_counter() - start < max(max_s, min_s):
         widths = [_rel_width(speedup(times[base], times[new])) for new, base in pairs]
-        if all(w <= ci_width for w in widths):
+        if all(w <= ci_width for w in widths) and time.perf_counter() - start >= min_s:
             break
         # grow by half each time (few bootstrap checks), but not far past the time budget
         done, elapsed = len(next(iter(times.values()))), time.perf_counter() - start
-        n = max(1, min(max(min_rounds, done // 2), math.ceil((max_s - elapsed) * done / elapsed)))
+        n = max(1, min(max(min_rounds, done // 2), math.ceil((max(max_s, min_s) - elapsed) * done / elapsed)))
         for k, v in rounds(n, 0.0).items():
             times[k] += v
     return times

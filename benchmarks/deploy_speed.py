@@ -7,8 +7,8 @@ session, and the same without spinning workers), batch 1 and 8, of
   (c) the deploy-form folded + rewrites (`rewrites=True`),
   (d) swiftformer_xs only: timm's port exported the usual way with the same weights (timm is test-only),
 all through the same TorchScript export + onnxsim, timed interleaved per (threads, batch) cell (call by call
-at 1 thread, in blocks of >= 0.3 s with more threads) until every ratio's CI is 4 % wide or the cell's time
-is up, with the
+at 1 thread, in blocks of >= 0.3 s with more threads) for at least 5 s and until every ratio's CI is 4 %
+wide or 60 s have passed, with the
 same run's single-thread fp32 GEMM (torch, 1024^3, timed right after each 1-thread cell) as the machine's
 compute ceiling. Every variant's
 output is checked against the train-form first (the project's fp32 tolerance). Prints per model GFLOP
@@ -43,6 +43,7 @@ CI_WIDTH = 0.04  # a cell's rounds continue until every ratio's 95% CI is at mos
 # Multi-thread cells alternate the variants in blocks of >= BLOCK_S (median of each block's second half), not
 # call by call: each ORT session's spinning thread pool competes with the next session's (see _common).
 BLOCK_S = 0.3
+MIN_S_PER_CELL = 5.0  # every cell spans at least this long, precise or not (a passing machine state averages out)
 TARGET_SLAB, TARGET_SWIFT, TARGET_FLOOR, STRETCH_GEMM = 1.10, 1.05, 0.97, 0.90
 
 
@@ -118,7 +119,8 @@ def measure_cell(graphs: dict, variants: list, config: tuple, batch: int, imgsz:
     t0 = time.perf_counter()
     block_s = 0.0 if threads == 1 else timing["block_s"]
     times = C.time_until_precise({v: (lambda s=s: s.run(x)) for v, s in sessions.items()}, pairs,
-                                 timing["min_rounds"], timing["max_s"], timing["ci_width"], block_s)
+                                 timing["min_rounds"], timing["max_s"], timing["ci_width"], block_s,
+                                 timing["min_s"])
     cell_s = time.perf_counter() - t0
     gemm_gflops = None
     if threads == 1:
@@ -258,17 +260,17 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=",".join(MODELS), help="comma list (default: one per family)")
     ap.add_argument("--ci-width", type=float, default=CI_WIDTH,
                     help="time a cell until every ratio's 95%% CI is at most this wide, relative (default 0.04)")
-    ap.add_argument("--max-s-per-cell", type=float, default=45.0,
-                    help="time budget per (threads, batch) cell once its minimum rounds are done (default 45)")
+    ap.add_argument("--max-s-per-cell", type=float, default=60.0,
+                    help="time budget per (threads, batch) cell once its minimum rounds are done (default 60)")
     args = ap.parse_args(argv)
     started = time.time()
     torch.set_num_threads(1)  # the GEMM ceiling is single-thread; ONNX Runtime sets its own threads
     info = C.machine()
     C.banner("deploy_speed", info, args.quick)
-    timing = ({"min_rounds": 3, "max_s": 0.03, "gemm_s": 0.01, "ci_width": args.ci_width, "block_s": 0.01}
-              if args.quick else
-              {"min_rounds": 8, "max_s": args.max_s_per_cell, "gemm_s": 1.0, "ci_width": args.ci_width,
-               "block_s": BLOCK_S})
+    timing = ({"min_rounds": 3, "min_s": 0.0, "max_s": 0.03, "gemm_s": 0.01, "ci_width": args.ci_width,
+               "block_s": 0.01} if args.quick else
+              {"min_rounds": 8, "min_s": MIN_S_PER_CELL, "max_s": args.max_s_per_cell, "gemm_s": 1.0,
+               "ci_width": args.ci_width, "block_s": BLOCK_S})
     gemm_n = 512 if args.quick else 1024
     batches = (1,) if args.quick else (1, 8)  # --quick: one export per variant
     gemm = C.gemm_fn(gemm_n)
@@ -294,7 +296,8 @@ def main(argv=None) -> int:
     body = {"settings": {"batches": list(batches),
                          "threads": [{"threads": lbl, "ort_intra_op_threads": t,
                                       "spinning": {None: "default", False: "off"}[sp]} for lbl, t, sp in THREAD_CONFIGS],
-                         "min_rounds": timing["min_rounds"], "max_s_per_cell": timing["max_s"],
+                         "min_rounds": timing["min_rounds"], "min_s_per_cell": timing["min_s"],
+                         "max_s_per_cell": timing["max_s"],
                          "ci_width": timing["ci_width"], "block_s_multi_thread": timing["block_s"],
                          "gemm_n": gemm_n, "swin": args.swin,
                          "export": "TorchScript opset 17 + onnxsim, static batch"},

@@ -300,6 +300,13 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
                 ob = next((b for b in backends_l if b in ORDER_BACKENDS), None)
                 if ob is None:
                     raise VitedgeError(f"--order measured needs one of {', '.join(ORDER_BACKENDS)} in --backends")
+                if (ob == "onnxruntime" and threads != 1 and ort_spinning is not False
+                        and "order_note" not in report.settings):
+                    note = ("the two orders' ONNX Runtime sessions alternate call by call with multi-thread pools "
+                            "whose idle workers spin and compete; add --ort-spinning off (or --threads 1) for a "
+                            "steadier qk/kv ratio")
+                    report.settings["order_note"] = note
+                    log(f"note: {note}")
                 report.order.append(measure_orders(train, make_deploy, s, ob, batch, threads, warmup_s,
                                                    min_iters, max_s, Path(tmp), ort_spinning))
     if base_p50 is not None:

@@ -17,9 +17,11 @@ class OnnxRuntimeRunner(Runner):
     """ONNX Runtime (CPU execution provider unless told otherwise) on a file, bytes or a ModelProto.
 
     `threads`: intra-op threads (0 = ONNX Runtime's default, every core). `spinning`: whether idle intra-op
-    workers busy-wait for the next op (ONNX Runtime's default, None, is yes). On small shared or virtual
-    machines spinning workers get descheduled: measured on a 2-vCPU VM, swiftformer_xs at 2 threads ran at
-    p50 29 ms (CV 0.33) with spinning and 13.7 ms (CV 0.09) without, against 18.8 ms on 1 thread."""
+    workers busy-wait for the next op (ONNX Runtime's default, None, is yes). Every session owns its pool, so
+    when several multi-thread sessions take turns in one process (two models in an app, a benchmark
+    alternating variants) the spinning workers of one compete with the next for the cores: on this 2-vCPU
+    machine swiftformer_xs at 2 threads read p50 20-29 ms (CV 0.2-0.3) alternating call by call with other
+    sessions, 9-11.5 ms in blocks, and 10-14 ms alternating with spinning off (one-off probes)."""
     mode = "device"
 
     def __init__(self, model: str | Path | bytes | onnx.ModelProto, providers: list[str] | None = None,

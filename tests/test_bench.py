@@ -171,3 +171,13 @@ def test_order_measured_times_both_orders_and_plots(tmp_path):
     with pytest.raises(VitedgeError, match="SLA or SimA"):
         run_bench("swiftformer_xs", overrides=TINY, imgsz="64", backends="torch-deploy", min_iters=2,
                   order="measured", **QUICK)
+
+
+def test_order_measured_on_multi_thread_ort_says_the_sessions_compete():
+    sima = dict(embed_dim=32, depth=1, num_heads=2, num_classes=10)
+    common = dict(overrides=sima, imgsz="32", backends="onnxruntime", min_iters=2, order="measured", threads=0,
+                  **QUICK)
+    r = run_bench("sima_nano_12_p16", **common)
+    assert "--ort-spinning off" in r.settings["order_note"] and r.order[0]["backend"] == "onnxruntime"
+    quiet = run_bench("sima_nano_12_p16", ort_spinning=False, **common)
+    assert "order_note" not in quiet.settings and quiet.settings["ort_spinning"] == "off"
