@@ -8,7 +8,7 @@ session, and the same without spinning workers), batch 1 and 8, of
   (d) swiftformer_xs only: timm's port exported the usual way with the same weights (timm is test-only),
 all through the same TorchScript export + onnxsim, timed interleaved per (threads, batch) cell (call by call
 at 1 thread, in blocks of >= 0.3 s with more threads) for at least 5 s and until every ratio's CI is 4 %
-wide or 60 s have passed, with the
+wide or 120 s have passed, with the
 same run's single-thread fp32 GEMM (torch, 1024^3, timed right after each 1-thread cell) as the machine's
 compute ceiling. Every variant's
 output is checked against the train-form first (the project's fp32 tolerance). Prints per model GFLOP
@@ -260,8 +260,8 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=",".join(MODELS), help="comma list (default: one per family)")
     ap.add_argument("--ci-width", type=float, default=CI_WIDTH,
                     help="time a cell until every ratio's 95%% CI is at most this wide, relative (default 0.04)")
-    ap.add_argument("--max-s-per-cell", type=float, default=60.0,
-                    help="time budget per (threads, batch) cell once its minimum rounds are done (default 60)")
+    ap.add_argument("--max-s-per-cell", type=float, default=120.0,
+                    help="time budget per (threads, batch) cell once its minimum rounds are done (default 120)")
     args = ap.parse_args(argv)
     started = time.time()
     torch.set_num_threads(1)  # the GEMM ceiling is single-thread; ONNX Runtime sets its own threads
