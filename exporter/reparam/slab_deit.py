@@ -43,9 +43,11 @@ norm_affine = repbn_affine  # kept as this module's public name
 
 
 def _split_heads_cf(qkv: torch.Tensor, h: int, d: int) -> tuple[torch.Tensor, ...]:
-    """(B, 3C, N, 1) -> q, k, v as (B, h, d, N): a free reshape (the (3 h d) channel split is row-major)."""
+    """(B, 3C, N, 1) -> q, k, v as (B, h, d, N): a free reshape (the (3 h d) channel split is row-major) and one
+    Split along the (3 h) axis; unbinding a separate axis of 3 would add a Squeeze per output (36 nodes in
+    slab_deit_tiny, measured 1.5 % of its ONNX Runtime latency)."""
     b, _, n, _ = qkv.shape
-    return qkv.reshape(b, 3, h, d, n).unbind(1)
+    return qkv.reshape(b, 3 * h, d, n).split(h, dim=1)
 
 
 class ChannelsFirst(nn.Module):
