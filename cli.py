@@ -264,7 +264,7 @@ def format_summary(report, report_path: str | None = None) -> str:
         orders = list(r.attention_order.values())
         lines.append(f"re-parameterization: folded {sum(r.folded.values())} ({', '.join(f'{k} {v}' for k, v in r.folded.items())}); "
                      f"unfolded {len(r.unfolded)}; attention: {orders.count('qk_first')} qk_first, "
-                     f"{orders.count('kv_first')} kv_first")
+                     f"{orders.count('kv_first')} kv_first; rewrites: {', '.join(r.rewrites) or 'none'}")
     rows = [("hop", "status", "mode", "max_rel", "cosine", "PSNR dB", "top-1", "top-5", "backend")]
     for h in report.parity:
         m = h.metrics

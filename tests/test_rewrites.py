@@ -119,6 +119,8 @@ def test_cli_rewrites_reach_the_report(tmp_path):
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "a" / "report.json").read_text())
     assert sorted(report["reparam"]["rewrites"]) == ["erf_gelu_fusable", "l2_normalize_rsqrt"]
+    assert "rewrites: " in r.stdout and "l2_normalize_rsqrt" in r.stdout  # the summary names them too
     r = _cli(*base, "--rewrites", "none", "--out", str(tmp_path / "b"))
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "b" / "report.json").read_text())["reparam"]["rewrites"] == []
+    assert "rewrites: none" in r.stdout
