@@ -118,7 +118,7 @@ def time_blocks(fns: dict[str, Callable[[], object]], rounds: int, block_s: floa
 
     For multi-thread ONNX Runtime sessions: each session owns a thread pool whose idle workers spin, and
     alternating sessions call by call makes them compete for the cores (on this 2-vCPU machine swiftformer_xs
-    read p50 20 ms interleaved call by call against 12-13 ms in blocks, same sessions, same minute)."""
+    (a) read p50 20.3 ms interleaved call by call against 11.5 ms back to back, same sessions, same minute)."""
     out: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(rounds):
         for k, f in fns.items():
