@@ -42,8 +42,9 @@ class BackendResult:
     mode: str | None = None           # runner mode (reference/device/emulated)
     load_s: float | None = None       # build / export / compile / session creation
     parity: dict | None = None        # metrics vs train-form
-    latency: dict | None = None       # LatencyStats.to_dict()
+    latency: dict | None = None       # LatencyStats.to_dict(): end to end (host <-> device copies included)
     valid: bool = False               # latency is only valid with passed parity
+    gpu_compute: dict | None = None   # TensorRT: execution alone, CUDA events (trtexec's "GPU Compute Time")
 
     @property
     def key(self) -> str:
@@ -203,13 +204,32 @@ def measure_size(name: str, train: nn.Module, make_deploy: Callable[[int], nn.Mo
         members = {b: rr for b, rr in timed.items() if RUNTIME.get(b, b) == group}
         fns = {b: (lambda r=r: r.run(xb)) for b, (r, _) in members.items()}
         times.update(latency.time_interleaved(fns, warmup_s=warmup_s, min_iters=min_iters, max_s=max_s))
-    for b, (_, res) in timed.items():
+    for b, (r, res) in timed.items():
         res.latency = latency.summarize(times[b], batch=batch).to_dict()
         res.valid = True
+        if callable(getattr(r, "execute", None)) and callable(getattr(r, "prepare", None)):
+            res.gpu_compute = latency.summarize(gpu_compute_times(r, xb, warmup_s, min_iters, max_s),
+                                                batch=batch).to_dict()
+    for r, _ in runners.values():
+        if callable(getattr(r, "close", None)):
+            r.close()  # device runners hold engines and buffers until closed
     if "torch" in timed and "torch-deploy" in timed:  # the re-parameterization speedup, paired round by round
         ratios.append({"imgsz": imgsz, "numerator": "torch", "denominator": "torch-deploy",
                        **latency.paired_ratio(times["torch"], times["torch-deploy"])})
     return results, ratios
+
+
+def gpu_compute_times(runner, x: np.ndarray, warmup_s: float, min_iters: int, max_s: float) -> list[float]:
+    """Seconds per execution of a staged batch, from the runner's CUDA events (no copies, no allocation)."""
+    runner.prepare(x)
+    t_end = time.perf_counter() + warmup_s
+    while time.perf_counter() < t_end:
+        runner.execute()
+    out: list[float] = []
+    t_end = time.perf_counter() + max_s
+    while len(out) < min_iters or time.perf_counter() < t_end:
+        out.append(runner.execute() / 1e3)
+    return out
 
 
 def _attention_modules(model: nn.Module) -> list[str]:
@@ -348,6 +368,9 @@ def format_table(report: BenchReport) -> str:
     for r in report.results:
         if r.reason:
             lines.append(f"  {r.backend}@{r.imgsz}: {r.reason}")
+        if r.gpu_compute and r.valid:
+            lines.append(f"  {r.backend}@{r.imgsz}: GPU compute p50 {r.gpu_compute['p50_ms']:.3f} ms "
+                         f"(execution only); end to end with copies p50 {r.latency['p50_ms']:.3f} ms")
     for q in report.ratios:
         lines.append(f"ratio {q['numerator']}/{q['denominator']} @{q['imgsz']}: {q['ratio']:.3f} "
                      f"(95% CI {q['ci'][0]:.3f}-{q['ci'][1]:.3f}, {q['pairs']} paired rounds)")

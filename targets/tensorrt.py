@@ -1,23 +1,31 @@
 """The `tensorrt` target: a plain serialized engine (`NAME.engine`) plus a `NAME.engine.json` sidecar.
 
-Built from the pipeline's simplified, verified fp32 ONNX through the `tensorrt` Python API:
-- TensorRT 10.x: weakly typed network, fp16 through `BuilderFlag.FP16`; the precision policy's fp32
-  islands are pinned on the matching layers (`layer.precision`, PREFER_PRECISION_CONSTRAINTS);
-- TensorRT 11.x: strongly typed only (no FP16 flag), so fp16 means building from the fp16-cast ONNX
-  (exporter/onnx_fp16.py: fp16 everywhere except the policy's islands, fp32 inputs/outputs).
-One optimization profile per batch range, a persisted timing cache, a workspace limit. After the build the
-engine inspector says which precision each layer really runs in; an "fp16" engine that is mostly fp32 fails.
+This module is the only place that calls TensorRT (building, pinning, inspecting, running), so it is longer
+than most: every call it makes is listed, per major version, in `tensorrt_api.py` and checked by the tests.
 
-Nothing is prepended to the plan (trtexec / DeepStream / Triton load it as is); metadata lives in the sidecar.
-`available()` / `runnable()` say exactly what is missing (the package, the GPU/driver, a CUDA memory library).
+Built from the pipeline's simplified, verified fp32 ONNX through the `tensorrt` Python API:
+- TensorRT 10.x: weakly typed network, fp16 through `BuilderFlag.FP16`; the precision policy's fp32 islands are
+  pinned (`layer.precision`, PREFER_PRECISION_CONSTRAINTS) on the layers that compute each island node: matched
+  by the ONNX parser's layer metadata "[ONNX Layer: NODE]" (or name) AND by kind, so a helper layer the parser
+  registered for the node first (a cast, a shuffle, a constant) is not taken for it. Unnamed nodes are named
+  in memory by the policy and those very bytes are parsed. After the build the inspector says which pinned
+  layers really run in fp32; the sidecar records that verified count.
+- TensorRT 11.x: strongly typed only (no FP16 flag), so fp16 means building from the fp16-cast ONNX
+  (onnx_fp16: fp16 everywhere except the policy's islands, fp32 inputs/outputs).
+Precision truth (tensorrt_precision.py): visible layers counted, Myelin "{ForeignNode[...]}" layers unknown;
+when they hide the compute, an fp32 engine of the same ONNX (TF32 off) is built and run beside the fp16 one.
+Refuted -> EngineBuildError; inconclusive -> said so in the sidecar, never a pass or a failure.
+One optimization profile per batch range, a persisted timing cache, a workspace limit. Nothing is prepended to
+the plan (trtexec / DeepStream / Triton load it as is). `available()` / `runnable()` say what is missing.
 """
 from __future__ import annotations
 
 import ctypes
 import hashlib
 import json
+import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -25,11 +33,16 @@ import onnx
 import torch.nn as nn
 
 from .base import Artifact, LowerSpec, Runner, Target, UnavailableError
+from .cuda_memory import memory_backend, open_memory
+from .tensorrt_precision import (MIN_FP16_SHARE, compare_outputs, layer_precisions, precision_verdict,
+                                 verify_pinned)
 
 DEFAULT_MAX_BATCH = 8
-MIN_FP16_SHARE = 0.5  # an fp16 engine with fewer fp16 layers than this is reported as a failed build
 GIB = 1 << 30
 WEAK_FP16, STRONG_FP16, FP32 = "builder-flag-fp16", "strongly-typed-fp16-onnx", "fp32"
+PROBE_SAMPLES = 4  # inputs the fp16 and fp32 reference engines both run when the inspector cannot decide
+# ONNX ops that only move data: an island passes through them, but no layer of theirs computes anything to pin
+MOVE_OPS = frozenset({"Transpose", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Cast", "Expand"})
 
 
 class EngineBuildError(RuntimeError):
@@ -76,28 +89,10 @@ def cuda_device() -> tuple[dict | None, str | None]:
 
 def cuda_memory_backend() -> tuple[str | None, str | None]:
     """Which library moves buffers to the GPU for the runner: "torch" (torch.cuda) or "cuda-python"."""
-    try:
-        import torch
-        if torch.cuda.is_available():
-            return "torch", None
-    except ImportError:
-        pass
-    try:
-        _cudart()
-        return "cuda-python", None
-    except ImportError:
-        return None, "no CUDA memory library: install cuda-python (pip install cuda-python) or a CUDA build of torch"
+    return memory_backend()
 
 
-def _cudart():
-    try:
-        from cuda.bindings import runtime as cudart  # cuda-python >= 12.6
-    except ImportError:
-        from cuda import cudart  # older cuda-python
-    return cudart
-
-
-# ---- profiles, inspector ---------------------------------------------------------------------------
+# ---- profiles ------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class BatchProfile:
@@ -126,52 +121,6 @@ def batch_profiles(batch: int | None, max_batch: int | None = None,
     return out
 
 
-def _precision_of(desc: str) -> str | None:
-    d = desc.lower()
-    for key, tokens in (("fp16", ("fp16", "half")), ("bf16", ("bf16",)), ("fp8", ("fp8",)), ("int8", ("int8",)),
-                        ("fp32", ("fp32", "float"))):
-        if any(t in d for t in tokens):
-            return key
-    return None
-
-
-def layer_precisions(info: dict) -> dict:
-    """Per-precision layer counts from the engine inspector's JSON (profiling verbosity DETAILED).
-
-    A layer's precision is that of its outputs' "Format/Datatype" (10.x) or data type fields (11.x);
-    layers with no float output (shape arithmetic) are not counted."""
-    counts: dict[str, int] = {}
-    for layer in info.get("Layers", []):
-        if not isinstance(layer, dict):
-            continue
-        kinds = set()
-        for out in layer.get("Outputs", []):
-            for key, val in (out.items() if isinstance(out, dict) else []):
-                if isinstance(val, str) and ("Format" in key or "Datatype" in key or "DataType" in key):
-                    p = _precision_of(val)
-                    if p:
-                        kinds.add(p)
-        if kinds:
-            p = "fp16" if "fp16" in kinds else sorted(kinds)[0]
-            counts[p] = counts.get(p, 0) + 1
-    total = sum(counts.values())
-    return {"layers": counts, "float_layers": total, "fp16_share": counts.get("fp16", 0) / total if total else 0.0}
-
-
-def check_engine_precision(requested: str, precisions: dict) -> str:
-    """The precision the engine was really built in; raises EngineBuildError for an fp16 request built mostly fp32."""
-    share = precisions["fp16_share"]
-    if requested == "fp16":
-        if precisions["float_layers"] == 0:
-            raise EngineBuildError("the engine inspector reported no layer precisions, so fp16 cannot be confirmed "
-                                   "(profiling verbosity DETAILED is needed)")
-        if share < MIN_FP16_SHARE:
-            raise EngineBuildError(f"fp16 was asked but the engine is mostly fp32: {share:.0%} of "
-                                   f"{precisions['float_layers']} layers run in fp16 (layers: {precisions['layers']})")
-        return "fp16" if share == 1.0 else "mixed-fp16"
-    return "fp32" if share == 0.0 else "mixed"
-
-
 def build_path(major: int, precision: str) -> str:
     """How an engine of `precision` is built on TensorRT `major` (the 10.x / 11.x dispatch)."""
     if precision == "fp32":
@@ -181,21 +130,89 @@ def build_path(major: int, precision: str) -> str:
     return WEAK_FP16 if major < 11 else STRONG_FP16
 
 
+def check_engine_precision(requested: str, precisions: dict) -> str:
+    """The precision an engine was built in, judged on the inspector alone (kept for callers of the old API):
+    raises EngineBuildError when refuted or when it cannot be confirmed from the inspector."""
+    v = precision_verdict(requested, precisions, outputs_unavailable="judged on the inspector alone")
+    if v["status"] != "confirmed":
+        raise EngineBuildError(v["reason"])
+    return v["built"]
+
+
+# ---- fp32 islands (10.x) -------------------------------------------------------------------------------
+
+def _compute_kinds(trt) -> dict[str, tuple]:
+    """ONNX op -> the layer kinds that carry its arithmetic (onnx-tensorrt onnxOpImporters.cpp)."""
+    lt = trt.LayerType
+    ew, un, red = lt.ELEMENTWISE, lt.UNARY, lt.REDUCE
+    kinds = {op: (ew,) for op in ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean")}
+    kinds.update({op: (un,) for op in ("Sqrt", "Reciprocal", "Exp", "Log", "Abs", "Neg", "Erf", "Tanh")})
+    kinds.update({op: (red,) for op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin")})
+    kinds.update({op: (red, ew, un) for op in ("ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSumExp")})
+    kinds.update({"Softmax": (lt.SOFTMAX,), "LogSoftmax": (lt.SOFTMAX, un), "MatMul": (lt.MATRIX_MULTIPLY,),
+                  "Gemm": (lt.MATRIX_MULTIPLY, ew), "LayerNormalization": (lt.NORMALIZATION,),
+                  "Clip": (lt.ACTIVATION, ew), "Relu": (lt.ACTIVATION,), "Sigmoid": (lt.ACTIVATION,),
+                  "Conv": (lt.CONVOLUTION,), "BatchNormalization": (lt.SCALE,)})
+    kinds["*"] = (ew, un, red, lt.SOFTMAX, lt.NORMALIZATION, lt.MATRIX_MULTIPLY, lt.ACTIVATION, lt.SCALE,
+                  lt.CONVOLUTION)
+    return kinds
+
+
+_META_NODE = re.compile(r"\[ONNX Layer: ([^\]]*?)(?: \| [^\]]*)?\]")
+
+
+def _island_node(name: str, metadata: str, islands: dict) -> str | None:
+    """The island node a network layer was registered for: its "[ONNX Layer: NODE]" metadata (10.0+), else its
+    name, else "NODE_<n>" (onnx-tensorrt's unique-name suffix for a node's later layers)."""
+    m = _META_NODE.search(metadata or "")
+    if m:
+        return m.group(1) if m.group(1) in islands else None
+    if name in islands:
+        return name
+    base = re.sub(r"_\d+$", "", name)
+    return base if base != name and base in islands else None
+
+
+def pin_fp32_islands(trt, network, islands: dict[str, str]) -> tuple[dict[str, str], int]:
+    """Pin the layers computing each island node ({node name: ONNX op}) to fp32; ({layer: node}, skipped)."""
+    kinds = _compute_kinds(trt)
+    pinned, skipped = {}, 0
+    for i in range(network.num_layers):
+        layer = network.get_layer(i)
+        node = _island_node(layer.name, layer.metadata, islands)
+        if node is None or islands[node] in MOVE_OPS:
+            continue
+        if layer.type not in kinds.get(islands[node], kinds["*"]):
+            skipped += 1  # a helper layer (constant, cast, shuffle) registered for the node
+            continue
+        layer.precision = trt.float32
+        for j in range(layer.num_outputs):
+            layer.set_output_type(j, trt.float32)
+        pinned[layer.name] = node
+    return pinned, skipped
+
+
 # ---- build -------------------------------------------------------------------------------------------
 
 @dataclass
 class BuildResult:
     plan: bytes
     inspector: dict
-    pinned_fp32: int
+    pinned_fp32: int                      # layers pinned (requested); the verified count comes from the inspector
     timing_cache_bytes: int
     seconds: float
+    pinned: dict = field(default_factory=dict)   # {network layer name: ONNX node}
+    skipped_helper_layers: int = 0
 
 
 def build_engine(trt, onnx_bytes: bytes, *, input_name: str, imgsz: int, profiles: list[BatchProfile],
                  path: str, workspace_bytes: int | None = None, timing_cache: Path | None = None,
-                 fp32_layers: set[str] | None = None) -> BuildResult:
-    """Parse `onnx_bytes`, configure and build a serialized engine with `trt` (the tensorrt module)."""
+                 fp32_layers: dict[str, str] | set[str] | None = None) -> BuildResult:
+    """Parse `onnx_bytes`, configure and build a serialized engine with `trt` (the tensorrt module).
+
+    `fp32_layers`: island nodes to pin on the 10.x fp16 path, {node name: ONNX op type} (a set of names: any
+    computing layer kind). TF32 is always off: fp32 means fp32 (and the fp32 reference engine must differ from
+    an fp16 one only by fp16)."""
     t0 = time.perf_counter()
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
@@ -208,25 +225,19 @@ def build_engine(trt, onnx_bytes: bytes, *, input_name: str, imgsz: int, profile
     if workspace_bytes:
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_bytes))
     config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED  # the inspector then lists layer formats
-    if hasattr(trt.BuilderFlag, "TF32"):
-        config.clear_flag(trt.BuilderFlag.TF32)  # fp32 means fp32 (TF32 would miss the fp32 tolerance)
-    pinned = 0
+    config.clear_flag(trt.BuilderFlag.TF32)
+    pinned, skipped = {}, 0
     if path == WEAK_FP16:
         config.set_flag(trt.BuilderFlag.FP16)
         if fp32_layers:
-            for i in range(network.num_layers):
-                layer = network.get_layer(i)
-                if layer.name in fp32_layers:
-                    layer.precision = trt.float32
-                    for j in range(layer.num_outputs):
-                        layer.set_output_type(j, trt.float32)
-                    pinned += 1
+            islands = fp32_layers if isinstance(fp32_layers, dict) else dict.fromkeys(fp32_layers, "*")
+            pinned, skipped = pin_fp32_islands(trt, network, islands)
             if pinned:
                 config.set_flag(trt.BuilderFlag.PREFER_PRECISION_CONSTRAINTS)
     for prof in profiles:
-        p = builder.create_optimization_profile()
-        p.set_shape(input_name, *prof.shapes(imgsz))
-        config.add_optimization_profile(p)
+        profile = builder.create_optimization_profile()
+        profile.set_shape(input_name, *prof.shapes(imgsz))
+        config.add_optimization_profile(profile)
     blob = timing_cache.read_bytes() if timing_cache is not None and timing_cache.exists() else b""
     cache = config.create_timing_cache(blob)
     config.set_timing_cache(cache, False)
@@ -235,15 +246,17 @@ def build_engine(trt, onnx_bytes: bytes, *, input_name: str, imgsz: int, profile
         raise EngineBuildError("TensorRT's builder returned no engine (see the TensorRT log above)")
     cache_bytes = 0
     if timing_cache is not None:
-        data = bytes(config.get_timing_cache().serialize())
+        cache = config.get_timing_cache()
+        data = bytes(cache.serialize())
         timing_cache.parent.mkdir(parents=True, exist_ok=True)
         timing_cache.write_bytes(data)
         cache_bytes = len(data)
     plan = bytes(plan)
-    engine = trt.Runtime(logger).deserialize_cuda_engine(plan)
+    runtime = trt.Runtime(logger)
+    engine = runtime.deserialize_cuda_engine(plan)
     inspector = engine.create_engine_inspector()
     info = json.loads(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
-    return BuildResult(plan, info, pinned, cache_bytes, time.perf_counter() - t0)
+    return BuildResult(plan, info, len(pinned), cache_bytes, time.perf_counter() - t0, pinned, skipped)
 
 
 def _io_specs(model: onnx.ModelProto) -> tuple[list[dict], list[dict]]:
@@ -262,6 +275,12 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def probe_inputs(batches: BatchProfile, imgsz: int) -> np.ndarray:
+    """Seeded normalized-image-like inputs for the fp16-vs-fp32 engine comparison (within the profile)."""
+    n = min(max(PROBE_SAMPLES, batches.min), batches.max)
+    return np.random.default_rng(0).standard_normal((n, 3, imgsz, imgsz)).astype(np.float32)
 
 
 class TensorRTTarget(Target):
@@ -319,23 +338,35 @@ class TensorRTTarget(Target):
         profiles = batch_profiles(spec.batch, opts.get("max_batch"), opts.get("batch_ranges"))
         workspace = int(float(opts["workspace"]) * GIB) if "workspace" in opts else None
         cache = Path(opts["timing_cache"]) if "timing_cache" in opts else None
+        build = dict(input_name=inputs[0]["name"], imgsz=spec.imgsz, profiles=profiles, workspace_bytes=workspace,
+                     timing_cache=cache)
 
         from ..exporter.precision import default_policy
         policy = default_policy()
-        fp16_graph, islands = None, None
+        fp16_graph, islands, fp32_bytes = None, None, src.read_bytes()
         if path == STRONG_FP16:
             from ..exporter.onnx_fp16 import prepare_fp16
             prepared = prepare_fp16(fp32_model, policy)
             onnx_bytes, fp16_graph = prepared.model.SerializeToString(), prepared.summary()
             fp16_graph.pop("fp32_islands", None)
+        elif path == WEAK_FP16:
+            # the policy names unnamed nodes in memory: parse those very bytes, so layer names match islands
+            names = policy.onnx_fp32_nodes(fp32_model)
+            ops = {n.name: n.op_type for n in fp32_model.graph.node}
+            islands = {n: ops[n] for n in names}
+            onnx_bytes = fp32_bytes = fp32_model.SerializeToString()
         else:
-            onnx_bytes = src.read_bytes()
-            if path == WEAK_FP16:
-                islands = policy.onnx_fp32_nodes(fp32_model)
-        res = build_engine(trt, onnx_bytes, input_name=inputs[0]["name"], imgsz=spec.imgsz, profiles=profiles,
-                           path=path, workspace_bytes=workspace, timing_cache=cache, fp32_layers=islands)
+            onnx_bytes = fp32_bytes
+        res = build_engine(trt, onnx_bytes, path=path, fp32_layers=islands, **build)
         precisions = layer_precisions(res.inspector)
-        built = check_engine_precision(precision, precisions)
+        outputs_cmp, why_not = None, None
+        needs_outputs = precision == "fp16" and not (precisions["myelin_layers"] == 0 and precisions["float_layers"])
+        if needs_outputs:
+            outputs_cmp, why_not = self._compare_with_fp32(trt, res.plan, fp32_bytes, build, profiles[0], spec.imgsz)
+        verdict = precision_verdict(precision, precisions, outputs_cmp, why_not)
+        if verdict["status"] == "refuted":
+            raise EngineBuildError(verdict["reason"])
+        pinning = verify_pinned(res.inspector, res.pinned) if res.pinned else None
 
         out_dir = Path(spec.out_dir)
         engine_path = out_dir / f"{spec.name}{self.suffix}"
@@ -347,10 +378,13 @@ class TensorRTTarget(Target):
             "profiles": [{"input": inputs[0]["name"], "min": list(p.shapes(spec.imgsz)[0]),
                           "opt": list(p.shapes(spec.imgsz)[1]), "max": list(p.shapes(spec.imgsz)[2])}
                          for p in profiles],
-            "precision_requested": precision, "precision_built": built, "build_path": path,
-            "layer_precisions": precisions, "tf32": False,
+            "precision_requested": precision, "precision_built": verdict["built"], "build_path": path,
+            "precision_check": verdict, "layer_precisions": precisions, "tf32": False,
             "fp32_policy": {"policy": policy.to_dict(), "islands": len(islands) if islands is not None else None,
-                            "pinned_layers": res.pinned_fp32 if path == WEAK_FP16 else None,
+                            # the count the inspector confirms in fp32, not the count requested
+                            "pinned_layers": pinning["verified"] if pinning else (0 if islands is not None else None),
+                            "pinning": dict(pinning, skipped_helper_layers=res.skipped_helper_layers)
+                            if pinning else None,
                             "fp16_graph": fp16_graph},
             "workspace_bytes": workspace, "timing_cache": {"path": str(cache) if cache else None,
                                                            "bytes": res.timing_cache_bytes},
@@ -363,123 +397,107 @@ class TensorRTTarget(Target):
         }
         side = out_dir / f"{spec.name}{self.suffix}.json"
         side.write_text(json.dumps(sidecar, indent=2, default=str))
-        info = {k: sidecar[k] for k in ("precision_built", "build_path", "layer_precisions", "profiles", "versions")}
+        info = {k: sidecar[k] for k in ("precision_built", "precision_check", "build_path", "layer_precisions",
+                                        "profiles", "versions")}
+        info["fp32_pinned_layers"] = sidecar["fp32_policy"]["pinned_layers"]
         return Artifact(self.name, engine_path, precision, extra_files=[side], info=info)
+
+    def _compare_with_fp32(self, trt, fp16_plan: bytes, fp32_bytes: bytes, build: dict, batches: BatchProfile,
+                           imgsz: int) -> tuple[dict | None, str | None]:
+        """Build an fp32 engine (TF32 off) of the same ONNX and run both on probe inputs."""
+        backend, why = (self._memory or cuda_memory_backend)()
+        if backend is None:
+            return None, f"no fp32 reference engine was run: {why}"
+        ref = build_engine(trt, fp32_bytes, path=FP32, **build)
+        x = probe_inputs(batches, imgsz)
+        with TensorRTRunner(fp16_plan, trt=trt, memory=backend) as a, TensorRTRunner(ref.plan, trt=trt,
+                                                                                       memory=backend) as b:
+            return compare_outputs(a.run(x), b.run(x)), None
 
     def runner(self, artifact: Artifact, **kw) -> Runner:
         ok, why = self.runnable()
         if not ok:
             raise UnavailableError(why)
+        kw.setdefault("memory", (self._memory or cuda_memory_backend)()[0])
         return TensorRTRunner(Path(artifact.path), trt=self._module(), **kw)
 
 
 # ---- runner ------------------------------------------------------------------------------------------
 
-class _TorchMemory:
-    """Device buffers and a stream through torch.cuda."""
-
-    def __init__(self):
-        import torch
-        self.torch = torch
-        self.stream = torch.cuda.Stream()
-
-    def to_device(self, x: np.ndarray):
-        with self.torch.cuda.stream(self.stream):  # copies and kernels on the one stream TensorRT uses
-            return self.torch.from_numpy(np.ascontiguousarray(x)).cuda(non_blocking=False)
-
-    def empty(self, shape, dtype: np.dtype):
-        with self.torch.cuda.stream(self.stream):
-            return self.torch.empty(tuple(shape), dtype=getattr(self.torch, np.dtype(dtype).name), device="cuda")
-
-    def ptr(self, buf) -> int:
-        return buf.data_ptr()
-
-    def handle(self) -> int:
-        return self.stream.cuda_stream
-
-    def sync(self) -> None:
-        self.stream.synchronize()
-
-    def to_host(self, buf) -> np.ndarray:
-        return buf.cpu().numpy()
-
-    def free(self, buf) -> None:
-        pass  # torch's caching allocator reclaims it
-
-
-class _CudaPythonMemory:
-    """Device buffers and a stream through cuda-python's runtime bindings."""
-
-    def __init__(self):
-        self.rt = _cudart()
-        self.stream = self._ok(self.rt.cudaStreamCreate())
-
-    def _ok(self, res):
-        err, *rest = res if isinstance(res, tuple) else (res,)
-        if int(err) != 0:
-            raise RuntimeError(f"CUDA runtime error {err}")
-        return rest[0] if rest else None
-
-    def to_device(self, x: np.ndarray):
-        x = np.ascontiguousarray(x)
-        buf = self.empty(x.shape, x.dtype)
-        self._ok(self.rt.cudaMemcpy(buf[0], x.ctypes.data, x.nbytes, self.rt.cudaMemcpyKind.cudaMemcpyHostToDevice))
-        return buf
-
-    def empty(self, shape, dtype: np.dtype):
-        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        return (self._ok(self.rt.cudaMalloc(max(nbytes, 1))), tuple(shape), np.dtype(dtype))
-
-    def ptr(self, buf) -> int:
-        return int(buf[0])
-
-    def handle(self) -> int:
-        return int(self.stream)
-
-    def sync(self) -> None:
-        self._ok(self.rt.cudaStreamSynchronize(self.stream))
-
-    def to_host(self, buf) -> np.ndarray:
-        out = np.empty(buf[1], buf[2])
-        self._ok(self.rt.cudaMemcpy(out.ctypes.data, buf[0], out.nbytes,
-                                    self.rt.cudaMemcpyKind.cudaMemcpyDeviceToHost))
-        return out
-
-    def free(self, buf) -> None:
-        self._ok(self.rt.cudaFree(buf[0]))
-
-
 class TensorRTRunner(Runner):
-    """Deserializes an engine and runs float32 NCHW batches through the tensor-address API (10.x / 11.x)."""
+    """Runs float32 NCHW batches through an engine with the tensor-address API (10.x / 11.x).
+
+    Holds its engine, execution context, stream and device buffers for its lifetime (a context manager;
+    `close()` releases them). Buffers are allocated once per batch size, so `run` (end-to-end: upload, execute,
+    download) and `execute` (the staged batch only, timed with CUDA events: trtexec's "GPU Compute Time") do
+    no allocation."""
     mode = "device"
 
-    def __init__(self, engine_path: Path, trt=None, memory: str | None = None):
+    def __init__(self, source: Path | bytes, trt=None, memory=None):
         trt = trt or import_tensorrt()
         self.trt = trt
-        kind = memory or cuda_memory_backend()[0]
+        kind = memory if memory is not None else cuda_memory_backend()[0]
         if kind is None:
             raise UnavailableError(cuda_memory_backend()[1])
-        self.mem = _TorchMemory() if kind == "torch" else _CudaPythonMemory()
-        self.engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(
-            Path(engine_path).read_bytes())
-        if self.engine is None:
-            raise RuntimeError(f"TensorRT could not deserialize {engine_path} (built by another TensorRT or GPU?)")
-        self.context = self.engine.create_execution_context()
-        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
-        self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+        self.mem = open_memory(kind) if isinstance(kind, str) else kind
+        self._bound: dict[int, dict] = {}
+        self._current = None
+        plan = source if isinstance(source, (bytes, bytearray)) else Path(source).read_bytes()
+        logger = trt.Logger(trt.Logger.WARNING)
+        runtime = trt.Runtime(logger)
+        engine = runtime.deserialize_cuda_engine(plan)
+        if engine is None:
+            raise RuntimeError("TensorRT could not deserialize the engine (built by another TensorRT or GPU?)")
+        self.runtime, self.engine = runtime, engine
+        context = engine.create_execution_context()
+        self.context = context
+        names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+        self.inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         self.outputs = [n for n in names if n not in self.inputs]
         inp = self.inputs[0]
-        self.profiles = [tuple(s[0] for s in self.engine.get_tensor_profile_shape(inp, i))
-                         for i in range(self.engine.num_optimization_profiles)]  # (min, opt, max) batch
+        self.profiles = [tuple(s[0] for s in engine.get_tensor_profile_shape(inp, i))
+                         for i in range(engine.num_optimization_profiles)]  # (min, opt, max) batch
         self._profile = 0
+        self._dtypes = {n: np.dtype(trt.nptype(engine.get_tensor_dtype(n))) for n in names}
         device, _ = cuda_device()
         self.backend = f"tensorrt {trt.__version__} ({(device or {}).get('gpu', 'GPU')})"
+        self._events = (self.mem.event(), self.mem.event())
 
+    # -- lifetime ------------------------------------------------------------------------------------
+    def __enter__(self) -> "TensorRTRunner":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the context, engine, device buffers, events and stream (idempotent)."""
+        if getattr(self, "mem", None) is None:
+            return
+        if getattr(self, "context", None) is not None:
+            self.mem.sync()
+        self.context = None   # the context goes before the engine it came from
+        self.engine = None
+        self.runtime = None
+        for b in self._bound.values():
+            for buf in [b["input"], *b["outputs"].values()]:
+                self.mem.free(buf)
+        self._bound.clear()
+        for ev in getattr(self, "_events", ()):
+            self.mem.free_event(ev)
+        self._events = ()
+        self.mem.close()
+        self.mem = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: CUDA may already be gone
+            pass
+
+    # -- running -------------------------------------------------------------------------------------
     def max_batch(self) -> int | None:
         return max(p[2] for p in self.profiles)
-
-    def _dtype(self, name: str) -> np.dtype:
-        return np.dtype(self.trt.nptype(self.engine.get_tensor_dtype(name)))
 
     def _select_profile(self, b: int) -> int:
         """Activate the profile covering batch `b` (or the smallest one above it); returns the batch to run."""
@@ -491,34 +509,73 @@ class TensorRTRunner(Runner):
         if i != self._profile:
             self.context.set_optimization_profile_async(i, self.mem.handle())
             self._profile = i
+            self._current = None
         return max(b, self.profiles[i][0])
 
-    def _run_one(self, x: np.ndarray) -> np.ndarray:
+    def _bind(self, shape: tuple) -> dict:
+        """Device and host buffers for a batch of `shape` (allocated on first use), bound to the context."""
+        padded = self._select_profile(shape[0])
+        full = (padded,) + tuple(shape[1:])
+        if self._current == full:
+            return self._bound[full]
+        context, inp = self.context, self.inputs[0]
+        context.set_input_shape(inp, full)
+        b = self._bound.get(full)
+        if b is None:
+            b = {"batch": padded, "input": self.mem.empty(full, self._dtypes[inp]), "outputs": {}, "host": {}}
+            for name in self.outputs:
+                out_shape = tuple(context.get_tensor_shape(name))
+                b["outputs"][name] = self.mem.empty(out_shape, self._dtypes[name])
+                b["host"][name] = np.empty(out_shape, self._dtypes[name])
+            self._bound[full] = b
+        context.set_tensor_address(inp, self.mem.ptr(b["input"]))
+        for name, buf in b["outputs"].items():
+            context.set_tensor_address(name, self.mem.ptr(buf))
+        self._current = full
+        return b
+
+    def _stage(self, x: np.ndarray) -> tuple[dict, int]:
         n = x.shape[0]
-        padded = self._select_profile(n)
-        if padded > n:  # a static engine's last, short batch: pad with zeros, keep the first n rows
-            x = np.concatenate([x, np.zeros((padded - n,) + x.shape[1:], x.dtype)])
-        inp = self.inputs[0]
-        self.context.set_input_shape(inp, tuple(x.shape))
-        src = self.mem.to_device(x.astype(self._dtype(inp), copy=False))
-        self.context.set_tensor_address(inp, self.mem.ptr(src))
-        outs = {}
-        for name in self.outputs:
-            outs[name] = self.mem.empty(tuple(self.context.get_tensor_shape(name)), self._dtype(name))
-            self.context.set_tensor_address(name, self.mem.ptr(outs[name]))
+        b = self._bind(x.shape)
+        if b["batch"] > n:  # a static engine's last, short batch: pad with zeros, keep the first n rows
+            x = np.concatenate([x, np.zeros((b["batch"] - n,) + x.shape[1:], x.dtype)])
+        self.mem.upload(b["input"], x.astype(self._dtypes[self.inputs[0]], copy=False))
+        return b, n
+
+    def _execute(self) -> None:
         if not self.context.execute_async_v3(self.mem.handle()):
             raise RuntimeError("TensorRT execute_async_v3 failed")
+
+    def _run_one(self, x: np.ndarray) -> np.ndarray:
+        b, n = self._stage(x)
+        self._execute()
+        out = b["host"][self.outputs[0]]
+        self.mem.download(b["outputs"][self.outputs[0]], out)
         self.mem.sync()
-        y = self.mem.to_host(outs[self.outputs[0]])
-        for buf in [src, *outs.values()]:
-            self.mem.free(buf)
-        return y[:n].astype(np.float32, copy=False)
+        return out[:n].astype(np.float32, copy=True)
 
     def run(self, x: np.ndarray) -> np.ndarray:
+        """End to end: host -> device, execute, device -> host (trtexec's "Latency")."""
+        if self.mem is None:
+            raise RuntimeError("this TensorRT runner was closed")
         step = self.max_batch()
         return np.concatenate([self._run_one(x[i:i + step]) for i in range(0, len(x), step)])
 
+    def prepare(self, x: np.ndarray) -> None:
+        """Stage one batch on the device for `execute` (at most max_batch rows)."""
+        self._stage(np.asarray(x[:self.max_batch()], np.float32))
+        self.mem.sync()
+
+    def execute(self) -> float:
+        """Run the staged batch; returns the GPU time in ms between CUDA events around the enqueue."""
+        start, end = self._events
+        self.mem.record(start)
+        self._execute()
+        self.mem.record(end)
+        return self.mem.elapsed_ms(start, end)
+
 
 __all__ = ["TensorRTTarget", "TensorRTRunner", "EngineBuildError", "BatchProfile", "batch_profiles", "build_path",
-           "build_engine", "layer_precisions", "check_engine_precision", "cuda_device", "cuda_memory_backend",
-           "import_tensorrt", "trt_major", "MIN_FP16_SHARE", "DEFAULT_MAX_BATCH"]
+           "build_engine", "pin_fp32_islands", "layer_precisions", "check_engine_precision", "precision_verdict",
+           "verify_pinned", "cuda_device", "cuda_memory_backend", "import_tensorrt", "trt_major", "probe_inputs",
+           "MIN_FP16_SHARE", "DEFAULT_MAX_BATCH", "MOVE_OPS"]

@@ -53,3 +53,22 @@ def onnx_parity(train_model, deploy_model, imgsz: int, samples: int = 4, seed: i
         ref = copy.deepcopy(train_model).float().eval()(x).numpy()
     out = run_batched(OnnxRuntimeRunner(graph, threads=1), x.numpy())
     return compute_metrics(ref, out), node_counts(graph)
+
+
+def load_test_helper(name: str):
+    """A helper module from this folder (tests are collected with --import-mode=importlib: not on sys.path)."""
+    import importlib.util
+    import sys
+    key = f"vitedge_test_helpers.{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, Path(__file__).with_name(f"{name}.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[key] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[key]
+
+
+@pytest.fixture(scope="session")
+def trt_fake():
+    """tests/trt_fake.py: the spec_set fake `tensorrt` module built from targets/tensorrt_api.py."""
+    return load_test_helper("trt_fake")

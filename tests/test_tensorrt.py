@@ -1,8 +1,10 @@
 """The fp16 ONNX graph (what TensorRT 11 builds from) and the TensorRT target.
 
 CPU here: the fp16 graph preparation (walked tensor by tensor, then run by ONNX Runtime against the fp16
-tolerance), profile derivation, the sidecar, the 10.x / 11.x dispatch (through a small fake `tensorrt`
-module that records calls: it proves the dispatch only, never parity) and the unavailable reasons.
+tolerance), profile derivation, the sidecar, precision truth on inspector JSON in the TensorRT 10 / 11 formats
+(tests/fixtures/tensorrt/), and the 10.x / 11.x dispatch, island pinning and the runner's buffer lifetime through
+a `spec_set` fake `tensorrt` built from targets/tensorrt_api.py (tests/trt_fake.py: it proves wiring, never
+parity) and the unavailable reasons.
 The engine build, its parity and the inspector check need an NVIDIA GPU: `@pytest.mark.gpu`.
 """
 from __future__ import annotations
@@ -29,9 +31,10 @@ from vitedge.exporter.reparam.engine import reparameterize
 from vitedge.models import create_model, make_trained_like
 from vitedge.models.layers import EfficientAdditiveAttention
 from vitedge.targets import LowerSpec, UnavailableError, get_target
-from vitedge.targets.tensorrt import (MIN_FP16_SHARE, STRONG_FP16, WEAK_FP16, BatchProfile, EngineBuildError,
-                                      TensorRTTarget, batch_profiles, build_path, check_engine_precision,
-                                      layer_precisions)
+from vitedge.targets.tensorrt import (MIN_FP16_SHARE, MOVE_OPS, STRONG_FP16, WEAK_FP16, BatchProfile,
+                                      EngineBuildError, TensorRTTarget, batch_profiles, build_path,
+                                      check_engine_precision, layer_precisions, precision_verdict, verify_pinned)
+from vitedge.targets.tensorrt_precision import compare_outputs, dtype_of, name_members, onnx_nodes
 
 F32, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
 # Reduced configurations of one model per family (full numerics at a size that keeps the file fast).
@@ -164,150 +167,85 @@ def test_build_path_dispatch():
         build_path(11, "int8")
 
 
-def _inspector(formats: list[str]) -> dict:
-    return {"Layers": [{"Name": f"l{i}", "Outputs": [{"Name": f"t{i}", "Format/Datatype": f}]}
-                       for i, f in enumerate(formats)] + [{"Name": "shape", "Outputs": [{"Format/Datatype": "Int32"}]}]}
+FIXTURES = Path(__file__).parent / "fixtures" / "tensorrt"
 
 
-def test_layer_precisions_and_the_mostly_fp32_failure():
-    fp16 = layer_precisions(_inspector(["Row major linear FP16 format"] * 9 + ["Row major linear FP32 format"]))
-    assert fp16["layers"] == {"fp16": 9, "fp32": 1} and fp16["float_layers"] == 10
-    assert check_engine_precision("fp16", fp16) == "mixed-fp16"
-    mostly32 = layer_precisions(_inspector(["Half"] * 2 + ["Float"] * 8))
-    assert mostly32["fp16_share"] < MIN_FP16_SHARE
-    with pytest.raises(EngineBuildError, match="mostly fp32: 20% of 10 layers"):
-        check_engine_precision("fp16", mostly32)
-    with pytest.raises(EngineBuildError, match="no layer precisions"):
-        check_engine_precision("fp16", layer_precisions({"Layers": ["a", "b"]}))
-    assert check_engine_precision("fp32", layer_precisions(_inspector(["FP32"] * 3))) == "fp32"
+def _fixture(name: str) -> dict:
+    return json.loads((FIXTURES / name).read_text())
 
 
-class FakeTRT:
-    """Just enough of the `tensorrt` module for build_engine, recording calls (dispatch tests only)."""
+# ---- precision truth on inspector JSON (the real TensorRT 10 / 11 formats, see fixtures/tensorrt/README.md) ---
 
-    def __init__(self, version: str, out_format: str = "Row major linear FP16 format"):
-        self.__version__ = version
-        self.calls: list[tuple] = []
-        self.parsed: list[bytes] = []
-        flags = ["TF32", "PREFER_PRECISION_CONSTRAINTS"] + (["FP16"] if int(version.split(".")[0]) < 11 else [])
-        self.BuilderFlag = SimpleNamespace(**{f: f for f in flags})  # 11.x has no FP16 attribute at all
-        self.MemoryPoolType = SimpleNamespace(WORKSPACE="WORKSPACE")
-        self.ProfilingVerbosity = SimpleNamespace(DETAILED="DETAILED")
-        self.LayerInformationFormat = SimpleNamespace(JSON="JSON")
-        self.float32 = "float32"
-        fake, rec = self, self.calls
+def test_inspector_counts_ordinary_layers_and_skips_data_movement():
+    p = layer_precisions(_fixture("trt10_fp16_ordinary_layers.json"))
+    # conv, pool, gemm in fp16; the ReduceL2 and PWN(sqrt, div) island in fp32; reformats and the NoOp not counted
+    assert p["layers"] == {"fp16": 3, "fp32": 2} and p["float_layers"] == 5 and p["myelin_layers"] == 0
+    assert p["data_movement_layers"] == 4 and p["total_layers"] == 9
+    v = precision_verdict("fp16", p)
+    assert v["status"] == "confirmed" and v["built"] == "mixed-fp16" and v["evidence"] == "inspector"
 
-        class Logger:
-            WARNING = "WARNING"
 
-            def __init__(self, level):
-                pass
+def test_inspector_refutes_an_fp16_engine_that_is_mostly_fp32():
+    p = layer_precisions(_fixture("trt10_fp16_flag_mostly_fp32.json"))
+    assert p["fp16_share"] < MIN_FP16_SHARE and p["myelin_layers"] == 0
+    v = precision_verdict("fp16", p)
+    assert v["status"] == "refuted" and "mostly fp32" in v["reason"]
+    with pytest.raises(EngineBuildError, match="mostly fp32"):
+        check_engine_precision("fp16", p)
 
-        class Layer:
-            def __init__(self, name):
-                self.name, self.num_outputs, self.precision = name, 1, None
 
-            def set_output_type(self, i, t):
-                rec.append(("set_output_type", self.name, t))
+@pytest.mark.parametrize("name", ["trt10_fp16_vit_foreignnode.json", "trt10_fp16_vit_foreignnode_fp32_boundaries.json",
+                                  "trt11_fp16_whole_network_foreignnode.json"])
+def test_foreign_nodes_are_unknown_never_fp32(name):
+    """A Myelin ForeignNode hides its precision: without an output comparison the check is inconclusive (the
+    old output-dtype count read the fp32-boundary engines as 0-33 % fp16 and refused them)."""
+    p = layer_precisions(_fixture(name))
+    assert p["myelin_layers"] == 1 and p["myelin_names"][0].startswith("{ForeignNode[")
+    v = precision_verdict("fp16", p, outputs_unavailable="no CUDA memory library")
+    assert v["status"] == "inconclusive" and "no CUDA memory library" in v["reason"]
+    assert dtype_of("Half") == "fp16" and dtype_of("Float") == "fp32" and dtype_of("N/A") is None
 
-        class Network:
-            layers: list = []
 
-            @property
-            def num_layers(self):
-                return len(self.layers)
+@pytest.mark.parametrize("d, status", [(3e-3, "confirmed"), (2e-6, "refuted"), (3e-5, "inconclusive")])
+def test_foreign_nodes_decided_by_the_fp32_reference_engine(d, status):
+    p = layer_precisions(_fixture("trt11_fp16_whole_network_foreignnode.json"))
+    v = precision_verdict("fp16", p, {"max_rel_diff": d, "samples": 4, "finite": True})
+    assert v["status"] == status and v["evidence"] == "outputs"
+    if status == "refuted":
+        assert "computes like fp32" in v["reason"]
 
-            def get_layer(self, i):
-                return self.layers[i]
 
-        class Parser:
-            num_errors = 0
+def test_fp32_request_and_helpers():
+    p32 = layer_precisions(_fixture("trt11_fp32_whole_network_foreignnode.json"))
+    assert precision_verdict("fp32", p32)["status"] == "confirmed"
+    assert precision_verdict("fp32", layer_precisions(_fixture("trt10_fp16_ordinary_layers.json")))["status"] == "refuted"
+    assert name_members("PWN(PWN(/a/Mul, /a/Add), /a/Sqrt)") == {"/a/Mul", "/a/Add", "/a/Sqrt"}
+    assert name_members("/stem/conv/Conv + /stem/act/Relu") == {"/stem/conv/Conv", "/stem/act/Relu"}
+    layer = _fixture("trt10_fp16_vit_foreignnode.json")["Layers"][2]
+    assert "/blocks.0/attn/Softmax" in onnx_nodes(layer)
+    assert compare_outputs(np.ones((2, 3), np.float32) * 1.001, np.ones((2, 3)))["max_rel_diff"] == pytest.approx(1e-3, rel=1e-3)
 
-            def __init__(self, network, logger):
-                self.network = network
 
-            def parse(self, data):
-                fake.parsed.append(bytes(data))
-                # like TensorRT's parser, name layers after the ONNX nodes
-                self.network.layers = [Layer(n.name) for n in onnx.load_from_string(bytes(data)).graph.node]
-                return True
+def test_pinned_layers_are_verified_by_the_inspector():
+    info = _fixture("trt10_fp16_ordinary_layers.json")
+    pinned = {"/attn/ReduceL2": "/attn/ReduceL2", "/attn/ReduceL2_1": "/attn/ReduceL2", "/attn/Div": "/attn/Div",
+              "/head/Gemm": "/head/Gemm", "/gone/Mul": "/gone/Mul"}
+    v = verify_pinned(info, pinned)
+    assert v["requested"] == 5 and v["verified"] == 3 and v["not_fp32"] == 1 and v["not_found"] == 1
+    assert v["examples"]["not_fp32"] == ["/head/Gemm"]
+    vit = verify_pinned(_fixture("trt10_fp16_vit_foreignnode.json"), {"/blocks.0/attn/Softmax": "/blocks.0/attn/Softmax"})
+    assert vit["in_myelin"] == 1 and vit["verified"] == 0
 
-        class Profile:
-            def set_shape(self, name, lo, opt, hi):
-                rec.append(("set_shape", name, lo, opt, hi))
 
-        class Cache:
-            def serialize(self):
-                return b"CACHE"
-
-        class Config:
-            profiling_verbosity = None
-
-            def set_memory_pool_limit(self, pool, n):
-                rec.append(("set_memory_pool_limit", pool, n))
-
-            def set_flag(self, f):
-                rec.append(("set_flag", f))
-
-            def clear_flag(self, f):
-                rec.append(("clear_flag", f))
-
-            def add_optimization_profile(self, p):
-                rec.append(("add_optimization_profile",))
-
-            def create_timing_cache(self, blob):
-                rec.append(("create_timing_cache", blob))
-                return Cache()
-
-            def set_timing_cache(self, cache, ignore_mismatch):
-                rec.append(("set_timing_cache",))
-
-            def get_timing_cache(self):
-                return Cache()
-
-        class Builder:
-            def __init__(self, logger):
-                pass
-
-            def create_network(self, flags):
-                rec.append(("create_network", flags))
-                return Network()
-
-            def create_builder_config(self):
-                return Config()
-
-            def create_optimization_profile(self):
-                return Profile()
-
-            def build_serialized_network(self, network, config):
-                rec.append(("build", config.profiling_verbosity))
-                return b"\x00FAKE-PLAN\xff"
-
-        class Inspector:
-            def get_engine_information(self, fmt):
-                return json.dumps(_inspector([out_format] * 4))
-
-        class Engine:
-            def create_engine_inspector(self):
-                return Inspector()
-
-        class Runtime:
-            def __init__(self, logger):
-                pass
-
-            def deserialize_cuda_engine(self, plan):
-                rec.append(("deserialize", plan))
-                return Engine()
-
-        self.Logger, self.Builder, self.OnnxParser, self.Runtime = Logger, Builder, Parser, Runtime
-
+# ---- the 10.x / 11.x dispatch against the table-built, spec_set fake module ---------------------------------
 
 GPU = {"gpu": "Fake GPU", "compute_capability": "9.0", "cuda_driver": "12.8", "devices": 1}
 
 
-def _lower(tmp_path: Path, fake: FakeTRT, precision: str, batch=1, options=None):
-    target = TensorRTTarget(trt=fake, device=lambda: (GPU, None), memory=lambda: ("torch", None))
-    onnx_path = _tiny_onnx(tmp_path, batch=batch)
+def _lower(tmp_path: Path, fake, precision: str, batch=1, options=None, onnx_path=None, memory=True):
+    mem = (lambda: (fake.memory, None)) if memory else (lambda: (None, "no CUDA memory library"))
+    target = TensorRTTarget(trt=fake.module, device=lambda: (GPU, None), memory=mem)
+    onnx_path = onnx_path or _tiny_onnx(tmp_path, batch=batch)
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
     spec = LowerSpec(name="tiny", imgsz=32, batch=batch, precision=precision, out_dir=out, onnx_path=onnx_path,
@@ -315,54 +253,123 @@ def _lower(tmp_path: Path, fake: FakeTRT, precision: str, batch=1, options=None)
     return target.lower(None, spec), onnx_path
 
 
-def test_trt10_fp16_uses_the_builder_flag_and_pins_islands(tmp_path):
-    fake = FakeTRT("10.13.0")
-    art, onnx_path = _lower(tmp_path, fake, "fp16")
-    assert ("set_flag", "FP16") in fake.calls and ("clear_flag", "TF32") in fake.calls
-    assert fake.parsed == [onnx_path.read_bytes()]  # the verified fp32 ONNX, as is
-    islands = default_policy().onnx_fp32_nodes(onnx.load(str(onnx_path)))
-    pinned = {c[1] for c in fake.calls if c[0] == "set_output_type"}
-    assert pinned == islands and ("set_flag", "PREFER_PRECISION_CONSTRAINTS") in fake.calls
-    side = json.loads((tmp_path / "out" / "tiny.engine.json").read_text())
-    assert side["build_path"] == WEAK_FP16 and side["fp32_policy"]["pinned_layers"] == len(islands)
+def _inspector_of(layers) -> dict:
+    """An inspector answer for the fake's network in the TensorRT 10 format: pinned layers in fp32 except the
+    first (left in fp16 by the builder), the last pinned one fused into a Myelin layer, the rest fp16."""
+    pinned = [lay.name for lay in layers if lay.set_output_type.call_args_list]
+    out = []
+    for lay in layers:
+        if lay.type == "LayerType.CONSTANT":
+            continue
+        fmt = "Row major linear FP32" if lay.name in pinned[1:] else "Row major linear FP16 format"
+        out.append({"Name": lay.name, "LayerType": "PointWiseV2", "Inputs": [], "StreamId": 0,
+                    "Outputs": [{"Name": lay.name + "_out", "Location": "Device", "Dimensions": [1, 16],
+                                 "Format/Datatype": fmt}], "Metadata": lay.metadata})
+    if pinned:
+        last = next(o for o in out if o["Name"] == pinned[-1])
+        out.remove(last)
+        out.append({"Name": "{ForeignNode[/x..." + pinned[-1] + "]}", "LayerType": "Myelin", "Inputs": [],
+                    "Outputs": [], "TacticName": "", "StreamId": 0, "Metadata": last["Metadata"]})
+    return {"Layers": out, "Bindings": ["image", "logits"]}
 
 
-def test_trt11_fp16_builds_the_fp16_onnx_without_flags(tmp_path):
-    fake = FakeTRT("11.1.0")
+def test_trt10_fp16_pins_island_layers_by_node_and_kind(tmp_path, trt_fake):
+    fake = trt_fake.FakeTRT("10.13.0", inspector=_inspector_of)
     art, onnx_path = _lower(tmp_path, fake, "fp16")
-    assert not any(c[0] == "set_flag" for c in fake.calls)  # BuilderFlag.FP16 does not exist in 11.x
+    assert "BuilderFlag.FP16" in fake.flags() and "BuilderFlag.TF32" in fake.flags("clear_flag")
+    assert "BuilderFlag.PREFER_PRECISION_CONSTRAINTS" in fake.flags()
     parsed = onnx.load_from_string(fake.parsed[0])
-    types = {i.type.tensor_type.elem_type for i in list(parsed.graph.input) + list(parsed.graph.output)}
+    islands = default_policy().onnx_fp32_nodes(onnx.load(str(onnx_path)))
+    assert islands and islands <= {n.name for n in parsed.graph.node}  # the parsed bytes carry the island names
+    layers = fake.layers[id(fake.networks[0])]
+    pinned = [lay for lay in layers if lay.set_output_type.call_args_list]
+    ops = {n.name: n.op_type for n in parsed.graph.node}
+    # every island node that computes something got its computing layer(s) pinned, never the helper constant
+    assert {lay.metadata[len("[ONNX Layer: "):-1] for lay in pinned} == {n for n in islands if ops[n] not in MOVE_OPS}
+    assert all(lay.type != "LayerType.CONSTANT" for lay in pinned)
+    assert any(lay.type == "LayerType.CONSTANT" and lay.metadata[len("[ONNX Layer: "):-1] in islands for lay in layers)
+    side = json.loads((tmp_path / "out" / "tiny.engine.json").read_text())
+    pol = side["fp32_policy"]
+    # the sidecar records what the inspector confirms, not what was asked
+    assert len(pinned) >= 3 and pol["pinning"]["requested"] == len(pinned)
+    assert pol["pinning"]["not_fp32"] == 1 and pol["pinning"]["in_myelin"] == 1
+    assert pol["pinned_layers"] == pol["pinning"]["verified"] == len(pinned) - 2
+    assert side["build_path"] == WEAK_FP16 and side["precision_check"]["status"] != "refuted"
+
+
+def test_unnamed_nodes_are_parsed_with_the_names_the_policy_gave_them(tmp_path, trt_fake):
+    model = onnx.load(str(_tiny_onnx(tmp_path)))
+    for n in model.graph.node:
+        n.name = ""  # an exporter that names nothing: onnx-tensorrt would call them node_of_<output>
+    path = tmp_path / "unnamed.onnx"
+    onnx.save(model, str(path))
+    fake = trt_fake.FakeTRT("10.13.0", inspector=_inspector_of)
+    _lower(tmp_path, fake, "fp16", onnx_path=path)
+    parsed = onnx.load_from_string(fake.parsed[0])
+    assert all(n.name for n in parsed.graph.node)
+    layers = fake.layers[id(fake.networks[0])]
+    assert not any(lay.name.startswith("node_of_") for lay in layers)
+    assert fake.pinned(), "no island layer was pinned"
+
+
+def test_trt11_fp16_builds_the_fp16_onnx_and_confirms_by_outputs(tmp_path, trt_fake):
+    fake = trt_fake.FakeTRT("11.1.0", inspector=_fixture("trt11_fp16_whole_network_foreignnode.json"))
+    art, onnx_path = _lower(tmp_path, fake, "fp16")
+    assert fake.flags() == []  # BuilderFlag.FP16 does not exist in 11.x; nothing else is set
+    assert fake.flags("clear_flag") == ["BuilderFlag.TF32"] * 2  # the fp16 engine and the fp32 reference
+    fp16_onnx, fp32_onnx = (onnx.load_from_string(b) for b in fake.parsed)
+    types = {i.type.tensor_type.elem_type for i in list(fp16_onnx.graph.input) + list(fp16_onnx.graph.output)}
     assert types == {F32}  # fp32 I/O
-    assert sum(i.data_type == F16 for i in parsed.graph.initializer) > len(parsed.graph.initializer) / 2
-    assert any(n.op_type == "Cast" for n in parsed.graph.node)
+    assert sum(i.data_type == F16 for i in fp16_onnx.graph.initializer) > len(fp16_onnx.graph.initializer) / 2
+    assert not any(i.data_type == F16 for i in fp32_onnx.graph.initializer)  # the reference: the fp32 ONNX
     side = json.loads((tmp_path / "out" / "tiny.engine.json").read_text())
     assert side["build_path"] == STRONG_FP16 and side["fp32_policy"]["fp16_graph"]["fp32_nodes"] > 0
+    check = side["precision_check"]
+    assert check["status"] == "confirmed" and check["evidence"] == "outputs" and side["precision_built"] == "fp16"
+    assert art.info["precision_check"] == check
+    assert all(c.execute_async_v3.called for c in fake.contexts) and fake.memory.buffers == {}  # runners closed
 
 
-@pytest.mark.parametrize("version", ["10.13.0", "11.1.0"])
-def test_fp32_engines_parse_the_fp32_onnx_and_no_fp16(tmp_path, version):
-    fake = FakeTRT(version, out_format="Row major linear FP32 format")
-    art, onnx_path = _lower(tmp_path, fake, "fp32")
-    assert fake.parsed == [onnx_path.read_bytes()] and not any(c[0] == "set_flag" for c in fake.calls)
-    assert art.precision == "fp32" and art.info["precision_built"] == "fp32"
+def test_trt11_fp16_without_cuda_memory_is_inconclusive_not_failed(tmp_path, trt_fake):
+    fake = trt_fake.FakeTRT("11.1.0", inspector=_fixture("trt11_fp16_whole_network_foreignnode.json"))
+    art, _ = _lower(tmp_path, fake, "fp16", memory=False)
+    side = json.loads((tmp_path / "out" / "tiny.engine.json").read_text())
+    assert side["precision_check"]["status"] == "inconclusive" and side["precision_built"] == "unknown"
+    assert len(fake.parsed) == 1 and art.path.exists()
 
 
-def test_mostly_fp32_engine_fails_the_fp16_lowering(tmp_path):
-    with pytest.raises(EngineBuildError, match="mostly fp32"):
-        _lower(tmp_path, FakeTRT("11.0.0", out_format="Row major linear FP32 format"), "fp16")
+def test_fp16_engine_computing_like_fp32_is_refused(tmp_path, trt_fake):
+    """The flag silently ignored: the 'fp16' plan runs in fp32, the outputs match the reference: refuted."""
+    fake = trt_fake.FakeTRT("11.1.0", inspector=_fixture("trt11_fp16_whole_network_foreignnode.json"))
+    fake._strong_fp16 = lambda: False  # the fake then runs the fp16 plan in float32
+    with pytest.raises(EngineBuildError, match="computes like fp32"):
+        _lower(tmp_path, fake, "fp16")
     assert not (tmp_path / "out" / "tiny.engine").exists()
 
 
-def test_engine_file_sidecar_profiles_cache_workspace(tmp_path):
-    fake = FakeTRT("10.13.0")
+@pytest.mark.parametrize("version", ["10.13.0", "11.1.0"])
+def test_fp32_engines_parse_the_fp32_onnx_and_no_fp16(tmp_path, trt_fake, version):
+    fake = trt_fake.FakeTRT(version, inspector=_fixture("trt11_fp32_whole_network_foreignnode.json"))
+    art, onnx_path = _lower(tmp_path, fake, "fp32")
+    assert fake.parsed == [onnx_path.read_bytes()] and fake.flags() == []
+    assert art.precision == "fp32" and art.info["precision_built"] == "fp32"
+
+
+def test_mostly_fp32_engine_fails_the_fp16_lowering(tmp_path, trt_fake):
+    with pytest.raises(EngineBuildError, match="mostly fp32"):
+        _lower(tmp_path, trt_fake.FakeTRT("10.13.0", inspector=_fixture("trt10_fp16_flag_mostly_fp32.json")), "fp16")
+    assert not (tmp_path / "out" / "tiny.engine").exists()
+
+
+def test_engine_file_sidecar_profiles_cache_workspace(tmp_path, trt_fake):
+    fake = trt_fake.FakeTRT("10.13.0", inspector=_fixture("trt10_fp16_ordinary_layers.json"))
     cache = tmp_path / "cache" / "timing.cache"
     art, onnx_path = _lower(tmp_path, fake, "fp16", batch=None,
                             options={"max_batch": 16, "workspace": 2, "timing_cache": str(cache), "ios": None})
-    assert art.path.name == "tiny.engine" and art.path.read_bytes() == b"\x00FAKE-PLAN\xff"  # nothing prepended
-    assert ("set_shape", "image", (1, 3, 32, 32), (1, 3, 32, 32), (16, 3, 32, 32)) in fake.calls
-    assert ("set_memory_pool_limit", "WORKSPACE", 2 << 30) in fake.calls
-    assert ("build", "DETAILED") in fake.calls and cache.read_bytes() == b"CACHE"
+    assert art.path.name == "tiny.engine" and art.path.read_bytes().startswith(b"PLAN-fp16")  # nothing prepended
+    cfg = fake.configs[0]
+    cfg.set_memory_pool_limit.assert_called_once_with("MemoryPoolType.WORKSPACE", 2 << 30)
+    assert cfg.profiling_verbosity == "ProfilingVerbosity.DETAILED" and cache.read_bytes() == b"CACHE"
     side_path = tmp_path / "out" / "tiny.engine.json"
     assert art.extra_files == [side_path]
     side = json.loads(side_path.read_text())
@@ -370,24 +377,46 @@ def test_engine_file_sidecar_profiles_cache_workspace(tmp_path):
     assert side["outputs"][0]["name"] == "logits" and side["outputs"][0]["dtype"] == "float32"
     assert side["profiles"] == [{"input": "image", "min": [1, 3, 32, 32], "opt": [1, 3, 32, 32],
                                  "max": [16, 3, 32, 32]}]
-    assert side["precision_requested"] == "fp16" and side["precision_built"] == "fp16"
+    assert side["precision_requested"] == "fp16" and side["precision_built"] == "mixed-fp16"
     assert side["versions"] == {"tensorrt": "10.13.0", "cuda_driver": "12.8", "gpu": "Fake GPU",
                                 "compute_capability": "9.0"}
     import hashlib
     assert side["source_onnx"]["sha256"] == hashlib.sha256(onnx_path.read_bytes()).hexdigest()
     assert side["timing_cache"] == {"path": str(cache), "bytes": 5} and side["workspace_bytes"] == 2 << 30
-    assert side["tf32"] is False and side["layer_precisions"]["fp16_share"] == 1.0
+    assert side["tf32"] is False and side["layer_precisions"]["fp16_share"] == 0.6
 
 
-def test_cache_is_read_back(tmp_path):
+def test_cache_is_read_back(tmp_path, trt_fake):
     cache = tmp_path / "timing.cache"
     cache.write_bytes(b"OLD")
-    fake = FakeTRT("11.1.0")
+    fake = trt_fake.FakeTRT("11.1.0", inspector=_fixture("trt11_fp32_whole_network_foreignnode.json"))
     _lower(tmp_path, fake, "fp32", options={"timing_cache": str(cache)})
-    assert ("create_timing_cache", b"OLD") in fake.calls
+    fake.configs[0].create_timing_cache.assert_called_once_with(b"OLD")
 
 
-def test_unavailable_reasons_name_what_is_missing(monkeypatch):
+@pytest.mark.parametrize("version", ["10.13.0", "11.1.0"])
+def test_runner_holds_buffers_and_releases_them(tmp_path, trt_fake, version):
+    fake = trt_fake.FakeTRT(version, inspector=_fixture("trt11_fp32_whole_network_foreignnode.json"))
+    art, _ = _lower(tmp_path, fake, "fp32")
+    target = TensorRTTarget(trt=fake.module, device=lambda: (GPU, None), memory=lambda: (fake.memory, None))
+    x = np.random.default_rng(0).standard_normal((11, 3, 8, 8)).astype(np.float32)
+    with target.runner(art) as r:
+        assert r.max_batch() == 8
+        y = r.run(x)  # two chunks: 8 and 3
+        assert y.shape == (11, 10) and np.allclose(y, trt_fake._linear(x, np.float32), atol=1e-5)
+        n_buffers = len(fake.memory.buffers)
+        r.run(x)
+        assert len(fake.memory.buffers) == n_buffers  # no allocation after the first run of each batch size
+        r.prepare(x[:1])  # a new batch size: its buffers are allocated here, before any timed execute
+        n_buffers = len(fake.memory.buffers)
+        assert r.execute() >= 0.0 and r.execute() >= 0.0 and len(fake.memory.buffers) == n_buffers
+    assert fake.memory.buffers == {} and fake.memory.closed and r.engine is None and r.context is None
+    r.close()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        r.run(x)
+
+
+def test_unavailable_reasons_name_what_is_missing(monkeypatch, trt_fake):
     monkeypatch.setitem(sys.modules, "tensorrt", None)  # `import tensorrt` raises ImportError
     no_gpu = lambda: (None, "no NVIDIA driver here (libcuda.so.1 not found)")  # noqa: E731
     t = TensorRTTarget(device=no_gpu, memory=lambda: (None, "no CUDA memory library"))
@@ -395,14 +424,15 @@ def test_unavailable_reasons_name_what_is_missing(monkeypatch):
     assert not ok and "tensorrt Python package is not installed" in why and "libcuda.so.1" in why
     ok, why = t.runnable()
     assert not ok and "no CUDA memory library" in why
-    ok, why = TensorRTTarget(trt=FakeTRT("10.0.1"), device=no_gpu).available()
+    fake = trt_fake.FakeTRT("10.0.1").module
+    ok, why = TensorRTTarget(trt=fake, device=no_gpu).available()
     assert not ok and "tensorrt" not in why and "libcuda.so.1" in why
     ok, why = TensorRTTarget(device=lambda: (GPU, None)).available()
     assert not ok and why.startswith("the tensorrt Python package is not installed")
-    t = TensorRTTarget(trt=FakeTRT("10.0.1"), device=lambda: (GPU, None), memory=lambda: (None, "no CUDA memory"))
+    t = TensorRTTarget(trt=fake, device=lambda: (GPU, None), memory=lambda: (None, "no CUDA memory"))
     assert t.available() == (True, None) and t.runnable() == (False, "no CUDA memory")
     with pytest.raises(UnavailableError, match="libcuda"):
-        TensorRTTarget(trt=FakeTRT("10.0.1"), device=no_gpu).lower(None, None)
+        TensorRTTarget(trt=fake, device=no_gpu).lower(None, None)
 
 
 def test_registered_target_interface():

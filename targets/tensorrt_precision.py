@@ -1,0 +1,206 @@
+"""Precision truth for TensorRT engines, from the engine inspector's JSON (no TensorRT needed here).
+
+The inspector (`IEngineInspector.get_engine_information(LayerInformationFormat.JSON)`, profiling verbosity
+DETAILED) lists the engine's layers after fusion. What it can and cannot say:
+- an ordinary layer ("CaskConvolution", "PointWiseV2", "Reduce", ...) reports each output's
+  "Format/Datatype" ("Row major linear FP16 format", "Channel major FP16 format where channel % 8 == 0",
+  "Row major linear FP32"; for compiler-generated kernels the bare type: "Half", "Float", "BFloat16");
+- a Myelin layer (LayerType "Myelin", named "{ForeignNode[first...last]}") is a whole fused subgraph, often the
+  transformer blocks, sometimes the whole network (NVIDIA/TensorRT#3768): only its boundary tensors are
+  listed, so the precision inside is unknown;
+- "Reformat" / "NoOp" layers move or cast data (the fp32 I/O casts of an fp16 engine among them): they say
+  nothing about what the network computes in;
+- "Metadata" holds the ONNX nodes a layer came from, "[ONNX Layer: NAME]" entries joined by \\x1f / \\x1e when
+  layers were fused (the ONNX parser's processMetadata).
+So precision is counted only on ordinary compute layers; Myelin layers are "unknown", and an fp16 request whose
+engine hides most of its compute inside them is confirmed by comparing its outputs with an fp32 engine of the
+same ONNX (TF32 off), see `precision_verdict`. An inconclusive check is reported as such: never a pass, never a
+failure. The formats reproduced by tests/fixtures/tensorrt/ are cited in their README.
+"""
+from __future__ import annotations
+
+import re
+
+MIN_FP16_SHARE = 0.5      # visible compute layers: below this share of fp16 an fp16 engine is "mostly fp32"
+FP32_LIKE_REL = 1e-5      # fp16 vs fp32 engine outputs closer than this (max|d| / max|y|): computes in fp32
+REDUCED_REL = 1e-4        # ... at least this far apart: reduced precision confirmed (fp16 unit roundoff 4.9e-4)
+MYELIN_TYPES = ("Myelin",)
+DATA_MOVEMENT_TYPES = ("Reformat", "NoOp", "Shuffle", "Constant", "Copy", "Slice", "Concatenation",
+                       "Gather", "Shape", "Identity", "Cast")
+
+_TOKENS = {"fp32": "fp32", "float": "fp32", "fp16": "fp16", "half": "fp16", "bfloat16": "bf16", "bf16": "bf16",
+           "fp8": "fp8", "int8": "int8", "fp4": "fp4", "int4": "int4", "int32": "int", "int64": "int",
+           "uint8": "int", "int16": "int", "bool": "int"}
+_FLOATS = ("fp32", "fp16", "bf16", "fp8", "fp4", "int8", "int4")  # int8/int4 are quantized float compute
+_ONNX_LAYER = re.compile(r"\[ONNX Layer: ([^\]]*?)(?: \| [^\]]*)?\]")
+
+
+def dtype_of(fmt: str) -> str | None:
+    """The element type named by an inspector "Format/Datatype" string, or None ("N/A", "None", unknown)."""
+    for tok in re.split(r"[^0-9a-z]+", str(fmt).lower()):
+        if tok in _TOKENS:
+            return _TOKENS[tok]
+    return None
+
+
+def is_myelin(layer: dict) -> bool:
+    return layer.get("LayerType") in MYELIN_TYPES or str(layer.get("Name", "")).startswith("{ForeignNode[")
+
+
+def is_data_movement(layer: dict) -> bool:
+    return layer.get("LayerType") in DATA_MOVEMENT_TYPES or layer.get("ParameterType") in ("Reformat", "Shuffle")
+
+
+def _tensor_types(tensors) -> list[str]:
+    out = []
+    for t in tensors or []:
+        if isinstance(t, dict):
+            for key, val in t.items():
+                if isinstance(val, str) and ("Format" in key or "Datatype" in key or "DataType" in key):
+                    d = dtype_of(val)
+                    if d is not None:
+                        out.append(d)
+    return out
+
+
+def layer_precision(layer: dict) -> str | None:
+    """What an ordinary layer computes in: its float outputs' type (its inputs' when it has none), fp16 when
+    any output is fp16; None for layers with no float tensor (shape arithmetic)."""
+    kinds = [d for d in _tensor_types(layer.get("Outputs")) if d in _FLOATS]
+    kinds = kinds or [d for d in _tensor_types(layer.get("Inputs")) if d in _FLOATS]
+    if not kinds:
+        return None
+    return "fp16" if "fp16" in kinds else sorted(set(kinds))[0]
+
+
+def onnx_nodes(layer: dict) -> list[str]:
+    """The ONNX node names an inspector layer came from (its Metadata; empty when TensorRT wrote none)."""
+    return _ONNX_LAYER.findall(str(layer.get("Metadata") or ""))
+
+
+def name_members(name: str) -> set[str]:
+    """The network-layer names a fused layer's name is made of: "a + b", "PWN(PWN(a, b), c)"."""
+    s = re.sub(r"\bPWN\(", "(", str(name))
+    parts = re.split(r"\s\+\s|,\s|[()]", s)
+    return {p.strip() for p in parts if p.strip()}
+
+
+def layer_precisions(info: dict) -> dict:
+    """Per-precision counts of the inspector's ordinary compute layers, and what could not be counted.
+
+    Keys: layers {precision: n}, float_layers (counted), fp16_share (None when nothing was countable),
+    myelin_layers, myelin_names (first 5), data_movement_layers, total_layers."""
+    counts: dict[str, int] = {}
+    myelin, moves, total = [], 0, 0
+    for layer in info.get("Layers", []):
+        if not isinstance(layer, dict):
+            continue  # ProfilingVerbosity below DETAILED: layer names only
+        total += 1
+        if is_myelin(layer):
+            myelin.append(str(layer.get("Name", "")))
+            continue
+        if is_data_movement(layer):
+            moves += 1
+            continue
+        p = layer_precision(layer)
+        if p is not None:
+            counts[p] = counts.get(p, 0) + 1
+    n = sum(counts.values())
+    return {"layers": counts, "float_layers": n, "fp16_share": counts.get("fp16", 0) / n if n else None,
+            "myelin_layers": len(myelin), "myelin_names": myelin[:5], "data_movement_layers": moves,
+            "total_layers": total}
+
+
+def compare_outputs(fp16: "object", fp32: "object") -> dict:
+    """How far an fp16 engine's outputs are from an fp32 (TF32 off) engine's on the same inputs."""
+    import numpy as np
+    a, b = np.asarray(fp16, np.float64), np.asarray(fp32, np.float64)
+    scale = float(np.abs(b).max()) or 1.0
+    return {"max_rel_diff": float(np.abs(a - b).max()) / scale, "samples": int(len(b)),
+            "finite": bool(np.isfinite(a).all())}
+
+
+def precision_verdict(requested: str, precisions: dict, outputs: dict | None = None,
+                      outputs_unavailable: str | None = None) -> dict:
+    """{status: confirmed | refuted | inconclusive, built, evidence, reason} for an engine built for `requested`.
+
+    fp16: with no Myelin layer and some visible compute layers, the inspector decides (fp16 share >=
+    MIN_FP16_SHARE confirms, below refutes); otherwise the outputs decide (`outputs` from `compare_outputs`:
+    >= REDUCED_REL confirms, <= FP32_LIKE_REL refutes: it computes like fp32); anything else is inconclusive.
+    fp32: confirmed unless a visible layer runs in reduced precision (no FP16 flag / an fp32 ONNX: the Myelin
+    parts cannot either)."""
+    share, n, fused = precisions["fp16_share"], precisions["float_layers"], precisions["myelin_layers"]
+    seen = f"{n} visible compute layer(s) ({precisions['layers']}), {fused} Myelin layer(s) of unknown precision"
+    if requested != "fp16":
+        reduced = {k: v for k, v in precisions["layers"].items() if k != "fp32"}
+        if reduced:
+            return {"status": "refuted", "built": "mixed", "evidence": "inspector",
+                    "reason": f"fp32 was asked but layers run in {sorted(reduced)}: {seen}"}
+        return {"status": "confirmed", "built": "fp32", "evidence": "inspector", "reason": seen}
+    if fused == 0 and n > 0:
+        if share >= MIN_FP16_SHARE:
+            return {"status": "confirmed", "built": "fp16" if share == 1.0 else "mixed-fp16", "evidence": "inspector",
+                    "reason": f"{share:.0%} of {seen} run in fp16"}
+        return {"status": "refuted", "built": "mixed" if share else "fp32", "evidence": "inspector",
+                "reason": f"fp16 was asked but the engine is mostly fp32: {share:.0%} of {seen} run in fp16"}
+    if outputs is not None:
+        d = outputs["max_rel_diff"]
+        vs = (f"outputs vs an fp32 engine (TF32 off) of the same ONNX on {outputs['samples']} inputs: "
+              f"max rel diff {d:.2e}")
+        if not outputs.get("finite", True):
+            return {"status": "inconclusive", "built": "unknown", "evidence": "outputs",
+                    "reason": f"the fp16 engine's outputs are not finite ({vs}); the parity hop judges them"}
+        if d >= REDUCED_REL:
+            return {"status": "confirmed", "built": "fp16", "evidence": "outputs",
+                    "reason": f"reduced precision confirmed by {vs} (>= {REDUCED_REL:.0e}); {seen}"}
+        if d <= FP32_LIKE_REL:
+            return {"status": "refuted", "built": "fp32", "evidence": "outputs",
+                    "reason": f"fp16 was asked but the engine computes like fp32: {vs} (<= {FP32_LIKE_REL:.0e}); "
+                              f"{seen}"}
+        return {"status": "inconclusive", "built": "unknown", "evidence": "outputs",
+                "reason": f"{vs}, between {FP32_LIKE_REL:.0e} (fp32-like) and {REDUCED_REL:.0e} (fp16); {seen}"}
+    why = outputs_unavailable or "no fp32 reference engine was compared"
+    what = "no layer precision is visible" if n == 0 and fused == 0 else seen
+    return {"status": "inconclusive", "built": "unknown", "evidence": "none", "reason": f"{what}; {why}"}
+
+
+def verify_pinned(info: dict, pinned: dict[str, str]) -> dict:
+    """Which pinned network layers ({layer name: ONNX node}) really run in fp32 in the built engine.
+
+    A pinned layer is found by its name among an ordinary inspector layer's fused members, or by its ONNX node
+    in that layer's Metadata. verified: found in an fp32 layer; not_fp32: found in a reduced-precision layer;
+    in_myelin: named in a Myelin layer (by name or Metadata), precision unknown; not_found: fused away or
+    renamed beyond recognition."""
+    ordinary, myelin = [], []
+    for layer in info.get("Layers", []):
+        if isinstance(layer, dict):
+            (myelin if is_myelin(layer) else ordinary).append(layer)
+    by_name: dict[str, list[dict]] = {}
+    by_node: dict[str, list[dict]] = {}
+    for layer in ordinary:
+        for m in name_members(layer.get("Name", "")):
+            by_name.setdefault(m, []).append(layer)
+        for node in onnx_nodes(layer):
+            by_node.setdefault(node, []).append(layer)
+    myelin_text = "\n".join(f"{x.get('Name', '')}\n{x.get('Metadata', '')}" for x in myelin)
+    out: dict[str, list[str]] = {"verified": [], "not_fp32": [], "in_myelin": [], "not_found": []}
+    for name, node in sorted(pinned.items()):
+        hits = by_name.get(name) or by_node.get(node) or []
+        precs = {layer_precision(h) for h in hits if not is_data_movement(h)} - {None}
+        if precs:
+            out["verified" if precs == {"fp32"} else "not_fp32"].append(name)
+        elif hits:
+            out["not_found"].append(name)  # only in data-movement layers: what it computes in is not visible
+        elif name in myelin_text or f"[ONNX Layer: {node}" in myelin_text:
+            out["in_myelin"].append(name)
+        else:
+            out["not_found"].append(name)
+    summary = {k: len(v) for k, v in out.items()}
+    summary["requested"] = len(pinned)
+    summary["examples"] = {k: v[:5] for k, v in out.items() if v and k != "verified"}
+    return summary
+
+
+__all__ = ["MIN_FP16_SHARE", "FP32_LIKE_REL", "REDUCED_REL", "dtype_of", "is_myelin", "is_data_movement",
+           "layer_precision", "onnx_nodes", "name_members", "layer_precisions", "compare_outputs",
+           "precision_verdict", "verify_pinned"]

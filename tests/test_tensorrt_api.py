@@ -1,0 +1,139 @@
+"""The TensorRT API table (targets/tensorrt_api.py) and the code that uses it.
+
+TensorRT cannot be installed here, so the table is the reference: it was checked against NVIDIA's pybind11
+sources with scripts/check_tensorrt_api.py (docs/tensorrt_api.md). These tests make sure the code calls nothing
+outside it (an AST walk of targets/tensorrt.py), that nothing else in vitedge imports tensorrt, and that the
+spec_set fake built from it (tests/trt_fake.py) refuses what the real module would refuse.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from vitedge.targets.tensorrt_api import CHECKED_AGAINST, ROWS, VARIABLES, members, owners
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCE = REPO / "targets" / "tensorrt.py"
+SELF_ATTRS = {"trt": "tensorrt", "engine": "ICudaEngine", "context": "IExecutionContext", "runtime": "Runtime"}
+
+
+def _chain(node: ast.AST) -> list[str] | None:
+    """`a.b.c` -> ["a", "b", "c"]; `self.engine.x` -> ["self.engine", "x"]; None when not a plain chain."""
+    names = []
+    while isinstance(node, ast.Attribute):
+        names.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        names.append(node.id)
+        return names[::-1]
+    return None
+
+
+def api_violations(source: str) -> list[str]:
+    """Attribute chains on TensorRT objects (by the VARIABLES naming convention) that the table lacks."""
+    known = {o: set(members(o, 10)) | set(members(o, 11)) for o in owners()}
+    bad = []
+    for node in ast.walk(_parents(ast.parse(source))):
+        if not isinstance(node, ast.Attribute) or isinstance(getattr(node, "_parent", None), ast.Attribute):
+            continue
+        chain = _chain(node)
+        if not chain:
+            continue
+        if chain[0] == "self" and len(chain) > 1 and chain[1] in SELF_ATTRS:
+            owner, rest = SELF_ATTRS[chain[1]], chain[2:]
+        elif chain[0] in VARIABLES:
+            owner, rest = VARIABLES[chain[0]], chain[1:]
+        else:
+            continue
+        for attr in rest:
+            if attr not in known.get(owner, set()):
+                bad.append(f"line {node.lineno}: {'.'.join(chain)} ({owner}.{attr} is not in the table)")
+                break
+            row = members(owner, 10).get(attr) or members(owner, 11).get(attr)
+            if row.kind != "class":
+                break
+            owner = attr  # trt.BuilderFlag.FP16 -> BuilderFlag.FP16
+    return bad
+
+
+def _parents(tree: ast.AST) -> ast.AST:
+    for parent in ast.walk(tree):
+        for child in ast.iter_child_nodes(parent):
+            child._parent = parent
+    return tree
+
+
+def test_the_code_calls_nothing_outside_the_table():
+    src = SOURCE.read_text()
+    assert api_violations(src) == []
+    # the walk sees what it must: the calls of both build paths and of the runner
+    used = {".".join(c) for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Attribute) and (c := _chain(n))}
+    for expected in ("trt.BuilderFlag.FP16", "config.set_flag", "layer.set_output_type", "self.context.execute_async_v3",
+                     "engine.get_tensor_profile_shape", "self.context.set_optimization_profile_async"):
+        assert expected in used, expected
+
+
+def test_the_walk_catches_calls_outside_the_table():
+    bad = api_violations("def f(trt, config, layer, self):\n"
+                         "    config.set_flag(trt.BuilderFlag.FP16X)\n"
+                         "    layer.get_output_type(0)\n"
+                         "    self.engine.get_binding_shape(0)\n"
+                         "    trt.Builder(None).build_engine(None, None)\n")
+    assert [b.split(" (")[0] for b in bad] == ["line 2: trt.BuilderFlag.FP16X", "line 3: layer.get_output_type",
+                                                "line 4: self.engine.get_binding_shape"]
+    # chained calls through a call result are out of the walk's reach: the code names its objects instead
+    assert "build_engine" not in " ".join(bad)
+
+
+def test_only_the_tensorrt_module_imports_tensorrt():
+    offenders = []
+    for path in REPO.rglob("*.py"):
+        if "tests" in path.parts or path == SOURCE or ".git" in path.parts:
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(n == "tensorrt" or n.startswith("tensorrt.") for n in names):
+                offenders.append(str(path.relative_to(REPO)))
+    assert offenders == [], offenders
+
+
+def test_table_rows_are_well_formed_and_versioned():
+    assert {10, 11} == set(CHECKED_AGAINST)
+    seen = set()
+    for r in ROWS:
+        assert (r.owner, r.member) not in seen, r
+        seen.add((r.owner, r.member))
+        assert r.kind in ("method", "property", "readonly", "value", "function", "class")
+        assert set(r.majors) <= {10, 11} and r.majors
+        assert (r.params is not None) == (r.kind in ("method", "function")), r
+    # what strong typing removed in 11.x
+    for owner, member in (("BuilderFlag", "FP16"), ("BuilderFlag", "PREFER_PRECISION_CONSTRAINTS"),
+                          ("ILayer", "precision"), ("ILayer", "set_output_type")):
+        assert member in members(owner, 10) and member not in members(owner, 11)
+    assert set(VARIABLES.values()) <= set(owners())
+
+
+@pytest.mark.parametrize("major", [10, 11])
+def test_fake_module_is_as_strict_as_the_table(trt_fake, major):
+    fake = trt_fake.FakeTRT(f"{major}.1.0")
+    trt = fake.module
+    config = trt.Builder(trt.Logger(trt.Logger.WARNING)).create_builder_config()
+    with pytest.raises(AttributeError):
+        config.set_max_workspace_size  # noqa: B018 - removed in TensorRT 10, not in the table
+    with pytest.raises(TypeError):
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE)  # pool_size missing
+    with pytest.raises(AttributeError):
+        config.no_such_attribute = 1  # spec_set: no new attributes
+    layer = fake.instance("ILayer")
+    if major == 10:
+        layer.set_output_type(0, trt.float32)
+        assert trt.BuilderFlag.FP16
+    else:
+        with pytest.raises(AttributeError):
+            layer.set_output_type(0, trt.float32)
+        with pytest.raises(AttributeError):
+            trt.BuilderFlag.FP16  # noqa: B018
