@@ -310,7 +310,8 @@ def add_bench(sub) -> None:
     BACKENDS, DEFAULT_BACKENDS = BENCH_BACKENDS, BENCH_DEFAULT  # no torch import while building the parser
     p = sub.add_parser("bench", help="latency per backend and size: paired, parity-checked, regression gate",
                        description="Exit codes: 0 measured (and no regression), 1 a p50 regression beyond "
-                                   "--max-regression against --baseline, 2 bad usage or input.")
+                                   "--max-regression against --baseline or a failed golden-vector parity on the "
+                                   "phone (--device), 2 bad usage or input.")
     p.add_argument("--model", required=True, help="model name (see `vitedge models`)")
     p.add_argument("--checkpoint", help="train-form checkpoint (default: seeded trained-like demo weights)")
     p.add_argument("--set", dest="overrides", action="append", type=_kv, default=[], metavar="KEY=VALUE",
@@ -330,7 +331,13 @@ def add_bench(sub) -> None:
     p.add_argument("--attn-order", choices=ATTN_ORDERS, default="auto")
     p.add_argument("--order", choices=("auto", "measured"), default="auto",
                    help="measured: time both SLA/SimA attention orders per size and report the faster")
-    p.add_argument("--device", help="iphone or iphone:NAME (macOS with a tethered iPhone)")
+    p.add_argument("--device", help="iphone or iphone:NAME: also time load and predict on a tethered iPhone and run "
+                                    "the golden vectors there (macOS, Xcode, a developer-mode iPhone, --team-id)")
+    p.add_argument("--team-id", help="Apple Developer Team ID that signs coremltools' model-runner app for the phone "
+                                     "(default: $VITEDGE_TEAM_ID)")
+    p.add_argument("--input", choices=("tensor", "image"), default=None,
+                   help="--device iphone: the phone's package input (image: RGB pixels, normalization built in)")
+    p.add_argument("--labels", help="--device iphone: class labels file: the phone's package is a classifier")
     p.add_argument("--report", help="write the JSON report here")
     p.add_argument("--plot", help="write a PNG plot (latency vs size per backend, CI bars) here")
     p.add_argument("--baseline", help="an earlier --report JSON to gate p50 regressions against")
@@ -351,7 +358,8 @@ def cmd_bench(args) -> int:
                        max_s=args.max_s, baseline=args.baseline, max_regression=args.max_regression,
                        order=args.order, attn_order=args.attn_order, overrides=_overrides(args), device=args.device,
                        ort_spinning={"default": None, "on": True, "off": False}[args.ort_spinning],
-                       rewrites=args.rewrites,
+                       rewrites=args.rewrites, team_id=args.team_id,
+                       coreml_options={"input": args.input, "labels": args.labels},
                        log=(lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr)))
     print(format_table(report))
     if args.report:

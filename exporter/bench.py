@@ -63,6 +63,7 @@ class BenchReport:
     order: list = field(default_factory=list)        # `--order measured` results per size
     regressions: list = field(default_factory=list)  # entries beyond --max-regression
     baseline: str | None = None
+    device: dict | None = None                       # --device iphone: the phone, its timings and parity
     settings: dict = field(default_factory=dict)
     machine: dict = field(default_factory=dict)
     exit_code: int = 0
@@ -262,9 +263,11 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
               max_s: float = 5.0, baseline: str | None = None, max_regression: float | None = None,
               order: str = "auto", attn_order: str = "auto", overrides: dict | None = None,
               device: str | None = None, inject: dict | None = None, tmp_dir: str | Path | None = None,
-              ort_spinning: bool | None = None, rewrites=True,
+              ort_spinning: bool | None = None, rewrites=True, team_id: str | None = None,
+              coreml_options: dict | None = None, device_runner: Callable | None = None,
               log: Callable[[str], None] = lambda s: None) -> BenchReport:
-    """Run the harness; the report's exit_code is 1 when --baseline shows a p50 regression beyond the limit.
+    """Run the harness; the report's exit_code is 1 when --baseline shows a p50 regression beyond the limit,
+    or when the phone's golden-vector parity failed (`device`, with --device iphone[:NAME]).
 
     `ort_spinning`: ONNX Runtime's intra-op spinning (None = its default; False helps multi-thread runs on
     small shared or virtual machines, see `OnnxRuntimeRunner`)."""
@@ -285,9 +288,13 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
     if order not in ("auto", "measured"):
         raise VitedgeError(f"--order must be auto or measured; got {order!r}")
     base_p50 = _read_baseline(baseline) if baseline else None
+    phone = None
+    if device is None and any((coreml_options or {}).values()):
+        raise VitedgeError("--input and --labels choose the phone's package: they go with --device iphone[:NAME]")
     if device is not None:
-        from .iphone import check_device
-        check_device(device)  # raises VitedgeError saying what is missing (platform, Xcode tools, device)
+        from .iphone import check_device, resolve_team_id
+        phone = check_device(device)  # raises VitedgeError saying what is missing (platform, Xcode tools, device)
+        team_id = resolve_team_id(team_id)
 
     loaded = build_train_form(model, checkpoint=checkpoint, overrides=overrides)
     spec = getattr(loaded.model, "vitedge_spec", None)
@@ -329,9 +336,15 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
                     log(f"note: {note}")
                 report.order.append(measure_orders(train, make_deploy, s, ob, batch, threads, warmup_s,
                                                    min_iters, max_s, Path(tmp), ort_spinning))
+        if phone is not None:
+            from .device_bench import run_on_phone
+            report.device = run_on_phone(phone, team_id, train, make_deploy, sizes, Path(tmp), min_iters,
+                                         coreml_options or {}, log, device_runner)
     if base_p50 is not None:
         report.regressions = latency.regression_check(report.p50_by_key(), base_p50, max_regression)
         report.exit_code = 1 if report.regressions else 0
+    if report.device and any(r["parity"]["status"] != "passed" for r in report.device["results"]):
+        report.exit_code = 1
     return report
 
 
@@ -377,6 +390,13 @@ def format_table(report: BenchReport) -> str:
     for o in report.order:
         lines.append(f"order @{o['imgsz']} on {o['backend']}: measured best {o['measured_best']}, FLOP rule "
                      f"{'/'.join(o['rule_choice'])}; qk_first/kv_first = {o['qk_over_kv']['ratio']:.3f}")
+    for d in (report.device or {}).get("results", []):
+        p = d["parity"]
+        lines.append(f"iphone {report.device['name']} (iOS {report.device['os']}, {report.device['compute_units']}) "
+                     f"@{d['imgsz']}: load p50 {d['load_ms']['p50_ms']:.1f} ms, predict p50 "
+                     f"{d['predict_ms']['p50_ms']:.3f} ms (p90 {d['predict_ms']['p90_ms']:.3f}); golden-vector "
+                     f"parity {p['status'].upper()} on {p['samples']} inputs (mode device)"
+                     + (f": {p['reason']}" if p.get("reason") else ""))
     for g in report.regressions:
         lines.append(f"REGRESSION {g['key']}: p50 {g['current_ms']:.3f} ms vs baseline {g['baseline_ms']:.3f} ms "
                      f"(+{g['regression_pct']:.1f}%)")

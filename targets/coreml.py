@@ -329,6 +329,11 @@ def _pixels(x: np.ndarray, mean, std) -> np.ndarray:
     return ((x * s + m) * np.float32(255.0)).astype(np.float32)
 
 
+def quantized_pixels(x: np.ndarray, mean, std) -> np.ndarray:
+    """The 8-bit pixels (as float32 0-255) a camera frame would give for normalized NCHW `x`."""
+    return np.clip(np.round(_pixels(x, mean, std)), 0, 255).astype(np.float32)
+
+
 def _logits_output(outputs) -> str:
     if "logits" in outputs:
         return "logits"
@@ -426,7 +431,7 @@ class DeviceCoreMLRunner(Runner):
         """What the reference must see: an image model receives 8-bit pixels, so the inputs are quantized."""
         if not self.image:
             return x
-        p = np.clip(np.round(_pixels(x, self.mean, self.std)), 0, 255)
+        p = quantized_pixels(x, self.mean, self.std)
         m = np.asarray(self.mean, np.float32).reshape(1, -1, 1, 1)
         s = np.asarray(self.std, np.float32).reshape(1, -1, 1, 1)
         return ((p / 255.0 - m) / s).astype(np.float32)
@@ -435,7 +440,7 @@ class DeviceCoreMLRunner(Runner):
         if not self.image:
             return {self.input_name: np.asarray(x, np.float32)}
         from PIL import Image
-        p = np.clip(np.round(_pixels(x, self.mean, self.std)), 0, 255).astype(np.uint8)
+        p = quantized_pixels(x, self.mean, self.std).astype(np.uint8)
         return {self.input_name: Image.fromarray(p[0].transpose(1, 2, 0), "RGB")}
 
     def run(self, x: np.ndarray) -> np.ndarray:
