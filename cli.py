@@ -93,6 +93,9 @@ def _add_parity_flags(p: argparse.ArgumentParser) -> None:
                         "disables a check); repeatable")
     p.add_argument("--require-verified", action="store_true",
                    help="exit 1 if any hop of a requested target is unverified (could not run here)")
+    p.add_argument("--require-ane", action="store_true",
+                   help="coreml on macOS: fail the hop when under half of the model's estimated cost prefers the "
+                        "Neural Engine (CoreML's compute plan); inconclusive where no Neural Engine exists")
 
 
 def _overrides(args) -> dict:
@@ -167,7 +170,7 @@ def cmd_export(args) -> int:
                     attn_order=args.attn_order or "auto", strict_schedule=args.strict_schedule,
                     samples=_samples(args), tolerances=args.tol, require_verified=args.require_verified,
                     overrides=_overrides(args), options={k: getattr(args, k) for k in TARGET_OPTIONS},
-                    progress=args.progress, rewrites=args.rewrites)
+                    progress=args.progress, rewrites=args.rewrites, require_ane=args.require_ane)
     print(format_summary(report, os.path.join(report.out_dir, "report.json")))
     return report.exit_code
 
@@ -200,7 +203,7 @@ def cmd_parity(args) -> int:
                     target=args.target, imgsz=args.imgsz, precision=args.precision, attn_order=args.attn_order,
                     samples=_samples(args), tolerances=args.tol, require_verified=args.require_verified,
                     overrides=_overrides(args) or None, report_path=args.report, mode=args.mode,
-                    progress=args.progress)
+                    progress=args.progress, require_ane=args.require_ane)
     print(format_summary(report, args.report))
     return report.exit_code
 
@@ -273,6 +276,8 @@ def format_summary(report, report_path: str | None = None) -> str:
                      _fmt(m and m.top5_agreement, ".1%"), h.backend))
     lines += ["", _table(rows)]
     notes = [f"  {h.hop}: {h.status}: {h.reason}" for h in report.parity if h.reason]
+    notes += [f"  {h.hop}: Neural Engine residency {h.ane_residency['status'].upper()}: {h.ane_residency['reason']}"
+              for h in report.parity if h.ane_residency]
     if notes:
         lines += [""] + notes
     if report.artifacts:
@@ -291,7 +296,8 @@ def format_summary(report, report_path: str | None = None) -> str:
         q = f"; artifacts quarantined in {os.path.join(report.out_dir, report.quarantine)}" if report.quarantine else ""
         lines.append(f"FAILED: {', '.join(h.hop for h in report.failed_hops())}{where}{q}")
     elif report.exit_code:
-        lines.append(f"FAILED: --require-verified and unverified hops: {', '.join(unverified)}")
+        undecided = unverified + [f"{h.hop} (--require-ane inconclusive)" for h in report.inconclusive_checks()]
+        lines.append(f"FAILED: --require-verified and unverified hops: {', '.join(undecided)}")
     else:
         lines.append("PASSED: every executed hop is within tolerance"
                      + (f"; UNVERIFIED (not counted as passed): {', '.join(unverified)}" if unverified else ""))

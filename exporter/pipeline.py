@@ -264,7 +264,7 @@ def _localize_onnx_hop(hop: Hop, model: onnx.ModelProto, deploy: nn.Module, x: n
 
 def _artifact_hop(hop_name: str, target: Target, artifact: Artifact, deploy: nn.Module, x: np.ndarray,
                   reference: np.ndarray, tol, progress: Progress, mode: str | None = None,
-                  on_runner=None) -> Hop:
+                  on_runner=None, require_ane: bool = False) -> Hop:
     """Run a built artifact through its target's runner on the parity set (unverified where it cannot run)."""
     ok, why = target.runnable()
     if not ok:
@@ -283,9 +283,25 @@ def _artifact_hop(hop_name: str, target: Target, artifact: Artifact, deploy: nn.
         on_runner(runner)
     with progress.step(f"{hop_name} hop ({runner.backend})"):
         hop = check_hop(hop_name, runner, x, reference, tol)
+    if require_ane and target.name == "coreml":
+        _ane_check(hop, runner)
     if hop.status == "failed" and Path(artifact.path).suffix == ".onnx":
         _localize_onnx_hop(hop, onnx.load(str(artifact.path)), deploy, x, progress)
     return hop
+
+
+def _ane_check(hop: Hop, runner: Runner) -> None:
+    """--require-ane: a CoreML device hop fails when the model mostly runs off the Neural Engine; where that
+    cannot be told (no Neural Engine, no compute plan, not run on CoreML) the check is inconclusive."""
+    check = getattr(runner, "ane_residency", None)
+    if runner.mode == "device" and callable(check):
+        res = check()
+    else:
+        res = {"status": "inconclusive", "reason": f"the hop ran {runner.mode or 'nowhere'}, not on CoreML itself: "
+                                                   "where ops run is known only on macOS (--mode device)"}
+    hop.ane_residency = res
+    if res["status"] == "failed" and hop.status == "passed":
+        hop.status, hop.reason = "failed", f"--require-ane: {res['reason']}"
 
 
 # ---- export ---------------------------------------------------------------------------------------
@@ -296,10 +312,11 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
            attn_order: str = "auto", strict_schedule: bool = False, samples: int = parity_set.DEFAULT_SAMPLES,
            tolerances: dict | list | None = None, require_verified: bool = False, overrides: dict | None = None,
            options: dict | None = None, seed: int = DEMO_SEED, progress: Progress | None = None,
-           rewrites=True) -> Report:
+           rewrites=True, require_ane: bool = False) -> Report:
     """Export `model_or_name` to `targets` in folder `out` (default runs/NAME) and run the parity ladder.
 
     `rewrites`: the deploy-form's speed rewrites (True all, False none, or names; see `available_rewrites`).
+    `require_ane`: a CoreML device hop fails when the model mostly runs off the Neural Engine (macOS).
 
     Returns the Report also written to OUT/report.json; `report.exit_code` is 0 (all executed hops
     passed), 1 (a hop failed: artifacts in OUT/quarantine/). Raises VitedgeError (exit 2) on bad input,
@@ -336,7 +353,7 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
     report = Report(model=loaded.name, imgsz=imgsz, batch=batch, weights=loaded.weights,
                     checkpoint_sha256=loaded.checkpoint_sha256, reparam=info, versions=vers, command="export",
                     targets=[p.name for p in plans], overrides=loaded.overrides, samples=samples,
-                    inputs=_inputs_note(samples), require_verified=require_verified)
+                    inputs=_inputs_note(samples), require_verified=require_verified, require_ane=require_ane)
 
     made = [p for p in [out.parent, *out.parent.parents] if not p.exists()]  # removed again if we fail
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -489,7 +506,8 @@ class _Build:
         except Exception as e:
             return failed(hop_name, t.name, f"lowering to {t.name} failed: {type(e).__name__}: {e}", tolerance=tol)
         _record_artifact(self.report, hop_name, self.tmp, artifact)
-        return _artifact_hop(hop_name, t, artifact, self.deploy, x, reference, tol, self.progress)
+        return _artifact_hop(hop_name, t, artifact, self.deploy, x, reference, tol, self.progress,
+                             require_ane=self.report.require_ane)
 
 
 def _artifact_key(hop_name: str) -> str:
@@ -605,7 +623,7 @@ def parity(model_or_name, artifact: str | Path | None = None, *, checkpoint: str
            precision: str | None = None, attn_order: str | None = None, samples: int = parity_set.DEFAULT_SAMPLES,
            tolerances: dict | list | None = None, require_verified: bool = False, overrides: dict | None = None,
            seed: int = DEMO_SEED, report_path: str | Path | None = None, mode: str | None = None,
-           progress: Progress | None = None) -> Report:
+           progress: Progress | None = None, require_ane: bool = False) -> Report:
     """The parity ladder for an existing artifact and/or a deploy-form checkpoint (`vitedge reparam`).
 
     Hops: deploy-form (the deploy checkpoint if given, else a fresh re-parameterization) and the artifact,
@@ -672,7 +690,7 @@ def parity(model_or_name, artifact: str | Path | None = None, *, checkpoint: str
                     weights=loaded.weights, checkpoint_sha256=loaded.checkpoint_sha256, reparam=reparam_info(deploy),
                     versions=versions(), command="parity", targets=[tname] if tname else [],
                     overrides=loaded.overrides, samples=samples, inputs=_inputs_note(samples),
-                    require_verified=require_verified)
+                    require_verified=require_verified, require_ane=require_ane)
 
     x = _inputs(loaded.model, samples, imgsz)
     with progress.step(f"train-form reference on {samples} parity inputs"):
@@ -725,4 +743,5 @@ def _existing_artifact_hop(report: Report, plan: TargetPlan, path: Path, art_mod
         if report.batch is None and runner.max_batch():
             report.batch = runner.max_batch()  # the artifact's static batch, when its metadata did not say
 
-    return _artifact_hop(hop_name, plan.target, art, deploy, x, reference, tol, progress, mode, note_batch)
+    return _artifact_hop(hop_name, plan.target, art, deploy, x, reference, tol, progress, mode, note_batch,
+                         require_ane=report.require_ane)

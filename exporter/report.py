@@ -76,6 +76,7 @@ class Hop:
     tolerance: Tolerance | None = None
     diverging_module: str | None = None
     seconds: float | None = None  # wall time of the hop (lowering + running)
+    ane_residency: dict | None = None  # --require-ane on a CoreML hop: passed / failed / inconclusive and why
 
 
 @dataclass
@@ -118,6 +119,7 @@ class Report:
     samples: int = 0
     inputs: str = ""                                # which parity input set (vitedge.exporter.inputs)
     require_verified: bool = False
+    require_ane: bool = False
     out_dir: str | None = None                      # the export's output folder
     quarantine: str | None = None                   # folder (relative to out_dir) holding a failed run's artifacts
     exit_code: int = EXIT_OK
@@ -130,9 +132,15 @@ class Report:
     def unverified_hops(self) -> list[Hop]:
         return [h for h in self.parity if h.status == "unverified"]
 
+    def inconclusive_checks(self) -> list[Hop]:
+        """Hops whose --require-ane residency check could not decide (never counted as passed or failed)."""
+        return [h for h in self.parity if (h.ane_residency or {}).get("status") == "inconclusive"]
+
     def finalize(self) -> "Report":
-        """Set `exit_code` / `status` from the hops: 1 if any failed (or, with require_verified, is unverified)."""
-        bad = bool(self.failed_hops()) or (self.require_verified and bool(self.unverified_hops()))
+        """Set `exit_code` / `status` from the hops: 1 if any failed (or, with require_verified, is unverified or
+        has an inconclusive --require-ane check)."""
+        bad = bool(self.failed_hops()) or (self.require_verified and bool(self.unverified_hops()
+                                                                          or self.inconclusive_checks()))
         self.exit_code = EXIT_FAILED if bad else EXIT_OK
         self.status = "failed" if bad else "passed"
         return self

@@ -287,7 +287,14 @@ class FakeCoreML:
         return Model()
 
     def compute_plan(self, path: Path, unit: str) -> dict:
-        return {"ane": 40, "gpu": 0, "cpu": 3, "unknown": 0}
+        return dict(self.plan)
+
+    plan = {"ane": 40, "gpu": 0, "cpu": 3, "unknown": 0, "ops": 43, "ane_op_share": 40 / 43,
+            "cost_share": {"ane": 0.9, "gpu": 0.0, "cpu": 0.1, "unknown": 0.0}, "per_op": [["softmax", "s", "cpu"]]}
+    ane = True
+
+    def has_neural_engine(self):
+        return self.ane
 
 
 def test_linux_dispatch_is_emulated_and_never_device(build):
@@ -324,3 +331,119 @@ def test_device_runner_rejects_a_prediction_without_logits(build):
     with pytest.raises(RuntimeError, match="logits"):
         runner.run(b.x[:1])
     assert runner.mode is None
+
+
+# -------------------------------------------------------------------------------------------- compute plan (macOS)
+
+def _plan_fakes(monkeypatch, devices, weights=None, ane_available=True):
+    """coremltools' MLModel and MLComputePlan autospecced (spec_set), with a plan over real structure classes."""
+    import coremltools as ct
+    from coremltools.models import compute_device as cd
+    from coremltools.models import compute_plan as cp
+    from unittest.mock import create_autospec
+
+    kinds = {"ane": cd.MLNeuralEngineComputeDevice, "gpu": cd.MLGPUComputeDevice, "cpu": cd.MLCPUComputeDevice}
+    ops = [cp.MLModelStructureProgramOperation(inputs={}, operator_name="const", outputs=[], blocks=[],
+                                               __proxy__=None)]
+    usage = {}
+    for i, dev in enumerate(devices):
+        out = cp.MLModelStructureProgramNamedValueType(name=f"v{i}", type=None)
+        op = cp.MLModelStructureProgramOperation(inputs={}, operator_name=f"op{i}", outputs=[out], blocks=[],
+                                                 __proxy__=None)
+        ops.append(op)
+        usage[id(op)] = cp.MLComputePlanDeviceUsage(
+            preferred_compute_device=create_autospec(kinds[dev], instance=True, spec_set=True),
+            supported_compute_devices=[])
+    block = cp.MLModelStructureProgramBlock(inputs=[], operations=ops, output_names=[])
+    structure = cp.MLModelStructure(neuralnetwork=None, pipeline=None, program=cp.MLModelStructureProgram(
+        functions={"main": cp.MLModelStructureProgramFunction(inputs=[], block=block)}))
+    plan = create_autospec(cp.MLComputePlan, instance=True, spec_set=True)
+    plan.model_structure = structure
+    plan.get_compute_device_usage_for_mlprogram_operation.side_effect = lambda op: usage[id(op)]
+    w = weights or [1.0] * len(devices)
+    costs = {id(op): cp.MLComputePlanCost(weight=x) for op, x in zip(ops[1:], w)}
+    plan.get_estimated_cost_for_mlprogram_operation.side_effect = lambda op: costs[id(op)]
+    plan_cls = create_autospec(cp.MLComputePlan, spec_set=True)
+    plan_cls.load_from_path.return_value = plan
+    model_cls = create_autospec(ct.models.MLModel, spec_set=True)
+    model_cls.return_value.get_compiled_model_path.return_value = "/tmp/model.mlmodelc"
+    avail = [create_autospec(cd.MLCPUComputeDevice, instance=True, spec_set=True)]
+    if ane_available:
+        avail.append(create_autospec(cd.MLNeuralEngineComputeDevice, instance=True, spec_set=True))
+    model_cls.get_available_compute_devices.return_value = avail
+    monkeypatch.setattr(ct.models, "MLModel", model_cls)
+    monkeypatch.setattr(cp, "MLComputePlan", plan_cls)
+    return model_cls, plan_cls
+
+
+def test_compute_plan_reports_each_ops_preferred_device(monkeypatch):
+    from vitedge.targets.coreml import CoreMLFramework
+    model_cls, plan_cls = _plan_fakes(monkeypatch, ["ane", "ane", "cpu", "gpu"], weights=[0.5, 0.3, 0.15, 0.05])
+    plan = CoreMLFramework().compute_plan(Path("m.mlpackage"), "CPU_AND_NE")
+    # the compiled path comes from get_compiled_model_path (coremltools 9), passed by keyword to load_from_path
+    assert plan_cls.load_from_path.call_args.kwargs["path"] == "/tmp/model.mlmodelc"
+    assert (plan["ane"], plan["cpu"], plan["gpu"], plan["ops"]) == (2, 1, 1, 4)  # const ops are not counted
+    assert plan["per_op"][2] == ["op2", "v2", "cpu"] and plan["cost_share"]["ane"] == pytest.approx(0.8)
+    assert CoreMLFramework().has_neural_engine() is True
+
+
+def test_the_old_compiled_path_call_fails_against_coremltools(monkeypatch):
+    """coremltools 9 has no MLModel.get_compiled_path: the old call fails against the autospecced class."""
+    model_cls, _ = _plan_fakes(monkeypatch, ["ane"])
+    with pytest.raises(AttributeError, match="get_compiled_path"):
+        model_cls("m.mlpackage").get_compiled_path()
+
+
+def test_info_reports_unavailable_plans_but_not_bugs(build, monkeypatch):
+    from vitedge.targets.coreml import ComputePlanUnavailable
+    b, art = build("swiftformer", "fp16")
+    fake = FakeCoreML()
+    runner = CoreMLTarget(framework=fake, system="darwin").runner(art)
+
+    def unavailable(path, unit):
+        raise ComputePlanUnavailable("MLComputePlan needs macOS 14.4+ (this is 13.6)")
+    monkeypatch.setattr(fake, "compute_plan", unavailable)
+    assert runner.info()["compute_plan"].startswith("unavailable (MLComputePlan needs macOS 14.4+")
+
+    def buggy(path, unit):
+        raise AttributeError("'MLModel' object has no attribute 'get_compiled_path'")
+    monkeypatch.setattr(fake, "compute_plan", buggy)
+    with pytest.raises(AttributeError):
+        runner.info()
+
+
+@pytest.mark.parametrize("devices, weights, ane, status", [
+    (["ane"] * 9 + ["cpu"], None, True, "passed"),
+    (["ane"] * 3 + ["cpu"] * 7, None, True, "failed"),
+    (["ane"] * 2 + ["cpu"] * 8, [0.3, 0.3] + [0.05] * 8, True, "passed"),   # by estimated cost, not op count
+    (["cpu"] * 10, None, False, "inconclusive"),                            # a virtualized Mac: no Neural Engine
+])
+def test_require_ane_gate(build, monkeypatch, devices, weights, ane, status):
+    from vitedge.exporter.pipeline import _ane_check
+    from vitedge.targets.coreml import CoreMLFramework, summarize_compute_plan
+    b, art = build("swiftformer", "fp16")
+    model_cls, plan_cls = _plan_fakes(monkeypatch, devices, weights, ane_available=ane)
+    fake = FakeCoreML()
+    fake.plan = summarize_compute_plan(plan_cls.load_from_path.return_value)
+    fake.ane = CoreMLFramework().has_neural_engine()
+    runner = CoreMLTarget(framework=fake, system="darwin").runner(art)
+    hop = check_hop("coreml", runner, b.x[:2], b.reference[:2], DEFAULT_TOLERANCES["fp16"])
+    assert hop.status == "passed"
+    _ane_check(hop, runner)
+    assert hop.ane_residency["status"] == status
+    assert hop.status == ("failed" if status == "failed" else "passed")  # inconclusive never fails or passes it
+    if status == "failed":
+        assert "--require-ane" in hop.reason and "below --require-ane's 50%" in hop.reason
+
+
+def test_require_ane_off_macos_is_inconclusive_and_fails_only_require_verified(build, tmp_path):
+    from vitedge.exporter.pipeline import parity
+    b, art = build("swiftformer", "fp16")
+    name, overrides, imgsz = FAMILIES["swiftformer"]
+    kw = dict(overrides=overrides, imgsz=imgsz, samples=4, require_ane=True)
+    r = parity(name, art.path, **kw)
+    hop = r.hop("coreml")
+    assert hop.status == "passed" and hop.mode == "emulated"
+    assert hop.ane_residency["status"] == "inconclusive" and r.exit_code == 0
+    r = parity(name, art.path, require_verified=True, **kw)
+    assert r.exit_code == 1 and r.inconclusive_checks() == [r.hop("coreml")]
