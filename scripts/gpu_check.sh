@@ -1,29 +1,45 @@
 #!/usr/bin/env bash
-# GPU check for the TensorRT target: on a machine with an NVIDIA GPU and the tensorrt package,
-# builds fp32 and fp16 engines for one model per family through `vitedge export` (which runs the parity
-# ladder and fails on any failed or unverified hop), then a short `vitedge bench` with TensorRT.
-# Finishes in under 5 minutes on a recent GPU. Usage: scripts/gpu_check.sh [OUT_DIR]
-set -euo pipefail
+# GPU check for the TensorRT target, on a machine with an NVIDIA GPU and `pip install 'vitedge[tensorrt]'`:
+# builds fp32 and fp16 engines for one model per family through `vitedge export` (the parity ladder, failing on
+# any failed or unverified hop), checks each sidecar's precision check, then a short `vitedge bench` with
+# TensorRT (end-to-end and GPU-compute latency). One PASS/FAIL line per step; exit 1 if any step failed.
+# About 5 minutes on a recent GPU. Not run in this project's CI (no GPU). Usage: scripts/gpu_check.sh [OUT_DIR]
+set -uo pipefail
 
 OUT="${1:-runs/gpu_check}"
+LOGS="$OUT/logs"
+mkdir -p "$LOGS"
+source "$(dirname "$0")/_steps.sh"
 MODELS=(swiftformer_xs slab_deit_tiny sima_nano_12_p16)   # one per family: SwiftFormer, SLAB, SimA
 SAMPLES=64
 
-python -c "import tensorrt, sys; print('tensorrt', tensorrt.__version__)"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+step tensorrt-import python -c "import tensorrt; print('tensorrt', tensorrt.__version__)"
+step cuda-runtime python -c "from vitedge.targets.cuda_memory import memory_backend as m; b, why = m(); print(b or why); assert b"
+step gpu nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 
 for model in "${MODELS[@]}"; do
   for precision in fp32 fp16; do
-    echo "== export $model $precision"
-    vitedge export --model "$model" --target onnx,tensorrt --precision "$precision" \
-      --samples "$SAMPLES" --require-verified --timing-cache "$OUT/timing.cache" \
-      --out "$OUT/$model-$precision" --force
-    test -s "$OUT/$model-$precision/$model.engine"
-    test -s "$OUT/$model-$precision/$model.engine.json"
+    dir="$OUT/$model-$precision"
+    step "export-$model-$precision" vitedge export --model "$model" --target onnx,tensorrt --precision "$precision" \
+      --samples "$SAMPLES" --require-verified --timing-cache "$OUT/timing.cache" --out "$dir" --force
+    step "precision-$model-$precision" python - "$dir/$model.engine.json" <<'PY'
+import json, sys
+side = json.load(open(sys.argv[1]))
+check = side["precision_check"]
+print(f"{side['precision_requested']} -> {side['precision_built']}: {check['status']} ({check['evidence']}): "
+      f"{check['reason']}; fp32 layers verified: {side['fp32_policy']['pinned_layers']}")
+sys.exit(0 if check["status"] == "confirmed" else 1)
+PY
   done
 done
 
-echo "== bench ${MODELS[0]}"
-vitedge bench --model "${MODELS[0]}" --backends torch-deploy,onnxruntime,tensorrt \
+step bench vitedge bench --model "${MODELS[0]}" --backends torch-deploy,onnxruntime,tensorrt \
   --min-iters 20 --max-s 1 --report "$OUT/bench.json"
-echo "gpu_check: all engines built and verified"
+step bench-gpu-compute python - "$OUT/bench.json" <<'PY'
+import json, sys
+r = [x for x in json.load(open(sys.argv[1]))["results"] if x["backend"] == "tensorrt"][0]
+print(f"tensorrt {r['status']}: end to end p50 {r['latency']['p50_ms']:.3f} ms, "
+      f"GPU compute p50 {r['gpu_compute']['p50_ms']:.3f} ms")
+sys.exit(0 if r["valid"] and r["gpu_compute"] else 1)
+PY
+finish gpu_check
