@@ -433,7 +433,8 @@ class TensorRTRunner(Runner):
     no allocation."""
     mode = "device"
 
-    def __init__(self, source: Path | bytes, trt=None, memory=None):
+    def __init__(self, engine_path: Path | bytes, trt=None, memory=None):
+        # engine_path: the .engine file, or the plan's bytes
         trt = trt or import_tensorrt()
         self.trt = trt
         kind = memory if memory is not None else cuda_memory_backend()[0]
@@ -442,7 +443,7 @@ class TensorRTRunner(Runner):
         self.mem = open_memory(kind) if isinstance(kind, str) else kind
         self._bound: dict[int, dict] = {}
         self._current = None
-        plan = source if isinstance(source, (bytes, bytearray)) else Path(source).read_bytes()
+        plan = engine_path if isinstance(engine_path, (bytes, bytearray)) else Path(engine_path).read_bytes()
         logger = trt.Logger(trt.Logger.WARNING)
         runtime = trt.Runtime(logger)
         engine = runtime.deserialize_cuda_engine(plan)
