@@ -422,7 +422,7 @@ def _one_line_warnings(message, category, filename, lineno, file=None, line=None
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # bad usage: argparse prints it and exits 2
     from vitedge.exporter.progress import Progress
-    from vitedge.models.errors import VitedgeError
+    from vitedge.errors import VitedgeError
 
     args.progress = Progress(enabled=not args.quiet)
     warnings.showwarning = _one_line_warnings

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ..models.errors import VitedgeError
+from ..errors import VitedgeError
 from ..targets.base import Runner, UnavailableError
 from . import latency
 from .inputs import parity_inputs

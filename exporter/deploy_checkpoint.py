@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from ..models.errors import CheckpointError, VitedgeError
+from ..errors import CheckpointError, VitedgeError
 from ..models.layers.norms import LinearNorm
 from ..models.registry import create_model
 from . import stale

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..models.errors import VitedgeError
+from ..errors import VitedgeError
 
 TEAM_ENV = "VITEDGE_TEAM_ID"
 COMPUTE_UNITS = "CPU_AND_NE"   # as the macOS device hop; ALL aborts on some hosts

@@ -16,7 +16,7 @@ import onnx
 import torch
 import torch.nn as nn
 
-from ..models.errors import VitedgeError
+from ..errors import VitedgeError
 
 INPUT_NAME = "image"
 OUTPUT_NAME = "logits"

@@ -217,7 +217,7 @@ def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = N
             progress=None) -> PackageResult:
     """Build BUNDLE.zip at `out`. Raises VitedgeError on bad input (nothing written); a failed parity hop gives
     exit_code 1, no zip, and the export folder kept at `out` + '.failed/' for inspection."""
-    from ..models.errors import VitedgeError
+    from ..errors import VitedgeError
     from ..targets.coreml import parse_ios
     from .inputs import DEFAULT_SAMPLES
     from .parity import tolerances as make_tolerances
@@ -345,7 +345,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _overrides(items: list) -> dict:
     import ast
 
-    from ..models.errors import VitedgeError
+    from ..errors import VitedgeError
 
     out = {}
     for text in items:

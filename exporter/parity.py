@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..models.errors import VitedgeError
+from ..errors import VitedgeError
 from ..targets.base import Runner
 from .report import Hop, Metrics, Tolerance
 

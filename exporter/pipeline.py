@@ -23,7 +23,7 @@ import onnx
 import torch
 import torch.nn as nn
 
-from ..models.errors import VitedgeError
+from ..errors import VitedgeError
 from ..models.registry import IMAGENET_MEAN, IMAGENET_STD, create_model
 from ..targets import ALIASES, TARGETS, Artifact, LowerSpec, Runner, Target, UnavailableError, get_target
 from ..targets.ort import OnnxRuntimeRunner

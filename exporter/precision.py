@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
-from ..models.errors import VitedgeError
+from ..errors import VitedgeError
 
 FP16_MAX = 65504.0
 FP16_MIN_NORMAL = 2.0 ** -14        # 6.1e-5: below this fp16 is subnormal (precision lost)

@@ -1,5 +1,5 @@
 """Train-form models in the official checkpoint layouts, their registry and safe checkpoint loading."""
-from .errors import CheckpointError, VitedgeError
+from ..errors import CheckpointError, VitedgeError
 from .registry import ModelSpec, create_model, get_spec, list_models, register_model
 from .trained_like import make_trained_like
 

@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping
 import torch
 import torch.nn as nn
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 from .safe_pickle import Inert, TorchFile, load_torch_file
 
 CONTAINER_KEYS = ("model", "state_dict", "model_ema", "state_dict_ema")

@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch.nn as nn
 
-from .errors import VitedgeError
+from ..errors import VitedgeError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

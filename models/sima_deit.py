@@ -14,7 +14,7 @@ from functools import partial
 import torch
 import torch.nn as nn
 
-from .errors import VitedgeError
+from ..errors import VitedgeError
 from .layers import ORDERS, DropPath, Mlp, SimAAttention, init_vit_weights
 from .registry import register_model
 

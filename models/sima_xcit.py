@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .errors import VitedgeError
+from ..errors import VitedgeError
 from .layers import ORDERS, DropPath, Mlp, SimAAttention, init_vit_weights
 from .registry import register_model
 

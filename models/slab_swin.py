@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 import torch.utils.checkpoint as checkpoint
 
-from .errors import VitedgeError
+from ..errors import VitedgeError
 from .layers import DropPath, LinearNorm, Mlp, RepBN, SimplifiedLinearAttention, init_vit_weights
 from .registry import register_model
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 from .layers import DropPath, EfficientAdditiveAttention, init_trunc_normal
-from .errors import VitedgeError
+from ..errors import VitedgeError
 from .registry import register_model
 
 __all__ = ["SwiftFormer", "ConvEncoder", "SwiftFormerLocalRepresentation", "SwiftFormerEncoder", "Mlp", "Embedding"]

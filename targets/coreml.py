@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..models.errors import VitedgeError
+from ..errors import VitedgeError
 from ..models.registry import IMAGENET_MEAN, IMAGENET_STD
 from .base import Artifact, LowerSpec, Runner, Target, UnavailableError
 from .mil_interpreter import load_program, quiet_coremltools

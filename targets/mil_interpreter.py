@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..models.errors import VitedgeError
+from ..errors import VitedgeError
 from .base import UnavailableError
 from .mil_ops import OPS, OpArgs
 

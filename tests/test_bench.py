@@ -11,7 +11,7 @@ import pytest
 
 from vitedge.exporter.bench import format_table, run_bench, write_plot
 from vitedge.exporter.iphone import check_device
-from vitedge.models.errors import VitedgeError
+from vitedge.errors import VitedgeError
 from vitedge.targets.base import Runner
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 from vitedge.models import create_model, list_models, make_trained_like
 from vitedge.models.checkpoint import LoadResult, load_checkpoint
-from vitedge.models.errors import CheckpointError
+from vitedge.errors import CheckpointError
 from vitedge.models.flops import count_params, meta_model
 
 from vitedge.tests.conftest import golden_path

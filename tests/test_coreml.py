@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import vitedge
 from vitedge.exporter.inputs import parity_inputs
 from vitedge.exporter.parity import DEFAULT_TOLERANCES, check_hop, compute_metrics
-from vitedge.models.errors import VitedgeError
+from vitedge.errors import VitedgeError
 from vitedge.models.trained_like import make_trained_like
 from vitedge.targets import get_target
 from vitedge.targets.base import Artifact, LowerSpec, UnavailableError

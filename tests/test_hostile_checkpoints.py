@@ -18,7 +18,7 @@ import torch
 
 from vitedge.models import create_model, make_trained_like
 from vitedge.models.checkpoint import load_checkpoint
-from vitedge.models.errors import CheckpointError, VitedgeError
+from vitedge.errors import CheckpointError, VitedgeError
 from vitedge.models.safe_pickle import UnsafePickleError
 
 SWIFT_MINI = dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10)

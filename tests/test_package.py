@@ -12,7 +12,7 @@ import pytest
 from vitedge.exporter.package import package
 from vitedge.exporter.parity import compute_metrics
 from vitedge.exporter.report import Tolerance
-from vitedge.models.errors import VitedgeError
+from vitedge.errors import VitedgeError
 from vitedge.targets.coreml import EmulatedCoreMLRunner
 from vitedge.targets.mil_interpreter import load_program
 

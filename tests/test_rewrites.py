@@ -16,7 +16,7 @@ from vitedge.exporter.equivalence import verify_equivalence
 from vitedge.exporter.inputs import parity_inputs
 from vitedge.exporter.reparam import available_rewrites, reparameterize
 from vitedge.models import create_model, make_trained_like
-from vitedge.models.errors import VitedgeError
+from vitedge.errors import VitedgeError
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -11,7 +11,7 @@ from vitedge.exporter.equivalence import EquivalenceError, verify_equivalence
 from vitedge.exporter.reparam.engine import reparameterize
 from vitedge.exporter.reparam.primitives import ChannelAffine, count_params
 from vitedge.exporter.reparam.slab_swin import PatchMergingDeploy, SwinBlockDeploy, WindowAttentionDeploy
-from vitedge.models.errors import VitedgeError
+from vitedge.errors import VitedgeError
 from vitedge.models.layers import LinearNorm, RepBN, SimplifiedLinearAttention
 from vitedge.models.registry import create_model
 from vitedge.models.slab_swin import SlabSwinTransformer, SwinTransformer, WindowAttention

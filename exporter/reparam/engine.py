@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from ...models.errors import VitedgeError
+from ...errors import VitedgeError
 from ...models.layers.attention import ORDERS
 from ...models.layers.norms import LinearNorm
 

@@ -19,7 +19,7 @@ from typing import Sequence
 import torch
 import torch.nn as nn
 
-from ...models.errors import VitedgeError
+from ...errors import VitedgeError
 from ...models.layers.norms import LinearNorm, RepBN
 from .engine import ReparamSummary, schedule_state
 from .primitives import affine_before, require_repbn_affine

@@ -9,7 +9,7 @@ import math
 import torch
 import torch.nn as nn
 
-from ...models.errors import VitedgeError
+from ...errors import VitedgeError
 from ...models.layers.norms import LinearNorm, RepBN
 
 

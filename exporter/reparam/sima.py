@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ...models.errors import VitedgeError
+from ...errors import VitedgeError
 from ...models.layers.attention import l1_attention, resolve_order, sima_rule
 from ...models.sima_xcit import ClassAttentionBlock, SimABlock, SimAVisionTransformer, patch_grid
 from .engine import FoldContext, register_plan

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ...models.errors import VitedgeError
+from ...errors import VitedgeError
 from ...models.sima_deit import SimADeiT, SimADeiTBlock
 from .engine import FoldContext, register_plan
 from .primitives import affine_before

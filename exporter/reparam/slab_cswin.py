@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ...models.errors import VitedgeError
+from ...errors import VitedgeError
 from ...models.slab_cswin import (CSWinBlock, CSWinLinearAttention, CSWinTransformer, MergeBlock, img2windows,
                                   windows2img)
 from ...models.slab_pvt import merge_heads, split_heads

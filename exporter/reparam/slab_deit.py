@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ...models.errors import VitedgeError
+from ...errors import VitedgeError
 from ...models.layers import Mlp, SimplifiedLinearAttention
 from ...models.layers.attention import order_reason, resolve_order, sla_rule
 from ...models.slab_deit import Attention, PRepBNDeiT, SlabDeiT, DeiTBase

@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ...models.errors import VitedgeError
+from ...errors import VitedgeError
 from ...models.layers import Mlp
 from ...models.layers.attention import order_reason, resolve_order, sla_rule
 from ...models.slab_pvt import (PVTBlock, PVTLinearAttention, PyramidVisionTransformer, merge_heads,

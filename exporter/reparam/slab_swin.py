@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ...models.errors import VitedgeError
+from ...errors import VitedgeError
 from ...models.layers import Mlp, SimplifiedLinearAttention
 from ...models.layers.attention import order_reason, resolve_order, sla_rule
 from ...models.slab_swin import (PatchMerging, SlabSwinTransformer, SwinTransformer, SwinTransformerBlock,
