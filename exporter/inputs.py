@@ -11,66 +11,13 @@ Pixel-space images are normalized with the model's mean/std. Same seed, size and
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ..models.registry import IMAGENET_MEAN, IMAGENET_STD
+from ..models.synthetic import synthetic_batch  # the pattern makers (shared with trained-like calibration)
 
 CATEGORIES = ("noise", "gradient", "checker", "smooth", "blocks", "extreme")
 DEFAULT_SAMPLES = 256
-
-
-def _gradient(g, h, w):
-    theta = torch.rand(1, generator=g).item() * 2 * math.pi
-    yy, xx = torch.meshgrid(torch.linspace(0, 1, h), torch.linspace(0, 1, w), indexing="ij")
-    t = (math.cos(theta) * xx + math.sin(theta) * yy)
-    t = (t - t.min()) / (t.max() - t.min() + 1e-12)
-    lo, hi = torch.rand(3, 1, 1, generator=g), torch.rand(3, 1, 1, generator=g)
-    return lo + (hi - lo) * t
-
-
-def _checker(g, h, w):
-    period = int(2 ** (1 + torch.randint(0, 5, (1,), generator=g).item()))
-    yy, xx = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
-    mask = (((yy // period) + (xx // period)) % 2).float()
-    c0, c1 = torch.rand(3, 1, 1, generator=g), torch.rand(3, 1, 1, generator=g)
-    return c0 * (1 - mask) + c1 * mask
-
-
-def _smooth(g, h, w):
-    fy = torch.fft.fftfreq(h).reshape(-1, 1)
-    fx = torch.fft.rfftfreq(w).reshape(1, -1)
-    amp = 1.0 / torch.clamp(torch.sqrt(fy ** 2 + fx ** 2), min=1.0 / max(h, w))
-    phase = torch.rand(3, h, w // 2 + 1, generator=g) * 2 * math.pi
-    img = torch.fft.irfft2(amp * torch.exp(1j * phase), s=(h, w))
-    img = img - img.amin(dim=(1, 2), keepdim=True)
-    return img / (img.amax(dim=(1, 2), keepdim=True) + 1e-12)
-
-
-def _blocks(g, h, w):
-    img = torch.rand(3, 1, 1, generator=g).expand(3, h, w).clone()
-    for _ in range(12):
-        y0, x0 = torch.randint(0, h, (1,), generator=g).item(), torch.randint(0, w, (1,), generator=g).item()
-        hh, ww = torch.randint(1, h + 1, (1,), generator=g).item(), torch.randint(1, w + 1, (1,), generator=g).item()
-        img[:, y0:y0 + hh, x0:x0 + ww] = torch.rand(3, 1, 1, generator=g)
-    return img
-
-
-def _extreme(g, h, w):
-    kind = torch.randint(0, 4, (1,), generator=g).item()
-    if kind == 0:
-        return torch.zeros(3, h, w)
-    if kind == 1:
-        return torch.ones(3, h, w)
-    if kind == 2:
-        img = torch.zeros(3, h, w)
-        img[torch.randint(0, 3, (1,), generator=g).item()] = 1.0
-        return img
-    return (torch.rand(3, h, w, generator=g) > 0.5).float()
-
-
-_MAKERS = {"gradient": _gradient, "checker": _checker, "smooth": _smooth, "blocks": _blocks, "extreme": _extreme}
 
 
 def parity_inputs(n: int = DEFAULT_SAMPLES, imgsz: int = 224, seed: int = 0, mean=IMAGENET_MEAN,
@@ -78,17 +25,7 @@ def parity_inputs(n: int = DEFAULT_SAMPLES, imgsz: int = 224, seed: int = 0, mea
     """`n` inputs (n, 3, imgsz, imgsz), normalized, deterministic in (n, imgsz, seed)."""
     if n <= 0:
         raise ValueError("need at least one parity sample")
-    g = torch.Generator().manual_seed(seed)
-    m = torch.tensor(mean, dtype=torch.float64).reshape(3, 1, 1)
-    s = torch.tensor(std, dtype=torch.float64).reshape(3, 1, 1)
-    out = torch.empty(n, 3, imgsz, imgsz, dtype=torch.float64)
-    for i in range(n):
-        cat = CATEGORIES[i % len(CATEGORIES)]
-        if cat == "noise":
-            out[i] = torch.randn(3, imgsz, imgsz, generator=g, dtype=torch.float64)
-        else:
-            out[i] = (_MAKERS[cat](g, imgsz, imgsz).double() - m) / s
-    return out.to(dtype)
+    return synthetic_batch([CATEGORIES[i % len(CATEGORIES)] for i in range(n)], imgsz, seed, mean, std, dtype)
 
 
 def describe() -> str:

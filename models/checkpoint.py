@@ -8,8 +8,10 @@ Steps, each visible in the returned `LoadResult`:
 2. find the weights in the container (`model`, `state_dict`, `model_ema`, `state_dict_ema`, or a bare dict);
 3. strip wrapper prefixes (`module.` from DDP, `_orig_mod.` from torch.compile);
 4. cast fp16/bf16 to fp32, refuse NaN/Inf;
-5. apply the layout remaps whose key pattern is detected against the *target model* (timm SwiftFormer
-   names; SLAB LinearNorm <-> RepBN norm layouts) - never guessed, always listed in `result.remaps`;
+5. apply the layout remaps whose key pattern is detected against the *target model* - never guessed, always
+   listed in `result.remaps`. Each family keeps its remaps beside its models and registers them
+   (`registry.register_family`): timm's SwiftFormer names in models/swiftformer.py, SLAB's LinearNorm <-> RepBN
+   norm layouts in models/slab_deit.py;
 6. compare keys and shapes; strict mode raises one line with the first few problems and a hint
    (e.g. "the checkpoint fits swiftformer_s") when another registered variant matches.
 LinearNorm schedule buffers (`warm`, `iter`, `total_step`) are loaded as stored.
@@ -23,12 +25,13 @@ import struct
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import torch
 import torch.nn as nn
 
 from ..errors import CheckpointError
+from .registry import checkpoint_remaps
 from .safe_pickle import Inert, TorchFile, load_torch_file
 
 CONTAINER_KEYS = ("model", "state_dict", "model_ema", "state_dict_ema")
@@ -38,7 +41,7 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 SHOW = 3  # keys shown per problem kind in one-line errors
 
 __all__ = ["LoadResult", "load_checkpoint", "read_checkpoint", "extract_state_dict", "remap_state_dict",
-           "match_registered", "REMAPS", "CheckpointError"]
+           "match_registered", "CheckpointError"]
 
 
 @dataclass
@@ -201,124 +204,6 @@ def _metadata(obj: Any, source_key: str | None) -> tuple[list[str], dict]:
     return keys, meta
 
 
-# --------------------------------------------------------------------------------------------------
-# Layout remaps: each detected from the checkpoint's keys *against the target model's keys*
-# --------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Remap:
-    """`detect(ckpt_keys, model_keys)` -> whether it applies; `apply(sd, model_sd)` -> (new sd, description)."""
-    name: str
-    detect: Callable[[set, set], bool]
-    apply: Callable[[Mapping, Mapping], tuple[OrderedDict, str]]
-
-
-def _timm_swiftformer_key(k: str) -> str:
-    # Inverse of timm's checkpoint_filter_fn (timm 1.0.31 models/swiftformer.py).
-    if k.startswith("stem."):
-        k = "patch_embed." + k[len("stem."):]
-    elif k.startswith("head_dist."):
-        k = "dist_head." + k[len("head_dist."):]
-    m = re.match(r"stages\.(\d+)\.(blocks|downsample)\.(.*)", k)
-    if m:
-        i, rest = int(m[1]), m[3]
-        k = f"network.{2 * i}.{rest}" if m[2] == "blocks" else f"network.{2 * i - 1}.{rest}"
-    k = k.replace(".attn.proj.", ".attn.Proj.")
-    return re.sub(r"\.(layer_scale(?:_[12])?)\.gamma$", r".\1", k)
-
-
-def _detect_timm_swiftformer(ck: set, model: set) -> bool:
-    return (any(k.startswith(("stem.", "stages.")) for k in ck) and "patch_embed.0.weight" in model
-            and any(k.startswith("network.") for k in model))
-
-
-def _apply_timm_swiftformer(sd: Mapping, model_sd: Mapping) -> tuple[OrderedDict, str]:
-    out = OrderedDict((_timm_swiftformer_key(k), v) for k, v in sd.items())
-    return out, ("timm SwiftFormer key names -> official (stem->patch_embed, stages.i.blocks->network.2i, "
-                 "stages.i.downsample->network.2i-1, head_dist->dist_head, attn.proj->attn.Proj, "
-                 "*.gamma->layer_scale*)")
-
-
-_COUNTERS = ("warm", "iter", "total_step")
-
-
-def _join(prefix: str, rest: str) -> str:
-    return f"{prefix}.{rest}" if prefix else rest
-
-
-def _linearnorm_prefixes(ck: set, model: set) -> list[str]:
-    """Checkpoint LinearNorm prefixes X (`X.norm2.alpha`) where the model has a plain RepBN (`X.alpha`)."""
-    out = []
-    for k in ck:
-        if k.endswith("norm2.alpha"):
-            x = k[: -len("norm2.alpha")].rstrip(".")
-            if _join(x, "alpha") in model and k not in model:
-                out.append(x)
-    return sorted(out)
-
-
-def _repbn_prefixes(ck: set, model: set) -> list[str]:
-    """Checkpoint RepBN prefixes X (`X.alpha`) where the model has a LinearNorm (`X.norm2.alpha`)."""
-    out = []
-    for k in ck:
-        if k.endswith("alpha") and (k == "alpha" or k.endswith(".alpha")):
-            x = k[: -len("alpha")].rstrip(".")
-            if _join(x, "norm2.alpha") in model and k not in model:
-                out.append(x)
-    return sorted(out)
-
-
-def _apply_linearnorm_to_repbn(sd: Mapping, model_sd: Mapping) -> tuple[OrderedDict, str]:
-    prefixes = set(_linearnorm_prefixes(set(sd), set(model_sd)))
-    out = OrderedDict()
-    for k, v in sd.items():
-        x, rest = _split_norm_key(k, prefixes)
-        if x is None:
-            out[k] = v
-        elif rest.startswith("norm2."):
-            out[_join(x, rest[len("norm2."):])] = v
-        # norm1.* (the LayerNorm) and the schedule counters have no place in a RepBN: dropped
-    return out, (f"SLAB LinearNorm layout -> RepBN model ({len(prefixes)} norms: X.norm2.* -> X.*, "
-                 "dropped X.norm1.* and X.warm/iter/total_step)")
-
-
-def _apply_repbn_to_linearnorm(sd: Mapping, model_sd: Mapping) -> tuple[OrderedDict, str]:
-    prefixes = _repbn_prefixes(set(sd), set(model_sd))
-    pset = set(prefixes)
-    out = OrderedDict()
-    for k, v in sd.items():
-        x, rest = _split_norm_key(k, pset)
-        out[k if x is None else _join(x, "norm2." + rest)] = v
-    for x in prefixes:
-        # A RepBN checkpoint is a finished schedule: eval and train both use RepBN alone (lambda = 0).
-        out[_join(x, "warm")] = torch.zeros((), dtype=torch.long)
-        out[_join(x, "iter")] = torch.zeros((), dtype=torch.long)
-        total = model_sd[_join(x, "total_step")]
-        on_meta = total.device.type == "meta"
-        out[_join(x, "total_step")] = torch.zeros((), dtype=torch.long) if on_meta else total.clone()
-        for k, v in model_sd.items():  # the LayerNorm keeps its init values; with lambda = 0 it is never used
-            if k.startswith(_join(x, "norm1.")):
-                out[k] = v.clone() if v.device.type != "meta" else v
-    return out, (f"SLAB RepBN layout -> LinearNorm model ({len(prefixes)} norms: X.* -> X.norm2.*, schedule set "
-                 "finished (warm=0, iter=0, total_step from the model), LayerNorm norm1 left at its init)")
-
-
-def _split_norm_key(k: str, prefixes: set) -> tuple[str | None, str]:
-    # Longest matching prefix first: `blocks.0.norm2` must win over `blocks.0` for `blocks.0.norm2.norm2.alpha`.
-    parts = k.split(".")
-    for i in range(len(parts) - 1, -1, -1):
-        x = ".".join(parts[:i])
-        if x in prefixes:
-            return x, ".".join(parts[i:])
-    return None, k
-
-
-REMAPS: tuple[Remap, ...] = (
-    Remap("timm_swiftformer", _detect_timm_swiftformer, _apply_timm_swiftformer),
-    Remap("slab_linearnorm_to_repbn", lambda ck, m: bool(_linearnorm_prefixes(ck, m)), _apply_linearnorm_to_repbn),
-    Remap("slab_repbn_to_linearnorm", lambda ck, m: bool(_repbn_prefixes(ck, m)), _apply_repbn_to_linearnorm),
-)
-
-
 def _strip_wrappers(sd: Mapping, model_keys: set) -> tuple[Mapping, list[str]]:
     notes = []
     for prefix in WRAPPER_PREFIXES:
@@ -332,7 +217,7 @@ def remap_state_dict(sd: Mapping, model_sd: Mapping) -> tuple[OrderedDict, list[
     """`sd` rewritten to the target model's layout, and a description of every rewrite applied."""
     sd, notes = _strip_wrappers(sd, set(model_sd))
     sd = OrderedDict(sd)
-    for remap in REMAPS:
+    for remap in checkpoint_remaps():
         if remap.detect(set(sd), set(model_sd)):
             sd, note = remap.apply(sd, model_sd)
             notes.append(note)

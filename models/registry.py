@@ -1,9 +1,16 @@
-"""Model registry: name -> constructor, default size, accepted sizes, family (timm-style decorator)."""
+"""Model registry: name -> constructor, default size, accepted sizes, family (timm-style decorator).
+
+The one family list is `FAMILY_MODULES`: importing `models/<module>.py` registers its models (`register_model`)
+and its family (`register_family`), which names the family's fold plan (a module of `vitedge.exporter.reparam`,
+loaded by the reparam engine) and the checkpoint key remaps that live beside the models.
+"""
 from __future__ import annotations
 
 import difflib
+import importlib
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch.nn as nn
 
@@ -11,6 +18,10 @@ from ..errors import VitedgeError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+FALLBACK_IMGSZ = 224  # a module that is neither registered nor says its own size
+
+# Loaded in this order; it is also the order in which checkpoint remaps are tried.
+FAMILY_MODULES = ("swiftformer", "slab_deit", "slab_swin", "sima_xcit", "slab_pvt", "slab_cswin", "sima_deit")
 
 
 @dataclass(frozen=True)
@@ -51,7 +62,24 @@ class ModelSpec:
         return int(overrides.get("img_size", self.fixed_imgsz))
 
 
+@dataclass(frozen=True)
+class Remap:
+    """A checkpoint key layout a family accepts: `detect(ckpt_keys, model_keys)` -> whether it applies (always
+    decided against the target model's keys); `apply(sd, model_sd)` -> (new state_dict, description)."""
+    name: str
+    detect: Callable[[set, set], bool]
+    apply: Callable[[Mapping, Mapping], tuple[OrderedDict, str]]
+
+
+@dataclass(frozen=True)
+class Family:
+    module: str                 # models/<module>.py: the models and their checkpoint remaps
+    plan: str                   # exporter/reparam/<plan>.py: the fold plan
+    remaps: tuple = ()          # (Remap, ...)
+
+
 _REGISTRY: dict[str, ModelSpec] = {}
+_FAMILIES: dict[str, Family] = {}
 
 
 def register_model(name: str, family: str, *, default_imgsz: int = 224, stride: int | None = 32,
@@ -68,10 +96,31 @@ def register_model(name: str, family: str, *, default_imgsz: int = 224, stride: 
     return deco
 
 
+def register_family(module: str, *, plan: str, remaps: tuple = ()) -> Family:
+    """Called once by each module of FAMILY_MODULES (`register_family(__name__, plan=...)`)."""
+    short = module.rsplit(".", 1)[-1]
+    if short not in FAMILY_MODULES:
+        raise ValueError(f"family module {short!r} is not in registry.FAMILY_MODULES")
+    _FAMILIES[short] = Family(short, plan, tuple(remaps))
+    return _FAMILIES[short]
+
+
 def _ensure_loaded() -> None:
-    # Importing the family modules runs their @register_model decorators.
-    from . import swiftformer, slab_deit, slab_swin, sima_xcit  # noqa: F401
-    from . import slab_pvt, slab_cswin, sima_deit  # noqa: F401
+    # Importing a family module runs its register_model / register_family calls.
+    for module in FAMILY_MODULES:
+        if module not in _FAMILIES:
+            importlib.import_module(f"{__package__}.{module}")
+
+
+def families() -> list[Family]:
+    """Every family, in FAMILY_MODULES order."""
+    _ensure_loaded()
+    return [_FAMILIES[m] for m in FAMILY_MODULES]
+
+
+def checkpoint_remaps() -> tuple[Remap, ...]:
+    """Every family's checkpoint key remaps, in family order (each applies only where it detects its layout)."""
+    return tuple(r for f in families() for r in f.remaps)
 
 
 def get_spec(name: str) -> ModelSpec:
@@ -104,3 +153,30 @@ def create_model(name: str, **overrides) -> nn.Module:
     model.vitedge_overrides = dict(overrides)
     model.vitedge_spec = spec
     return model
+
+
+# ---- what a built model says about its input ---------------------------------------------------------
+
+def default_imgsz(model: nn.Module) -> int:
+    """The size `model` runs at when none is asked for: its spec's fixed size (e.g. SLAB-DeiT's 224, or the
+    `img_size` override), else the model's own `img_size`, else its spec's default, else 224."""
+    spec = getattr(model, "vitedge_spec", None)
+    fixed = spec.fixed_size(getattr(model, "vitedge_overrides", {})) if spec is not None else None
+    own = getattr(model, "img_size", None)
+    own = own if isinstance(own, int) and not isinstance(own, bool) else None
+    return int(fixed or own or (spec.default_imgsz if spec is not None else FALLBACK_IMGSZ))
+
+
+def resolve_imgsz(model: nn.Module, imgsz: int | None = None) -> int:
+    """`imgsz` (or the model's default), checked against the sizes a registered model accepts."""
+    imgsz = int(imgsz or default_imgsz(model))
+    spec = getattr(model, "vitedge_spec", None)
+    if spec is not None:
+        spec.check_imgsz(imgsz, getattr(model, "vitedge_overrides", {}))
+    return imgsz
+
+
+def input_stats(model: nn.Module | ModelSpec | None) -> tuple[tuple, tuple]:
+    """(mean, std) the model's inputs are normalized with (ImageNet's for a module that is not registered)."""
+    spec = model if isinstance(model, ModelSpec) else getattr(model, "vitedge_spec", None)
+    return (tuple(spec.mean), tuple(spec.std)) if spec is not None else (IMAGENET_MEAN, IMAGENET_STD)

@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from ..errors import VitedgeError
 from .layers import ORDERS, DropPath, Mlp, SimAAttention, init_vit_weights
-from .registry import register_model
+from .registry import register_family, register_model
 
 __all__ = ["SimADeiT", "SimADeiTBlock", "PatchEmbed16"]
 
@@ -109,3 +109,6 @@ register_model("sima_deit_tiny", "sima_deit", stride=None, fixed_imgsz=224, size
                embed_dim=192, depth=12, num_heads=3, mlp_ratio=4, qkv_bias=True, drop_path_rate=0.1)(SimADeiT)
 register_model("sima_deit_small", "sima_deit", stride=None, fixed_imgsz=224, sizes_note=_NOTE, patch_size=16,
                embed_dim=384, depth=12, num_heads=6, mlp_ratio=4, qkv_bias=True, drop_path_rate=0.1)(SimADeiT)
+
+
+register_family(__name__, plan="sima_deit")

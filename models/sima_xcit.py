@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from ..errors import VitedgeError
 from .layers import ORDERS, DropPath, Mlp, SimAAttention, init_vit_weights
-from .registry import register_model
+from .registry import register_family, register_model
 
 __all__ = ["SimAVisionTransformer", "ConvPatchEmbed", "PositionalEncodingFourier", "LPI", "SimABlock",
            "ClassAttention", "ClassAttentionBlock", "fourier_features", "patch_grid", "l1_normalize_tokens"]
@@ -288,3 +288,6 @@ for _name, (_dim, _depth, _heads, _eta, _tn) in _VARIANTS.items():
         register_model(f"{_name}_p{_p}", "sima", stride=_p, sizes_note=_SIZES_NOTE, patch_size=_p,
                        embed_dim=_dim, depth=_depth, num_heads=_heads, mlp_ratio=4, qkv_bias=True, eta=_eta,
                        tokens_norm=_tn)(SimAVisionTransformer)
+
+
+register_family(__name__, plan="sima")

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from ..errors import VitedgeError
 from .layers import (ORDERS, DropPath, LinearNorm, Mlp, RepBN, init_vit_weights, linear_attention, resolve_order,
                      sla_rule)
-from .registry import register_model
+from .registry import register_family, register_model
 from .slab_pvt import merge_heads, split_heads
 
 __all__ = ["CSWinTransformer", "CSWinBlock", "CSWinLinearAttention", "LePEAttention", "MergeBlock",
@@ -312,3 +312,6 @@ def slab_cswin_tiny(**kwargs) -> CSWinTransformer:
 def slab_cswin_small(**kwargs) -> CSWinTransformer:
     """SLAB_CSWin_64_24322_small_224 (cfgs/slab_cswin_s.yaml): 35.49M params."""
     return CSWinTransformer(**kwargs)
+
+
+register_family(__name__, plan="slab_cswin")

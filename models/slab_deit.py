@@ -9,19 +9,24 @@
 
 Keys: `cls_token`, `pos_embed`, `patch_embed.proj`, `blocks.i.{norm1, attn, norm2, mlp.{fc1, fc2}}`, `norm`,
 `head`. `norm_layer` takes a callable or a string (see `slab_norm_layer`).
+
+SLAB releases both norm layouts (LinearNorm `X.norm1.*`/`X.norm2.*` and plain RepBN `X.*`); the two remaps at
+the end load either into a model built with the other, registered with the family (for every model whose keys
+show the other layout).
 """
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from functools import partial
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 import torch.nn as nn
 
 from ..errors import VitedgeError
 from .layers import DropPath, LinearNorm, Mlp, RepBN, SimplifiedLinearAttention, init_vit_weights
-from .registry import register_model
+from .registry import Remap, register_family, register_model
 
 NormFactory = Callable[[int], nn.Module]
 
@@ -274,3 +279,83 @@ _VARIANTS = {
 for _name, (_cls, _kw, _note) in _VARIANTS.items():
     register_model(_name, "slab", stride=None, fixed_imgsz=224, sizes_note=_note, patch_size=16, mlp_ratio=4,
                    qkv_bias=True, **_kw)(_cls)
+
+
+# ---- the two SLAB norm layouts (checkpoint remaps) ----------------------------------------------------
+
+def _join(prefix: str, rest: str) -> str:
+    return f"{prefix}.{rest}" if prefix else rest
+
+
+def _linearnorm_prefixes(ck: set, model: set) -> list[str]:
+    """Checkpoint LinearNorm prefixes X (`X.norm2.alpha`) where the model has a plain RepBN (`X.alpha`)."""
+    out = []
+    for k in ck:
+        if k.endswith("norm2.alpha"):
+            x = k[: -len("norm2.alpha")].rstrip(".")
+            if _join(x, "alpha") in model and k not in model:
+                out.append(x)
+    return sorted(out)
+
+
+def _repbn_prefixes(ck: set, model: set) -> list[str]:
+    """Checkpoint RepBN prefixes X (`X.alpha`) where the model has a LinearNorm (`X.norm2.alpha`)."""
+    out = []
+    for k in ck:
+        if k.endswith("alpha") and (k == "alpha" or k.endswith(".alpha")):
+            x = k[: -len("alpha")].rstrip(".")
+            if _join(x, "norm2.alpha") in model and k not in model:
+                out.append(x)
+    return sorted(out)
+
+
+def _split_norm_key(k: str, prefixes: set) -> tuple[str | None, str]:
+    # Longest matching prefix first: `blocks.0.norm2` must win over `blocks.0` for `blocks.0.norm2.norm2.alpha`.
+    parts = k.split(".")
+    for i in range(len(parts) - 1, -1, -1):
+        x = ".".join(parts[:i])
+        if x in prefixes:
+            return x, ".".join(parts[i:])
+    return None, k
+
+
+def _linearnorm_to_repbn(sd: Mapping, model_sd: Mapping) -> tuple[OrderedDict, str]:
+    prefixes = set(_linearnorm_prefixes(set(sd), set(model_sd)))
+    out = OrderedDict()
+    for k, v in sd.items():
+        x, rest = _split_norm_key(k, prefixes)
+        if x is None:
+            out[k] = v
+        elif rest.startswith("norm2."):
+            out[_join(x, rest[len("norm2."):])] = v
+        # norm1.* (the LayerNorm) and the schedule counters have no place in a RepBN: dropped
+    return out, (f"SLAB LinearNorm layout -> RepBN model ({len(prefixes)} norms: X.norm2.* -> X.*, "
+                 "dropped X.norm1.* and X.warm/iter/total_step)")
+
+
+def _repbn_to_linearnorm(sd: Mapping, model_sd: Mapping) -> tuple[OrderedDict, str]:
+    prefixes = _repbn_prefixes(set(sd), set(model_sd))
+    pset = set(prefixes)
+    out = OrderedDict()
+    for k, v in sd.items():
+        x, rest = _split_norm_key(k, pset)
+        out[k if x is None else _join(x, "norm2." + rest)] = v
+    for x in prefixes:
+        # A RepBN checkpoint is a finished schedule: eval and train both use RepBN alone (lambda = 0).
+        out[_join(x, "warm")] = torch.zeros((), dtype=torch.long)
+        out[_join(x, "iter")] = torch.zeros((), dtype=torch.long)
+        total = model_sd[_join(x, "total_step")]
+        on_meta = total.device.type == "meta"
+        out[_join(x, "total_step")] = torch.zeros((), dtype=torch.long) if on_meta else total.clone()
+        for k, v in model_sd.items():  # the LayerNorm keeps its init values; with lambda = 0 it is never used
+            if k.startswith(_join(x, "norm1.")):
+                out[k] = v.clone() if v.device.type != "meta" else v
+    return out, (f"SLAB RepBN layout -> LinearNorm model ({len(prefixes)} norms: X.* -> X.norm2.*, schedule set "
+                 "finished (warm=0, iter=0, total_step from the model), LayerNorm norm1 left at its init)")
+
+
+NORM_LAYOUT_REMAPS = (
+    Remap("slab_linearnorm_to_repbn", lambda ck, m: bool(_linearnorm_prefixes(ck, m)), _linearnorm_to_repbn),
+    Remap("slab_repbn_to_linearnorm", lambda ck, m: bool(_repbn_prefixes(ck, m)), _repbn_to_linearnorm),
+)
+register_family(__name__, plan="slab_deit", remaps=NORM_LAYOUT_REMAPS)

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from ..errors import VitedgeError
 from .layers import (ORDERS, DropPath, LinearNorm, Mlp, RepBN, init_vit_weights, linear_attention, resolve_order,
                      sla_rule)
-from .registry import register_model
+from .registry import register_family, register_model
 
 __all__ = ["PyramidVisionTransformer", "PVTPatchEmbed", "PVTBlock", "PVTAttention", "PVTLinearAttention",
            "pvt_linear_norm", "split_heads", "merge_heads", "tokens_to_map", "interpolate_tokens"]
@@ -287,3 +287,6 @@ for _size, (_depths, _dpr) in _DEPTHS.items():
                    drop_path_rate=_dpr, attn_type="LLLL")(PyramidVisionTransformer)
     register_model(f"prepbn_pvt_{_size}", "slab", stride=32, sizes_note=_PREPBN_NOTE, **_PVT, depths=_depths,
                    drop_path_rate=_dpr, attn_type="SSSS")(PyramidVisionTransformer)
+
+
+register_family(__name__, plan="slab_pvt")

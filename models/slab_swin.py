@@ -19,7 +19,7 @@ import torch.utils.checkpoint as checkpoint
 
 from ..errors import VitedgeError
 from .layers import DropPath, LinearNorm, Mlp, RepBN, SimplifiedLinearAttention, init_vit_weights
-from .registry import register_model
+from .registry import register_family, register_model
 
 __all__ = ["SlabSwinTransformer", "SwinTransformer", "SwinTransformerBlock", "WindowAttention", "PatchMerging",
            "PatchEmbed", "window_partition", "window_reverse", "windowed", "relative_position_index",
@@ -428,3 +428,6 @@ def slab_swin_small(**kwargs) -> SlabSwinTransformer:
 def prepbn_swin_tiny(**kwargs) -> SwinTransformer:
     """swin_t_prepbn.yaml: standard Swin-T with RepBN norms, 28.29M params."""
     return SwinTransformer(**kwargs)
+
+
+register_family(__name__, plan="slab_swin")

@@ -4,15 +4,21 @@ Official checkpoints (`{'model': sd}`) load with `strict=True` and no remapping:
 Sequential stem (indices 0-5), `network` is [stage0, Embedding, stage1, Embedding, stage2, Embedding, stage3],
 each stage a Sequential of ConvEncoders ending in `vit_num` SwiftFormerEncoders, then `norm`, `head`,
 `dist_head`. The attention uses the current official math (alpha l2-normalized over tokens, not softmax).
+timm's port names the same weights differently (`stem`, `stages.i.blocks`, ...): `TIMM_NAMES` below maps them
+back, registered with the family like timm's own `checkpoint_filter_fn`.
 """
 from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from typing import Mapping
 
 import torch
 import torch.nn as nn
 
-from .layers import DropPath, EfficientAdditiveAttention, init_trunc_normal
 from ..errors import VitedgeError
-from .registry import register_model
+from .layers import DropPath, EfficientAdditiveAttention, init_trunc_normal
+from .registry import Remap, register_family, register_model
 
 __all__ = ["SwiftFormer", "ConvEncoder", "SwiftFormerLocalRepresentation", "SwiftFormerEncoder", "Mlp", "Embedding"]
 
@@ -212,3 +218,35 @@ def swiftformer_l1(**kwargs) -> SwiftFormer:
 @register_model("swiftformer_l3", "swiftformer", layers=[4, 4, 12, 6], embed_dims=[64, 128, 320, 512], **_COMMON)
 def swiftformer_l3(**kwargs) -> SwiftFormer:
     return SwiftFormer(**kwargs)
+
+
+# ---- timm's key names (checkpoint remap) -------------------------------------------------------------
+
+def _timm_key(k: str) -> str:
+    # Inverse of timm's checkpoint_filter_fn (timm 1.0.31 models/swiftformer.py).
+    if k.startswith("stem."):
+        k = "patch_embed." + k[len("stem."):]
+    elif k.startswith("head_dist."):
+        k = "dist_head." + k[len("head_dist."):]
+    m = re.match(r"stages\.(\d+)\.(blocks|downsample)\.(.*)", k)
+    if m:
+        i, rest = int(m[1]), m[3]
+        k = f"network.{2 * i}.{rest}" if m[2] == "blocks" else f"network.{2 * i - 1}.{rest}"
+    k = k.replace(".attn.proj.", ".attn.Proj.")
+    return re.sub(r"\.(layer_scale(?:_[12])?)\.gamma$", r".\1", k)
+
+
+def _is_timm_layout(ck: set, model: set) -> bool:
+    return (any(k.startswith(("stem.", "stages.")) for k in ck) and "patch_embed.0.weight" in model
+            and any(k.startswith("network.") for k in model))
+
+
+def _from_timm(sd: Mapping, model_sd: Mapping) -> tuple[OrderedDict, str]:
+    out = OrderedDict((_timm_key(k), v) for k, v in sd.items())
+    return out, ("timm SwiftFormer key names -> official (stem->patch_embed, stages.i.blocks->network.2i, "
+                 "stages.i.downsample->network.2i-1, head_dist->dist_head, attn.proj->attn.Proj, "
+                 "*.gamma->layer_scale*)")
+
+
+TIMM_NAMES = Remap("timm_swiftformer", _is_timm_layout, _from_timm)
+register_family(__name__, plan="swiftformer", remaps=(TIMM_NAMES,))

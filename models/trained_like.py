@@ -12,7 +12,8 @@ value while keeping activations O(1):
 - models with RepBN (SLAB): RepBN does not renormalize the residual stream, so random statistics let it
   grow block after block and deep softmax stacks turn fp32 rounding into percent-level noise. As SLAB's own
   recipe ends with a BN recalibration, each RepBN's statistics are set from the activations it sees on
-  parity inputs, then perturbed (mean + N(0, 0.1)*std, var * U(0.5, 1.5)) so they are NOT the batch
+  a small calibration batch (`calibration`, by default four synthetic images: noise, gradient, checkerboard,
+  1/f; models/synthetic.py), then perturbed (mean + N(0, 0.1)*std, var * U(0.5, 1.5)) so they are NOT the batch
   statistics; softmax attentions scale their q, k rows (`trained_like_qk_scale`) so softmax is neither flat
   nor one-hot. This is the golden fixtures' recipe.
 """
@@ -24,18 +25,23 @@ import torch
 import torch.nn as nn
 
 from .layers.norms import LinearNorm, RepBN
+from .registry import default_imgsz
+from .synthetic import synthetic_batch
 
 _SCALE_NAMES = ("layer_scale", "gamma")
 _TOKEN_NAMES = ("positional_encoding", "pos_embed", "cls_token", "absolute_pos_embed")
+CALIBRATION_KINDS = ("noise", "gradient", "checker", "smooth")  # the RepBN calibration batch
+CALIBRATION_SEED = 7
 
 
 @torch.no_grad()
 def make_trained_like(model: nn.Module, seed: int = 0, residual_scale: float = 0.5, calibrate: bool = True,
-                      imgsz: int | None = None) -> nn.Module:
+                      imgsz: int | None = None, calibration: torch.Tensor | None = None) -> nn.Module:
     """Fill `model` in place with seeded trained-like values; returns it.
 
     `residual_scale` multiplies output projections of residual branches (`attn.proj`, `mlp.fc2`, ...)
-    so deep residual streams stay bounded without renormalizing norms.
+    so deep residual streams stay bounded without renormalizing norms. `calibration`: the normalized NCHW batch
+    RepBN statistics are taken from (default: four synthetic images at `imgsz` or the model's size).
     """
     g = torch.Generator().manual_seed(seed)
 
@@ -92,18 +98,13 @@ def make_trained_like(model: nn.Module, seed: int = 0, residual_scale: float = 0
             m.kv.weight[: m.kv.out_features // 2].mul_(qk)
     whole_model = hasattr(model, "vitedge_spec") or isinstance(getattr(model, "img_size", None), int)
     if calibrate and whole_model and any(isinstance(m, RepBN) for m in model.modules()):  # needs image inputs
-        _calibrate_repbn(model, g, imgsz)
+        if calibration is None:
+            calibration = synthetic_batch(CALIBRATION_KINDS, imgsz or default_imgsz(model), CALIBRATION_SEED)
+        _calibrate_repbn(model, g, calibration)
     return model
 
 
-def _calibrate_repbn(model: nn.Module, g: torch.Generator, imgsz: int | None) -> None:
-    from ..exporter.inputs import parity_inputs  # lazy: the parity set lives downstream
-
-    if imgsz is None:
-        imgsz = getattr(model, "img_size", None)  # fixed-size models know their size
-    if not isinstance(imgsz, int):
-        spec = getattr(model, "vitedge_spec", None)
-        imgsz = (spec.fixed_size(getattr(model, "vitedge_overrides", {})) or spec.default_imgsz) if spec else 224
+def _calibrate_repbn(model: nn.Module, g: torch.Generator, x: torch.Tensor) -> None:
     bns = [m.bn for m in model.modules() if isinstance(m, RepBN)]
     was_training = model.training
     model.eval()
@@ -112,7 +113,7 @@ def _calibrate_repbn(model: nn.Module, g: torch.Generator, imgsz: int | None) ->
         bn.reset_running_stats()
         bn.momentum = None  # cumulative average: one batch -> exactly its statistics
         bn.train()
-    model(parity_inputs(4, imgsz, seed=7).to(dtype))
+    model(x.to(dtype))
     for bn in bns:
         bn.eval()
         bn.momentum = 0.1

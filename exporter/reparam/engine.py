@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import importlib
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ import torch.nn as nn
 from ...errors import VitedgeError
 from ...models.layers.attention import ORDERS
 from ...models.layers.norms import LinearNorm
+from ...models.registry import create_model, families, resolve_imgsz
 
 
 @dataclass
@@ -101,7 +103,6 @@ def available_rewrites(model: nn.Module | str) -> tuple[str, ...]:
     """The deploy-form rewrites the fold plan of `model` (a train-form module or a registered name) can apply."""
     _ensure_plans()
     if isinstance(model, str):
-        from ...models.registry import create_model
         with torch.device("meta"):
             model = create_model(model)
     if type(model) not in _PLANS:
@@ -127,8 +128,10 @@ def resolve_rewrites(model: nn.Module, rewrites) -> frozenset:
 
 
 def _ensure_plans() -> None:
-    from . import sima, slab_deit, slab_swin, swiftformer  # noqa: F401  (registers plans)
-    from . import sima_deit, slab_cswin, slab_pvt  # noqa: F401
+    # The family list is the models registry's: each family names its fold plan module here, whose
+    # @register_plan runs on import.
+    for family in families():
+        importlib.import_module(f"{__package__}.{family.plan}")
 
 
 def schedule_state(model: nn.Module) -> list[dict]:
@@ -153,11 +156,7 @@ def reparameterize(model: nn.Module, imgsz: int | None = None, attn_order: str =
     _ensure_plans()
     if attn_order not in ORDERS:
         raise VitedgeError(f"--attn-order must be one of {', '.join(ORDERS)}; got {attn_order!r}")
-    spec = getattr(model, "vitedge_spec", None)
-    if imgsz is None:
-        imgsz = spec.fixed_size(getattr(model, "vitedge_overrides", {})) or spec.default_imgsz if spec else 224
-    if spec is not None:
-        spec.check_imgsz(imgsz, getattr(model, "vitedge_overrides", {}))
+    imgsz = resolve_imgsz(model, imgsz)
     plan = _PLANS.get(type(model))
     if plan is None:
         raise VitedgeError(f"no re-parameterization plan for {type(model).__name__}: build it with vitedge.create_model")
