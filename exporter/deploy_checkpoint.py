@@ -99,12 +99,15 @@ def _finish_schedules(model: nn.Module) -> None:
 def load_deploy_checkpoint(path: str | Path) -> nn.Module:
     """Rebuild a deploy-form model from a `vitedge reparam` checkpoint (strict load)."""
     from .reparam import available_rewrites, reparameterize
+    from .reparam.engine import current_rewrite_names
 
     payload = read_deploy_checkpoint(path)
     model = create_model(payload["model"], **payload.get("overrides", {}))
     _finish_schedules(model)
     rewrites = payload.get("rewrites", True)  # a bool in files written before rewrites were switchable one by one
     if isinstance(rewrites, (list, tuple)):
+        # files from before a rewrite was renamed record its old name: the same rewrite, read without a warning
+        rewrites = payload["rewrites"] = current_rewrite_names(rewrites, warn=False)
         unknown = sorted(set(rewrites) - set(available_rewrites(model)))
         if unknown:
             raise CheckpointError(f"{path} was written with deploy-form rewrites this vitedge does not know "

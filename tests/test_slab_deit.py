@@ -138,7 +138,7 @@ def test_slab_reparam_exact(order, rewrites):
     _assert_deploy_form(deploy, depth=2, sla=True)
     expected = "kv_first" if order == "auto" else order  # N=196 > d=32: the FLOP rule picks K^T V first
     assert set(deploy.reparam_summary.attention_order.values()) == {expected}
-    assert ("tokens_channel_first" in deploy.reparam_summary.rewrites) == rewrites
+    assert ("tokens_channels_first" in deploy.reparam_summary.rewrites) == rewrites
     assert sum(p.numel() for p in deploy.parameters()) == _analytic_deploy_params(64, 2, 2, 10, sla=True)
 
 

@@ -110,8 +110,24 @@ def available_rewrites(model: nn.Module | str) -> tuple[str, ...]:
     return _REWRITES[type(model)]
 
 
+# Old rewrite names, still accepted (with a FutureWarning) and read from deploy checkpoints that recorded them.
+RENAMED_REWRITES = {"tokens_channel_first": "tokens_channels_first"}  # vitedge 0.1.0: SLAB-DeiT's spelling
+
+
+def current_rewrite_names(names, warn: bool = True) -> list[str]:
+    """`names` with renamed rewrites replaced by their current names (a FutureWarning per old name if `warn`)."""
+    out = []
+    for n in names:
+        new = RENAMED_REWRITES.get(n)
+        if new is not None and warn:
+            warnings.warn(f"rewrite name {n!r} is deprecated; use {new!r}", FutureWarning, stacklevel=3)
+        out.append(new or n)
+    return out
+
+
 def resolve_rewrites(model: nn.Module, rewrites) -> frozenset:
-    """`rewrites`: True (all of the plan's), False/None (none), or an iterable of rewrite names."""
+    """`rewrites`: True (all of the plan's), False/None (none), or an iterable of rewrite names (old names of
+    renamed rewrites are accepted with a FutureWarning)."""
     known = available_rewrites(model)
     if rewrites is True:
         return frozenset(known)
@@ -119,7 +135,7 @@ def resolve_rewrites(model: nn.Module, rewrites) -> frozenset:
         return frozenset()
     if isinstance(rewrites, str):
         rewrites = [r for r in rewrites.split(",") if r.strip()]
-    names = [str(r).strip() for r in rewrites]
+    names = current_rewrite_names([str(r).strip() for r in rewrites])
     bad = [n for n in names if n not in known]
     if bad:
         raise VitedgeError(f"unknown rewrite {', '.join(map(repr, bad))} for {type(model).__name__}; its rewrites: "

@@ -156,6 +156,18 @@ def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+class PatchEmbedDeploy(nn.Module):
+    """Patch-embed conv (its norm folded in; a conv stem Sequential for SimA) -> (B, N, C) tokens, row-major over
+    the grid (key `proj`): the deploy-form patch embed of every token-layout family."""
+
+    def __init__(self, proj: nn.Module):
+        super().__init__()
+        self.proj = proj
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x).flatten(2).transpose(1, 2)
+
+
 class ErfGELU(nn.Module):
     """Exact (erf) GELU written `(0.5 x) (1 + erf(x / sqrt 2))`: ONNX Runtime's GeluFusion pattern 1.
 

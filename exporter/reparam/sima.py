@@ -35,12 +35,13 @@ import torch.nn.functional as F
 
 from ...errors import VitedgeError
 from ...models.layers.attention import l1_attention, resolve_order, sima_rule
+from ...models.layers.normalize import l1_normalize_div
 from ...models.sima_xcit import ClassAttentionBlock, SimABlock, SimAVisionTransformer, patch_grid
 from .engine import FoldContext, register_plan
-from .primitives import (ChannelAffine, affine_before, affine_before_padded_depthwise, bn_affine, fuse_conv_bn,
-                         scale_output)
+from .primitives import (ChannelAffine, PatchEmbedDeploy, affine_before, affine_before_padded_depthwise, bn_affine,
+                         fuse_conv_bn, scale_output)
 
-__all__ = ["SimADeploy", "DeploySimABlock", "DeployClassAttentionBlock", "DeployLPI", "FixedOrderSimA",
+__all__ = ["SimADeploy", "SimABlockDeploy", "ClassAttentionBlockDeploy", "LPIDeploy", "FixedOrderSimA",
            "ShiftedLayerNorm", "sima_order_reason", "plan_sima"]
 
 
@@ -49,7 +50,7 @@ __all__ = ["SimADeploy", "DeploySimABlock", "DeployClassAttentionBlock", "Deploy
 def l1_normalize(t: torch.Tensor, eps: float, broadcast: bool) -> torch.Tensor:
     """l1-normalize over the token axis (-2). `broadcast`: plain division by the clamped column sums (no Expand)."""
     if broadcast:
-        return t / t.abs().sum(dim=-2, keepdim=True).clamp_min(eps)
+        return l1_normalize_div(t, -2, eps)
     return F.normalize(t, p=1.0, dim=-2, eps=eps)
 
 
@@ -95,7 +96,7 @@ class FixedOrderSimA(nn.Module):
         return f"heads={self.num_heads}, order={self.order}, eps={self.eps}, broadcast_l1={self.broadcast}"
 
 
-class DeployLPI(nn.Module):
+class LPIDeploy(nn.Module):
     """`conv2(shift + GELU(conv1(x)))` on the fixed token grid (conv1/conv2 carry the folded scales)."""
 
     def __init__(self, conv1: nn.Conv2d, shift: ChannelAffine, conv2: nn.Conv2d, grid: tuple[int, int]):
@@ -113,10 +114,10 @@ class DeployLPI(nn.Module):
         return f"grid={self.grid}"
 
 
-class DeploySimABlock(nn.Module):
+class SimABlockDeploy(nn.Module):
     """`x += attn(ln x)`; `x += lpi(ln_shift x)`; `x += mlp(ln x)` with every scale folded into the weights."""
 
-    def __init__(self, norm1: nn.Module, attn: FixedOrderSimA, norm3: nn.Module, local_mp: DeployLPI,
+    def __init__(self, norm1: nn.Module, attn: FixedOrderSimA, norm3: nn.Module, local_mp: LPIDeploy,
                  norm2: nn.Module, mlp: nn.Module):
         super().__init__()
         self.norm1, self.attn, self.norm3, self.local_mp = norm1, attn, norm3, local_mp
@@ -128,7 +129,7 @@ class DeploySimABlock(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-class DeployClassAttentionBlock(nn.Module):
+class ClassAttentionBlockDeploy(nn.Module):
     """The official class-attention block's function, written with `cat`:
 
     u = norm1(x); cls' = x_cls + proj(CA(qkv(u)))   (gamma1 in proj)
@@ -204,17 +205,6 @@ class SimADeploy(nn.Module):
         return self.head(x)
 
 
-class DeployPatchEmbed(nn.Module):
-    """The fused conv stem, returning tokens (B, N, C) row-major over the grid (key `proj`)."""
-
-    def __init__(self, proj: nn.Sequential):
-        super().__init__()
-        self.proj = proj
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x).flatten(2).transpose(1, 2)
-
-
 # ----------------------------------------------------------------------------------------------- fold helpers
 
 def sima_order_reason(requested: str, rule: str, n: int, d: int, source: str = "override") -> str:
@@ -259,7 +249,7 @@ def _plain_ln(ln: nn.LayerNorm) -> nn.LayerNorm:
     return nn.LayerNorm(ln.normalized_shape, eps=ln.eps, elementwise_affine=False)
 
 
-def _fold_patch_embed(pe: nn.Module, ctx: FoldContext) -> DeployPatchEmbed:
+def _fold_patch_embed(pe: nn.Module, ctx: FoldContext) -> PatchEmbedDeploy:
     layers = []
     for m in pe.proj:
         if isinstance(m, nn.Sequential):  # (conv3x3 no bias, BN)
@@ -267,7 +257,7 @@ def _fold_patch_embed(pe: nn.Module, ctx: FoldContext) -> DeployPatchEmbed:
             ctx.fold("conv+bn")
         else:
             layers.append(m)
-    return DeployPatchEmbed(nn.Sequential(*layers))
+    return PatchEmbedDeploy(nn.Sequential(*layers))
 
 
 def _fold_mlp(mlp: nn.Module, a: torch.Tensor | None, b: torch.Tensor | None, gamma: torch.Tensor,
@@ -291,7 +281,7 @@ def _record_padded_fold(ctx: FoldContext, aff: ChannelAffine, path: str, kind: s
                          f"zero-padded depthwise {conv}: the whole affine is {kept}")
 
 
-def _fold_sima_block(blk: SimABlock, path: str, n: int, grid: tuple[int, int], ctx: FoldContext) -> DeploySimABlock:
+def _fold_sima_block(blk: SimABlock, path: str, n: int, grid: tuple[int, int], ctx: FoldContext) -> SimABlockDeploy:
     attn = blk.attn
     w = attn.qkv.weight
     dim = w.shape[1]
@@ -320,15 +310,15 @@ def _fold_sima_block(blk: SimABlock, path: str, n: int, grid: tuple[int, int], c
     ctx.fold("layer_scale->conv")
     _record_padded_fold(ctx, aff_bn, f"{path}.local_mp.bn", "bn_scale->depthwise_conv", "conv2",
                         "kept as a per-channel add")
-    new_lpi = DeployLPI(conv1, aff_bn, conv2, grid)
+    new_lpi = LPIDeploy(conv1, aff_bn, conv2, grid)
 
     # MLP: norm2 affine -> fc1, gamma2 -> fc2
     a2, b2 = _ln_affine(blk.norm2, dim, w)
     mlp = _fold_mlp(blk.mlp, a2, b2, g2, ctx)
-    return DeploySimABlock(_plain_ln(blk.norm1), new_attn, norm3, new_lpi, _plain_ln(blk.norm2), mlp)
+    return SimABlockDeploy(_plain_ln(blk.norm1), new_attn, norm3, new_lpi, _plain_ln(blk.norm2), mlp)
 
 
-def _fold_cls_block(blk: ClassAttentionBlock, path: str, cls_only: bool, ctx: FoldContext) -> DeployClassAttentionBlock:
+def _fold_cls_block(blk: ClassAttentionBlock, path: str, cls_only: bool, ctx: FoldContext) -> ClassAttentionBlockDeploy:
     attn = blk.attn
     w = attn.qkv.weight
     dim = w.shape[1]
@@ -348,7 +338,7 @@ def _fold_cls_block(blk: ClassAttentionBlock, path: str, cls_only: bool, ctx: Fo
         norm2_patches.weight.copy_(2 * a)
         norm2_patches.bias.copy_(2 * b)
         ctx.fold("patch_doubling->layernorm_affine")
-    return DeployClassAttentionBlock(copy.deepcopy(blk.norm1), attn.qkv, proj, g1, copy.deepcopy(blk.norm2),
+    return ClassAttentionBlockDeploy(copy.deepcopy(blk.norm1), attn.qkv, proj, g1, copy.deepcopy(blk.norm2),
                                      norm2_patches, mlp, attn.num_heads, attn.eps,
                                      ctx.use("l1_normalize_broadcast_div"), cls_only)
 

@@ -20,13 +20,13 @@ import torch.nn as nn
 from ...errors import VitedgeError
 from ...models.sima_deit import SimADeiT, SimADeiTBlock
 from .engine import FoldContext, register_plan
-from .primitives import affine_before
-from .sima import DeployPatchEmbed, FixedOrderSimA, fix_sima_order
+from .primitives import PatchEmbedDeploy, affine_before
+from .sima import FixedOrderSimA, fix_sima_order
 
-__all__ = ["SimADeiTDeploy", "DeploySimADeiTBlock", "plan_sima_deit"]
+__all__ = ["SimADeiTDeploy", "SimADeiTBlockDeploy", "plan_sima_deit"]
 
 
-class DeploySimADeiTBlock(nn.Module):
+class SimADeiTBlockDeploy(nn.Module):
     """`x + attn(ln x)`, `x + mlp(ln x)` with the LayerNorm affines folded into qkv / fc1."""
 
     def __init__(self, norm1: nn.LayerNorm, attn: FixedOrderSimA, norm2: nn.LayerNorm, mlp: nn.Module):
@@ -44,7 +44,7 @@ class SimADeiTDeploy(nn.Module):
     def __init__(self, proj: nn.Conv2d, pos_embed: torch.Tensor, cls_token: torch.Tensor, blocks: list[nn.Module],
                  norm: nn.Module, head: nn.Module, img_size: int, norm_cls_only: bool):
         super().__init__()
-        self.patch_embed = DeployPatchEmbed(proj)
+        self.patch_embed = PatchEmbedDeploy(proj)
         self.pos_embed = nn.Parameter(pos_embed.detach().clone(), requires_grad=False)
         self.cls_token = nn.Parameter(cls_token.detach().clone(), requires_grad=False)
         self.blocks = nn.Sequential(*blocks)
@@ -71,7 +71,7 @@ def _ln_affine(ln: nn.Module, path: str) -> tuple[torch.Tensor, torch.Tensor, nn
     return ln.weight, ln.bias, nn.LayerNorm(ln.normalized_shape, eps=ln.eps, elementwise_affine=False)
 
 
-def _fold_block(blk: SimADeiTBlock, path: str, n: int, ctx: FoldContext) -> DeploySimADeiTBlock:
+def _fold_block(blk: SimADeiTBlock, path: str, n: int, ctx: FoldContext) -> SimADeiTBlockDeploy:
     attn = blk.attn
     a1, b1, norm1 = _ln_affine(blk.norm1, f"{path}.norm1")
     a2, b2, norm2 = _ln_affine(blk.norm2, f"{path}.norm2")
@@ -83,7 +83,7 @@ def _fold_block(blk: SimADeiTBlock, path: str, n: int, ctx: FoldContext) -> Depl
     mlp.drop = None  # identity in eval
     ctx.fold("layernorm_affine->linear")
     attn = FixedOrderSimA(qkv, attn.proj, attn.num_heads, order, attn.eps, ctx.use("l1_normalize_broadcast_div"))
-    return DeploySimADeiTBlock(norm1, attn, norm2, mlp)
+    return SimADeiTBlockDeploy(norm1, attn, norm2, mlp)
 
 
 @register_plan(SimADeiT, rewrites=("l1_normalize_broadcast_div", "final_norm_on_cls_only"))

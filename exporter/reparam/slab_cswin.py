@@ -28,7 +28,7 @@ from .engine import FoldContext, register_plan
 from .primitives import ChannelAffine, affine_after, affine_before, scale_output
 from .slab_pvt import eval_affine, fixed_order_sla, fold_mlp, sla_order, softmax_order
 
-__all__ = ["CSWinDeploy", "DeployCSWinBlock", "DeployCSWinBranch", "DeployConvTokens", "merge_depthwise"]
+__all__ = ["CSWinDeploy", "CSWinBlockDeploy", "CSWinBranchDeploy", "ConvTokensDeploy", "merge_depthwise"]
 
 
 @torch.no_grad()
@@ -52,7 +52,7 @@ def merge_depthwise(get_v: nn.Conv2d, dwc: nn.Conv2d, heads: int) -> nn.Conv2d:
     return conv
 
 
-class DeployConvTokens(nn.Module):
+class ConvTokensDeploy(nn.Module):
     """Conv (norm folded in) on the token map -> (B, N, C) tokens; `resolution` None = the input is already NCHW."""
 
     def __init__(self, conv: nn.Conv2d, resolution: int | None):
@@ -66,7 +66,7 @@ class DeployConvTokens(nn.Module):
         return self.conv(x).flatten(2).transpose(1, 2)
 
 
-class DeployCSWinBranch(nn.Module):
+class CSWinBranchDeploy(nn.Module):
     """One stripe-window branch on (B, L, C') q, k, v: `attention + local(v)` per window.
 
     `local` is the merged lepe+dwc conv (SLA) or get_v (softmax); `positional_encoding` None = softmax branch
@@ -106,10 +106,10 @@ class DeployCSWinBranch(nn.Module):
         return f"heads={self.heads}, window={self.window}, {kind}, partition={self.partition}"
 
 
-class DeployCSWinBlock(nn.Module):
+class CSWinBlockDeploy(nn.Module):
     """`x + proj(cat(branches(qkv x)))`, `x + mlp(x)`: norm1 folded into qkv, norm2 into fc1."""
 
-    def __init__(self, qkv: nn.Linear, attns: list[DeployCSWinBranch], proj: nn.Linear, mlp: nn.Module):
+    def __init__(self, qkv: nn.Linear, attns: list[CSWinBranchDeploy], proj: nn.Linear, mlp: nn.Module):
         super().__init__()
         self.qkv, self.attns, self.proj, self.mlp = qkv, nn.ModuleList(attns), proj, mlp
 
@@ -152,7 +152,7 @@ class CSWinDeploy(nn.Module):
         return self.head(x.mean(dim=1))
 
 
-def _fold_block(blk: CSWinBlock, path: str, ctx: FoldContext) -> DeployCSWinBlock:
+def _fold_block(blk: CSWinBlock, path: str, ctx: FoldContext) -> CSWinBlockDeploy:
     qkv = affine_before(blk.qkv, *eval_affine(blk.norm1, f"{path}.norm1"))
     ctx.fold("norm->qkv")
     linear = isinstance(blk.attns[0], CSWinLinearAttention)
@@ -176,20 +176,20 @@ def _fold_block(blk: CSWinBlock, path: str, ctx: FoldContext) -> DeployCSWinBloc
             local = merge_depthwise(br.get_v, br.dwc, br.num_heads)
             ctx.fold("lepe+dwc->depthwise_conv")
             ctx.fold("unused_sla_scale_dropped")
-            branches.append(DeployCSWinBranch(br.num_heads, br.resolution, (br.H_sp, br.W_sp), local,
+            branches.append(CSWinBranchDeploy(br.num_heads, br.resolution, (br.H_sp, br.W_sp), local,
                                               br.positional_encoding, order, partition))
         else:
             softmax_order(ctx, bpath)
-            branches.append(DeployCSWinBranch(br.num_heads, br.resolution, (br.H_sp, br.W_sp), br.get_v, None,
+            branches.append(CSWinBranchDeploy(br.num_heads, br.resolution, (br.H_sp, br.W_sp), br.get_v, None,
                                               "qk_first", partition))
-    return DeployCSWinBlock(qkv, branches, blk.proj, fold_mlp(blk.mlp, blk.norm2, f"{path}.norm2", ctx))
+    return CSWinBlockDeploy(qkv, branches, blk.proj, fold_mlp(blk.mlp, blk.norm2, f"{path}.norm2", ctx))
 
 
-def _fold_merge(merge: MergeBlock, path: str, ctx: FoldContext) -> DeployConvTokens:
+def _fold_merge(merge: MergeBlock, path: str, ctx: FoldContext) -> ConvTokensDeploy:
     conv = affine_after(merge.conv, *eval_affine(merge.norm, f"{path}.norm"))
     ctx.fold("norm->merge.conv")
     ctx.check(path, path)
-    return DeployConvTokens(conv, merge.resolution)
+    return ConvTokensDeploy(conv, merge.resolution)
 
 
 @register_plan(CSWinTransformer, rewrites=("single_window_without_partition",))
@@ -198,7 +198,7 @@ def plan_cswin(model: CSWinTransformer, ctx: FoldContext) -> CSWinDeploy:
         raise VitedgeError(f"this CSWin was built for {model.img_size}x{model.img_size} inputs, not {ctx.imgsz}: "
                            f"use --imgsz {model.img_size} or rebuild it with img_size={ctx.imgsz}")
     conv, _, norm = model.stage1_conv_embed
-    embed = DeployConvTokens(affine_after(conv, *eval_affine(norm, "stage1_conv_embed.2")), None)
+    embed = ConvTokensDeploy(affine_after(conv, *eval_affine(norm, "stage1_conv_embed.2")), None)
     ctx.fold("norm->stage1_conv_embed.0")
     ctx.check("stage1_conv_embed", "stage1_conv_embed")
     stages, merges = [], []

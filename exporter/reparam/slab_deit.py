@@ -9,13 +9,13 @@ Deploy-form (`DeiTDeploy`), per forward:
 No BatchNorm / LayerNorm / RepBN / LinearNorm / Dropout remains; nothing per-channel is left unfolded for the
 released configs (a LayerNorm built on purpose with norm_layer="layernorm" is kept and listed as unfolded).
 
-Deploy SLA (`DeploySLA`): ReLU(q), ReLU(k + positional_encoding), per head `(q (k^T v)) / (q . sum_j k_j + eps)`
+Deploy SLA (`SLADeploy`): ReLU(q), ReLU(k + positional_encoding), per head `(q (k^T v)) / (q . sum_j k_j + eps)`
 or `((q k^T) v) / (...)`, order fixed here; batched 4-D MatMuls only (no Einsum), one normalizer per head
 (a MatMul against sum_j k_j) applied as a single broadcasting Div (no 1/x: fp16 gives 0/eps = 0 instead of
 0 * inf), plus the shared depth-wise conv on v.
 
 Rewrites (each exact and switchable, `reparameterize(..., rewrites=[...])`; none = the folded-only token-first
-ablation baseline). `tokens_channel_first`: the residual stream is channel-first, (B, C, N, 1), from the patch-embed
+ablation baseline). `tokens_channels_first`: the residual stream is channel-first, (B, C, N, 1), from the patch-embed
 conv (a free reshape) to the pooling; every token Linear is a 1x1 Conv2d (ONNX Runtime runs it in its NCHWc
 layout with prepacked weights, within a few % of a Gemm; Conv1d measured ~10 % slower); heads are (B, h, d, N) by
 free reshapes, M = v k^T then M q (kv_first) or v (k^T q) (qk_first), so k's transpose is the only one per
@@ -61,7 +61,7 @@ class ChannelsFirst(nn.Module):
         return self.module(_to_tokens(x)).transpose(1, 2).unsqueeze(-1)
 
 
-class DeploySLA(nn.Module):
+class SLADeploy(nn.Module):
     """SLA with folded qkv, a fixed association order and no Einsum (see the module docstring).
 
     `channel_first`: input and output are (B, C, N, 1) and qkv / proj are 1x1 convs; else (B, N, C) and Linear.
@@ -115,7 +115,7 @@ class DeploySLA(nn.Module):
         return self.proj(out.reshape(b, c, n, 1))
 
 
-class DeploySoftmaxAttention(nn.Module):
+class SoftmaxAttentionDeploy(nn.Module):
     """Softmax MHSA with the norm folded into qkv and the 1/sqrt(d) scale folded into its q rows.
 
     `channel_first`: (B, C, N, 1) in and out; the scores are formed transposed, S^T = k^T q (k's transpose is
@@ -141,7 +141,7 @@ class DeploySoftmaxAttention(nn.Module):
         return self.proj((attn @ v).transpose(1, 2).reshape(b, n, c))
 
 
-class DeployBlock(nn.Module):
+class DeiTBlockDeploy(nn.Module):
     """`x + attn(norm1 x)`, `x + mlp(norm2 x)`; the norms are Identity once folded."""
 
     def __init__(self, norm1: nn.Module, attn: nn.Module, norm2: nn.Module, mlp: Mlp):
@@ -153,7 +153,7 @@ class DeployBlock(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-class PatchEmbedCF(nn.Module):
+class PatchEmbedCFDeploy(nn.Module):
     """Patch-embed conv output (B, C, H, W) -> (B, C, N, 1) tokens: a free reshape, no transpose."""
 
     def __init__(self, proj: nn.Conv2d):
@@ -181,7 +181,7 @@ class DeiTDeploy(nn.Module):
         super().__init__()
         self.channel_first = channel_first
         self.pool = "mean" if cls_token is None else "cls"
-        self.patch_embed = PatchEmbedCF(patch_embed.proj) if channel_first else patch_embed
+        self.patch_embed = PatchEmbedCFDeploy(patch_embed.proj) if channel_first else patch_embed
         if channel_first:
             pos = pos_embed.detach().transpose(1, 2)
             if cls_token is not None:
@@ -248,7 +248,7 @@ def _deploy_attention(attn: nn.Module, path: str, grid: tuple[int, int], cf: boo
     if isinstance(attn, SimplifiedLinearAttention):
         order, why = _sla_order(attn, grid[0] * grid[1], ctx)
         ctx.order(path, order, why)
-        return DeploySLA(attn, grid, order, channel_first=cf)
+        return SLADeploy(attn, grid, order, channel_first=cf)
     if isinstance(attn, Attention):
         ctx.order(path, "qk_first", "softmax attention: q k^T is formed for the softmax (attn_order does not apply)")
         dim = attn.qkv.in_features
@@ -256,18 +256,18 @@ def _deploy_attention(attn: nn.Module, path: str, grid: tuple[int, int], cf: boo
         s[:dim] = attn.scale
         attn.qkv = scale_output(attn.qkv, s)
         ctx.fold("attn_scale->q")
-        return DeploySoftmaxAttention(attn, channel_first=cf)
+        return SoftmaxAttentionDeploy(attn, channel_first=cf)
     raise VitedgeError(f"{path}: unsupported attention {type(attn).__name__}; "
                        "build the model with vitedge.create_model")
 
 
-@register_plan(SlabDeiT, PRepBNDeiT, rewrites=("tokens_channel_first", "erf_gelu_fusable"))
+@register_plan(SlabDeiT, PRepBNDeiT, rewrites=("tokens_channels_first", "erf_gelu_fusable"))
 def plan_slab_deit(model: DeiTBase, ctx: FoldContext) -> DeiTDeploy:
     if ctx.imgsz != model.img_size:
         raise VitedgeError(f"{type(model).__name__} is built for {model.img_size}x{model.img_size} "
                            f"(fixed-size positional embeddings); got --imgsz {ctx.imgsz}: use --imgsz {model.img_size}")
     grid = model.patch_embed.grid
-    cf = ctx.use("tokens_channel_first")  # channel-first tokens (B, C, N, 1) through the whole network
+    cf = ctx.use("tokens_channels_first")  # channel-first tokens (B, C, N, 1) through the whole network
     to_train = _to_tokens if cf else None
     ctx.check("patch_embed", "patch_embed", to_train=to_train)
     blocks = []
@@ -277,7 +277,7 @@ def plan_slab_deit(model: DeiTBase, ctx: FoldContext) -> DeiTDeploy:
         norm1, attn.qkv = _fold_norm_into(blk.norm1, attn.qkv, f"{p}.norm1", "qkv", ctx)
         norm2, fc1 = _fold_norm_into(blk.norm2, blk.mlp.fc1, f"{p}.norm2", "fc1", ctx)
         blk.mlp.fc1 = fc1
-        blocks.append(DeployBlock(_channels_first_norm(norm1, cf), _deploy_attention(attn, f"{p}.attn", grid, cf, ctx),
+        blocks.append(DeiTBlockDeploy(_channels_first_norm(norm1, cf), _deploy_attention(attn, f"{p}.attn", grid, cf, ctx),
                                   _channels_first_norm(norm2, cf), _deploy_mlp(blk.mlp, cf, ctx)))
         ctx.check(p, p, to_train=to_train)
 

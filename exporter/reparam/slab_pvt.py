@@ -27,9 +27,9 @@ from ...models.layers.attention import order_reason, resolve_order, sla_rule
 from ...models.slab_pvt import (PVTBlock, PVTLinearAttention, PyramidVisionTransformer, merge_heads,
                                 split_heads, tokens_to_map)
 from .engine import FoldContext, register_plan
-from .primitives import affine_after, affine_before, require_repbn_affine, scale_output
+from .primitives import PatchEmbedDeploy, affine_after, affine_before, require_repbn_affine, scale_output
 
-__all__ = ["PVTDeploy", "DeployPVTBlock", "DeployPVTAttention", "DeployPatchEmbed", "eval_affine", "fixed_order_sla",
+__all__ = ["PVTDeploy", "PVTBlockDeploy", "PVTAttentionDeploy", "eval_affine", "fixed_order_sla",
            "sla_order", "softmax_order", "fold_mlp", "SLA_EPS"]
 
 SLA_EPS = 1e-6
@@ -70,18 +70,7 @@ def fold_mlp(mlp: Mlp, norm: nn.Module, path: str, ctx: FoldContext) -> Mlp:
 
 # ---------------------------------------------------------------- deploy-form modules
 
-class DeployPatchEmbed(nn.Module):
-    """Conv (norm folded in) -> (B, N, C) tokens (key `proj`)."""
-
-    def __init__(self, proj: nn.Conv2d):
-        super().__init__()
-        self.proj = proj
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x).flatten(2).transpose(1, 2)
-
-
-class DeployPVTAttention(nn.Module):
+class PVTAttentionDeploy(nn.Module):
     """PVT attention with folded projections on a fixed grid.
 
     q/k/v come from one `qkv` Linear (sr = 1, rewritten), from `q` + `kv`, or from `q` + `sr` conv -> `kv`.
@@ -131,10 +120,10 @@ class DeployPVTAttention(nn.Module):
         return f"heads={self.heads}, grid={self.grid}, {kind}"
 
 
-class DeployPVTBlock(nn.Module):
+class PVTBlockDeploy(nn.Module):
     """`x + attn(x)`, `x + mlp(x)`: norm1 folded into the attention's inputs, norm2 into fc1."""
 
-    def __init__(self, attn: DeployPVTAttention, mlp: Mlp):
+    def __init__(self, attn: PVTAttentionDeploy, mlp: Mlp):
         super().__init__()
         self.attn, self.mlp = attn, mlp
 
@@ -190,7 +179,7 @@ def _stack_linears(*linears: nn.Linear) -> nn.Linear:
     return fused
 
 
-def _fold_attention(blk: PVTBlock, path: str, grid: tuple[int, int], ctx: FoldContext) -> DeployPVTAttention:
+def _fold_attention(blk: PVTBlock, path: str, grid: tuple[int, int], ctx: FoldContext) -> PVTAttentionDeploy:
     attn = blk.attn
     a1, b1 = eval_affine(blk.norm1, f"{path}.norm1")
     c, h, d = attn.dim, attn.num_heads, attn.head_dim
@@ -217,7 +206,7 @@ def _fold_attention(blk: PVTBlock, path: str, grid: tuple[int, int], ctx: FoldCo
     nk = (grid[0] // attn.sr_ratio) * (grid[1] // attn.sr_ratio)
     if not isinstance(attn, PVTLinearAttention):
         softmax_order(ctx, f"{path}.attn")
-        return DeployPVTAttention(h, grid, attn.proj, **parts)
+        return PVTAttentionDeploy(h, grid, attn.proj, **parts)
     if attn.positional_encoding.shape[1] != nk:
         raise VitedgeError(f"{path}.attn has a positional encoding for {attn.positional_encoding.shape[1]} tokens, "
                            f"not the {nk} of a {grid[0]}x{grid[1]} grid: use the model's img_size as --imgsz")
@@ -226,7 +215,7 @@ def _fold_attention(blk: PVTBlock, path: str, grid: tuple[int, int], ctx: FoldCo
     if attn.sr_ratio > 1:
         v_resize = _token_resize_matrix(nk, n, attn.positional_encoding)
         ctx.fold("v_token_resize->matmul")
-    return DeployPVTAttention(h, grid, attn.proj, **parts, linear=True, positional_encoding=attn.positional_encoding,
+    return PVTAttentionDeploy(h, grid, attn.proj, **parts, linear=True, positional_encoding=attn.positional_encoding,
                               dwc=attn.dwc, order=order, v_resize=v_resize)
 
 
@@ -255,7 +244,7 @@ def plan_pvt(model: PyramidVisionTransformer, ctx: FoldContext) -> PVTDeploy:
         for j, blk in enumerate(getattr(model, f"block{i + 1}")):
             p = f"block{i + 1}.{j}"
             attn = _fold_attention(blk, p, grid, ctx)
-            blocks.append(DeployPVTBlock(attn, fold_mlp(blk.mlp, blk.norm2, f"{p}.norm2", ctx)))
+            blocks.append(PVTBlockDeploy(attn, fold_mlp(blk.mlp, blk.norm2, f"{p}.norm2", ctx)))
             ctx.check(p, p)
-        stages.append((DeployPatchEmbed(proj), pos, blocks, grid))
+        stages.append((PatchEmbedDeploy(proj), pos, blocks, grid))
     return PVTDeploy(stages, model.head, ctx.imgsz)

@@ -27,24 +27,14 @@ from ...models.slab_swin import (PatchMerging, SlabSwinTransformer, SwinTransfor
                                  WindowAttention, merge_heads, patch_merge_gather, split_qkv,
                                  window_softmax_attention, windowed)
 from .engine import FoldContext, register_plan
-from .primitives import ChannelAffine, affine_after, affine_before, require_repbn_affine, scale_output
+from .primitives import (ChannelAffine, PatchEmbedDeploy, affine_after, affine_before, require_repbn_affine,
+                         scale_output)
 
-__all__ = ["SwinDeploy", "SwinStageDeploy", "SwinBlockDeploy", "WindowAttentionDeploy", "PatchEmbedDeploy",
+__all__ = ["SwinDeploy", "SwinStageDeploy", "SwinBlockDeploy", "WindowAttentionDeploy",
            "PatchMergingDeploy", "norm_affine"]
 
 
 # ---------------------------------------------------------------- deploy-form modules
-
-class PatchEmbedDeploy(nn.Module):
-    """Conv (norm folded in) -> (B, N, C) tokens."""
-
-    def __init__(self, proj: nn.Conv2d):
-        super().__init__()
-        self.proj = proj
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x).flatten(2).transpose(1, 2)
-
 
 class WindowAttentionDeploy(nn.Module):
     """Softmax window attention with constant biases.
@@ -217,7 +207,7 @@ def _fold_head(model: SlabSwinTransformer | SwinTransformer, ctx: FoldContext) -
 @register_plan(SlabSwinTransformer, SwinTransformer, rewrites=("softmax_scale_into_qkv", "shift_mask_merged_with_bias",
                                                             "single_window_without_partition",
                                                             "patch_merging_as_reshape"))
-def fold_swin(model: SlabSwinTransformer | SwinTransformer, ctx: FoldContext) -> SwinDeploy:
+def plan_swin(model: SlabSwinTransformer | SwinTransformer, ctx: FoldContext) -> SwinDeploy:
     if ctx.imgsz != model.img_size:
         raise VitedgeError(f"this model was built for {model.img_size}x{model.img_size} inputs, not {ctx.imgsz}: "
                            f"use --imgsz {model.img_size} or rebuild it with img_size={ctx.imgsz}")

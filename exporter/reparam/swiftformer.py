@@ -22,19 +22,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...models.layers import EfficientAdditiveAttention
+from ...models.layers.normalize import l2_normalize_rsqrt
 from ...models.swiftformer import ConvEncoder, Embedding, SwiftFormer, SwiftFormerEncoder
 from .engine import FoldContext, register_plan
 from .primitives import (ChannelAffine, ErfGELU, affine_before, bn_affine, fuse_conv_bn, linear_to_conv1x1,
                          scale_output)
 
 __all__ = ["ConvBlock", "ConvMlp", "AdditiveAttention2d", "AdditiveAttentionTokens", "EncoderBlock",
-           "SwiftFormerDeploy", "l2_normalize"]
-
-
-def l2_normalize(x: torch.Tensor, dim, eps: float = 1e-12) -> torch.Tensor:
-    """`F.normalize(x, dim=dim, eps=eps)` as `x * rsqrt(max(sum(x^2), eps^2))`: one reduction and a broadcast
-    multiply (no Expand/Div). Exact in real arithmetic since max(sqrt(s), eps) = sqrt(max(s, eps^2))."""
-    return x * torch.rsqrt(torch.clamp_min((x * x).sum(dim=dim, keepdim=True), eps * eps))
+           "SwiftFormerDeploy"]
 
 
 def _gelu(ctx: FoldContext) -> nn.Module:
@@ -79,7 +74,7 @@ class AdditiveAttention2d(nn.Module):
         self.rsqrt = rsqrt
 
     def norm(self, x: torch.Tensor, dim, eps: float) -> torch.Tensor:
-        return l2_normalize(x, dim, eps) if self.rsqrt else F.normalize(x, dim=dim, eps=eps)
+        return l2_normalize_rsqrt(x, dim, eps) if self.rsqrt else F.normalize(x, dim=dim, eps=eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q = self.norm(self.to_query(x), 1, self.eps)
@@ -91,7 +86,7 @@ class AdditiveAttention2d(nn.Module):
 
 class AdditiveAttentionTokens(EfficientAdditiveAttention):
     """The official token-layout attention (B, N, C) with its scale folded into `w_g` and l2-normalize as
-    `l2_normalize` (the `l2_normalize_rsqrt` rewrite without `tokens_channels_first`)."""
+    `l2_normalize_rsqrt` (the rewrite of that name without `tokens_channels_first`)."""
 
     def __init__(self, attn: EfficientAdditiveAttention):
         nn.Module.__init__(self)
@@ -100,9 +95,9 @@ class AdditiveAttentionTokens(EfficientAdditiveAttention):
         self.scale_factor = attn.scale_factor
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        query = l2_normalize(self.to_query(x), -1)
-        key = l2_normalize(self.to_key(x), -1)
-        a = l2_normalize((query @ self.w_g) * self.scale_factor, 1)
+        query = l2_normalize_rsqrt(self.to_query(x), -1)
+        key = l2_normalize_rsqrt(self.to_key(x), -1)
+        a = l2_normalize_rsqrt((query @ self.w_g) * self.scale_factor, 1)
         g = torch.sum(a * query, dim=1, keepdim=True)
         return self.final(self.Proj(g * key) + query)
 
@@ -208,7 +203,7 @@ def _fold_head(model: SwiftFormer, ctx: FoldContext) -> nn.Module:
 
 
 @register_plan(SwiftFormer, rewrites=("tokens_channels_first", "l2_normalize_rsqrt", "erf_gelu_fusable"))
-def fold_swiftformer(model: SwiftFormer, ctx: FoldContext) -> SwiftFormerDeploy:
+def plan_swiftformer(model: SwiftFormer, ctx: FoldContext) -> SwiftFormerDeploy:
     pe = model.patch_embed
     stem = nn.Sequential(_conv_bn(pe[0], pe[1], ctx), pe[2], _conv_bn(pe[3], pe[4], ctx), pe[5])
     ctx.check("patch_embed", "patch_embed")
