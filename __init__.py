@@ -21,7 +21,7 @@ _API = {
     "reparameterize": "vitedge.exporter.reparam",
     "verify_equivalence": "vitedge.exporter.equivalence",
     "export": "vitedge.exporter.pipeline",
-    "parity": "vitedge.exporter.pipeline",
+    "parity": "vitedge.exporter.verify",
     "load_deploy_checkpoint": "vitedge.exporter.deploy_checkpoint",
     "save_deploy_checkpoint": "vitedge.exporter.deploy_checkpoint",
 }

@@ -5,6 +5,9 @@ which and where); 2 bad usage or bad input (nothing written).
 
 Each subcommand is one `add_<name>(subparsers)` function that builds its parser and one `cmd_<name>(args)`
 that runs it; register new subcommands in SUBCOMMANDS.
+
+Length: one job, the command line: the parsers and printed outputs of six subcommands, kept together so
+that shared flags are defined once.
 """
 from __future__ import annotations
 
@@ -128,6 +131,8 @@ def cmd_models(args) -> int:
 # ---- export ---------------------------------------------------------------------------------------
 
 def add_export(sub) -> None:
+    from vitedge.targets.coreml.options import INPUT_KINDS, IOS_TARGETS  # torch-free
+
     p = sub.add_parser("export", help="re-parameterize, export and check parity at every hop",
                        description="Export a model to ONNX (always: the hub graph) and the requested targets, "
                                    "with the parity ladder; writes OUT/NAME.onnx, other artifacts and OUT/report.json.")
@@ -147,8 +152,8 @@ def add_export(sub) -> None:
     p.add_argument("--force", action="store_true", help="replace an output folder that already holds artifacts")
     _add_parity_flags(p)
     g = p.add_argument_group("coreml")
-    g.add_argument("--ios", type=int, choices=(16, 17, 18), help="minimum deployment target")
-    g.add_argument("--input", choices=("tensor", "image"), help="input type (image: RGB pixels, normalization built in)")
+    g.add_argument("--ios", type=int, choices=IOS_TARGETS, help="minimum deployment target")
+    g.add_argument("--input", choices=INPUT_KINDS, help="input type (image: RGB pixels, normalization built in)")
     g.add_argument("--labels", help="class labels file (one per line): classifier output")
     g = p.add_argument_group("tensorrt")
     g.add_argument("--max-batch", type=_positive_int, help="largest batch of the dynamic-batch profile")
@@ -197,7 +202,7 @@ def add_parity(sub) -> None:
 
 
 def cmd_parity(args) -> int:
-    from vitedge.exporter.pipeline import parity
+    from vitedge.exporter.verify import parity
 
     report = parity(args.model, args.artifact, checkpoint=args.checkpoint, deploy_checkpoint=args.deploy_checkpoint,
                     target=args.target, imgsz=args.imgsz, precision=args.precision, attn_order=args.attn_order,
@@ -313,6 +318,8 @@ BENCH_DEFAULT = ("torch", "torch-deploy", "onnxruntime")
 
 
 def add_bench(sub) -> None:
+    from vitedge.targets.coreml.options import INPUT_KINDS  # torch-free
+
     BACKENDS, DEFAULT_BACKENDS = BENCH_BACKENDS, BENCH_DEFAULT  # no torch import while building the parser
     p = sub.add_parser("bench", help="latency per backend and size: paired, parity-checked, regression gate",
                        description="Exit codes: 0 measured (and no regression), 1 a p50 regression beyond "
@@ -341,7 +348,7 @@ def add_bench(sub) -> None:
                                     "the golden vectors there (macOS, Xcode, a developer-mode iPhone, --team-id)")
     p.add_argument("--team-id", help="Apple Developer Team ID that signs coremltools' model-runner app for the phone "
                                      "(default: $VITEDGE_TEAM_ID)")
-    p.add_argument("--input", choices=("tensor", "image"), default=None,
+    p.add_argument("--input", choices=INPUT_KINDS, default=None,
                    help="--device iphone: the phone's package input (image: RGB pixels, normalization built in)")
     p.add_argument("--labels", help="--device iphone: class labels file: the phone's package is a classifier")
     p.add_argument("--report", help="write the JSON report here")
@@ -356,9 +363,6 @@ def cmd_bench(args) -> int:
 
     from vitedge.exporter.bench import format_table, run_bench, write_plot
 
-    if args.imgsz is None:
-        from vitedge.models.registry import get_spec
-        args.imgsz = str(get_spec(args.model).default_imgsz)
     report = run_bench(args.model, checkpoint=args.checkpoint, backends=args.backends, imgsz=args.imgsz,
                        batch=args.batch, threads=args.threads, warmup_s=args.warmup_s, min_iters=args.min_iters,
                        max_s=args.max_s, baseline=args.baseline, max_regression=args.max_regression,
@@ -380,20 +384,46 @@ def cmd_bench(args) -> int:
 # ---- package --------------------------------------------------------------------------------------
 
 def add_package(sub) -> None:
-    from vitedge.exporter.package import add_arguments
+    from vitedge.targets.coreml.options import DEFAULT_IOS, IOS_TARGETS
 
     p = sub.add_parser("package", help="app-ready CoreML bundle (.zip): image-input .mlpackage, golden vectors, "
                                        "manifest, Swift README",
                        description="Export to CoreML (image input; classifier with --labels), run the parity ladder "
                                    "and write a deterministic BUNDLE.zip. Exit 1 (nothing written) if a hop fails.")
-    add_arguments(p)
+    p.add_argument("--model", required=True, help="model name (see `vitedge models`)")
+    p.add_argument("--checkpoint", help="train-form checkpoint; without it the bundle holds seeded demo weights "
+                                        "(untrained, said in the manifest and README)")
+    p.add_argument("--labels", help="class labels, one per line: the model becomes a classifier")
+    p.add_argument("--ios", type=int, choices=IOS_TARGETS, default=DEFAULT_IOS,
+                   help=f"minimum deployment target (default {DEFAULT_IOS})")
+    p.add_argument("--imgsz", type=int, help="input size (default: the model's)")
+    p.add_argument("--set", dest="overrides", action="append", type=_kv, default=[], metavar="KEY=VALUE",
+                   help="constructor override, official keyword names (e.g. --set depth=2); repeatable")
+    p.add_argument("--samples", type=int, help="parity inputs for the ladder (default: the documented set)")
+    p.add_argument("--tol", action="append", default=[], metavar="PROFILE.KEY=VALUE", help="tolerance override")
+    p.add_argument("--out", required=True, help="the bundle to write (BUNDLE.zip)")
+    p.add_argument("--force", action="store_true", help="replace an existing --out")
     p.set_defaults(func=cmd_package)
 
 
 def cmd_package(args) -> int:
-    from vitedge.exporter.package import cmd_package as run
+    from vitedge.exporter.package import package
 
-    return run(args)
+    res = package(args.model, args.out, checkpoint=args.checkpoint, labels=args.labels, ios=args.ios,
+                  imgsz=args.imgsz, samples=args.samples, overrides=_overrides(args),
+                  tolerances=args.tol or None, force=args.force, progress=args.progress)
+    if res.exit_code != 0:
+        bad = ", ".join(h.hop for h in res.report.failed_hops()) or "coreml"
+        print(f"FAILED: parity hop {bad} did not pass; no bundle written. The export is kept in {res.export_dir}")
+        return res.exit_code
+    hop = res.report.hop("coreml")
+    demo = " (DEMO: untrained seeded weights)" if res.manifest["weights"] == "untrained" else ""
+    m = hop.metrics
+    print(f"{res.manifest['model']} @ {res.manifest['imgsz']}{demo}: coreml hop {hop.status} ({hop.mode}, "
+          f"{hop.samples} samples, cosine {m.cosine:.6f}, PSNR {m.psnr_db:.1f} dB); golden vectors "
+          f"{'passed' if res.manifest['golden']['verified']['passed'] else 'FAILED'}")
+    print(f"wrote {res.path} ({res.path.stat().st_size / 1e6:.2f} MB, {len(res.manifest['files']) + 1} files)")
+    return EXIT_OK
 
 
 # ---- entry point ----------------------------------------------------------------------------------

@@ -24,8 +24,9 @@ import torch
 
 import _common as C
 from vitedge.exporter import latency
-from vitedge.exporter.pipeline import export, resolve_targets
+from vitedge.exporter.pipeline import export
 from vitedge.exporter.progress import Progress
+from vitedge.exporter.target_plans import resolve_targets
 from vitedge.models import list_models
 
 MODELS = ("swiftformer_xs", "slab_deit_tiny", "sima_nano_12_p16")  # one small model per family

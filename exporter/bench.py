@@ -8,9 +8,11 @@ marked invalid; a backend that cannot run here is listed as unavailable with the
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,9 +23,14 @@ import torch
 import torch.nn as nn
 
 from ..errors import VitedgeError
+from ..targets import LowerSpec, get_target
 from ..targets.base import Runner, UnavailableError
+from ..targets.ort import OnnxRuntimeRunner
+from ..targets.pytorch import TorchRunner
 from . import latency
+from .forms import build_deploy_form, build_train_form, resolve_imgsz
 from .inputs import parity_inputs
+from .onnx_export import check_onnx, export_onnx, save_onnx, simplify_onnx
 from .parity import compute_metrics, run_batched, tolerances as make_tolerances
 
 BACKENDS = ("torch", "torch-deploy", "onnxruntime", "coreml", "tensorrt")
@@ -84,21 +91,13 @@ def machine_info() -> dict:
 
 # ---- backends ---------------------------------------------------------------------------------------
 
-def _torch_runner(model: nn.Module, label: str) -> Runner:
-    from ..targets.pytorch import TorchRunner
-    return TorchRunner(model, label)
-
-
 def _ort_runner(deploy: nn.Module, imgsz: int, batch: int, threads: int, spinning: bool | None = None) -> Runner:
-    from ..targets.ort import OnnxRuntimeRunner
-    from .onnx_export import check_onnx, export_onnx, simplify_onnx
     model = simplify_onnx(check_onnx(export_onnx(deploy, imgsz, batch=batch)))
     return OnnxRuntimeRunner(model, threads=threads, spinning=spinning)
 
 
 def _target_runner(name: str, deploy: nn.Module, imgsz: int, batch: int, tmp: Path) -> Runner:
     """CoreML / TensorRT through their targets; raises UnavailableError with the reason when they cannot run."""
-    from ..targets import LowerSpec, get_target
     try:
         target = get_target(name)
     except ImportError as e:
@@ -111,12 +110,12 @@ def _target_runner(name: str, deploy: nn.Module, imgsz: int, batch: int, tmp: Pa
         raise UnavailableError(why or f"{name} cannot run here")
     onnx_path = None
     if name == "tensorrt":
-        from .onnx_export import check_onnx, export_onnx, save_onnx, simplify_onnx
         onnx_path = save_onnx(simplify_onnx(check_onnx(export_onnx(deploy, imgsz, batch=batch))), tmp / "bench.onnx")
     spec = LowerSpec(name="bench", imgsz=imgsz, batch=batch, precision=target.default_precision, out_dir=tmp,
                      onnx_path=onnx_path)
     runner = target.runner(target.lower(deploy, spec))
-    if runner.mode != "device":
+    if runner.mode not in ("device", None):  # (a device runner says "device" once it has predicted)
+        runner.close()
         # An emulator's speed says nothing about the device: never time it as if it were.
         raise UnavailableError(f"{name} runs only {runner.mode} here ({runner.backend}); no device to time")
     return runner
@@ -125,9 +124,9 @@ def _target_runner(name: str, deploy: nn.Module, imgsz: int, batch: int, tmp: Pa
 def build_runner(backend: str, train: nn.Module, deploy: nn.Module, imgsz: int, batch: int, threads: int,
                  tmp: Path, spinning: bool | None = None) -> Runner:
     if backend == "torch":
-        return _torch_runner(train, "train-form")
+        return TorchRunner(train, "train-form")
     if backend == "torch-deploy":
-        return _torch_runner(deploy, "deploy-form")
+        return TorchRunner(deploy, "deploy-form")
     if backend == "onnxruntime":
         return _ort_runner(deploy, imgsz, batch, threads, spinning)
     if backend in ("coreml", "tensorrt"):
@@ -177,47 +176,46 @@ def measure_size(name: str, train: nn.Module, make_deploy: Callable[[int], nn.Mo
         ref = train(torch.from_numpy(x)).float().numpy()
     deploy = make_deploy(imgsz)
     results, runners = [], {}
-    for b in backends:
-        t0 = time.perf_counter()
-        try:
-            runner = (inject or {}).get(b) or build_runner(b, train, deploy, imgsz, batch, threads, tmp, spinning)
-        except UnavailableError as e:
-            results.append(BackendResult(b, imgsz, "unavailable", reason=str(e)))
-            continue
-        load_s = time.perf_counter() - t0
-        res = BackendResult(b, imgsz, "ok", mode=runner.mode, load_s=round(load_s, 4))
-        try:
-            res.parity, problems = _parity(runner, x, ref)
-        except Exception as e:  # a backend that crashes on the parity inputs has failed parity
-            res.parity, problems = None, [f"{type(e).__name__}: {e}"]
-        if problems:
-            res.status, res.reason = "failed", "parity failed: " + "; ".join(problems)
-        results.append(res)
-        runners[b] = (runner, res)
-    timed = {b: rr for b, rr in runners.items() if rr[1].status == "ok"}
-    ratios: list[dict] = []
-    xb = _fresh_input(imgsz, batch)
-    times: dict[str, list[float]] = {}
-    # Interleave only backends of the same runtime: a torch call right before an ONNX Runtime call slows
-    # that call (measured: the same ratio read 1.57x or 0.87x depending on the order), so mixing runtimes
-    # in one round would bias exactly the paired ratios this harness reports.
-    for group in dict.fromkeys(RUNTIME.get(b, b) for b in timed):
-        members = {b: rr for b, rr in timed.items() if RUNTIME.get(b, b) == group}
-        fns = {b: (lambda r=r: r.run(xb)) for b, (r, _) in members.items()}
-        times.update(latency.time_interleaved(fns, warmup_s=warmup_s, min_iters=min_iters, max_s=max_s))
-    for b, (r, res) in timed.items():
-        res.latency = latency.summarize(times[b], batch=batch).to_dict()
-        res.valid = True
-        if callable(getattr(r, "execute", None)) and callable(getattr(r, "prepare", None)):
-            res.gpu_compute = latency.summarize(gpu_compute_times(r, xb, warmup_s, min_iters, max_s),
-                                                batch=batch).to_dict()
-    for r, _ in runners.values():
-        if callable(getattr(r, "close", None)):
-            r.close()  # device runners hold engines and buffers until closed
-    if "torch" in timed and "torch-deploy" in timed:  # the re-parameterization speedup, paired round by round
-        ratios.append({"imgsz": imgsz, "numerator": "torch", "denominator": "torch-deploy",
-                       **latency.paired_ratio(times["torch"], times["torch-deploy"])})
-    return results, ratios
+    with contextlib.ExitStack() as stack:  # every runner is closed once the size is measured
+        for b in backends:
+            t0 = time.perf_counter()
+            try:
+                runner = (inject or {}).get(b) or build_runner(b, train, deploy, imgsz, batch, threads, tmp, spinning)
+            except UnavailableError as e:
+                results.append(BackendResult(b, imgsz, "unavailable", reason=str(e)))
+                continue
+            stack.enter_context(runner)
+            load_s = time.perf_counter() - t0
+            res = BackendResult(b, imgsz, "ok", mode=runner.mode, load_s=round(load_s, 4))
+            try:
+                res.parity, problems = _parity(runner, x, ref)
+            except Exception as e:  # a backend that crashes on the parity inputs has failed parity
+                res.parity, problems = None, [f"{type(e).__name__}: {e}"]
+            if problems:
+                res.status, res.reason = "failed", "parity failed: " + "; ".join(problems)
+            results.append(res)
+            runners[b] = (runner, res)
+        timed = {b: rr for b, rr in runners.items() if rr[1].status == "ok"}
+        ratios: list[dict] = []
+        xb = _fresh_input(imgsz, batch)
+        times: dict[str, list[float]] = {}
+        # Interleave only backends of the same runtime: a torch call right before an ONNX Runtime call slows
+        # that call (measured: benchmarks/README.md, method notes), so mixing runtimes in one round would bias
+        # exactly the paired ratios this harness reports.
+        for group in dict.fromkeys(RUNTIME.get(b, b) for b in timed):
+            members = {b: rr for b, rr in timed.items() if RUNTIME.get(b, b) == group}
+            fns = {b: (lambda r=r: r.run(xb)) for b, (r, _) in members.items()}
+            times.update(latency.time_interleaved(fns, warmup_s=warmup_s, min_iters=min_iters, max_s=max_s))
+        for b, (r, res) in timed.items():
+            res.latency = latency.summarize(times[b], batch=batch).to_dict()
+            res.valid = True
+            if callable(getattr(r, "execute", None)) and callable(getattr(r, "prepare", None)):
+                res.gpu_compute = latency.summarize(gpu_compute_times(r, xb, warmup_s, min_iters, max_s),
+                                                    batch=batch).to_dict()
+        if "torch" in timed and "torch-deploy" in timed:  # the re-parameterization speedup, paired round by round
+            ratios.append({"imgsz": imgsz, "numerator": "torch", "denominator": "torch-deploy",
+                           **latency.paired_ratio(times["torch"], times["torch-deploy"])})
+        return results, ratios
 
 
 def gpu_compute_times(runner, x: np.ndarray, warmup_s: float, min_iters: int, max_s: float) -> list[float]:
@@ -243,13 +241,12 @@ def measure_orders(train: nn.Module, make_deploy: Callable[[int, str], nn.Module
     """Time the deploy-form with each attention order forced, interleaved; return the faster one."""
     if backend not in ORDER_BACKENDS:
         raise VitedgeError(f"--order measured times orders on {' or '.join(ORDER_BACKENDS)}; add one to --backends")
-    runners = {}
-    for order in ("qk_first", "kv_first"):
-        deploy = make_deploy(imgsz, order)
-        runners[order] = build_runner(backend, train, deploy, imgsz, batch, threads, tmp, spinning)
     xb = _fresh_input(imgsz, batch)
-    times = latency.time_interleaved({o: (lambda r=r: r.run(xb)) for o, r in runners.items()},
-                                     warmup_s=warmup_s, min_iters=min_iters, max_s=max_s)
+    with contextlib.ExitStack() as stack:
+        runners = {o: stack.enter_context(build_runner(backend, train, make_deploy(imgsz, o), imgsz, batch, threads,
+                                                       tmp, spinning)) for o in ("qk_first", "kv_first")}
+        times = latency.time_interleaved({o: (lambda r=r: r.run(xb)) for o, r in runners.items()},
+                                         warmup_s=warmup_s, min_iters=min_iters, max_s=max_s)
     stats = {o: latency.summarize(t, batch).to_dict() for o, t in times.items()}
     best = min(stats, key=lambda o: stats[o]["p50_ms"])
     rule = make_deploy(imgsz, "auto").reparam_summary.attention_order
@@ -259,7 +256,7 @@ def measure_orders(train: nn.Module, make_deploy: Callable[[int, str], nn.Module
 
 
 def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torch-deploy,onnxruntime",
-              imgsz="224", batch: int = 1, threads: int = 1, warmup_s: float = 0.5, min_iters: int = 50,
+              imgsz=None, batch: int = 1, threads: int = 1, warmup_s: float = 0.5, min_iters: int = 50,
               max_s: float = 5.0, baseline: str | None = None, max_regression: float | None = None,
               order: str = "auto", attn_order: str = "auto", overrides: dict | None = None,
               device: str | None = None, inject: dict | None = None, tmp_dir: str | Path | None = None,
@@ -269,14 +266,14 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
     """Run the harness; the report's exit_code is 1 when --baseline shows a p50 regression beyond the limit,
     or when the phone's golden-vector parity failed (`device`, with --device iphone[:NAME]).
 
-    `ort_spinning`: ONNX Runtime's intra-op spinning (None = its default; False helps multi-thread runs on
-    small shared or virtual machines, see `OnnxRuntimeRunner`)."""
-    import tempfile
-
-    from .pipeline import build_deploy_form, build_train_form
-
+    `imgsz`: a size or a comma list (None: the model's default size). `ort_spinning`: ONNX Runtime's intra-op
+    spinning (None = its default; False helps multi-thread runs on small shared or virtual machines, see
+    `OnnxRuntimeRunner`)."""
     backends_l = parse_backends(backends)
-    sizes = parse_sizes(imgsz)
+    sizes = parse_sizes(imgsz) if imgsz is not None else None
+    for s in sizes or []:
+        if s <= 0:
+            raise VitedgeError(f"--imgsz must be positive, got {s}")
     if batch <= 0:
         raise VitedgeError(f"--batch must be >= 1; got {batch}")
     if threads < 0:
@@ -297,10 +294,7 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
         team_id = resolve_team_id(team_id)
 
     loaded = build_train_form(model, checkpoint=checkpoint, overrides=overrides)
-    spec = getattr(loaded.model, "vitedge_spec", None)
-    for s in sizes:
-        if spec is not None:
-            spec.check_imgsz(s, loaded.overrides)
+    sizes = [resolve_imgsz(loaded.model, s) for s in (sizes or [None])]
     torch.set_num_threads(threads or os.cpu_count() or 1)
     train = loaded.model.eval()
 

@@ -17,7 +17,12 @@ import torch.nn as nn
 from ..errors import CheckpointError, VitedgeError
 from ..models.layers.norms import LinearNorm
 from ..models.registry import create_model
-from . import stale
+from . import outdir
+from .equivalence import verify_equivalence
+from .forms import build_deploy_form, build_train_form, resolve_imgsz
+from .progress import QUIET
+from .reparam import available_rewrites, reparameterize
+from .reparam.engine import current_rewrite_names
 from .report import versions
 
 FORMAT = "vitedge-deploy/1"
@@ -60,8 +65,8 @@ def save_deploy_checkpoint(deploy_model: nn.Module, path: str | Path, *, attn_or
         "state_dict": {k: v.detach().cpu().contiguous() for k, v in deploy_model.state_dict().items()},
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    stale.recover(path)  # temporary files of killed earlier writes of this path
-    tmp = stale.sibling(path, "tmp")  # not mkstemp: keep the umask's mode
+    outdir.recover(path)  # temporary files of killed earlier writes of this path
+    tmp = outdir.sibling(path, "tmp")  # not mkstemp: keep the umask's mode
     try:
         torch.save(payload, tmp)
         os.replace(tmp, path)  # atomic: readers see the old file or the complete new one
@@ -98,9 +103,6 @@ def _finish_schedules(model: nn.Module) -> None:
 
 def load_deploy_checkpoint(path: str | Path) -> nn.Module:
     """Rebuild a deploy-form model from a `vitedge reparam` checkpoint (strict load)."""
-    from .reparam import available_rewrites, reparameterize
-    from .reparam.engine import current_rewrite_names
-
     payload = read_deploy_checkpoint(path)
     model = create_model(payload["model"], **payload.get("overrides", {}))
     _finish_schedules(model)
@@ -147,10 +149,6 @@ def reparam_checkpoint(model_name: str, out: str | Path, *, checkpoint: str | Pa
                        overrides: dict | None = None, force: bool = False, progress=None,
                        rewrites=True) -> ReparamResult:
     """`vitedge reparam`: load, fold, run the float64 gate, and write the deploy-form checkpoint only if it passed."""
-    from .equivalence import verify_equivalence
-    from .pipeline import build_deploy_form, build_train_form, resolve_imgsz
-    from .progress import QUIET
-
     progress = progress or QUIET
     out = Path(out)
     if out.exists() and not force:

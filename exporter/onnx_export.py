@@ -1,4 +1,6 @@
-"""ONNX export of a deploy-form model: TorchScript export, checker + shape inference, onnxsim, metadata.
+"""ONNX export of a deploy-form model: TorchScript export, checker + shape inference, onnxsim.
+
+The `vitedge.*` metadata_props helpers live one layer down (vitedge.targets.graph.metadata): the targets read them.
 
 The graph has one input `image` (float32 NCHW, already normalized with the model's mean/std) and one
 output `logits`. Every graph we keep passed `onnx.checker` (full check) and strict shape inference.
@@ -7,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import io
-import json
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -23,7 +24,6 @@ OUTPUT_NAME = "logits"
 DEFAULT_OPSET = 17
 MIN_OPSET = 13  # the oldest opset the tests exercise (per-axis ReduceSum inputs, Gemm broadcasting)
 NORM_OPS = ("BatchNormalization", "LayerNormalization", "InstanceNormalization", "GroupNormalization")
-META_PREFIX = "vitedge."
 
 
 class OnnxExportError(RuntimeError):
@@ -112,41 +112,6 @@ def node_counts(model: onnx.ModelProto) -> dict[str, int]:
 
 def norm_nodes(counts: dict[str, int]) -> int:
     return sum(counts.get(op, 0) for op in NORM_OPS)
-
-
-def set_metadata(model: onnx.ModelProto, meta: dict) -> onnx.ModelProto:
-    """Write `meta` into metadata_props as `vitedge.<key>` (non-strings as JSON); replaces earlier values."""
-    keep = [p for p in model.metadata_props if not p.key.startswith(META_PREFIX)]
-    del model.metadata_props[:]
-    model.metadata_props.extend(keep)
-    for k, v in meta.items():
-        entry = model.metadata_props.add()
-        entry.key = META_PREFIX + k
-        entry.value = v if isinstance(v, str) else json.dumps(v, sort_keys=True)
-    model.producer_name = "vitedge"
-    from .. import __version__
-    model.producer_version = __version__
-    return model
-
-
-def read_metadata(model: onnx.ModelProto | str | Path) -> dict:
-    """The `vitedge.*` metadata_props as a dict (JSON values decoded)."""
-    if not isinstance(model, onnx.ModelProto):
-        model = onnx.load(str(model), load_external_data=False)
-    out = {}
-    for p in model.metadata_props:
-        if p.key.startswith(META_PREFIX):
-            try:
-                out[p.key[len(META_PREFIX):]] = json.loads(p.value)
-            except json.JSONDecodeError:
-                out[p.key[len(META_PREFIX):]] = p.value
-    return out
-
-
-def input_shape(model: onnx.ModelProto) -> list:
-    """The `image` input's dims (ints, or the dim_param name for a symbolic axis)."""
-    dims = model.graph.input[0].type.tensor_type.shape.dim
-    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in dims]
 
 
 def save_onnx(model: onnx.ModelProto, path: str | Path) -> Path:

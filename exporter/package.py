@@ -16,7 +16,6 @@ wall-clock or temporary paths in any file, the .mlpackage's Manifest.json identi
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 import json
@@ -27,8 +26,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
-# No torch-importing module at the top: cli.py builds the `package` parser from this module.
+from ..errors import VitedgeError
+from ..models.registry import get_spec, input_stats
+from ..targets.coreml.options import DEFAULT_IOS, parse_ios, read_labels
+from ..targets.coreml.runners import EmulatedCoreMLRunner
+from .forms import DEMO_SEED, build_train_form
+from .inputs import DEFAULT_SAMPLES, parity_inputs
+from .parity import compute_metrics, tolerances as make_tolerances
+from .pipeline import export
 
 BUNDLE_FORMAT = "vitedge-coreml-bundle/1"
 GOLDEN_SAMPLES = 8          # golden vectors per bundle
@@ -105,10 +112,6 @@ def _tree_files(root: Path, prefix: str) -> dict[str, bytes]:
 
 def golden_vectors(model, imgsz: int, mean, std, n: int = GOLDEN_SAMPLES) -> tuple[np.ndarray, np.ndarray]:
     """(uint8 NHWC RGB pixels, float32 train-form logits on exactly those pixels)."""
-    import torch
-
-    from .inputs import parity_inputs
-
     x = parity_inputs(n, imgsz, seed=GOLDEN_SEED, mean=mean, std=std).numpy()
     m = np.asarray(mean, np.float32).reshape(1, 3, 1, 1)
     s = np.asarray(std, np.float32).reshape(1, 3, 1, 1)
@@ -121,11 +124,8 @@ def golden_vectors(model, imgsz: int, mean, std, n: int = GOLDEN_SAMPLES) -> tup
 
 def check_golden(mlpackage: Path, pixels_nhwc: np.ndarray, expected: np.ndarray, tolerance) -> dict:
     """Run the golden pixels through the emulated CoreML hop; metrics and verdict against `tolerance`."""
-    from ..targets.coreml import EmulatedCoreMLRunner
-    from .parity import compute_metrics
-
-    runner = EmulatedCoreMLRunner(mlpackage, max_samples=None)
-    y = runner.run_raw(pixels_nhwc.transpose(0, 3, 1, 2).astype(np.float32))
+    with EmulatedCoreMLRunner(mlpackage, max_samples=None) as runner:
+        y = runner.run_raw(pixels_nhwc.transpose(0, 3, 1, 2).astype(np.float32))
     metrics = compute_metrics(expected, y)
     problems = tolerance.violations(metrics)
     if not np.isfinite(y).all():
@@ -212,17 +212,11 @@ Integrity: `manifest.json` lists the sha256 of every file in this bundle.
 # ------------------------------------------------------------------------------------------------ package
 
 def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = None, labels: str | Path | None = None,
-            ios: int | str = 16, imgsz: int | None = None, precision: str = "fp16", samples: int | None = None,
+            ios: int | str = DEFAULT_IOS, imgsz: int | None = None, precision: str = "fp16", samples: int | None = None,
             overrides: dict | None = None, tolerances=None, force: bool = False, seed: int | None = None,
             progress=None) -> PackageResult:
     """Build BUNDLE.zip at `out`. Raises VitedgeError on bad input (nothing written); a failed parity hop gives
     exit_code 1, no zip, and the export folder kept at `out` + '.failed/' for inspection."""
-    from ..errors import VitedgeError
-    from ..targets.coreml import parse_ios
-    from .inputs import DEFAULT_SAMPLES
-    from .parity import tolerances as make_tolerances
-    from .pipeline import DEMO_SEED, export
-
     out = Path(out)
     if out.suffix != ".zip":
         raise VitedgeError(f"--out must name a .zip file; got {out}")
@@ -256,14 +250,10 @@ def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = N
 
 def _assemble(report, export_dir: Path, out: Path, checkpoint, overrides, labels, ios: int, precision: str, tol,
               seed, progress) -> PackageResult:
-    from ..models.registry import IMAGENET_MEAN, IMAGENET_STD, get_spec
-    from .pipeline import DEMO_SEED, build_train_form
-
     name = report.model
     entry = report.artifacts["coreml"]
     mlpackage = export_dir / entry.path
-    spec = get_spec(name)
-    mean, std = (spec.mean, spec.std) if spec else (IMAGENET_MEAN, IMAGENET_STD)
+    mean, std = input_stats(get_spec(name))
     loaded = build_train_form(name, checkpoint, overrides, DEMO_SEED if seed is None else seed)
     pixels, logits = golden_vectors(loaded.model, report.imgsz, mean, std)
     golden_check = check_golden(mlpackage, pixels, logits, tol)
@@ -274,8 +264,6 @@ def _assemble(report, export_dir: Path, out: Path, checkpoint, overrides, labels
     files: dict[str, bytes] = _tree_files(mlpackage, f"{root}/{mlpackage.name}")
     label_list = None
     if labels is not None:
-        from ..targets.coreml import read_labels
-
         label_list = read_labels(labels)
         files[f"{root}/labels.txt"] = ("\n".join(label_list) + "\n").encode()
     info = entry.info
@@ -322,59 +310,3 @@ def _assemble(report, export_dir: Path, out: Path, checkpoint, overrides, labels
     files[f"{root}/manifest.json"] = _json_bytes(manifest)
     write_deterministic_zip(files, out)
     return PackageResult(out, 0, report, manifest, None)
-
-
-# ------------------------------------------------------------------------------------------------ CLI
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """`vitedge package` flags (cli.py registers the subcommand)."""
-    p.add_argument("--model", required=True, help="model name (see `vitedge models`)")
-    p.add_argument("--checkpoint", help="train-form checkpoint; without it the bundle holds seeded demo weights "
-                                        "(untrained, said in the manifest and README)")
-    p.add_argument("--labels", help="class labels, one per line: the model becomes a classifier")
-    p.add_argument("--ios", type=int, choices=(16, 17, 18), default=16, help="minimum deployment target (default 16)")
-    p.add_argument("--imgsz", type=int, help="input size (default: the model's)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="constructor override, official keyword names (e.g. --set depth=2); repeatable")
-    p.add_argument("--samples", type=int, help="parity inputs for the ladder (default: the documented set)")
-    p.add_argument("--tol", action="append", default=[], metavar="PROFILE.KEY=VALUE", help="tolerance override")
-    p.add_argument("--out", required=True, help="the bundle to write (BUNDLE.zip)")
-    p.add_argument("--force", action="store_true", help="replace an existing --out")
-
-
-def _overrides(items: list) -> dict:
-    import ast
-
-    from ..errors import VitedgeError
-
-    out = {}
-    for text in items:
-        if isinstance(text, tuple):
-            out[text[0]] = text[1]
-            continue
-        if "=" not in text:
-            raise VitedgeError(f"--set expects KEY=VALUE; got {text!r}")
-        k, v = text.split("=", 1)
-        try:
-            out[k.strip()] = ast.literal_eval(v)
-        except (ValueError, SyntaxError):
-            out[k.strip()] = v
-    return out
-
-
-def cmd_package(args) -> int:
-    res = package(args.model, args.out, checkpoint=args.checkpoint, labels=args.labels, ios=args.ios,
-                  imgsz=args.imgsz, samples=args.samples, overrides=_overrides(args.overrides),
-                  tolerances=args.tol or None, force=args.force, progress=getattr(args, "progress", None))
-    hop = res.report.hop("coreml")
-    if res.exit_code != 0:
-        bad = ", ".join(h.hop for h in res.report.failed_hops()) or "coreml"
-        print(f"FAILED: parity hop {bad} did not pass; no bundle written. The export is kept in {res.export_dir}")
-        return res.exit_code
-    demo = " (DEMO: untrained seeded weights)" if res.manifest["weights"] == "untrained" else ""
-    m = hop.metrics
-    print(f"{res.manifest['model']} @ {res.manifest['imgsz']}{demo}: coreml hop {hop.status} ({hop.mode}, "
-          f"{hop.samples} samples, cosine {m.cosine:.6f}, PSNR {m.psnr_db:.1f} dB); golden vectors "
-          f"{'passed' if res.manifest['golden']['verified']['passed'] else 'FAILED'}")
-    print(f"wrote {res.path} ({res.path.stat().st_size / 1e6:.2f} MB, {len(res.manifest['files']) + 1} files)")
-    return 0

@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..errors import VitedgeError
-from ..targets.base import Runner
+from ..targets.base import Runner, pad_batch
 from .report import Hop, Metrics, Tolerance
 
 # The documented defaults (README "Tolerances"); `--tol PROFILE.KEY=VALUE` overrides any of them.
@@ -102,8 +102,8 @@ def run_batched(runner: Runner, x: np.ndarray, batch: int = REFERENCE_BATCH) -> 
     for i in range(0, len(x), step):
         chunk = x[i:i + step]
         n = len(chunk)
-        if static and n < static:
-            chunk = np.concatenate([chunk, np.repeat(chunk[-1:], static - n, axis=0)])
+        if static:
+            chunk = pad_batch(chunk, static)
         outs.append(np.asarray(runner.run(np.ascontiguousarray(chunk)))[:n])
     return np.concatenate(outs)
 

@@ -5,7 +5,6 @@ Field names here are a public contract (documented in the README); add fields, n
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib.metadata
 import json
 import math
@@ -77,6 +76,7 @@ class Hop:
     diverging_module: str | None = None
     seconds: float | None = None  # wall time of the hop (lowering + running)
     ane_residency: dict | None = None  # --require-ane on a CoreML hop: passed / failed / inconclusive and why
+    runner: dict | None = None    # what the runner says about how it ran (Runner.info(): compute units, ...)
 
 
 @dataclass
@@ -198,25 +198,6 @@ def _json_default(o):
     if hasattr(o, "item"):  # numpy / torch scalars
         return o.item()
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    """sha256 of a file, or of every file in a folder (sorted relative paths + contents; .mlpackage is a folder)."""
-    path = Path(path)
-    h = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    for f in files:
-        if path.is_dir():
-            h.update(str(f.relative_to(path)).encode() + b"\0")
-        with open(f, "rb") as fh:
-            while block := fh.read(chunk):
-                h.update(block)
-    return h.hexdigest()
-
-
-def size_bytes(path: str | Path) -> int:
-    path = Path(path)
-    return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 _VERSIONED = ("torch", "numpy", "onnx", "onnxruntime", "onnxsim", "coremltools", "tensorrt")

@@ -20,6 +20,9 @@ yacs `CfgNode` config). This unpickler sits in between:
 Formats: the zip archive of `torch.save` (torch >= 1.6) and the legacy single-pickle stream
 (`_use_new_zipfile_serialization=False`), pickle protocols 1-5. Protocol 0 and the tar format of
 torch < 0.4 are refused with a clear message.
+
+Length: one job, a restricted unpickler for both torch.save formats (zip and legacy), whose every opcode
+and refusal must be read together to trust it.
 """
 from __future__ import annotations
 

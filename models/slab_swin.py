@@ -7,6 +7,8 @@ in `L` stages, windowed softmax attention in `S` stages), the window rule and th
 loading strictly: `downsample.reduction` (no bias) is built before `downsample.norm`; shifted blocks keep the
 0/-100 `attn_mask` as a persistent buffer (their first state_dict key); `relative_position_index` is an int64
 buffer beside `relative_position_bias_table`.
+
+Length: one family: SLAB-Swin and PRepBN-Swin share every module but the attention, in the official layout.
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from .base import Artifact, LowerSpec, Runner, Target, UnavailableError
 
 TARGETS: dict[str, str] = {
     "onnx": "vitedge.targets.ort:OnnxTarget",
-    "coreml": "vitedge.targets.coreml:CoreMLTarget",
+    "coreml": "vitedge.targets.coreml.target:CoreMLTarget",
     "tensorrt": "vitedge.targets.tensorrt:TensorRTTarget",
 }
 

@@ -1,18 +1,27 @@
-"""The small interface every backend implements.
+"""The interface every backend implements, declared whole: the pipeline calls these and nothing else.
 
-A Target lowers the verified deploy-form model (and/or its simplified fp32 ONNX) into an artifact, and
-gives a Runner for an artifact. `available()` / `runnable()` are the only places that check platforms:
-a backend that cannot run here says why, and the parity hop is reported "unverified" with that reason.
+A Target lowers the verified deploy-form model (and/or its simplified fp32 ONNX) into an artifact, and gives a
+Runner for an artifact. `available()` / `runnable()` are the only places that check platforms: a backend that
+cannot run here says why, and the parity hop is reported "unverified" with that reason. Every hook has a
+default, so a backend overrides only what it has.
+
+A Runner is a context manager owning its resources (sessions, engines, device buffers): `with target.runner(a)
+as r: ...` releases them at the end (`close()`).
+
+Also the small facts every layer shares about artifacts and batches: `sha256_file`, `size_bytes`, `pad_batch`.
 """
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch.nn as nn
 
+if TYPE_CHECKING:  # annotations only: importing this module stays torch-free (the CLI builds parsers from it)
+    import torch.nn as nn
 
 @dataclass
 class LowerSpec:
@@ -37,17 +46,36 @@ class Artifact:
 
 
 class Runner(ABC):
-    """Runs an artifact on float32 NCHW batches and returns float32 logits."""
-    mode: str = "device"  # "reference" | "device" | "emulated"
-    backend: str = ""
+    """Runs an artifact on float32 NCHW batches (normalized like the parity set) and returns float32 logits."""
+    mode: str | None = "device"      # "reference" | "device" | "emulated" (None: not known to have run yet)
+    backend: str = ""                # runtime and version, as the report names it
+    max_samples: int | None = None   # run only the first N parity inputs (an emulator's documented subset)
 
     @abstractmethod
     def run(self, x: np.ndarray) -> np.ndarray:
         ...
 
     def max_batch(self) -> int | None:
-        """Largest batch the artifact accepts per call (None: any)."""
+        """Largest batch the artifact accepts per call (None: any); a static batch is exactly this."""
         return None
+
+    def reference_inputs(self, x: np.ndarray) -> np.ndarray:
+        """The inputs the reference must see for `run(x)` to be comparable: `x` itself unless the artifact changes
+        its inputs on the way in (an image input quantizes them to 8-bit pixels). Return `x` when unchanged."""
+        return x
+
+    def info(self) -> dict:
+        """Facts for the report about how this runner ran (compute units, emulated semantics, ...); after run()."""
+        return {}
+
+    def close(self) -> None:
+        """Release sessions, engines and buffers; the runner is not used afterwards. Safe to call twice."""
+
+    def __enter__(self) -> "Runner":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class Target(ABC):
@@ -57,6 +85,11 @@ class Target(ABC):
     precisions: tuple = ("fp32",)
     options: tuple = ()          # target-specific CLI option names it accepts
     dynamic_batch: bool = False  # whether --dynamic-batch applies
+    hop_names: dict = {}         # precision -> parity hop name, where it is not the target's name
+
+    def hop_name(self, precision: str | None) -> str:
+        """The parity hop this target's artifact of `precision` is reported as."""
+        return self.hop_names.get(precision, self.name)
 
     def available(self) -> tuple[bool, str | None]:
         """Can this target lower artifacts here? (ok, reason when not)."""
@@ -66,14 +99,52 @@ class Target(ABC):
         """Can this target execute its artifacts here (natively or emulated)? (ok, reason when not)."""
         return True, None
 
+    def validate_options(self, options: dict) -> None:
+        """Check target-specific option values before any work; raise VitedgeError naming the flag."""
+
+    def read_metadata(self, path: str | Path) -> dict:
+        """What an artifact this target wrote says about itself (model, imgsz, precision, overrides, ...);
+        string values may be JSON. {} when the artifact carries nothing."""
+        return {}
+
     @abstractmethod
-    def lower(self, deploy_model: nn.Module, spec: LowerSpec) -> Artifact:
+    def lower(self, deploy_model: "nn.Module", spec: LowerSpec) -> Artifact:
         ...
 
     @abstractmethod
-    def runner(self, artifact: Artifact, **kw) -> Runner:
-        ...
+    def runner(self, artifact: Artifact, mode: str | None = None) -> Runner:
+        """A runner for `artifact`. `mode` ("device" | "emulated") asks for one kind: a target that cannot give it
+        raises UnavailableError, or returns what it has (the pipeline then reports the mismatch)."""
 
 
 class UnavailableError(RuntimeError):
     """Raised by a target or runner that cannot work on this machine; its message is the reason."""
+
+
+def pad_batch(x: np.ndarray, batch: int) -> np.ndarray:
+    """`x` (n <= batch rows) padded to exactly `batch` rows by repeating its last row, for artifacts with a static
+    batch; the caller keeps the first n outputs. A real input (not zeros) keeps the padding rows' numerics
+    ordinary."""
+    n = len(x)
+    if n >= batch:
+        return x
+    return np.concatenate([x, np.repeat(x[-1:], batch - n, axis=0)])
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    """sha256 of a file, or of every file in a folder (sorted relative paths + contents; .mlpackage is a folder)."""
+    path = Path(path)
+    h = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for f in files:
+        if path.is_dir():
+            h.update(str(f.relative_to(path)).encode() + b"\0")
+        with open(f, "rb") as fh:
+            while block := fh.read(chunk):
+                h.update(block)
+    return h.hexdigest()
+
+
+def size_bytes(path: str | Path) -> int:
+    path = Path(path)
+    return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

@@ -9,6 +9,9 @@ import onnx
 import torch.nn as nn
 
 from .base import Artifact, LowerSpec, Runner, Target, UnavailableError
+from .graph.metadata import read_metadata, set_metadata
+from .graph.onnx_fp16 import convert_onnx_fp16
+from .graph.precision import default_policy
 
 _NP_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}
 
@@ -19,9 +22,8 @@ class OnnxRuntimeRunner(Runner):
     `threads`: intra-op threads (0 = ONNX Runtime's default, every core). `spinning`: whether idle intra-op
     workers busy-wait for the next op (ONNX Runtime's default, None, is yes). Every session owns its pool, so
     when several multi-thread sessions take turns in one process (two models in an app, a benchmark
-    alternating variants) the spinning workers of one compete with the next for the cores: on this 2-vCPU
-    machine swiftformer_xs at 2 threads read p50 20-29 ms (CV 0.2-0.3) alternating call by call with other
-    sessions, 9-11.5 ms in blocks, and 10-14 ms alternating with spinning off (one-off probes)."""
+    alternating variants) the spinning workers of one compete with the next for the cores; turning spinning
+    off steadies them (measured figures: README "vitedge bench" and benchmarks/README.md)."""
     mode = "device"
 
     def __init__(self, model: str | Path | bytes | onnx.ModelProto, providers: list[str] | None = None,
@@ -39,6 +41,7 @@ class OnnxRuntimeRunner(Runner):
         opts.log_severity_level = 3
         if spinning is not None:
             opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+        self.threads, self.spinning = threads, spinning
         self.session = ort.InferenceSession(model, opts, providers=providers or ["CPUExecutionProvider"])
         self.input = self.session.get_inputs()[0]
         self.in_dtype = _NP_TYPES.get(self.input.type, np.float32)
@@ -58,6 +61,15 @@ class OnnxRuntimeRunner(Runner):
     def max_batch(self) -> int | None:
         b = self.input.shape[0]
         return b if isinstance(b, int) else None
+
+    def info(self) -> dict:
+        if self.session is None:
+            return {}
+        return {"providers": self.session.get_providers(), "intra_op_threads": self.threads,
+                "spinning": {None: "default", True: "on", False: "off"}[self.spinning]}
+
+    def close(self) -> None:
+        self.session = None  # the session owns its thread pool and arena: freed with it
 
 
 class OnnxTarget(Target):
@@ -84,23 +96,16 @@ class OnnxTarget(Target):
             return Artifact(self.name, Path(spec.onnx_path), "fp32")
         if spec.precision != "fp16":
             raise ValueError(f"onnx precision must be one of {self.precisions}; got {spec.precision!r}")
-        from ..exporter.onnx_export import read_metadata, set_metadata
-        from ..exporter.onnx_fp16 import convert_onnx_fp16
-        from ..exporter.precision import default_policy
-
         policy = default_policy()
         fp32 = onnx.load(str(spec.onnx_path))
         fp16 = set_metadata(convert_onnx_fp16(fp32, policy), {**read_metadata(fp32), "precision": "fp16"})
         path = Path(spec.out_dir) / f"{spec.name}.fp16.onnx"
         onnx.save(fp16, str(path))
-        info = {"policy": policy.to_dict()} if hasattr(policy, "to_dict") else {}
-        return Artifact(self.name, path, "fp16", info=info)
+        return Artifact(self.name, path, "fp16", info={"policy": policy.to_dict()})
 
-    def runner(self, artifact: Artifact, **kw) -> Runner:
-        return OnnxRuntimeRunner(artifact.path, **kw)
+    def runner(self, artifact: Artifact, mode: str | None = None, **kw) -> Runner:
+        return OnnxRuntimeRunner(artifact.path, **kw)  # ONNX Runtime is the format's own runtime: "device"
 
     def read_metadata(self, path: str | Path) -> dict:
         """The vitedge metadata an exported graph carries (model, imgsz, precision, overrides, ...)."""
-        from ..exporter.onnx_export import read_metadata
-
         return read_metadata(path)

@@ -11,17 +11,18 @@ Built from the pipeline's simplified, verified fp32 ONNX through the `tensorrt` 
   in memory by the policy and those very bytes are parsed. After the build the inspector says which pinned
   layers really run in fp32; the sidecar records that verified count.
 - TensorRT 11.x: strongly typed only (no FP16 flag), so fp16 means building from the fp16-cast ONNX
-  (onnx_fp16: fp16 everywhere except the policy's islands, fp32 inputs/outputs).
+  (targets/graph/onnx_fp16.py: fp16 everywhere except the policy's islands, fp32 inputs/outputs).
 Precision truth (tensorrt_precision.py): visible layers counted, Myelin "{ForeignNode[...]}" layers unknown;
 when they hide the compute, an fp32 engine of the same ONNX (TF32 off) is built and run beside the fp16 one.
 Refuted -> EngineBuildError; inconclusive -> said so in the sidecar, never a pass or a failure.
 One optimization profile per batch range, a persisted timing cache, a workspace limit. Nothing is prepended to
 the plan (trtexec / DeepStream / Triton load it as is). `available()` / `runnable()` say what is missing.
+
+Length: one backend, the only module that calls TensorRT (see the second paragraph).
 """
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import json
 import re
 import time
@@ -32,8 +33,10 @@ import numpy as np
 import onnx
 import torch.nn as nn
 
-from .base import Artifact, LowerSpec, Runner, Target, UnavailableError
+from .base import Artifact, LowerSpec, Runner, Target, UnavailableError, pad_batch, sha256_file
 from .cuda_memory import memory_backend, open_memory
+from .graph.onnx_fp16 import prepare_fp16
+from .graph.precision import default_policy
 from .tensorrt_precision import (MIN_FP16_SHARE, compare_outputs, layer_precisions, precision_verdict,
                                  verify_pinned)
 
@@ -269,12 +272,6 @@ def _io_specs(model: onnx.ModelProto) -> tuple[list[dict], list[dict]]:
     return [spec(i) for i in model.graph.input if i.name not in inits], [spec(o) for o in model.graph.output]
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def probe_inputs(batches: BatchProfile, imgsz: int) -> np.ndarray:
@@ -341,11 +338,9 @@ class TensorRTTarget(Target):
         build = dict(input_name=inputs[0]["name"], imgsz=spec.imgsz, profiles=profiles, workspace_bytes=workspace,
                      timing_cache=cache)
 
-        from ..exporter.precision import default_policy
         policy = default_policy()
         fp16_graph, islands, fp32_bytes = None, None, src.read_bytes()
         if path == STRONG_FP16:
-            from ..exporter.onnx_fp16 import prepare_fp16
             prepared = prepare_fp16(fp32_model, policy)
             onnx_bytes, fp16_graph = prepared.model.SerializeToString(), prepared.summary()
             fp16_graph.pop("fp32_islands", None)
@@ -414,7 +409,7 @@ class TensorRTTarget(Target):
                                                                                        memory=backend) as b:
             return compare_outputs(a.run(x), b.run(x)), None
 
-    def runner(self, artifact: Artifact, **kw) -> Runner:
+    def runner(self, artifact: Artifact, mode: str | None = None, **kw) -> Runner:
         ok, why = self.runnable()
         if not ok:
             raise UnavailableError(why)
@@ -538,8 +533,7 @@ class TensorRTRunner(Runner):
     def _stage(self, x: np.ndarray) -> tuple[dict, int]:
         n = x.shape[0]
         b = self._bind(x.shape)
-        if b["batch"] > n:  # a static engine's last, short batch: pad with zeros, keep the first n rows
-            x = np.concatenate([x, np.zeros((b["batch"] - n,) + x.shape[1:], x.dtype)])
+        x = pad_batch(x, b["batch"])  # a static engine's last, short batch: padded, the first n rows kept
         self.mem.upload(b["input"], x.astype(self._dtypes[self.inputs[0]], copy=False))
         return b, n
 

@@ -1,16 +1,17 @@
 """The export output folder is the atomic unit (issue 8): killing `vitedge export` at any moment leaves DIR
 absent, holding the old complete artifacts, or holding the new complete ones; never a half-written set.
 
-What the pipeline documents (exporter/pipeline.py): everything is built in a temporary sibling `.DIR.tmp-*`
-and renamed into place in one step; with --force the old folder is first moved aside to `.DIR.old-*`.
+What the output-folder transaction documents (exporter/outdir.py): everything is built in a temporary sibling
+`.DIR.tmp-*` and renamed into place in one step; with --force the old folder is first moved aside to `.DIR.old-*`.
 After a SIGKILL nothing can clean up at once, so hidden siblings remain: they must never be merged into DIR,
-and the next run that writes DIR recovers them (exporter/stale.py: their names carry the owning pid@host;
-an abandoned build folder is removed, an abandoned moved-aside output is put back if DIR is missing).
-SIGINT is an ordinary KeyboardInterrupt: it cleans the build folder, leaves DIR as it was and exits 130.
+and the next run that writes DIR recovers them (their names carry the owning pid@host; an abandoned build folder
+is removed, an abandoned moved-aside output is put back if DIR is missing). SIGINT cleans the build folder, leaves
+DIR as it was and exits 130, even where a library swallowed the KeyboardInterrupt.
 
-Kills are of two kinds: real signals sent from outside at polled moments (build folder created, hub graph
-written), and deterministic kills from inside the process at the commit's renames and halfway through
-writing the .onnx (a driver wraps `os.rename` / `onnx.save` and SIGKILLs itself).
+Kills are of two kinds: real signals sent from outside while the run waits at a named point (the test hook
+VITEDGE_TEST_PAUSE_AT: build folder created, hub graph written, just before the commit), so a busy machine cannot
+make the signal race the end of the run; and deterministic kills from inside the process at the commit's renames
+and halfway through writing the .onnx (a driver wraps `os.rename` / `onnx.save` and SIGKILLs itself).
 """
 from __future__ import annotations
 
@@ -36,9 +37,10 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 TIMEOUT = 240
 
 # Runs the CLI with a kill point: VITEDGE_TEST_KILL_AT = "rename:before|after:N" (the Nth rename whose source
-# or target is the --out folder) or "save-half" (write half of the first .onnx, then die).
+# or target is the --out folder), "save-half" (write half of the first .onnx, then die) or "swallow-sigint" (a
+# Ctrl-C while the hub graph is saved, caught and dropped the way a library's broad except would).
 _DRIVER = r"""
-import os, signal, sys
+import os, signal, sys, time
 from pathlib import Path
 
 point, out_name = os.environ["VITEDGE_TEST_KILL_AT"], os.environ["VITEDGE_TEST_OUT_NAME"]
@@ -73,6 +75,19 @@ elif point == "save-half":
         die()
 
     onnx.save = save
+elif point == "swallow-sigint":
+    import onnx
+    real_save = onnx.save
+
+    def save(model, path, *args, **kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the KeyboardInterrupt lands here ...
+        except KeyboardInterrupt:
+            pass           # ... and is swallowed: the run goes on
+        return real_save(model, path, *args, **kwargs)
+
+    onnx.save = save
 else:
     raise SystemExit(f"unknown kill point {point!r}")
 
@@ -92,8 +107,10 @@ def run_cli(out: Path, *extra: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=TIMEOUT)
 
 
-def start_cli(out: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "cli.py", *export_argv(out, *extra)], cwd=REPO, env=ENV,
+def start_paused(out: Path, at: str, marker: Path, *extra: str) -> subprocess.Popen:
+    """Start the CLI so that it waits at the named point `at` (exporter/outdir.py) once it writes `marker`."""
+    env = {**ENV, "VITEDGE_TEST_PAUSE_AT": at, "VITEDGE_TEST_PAUSE_FILE": str(marker)}
+    return subprocess.Popen([sys.executable, "cli.py", *export_argv(out, *extra)], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -193,12 +210,25 @@ def previous(good_export, tmp_path) -> tuple[Path, dict[str, str]]:
     return out, snap
 
 
-# ---- real signals from outside ----------------------------------------------------------------------
+# ---- real signals from outside, at named points of the run ------------------------------------------------
 
-def test_sigkill_when_the_build_folder_appears_keeps_the_old_artifacts(previous):
+@pytest.fixture
+def marker(tmp_path_factory) -> Path:
+    """Where a paused run says it is waiting (outside the --out folder's parent, which the tests inspect)."""
+    return tmp_path_factory.mktemp("pause") / "paused"
+
+
+@pytest.mark.parametrize("at, written", [
+    ("build-folder", lambda build: True),  # the new build folder exists, nothing in it yet
+    # the hub .onnx lands in the build folder before its own parity hop and the report: kill in that window
+    ("hub-graph", lambda build: any(p.suffix == ".onnx" for p in build.iterdir())),
+])
+def test_sigkill_at_a_named_point_keeps_the_old_artifacts(previous, marker, at, written):
     out, old = previous
-    proc = start_cli(out, "--force")
-    wait_for(proc, lambda: build_siblings(out), "the temporary build folder appeared")
+    proc = start_paused(out, at, marker, "--force")
+    wait_for(proc, marker.exists, f"the run paused at {at}")
+    (build,) = build_siblings(out)
+    assert written(build)
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=TIMEOUT)
     assert proc.returncode == -signal.SIGKILL
@@ -206,24 +236,10 @@ def test_sigkill_when_the_build_folder_appears_keeps_the_old_artifacts(previous)
     assert_only_hidden_siblings(out)
 
 
-def test_sigkill_after_the_hub_graph_is_written_leaves_a_complete_set(previous):
-    out, old = previous
-    proc = start_cli(out, "--force")
-    # The hub .onnx lands in the build folder before its own parity hop and the report: kill in that window.
-    wait_for(proc, lambda: any(p.suffix == ".onnx" for s in build_siblings(out) for p in s.iterdir()),
-             "the hub graph was written into the build folder")
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=TIMEOUT)
-    assert proc.returncode == -signal.SIGKILL
-    # Usually "old"; "new" only if the commit won the race against the kill, which the contract also allows.
-    assert state_of(out, old) in ("old", "new")
-    assert_only_hidden_siblings(out)
-
-
-def test_sigkill_of_a_first_export_leaves_no_folder(tmp_path):
+def test_sigkill_of_a_first_export_leaves_no_folder(tmp_path, marker):
     out = tmp_path / OUT
-    proc = start_cli(out)
-    wait_for(proc, lambda: build_siblings(out), "the temporary build folder appeared")
+    proc = start_paused(out, "build-folder", marker)
+    wait_for(proc, marker.exists, "the run paused in its new build folder")
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=TIMEOUT)
     assert proc.returncode == -signal.SIGKILL
@@ -231,10 +247,11 @@ def test_sigkill_of_a_first_export_leaves_no_folder(tmp_path):
     assert_only_hidden_siblings(out)
 
 
-def test_sigint_exits_nonzero_and_leaves_nothing_partial(previous):
+@pytest.mark.parametrize("at", ["build-folder", "hub-graph", "commit"])
+def test_sigint_exits_nonzero_and_leaves_nothing_partial(previous, marker, at):
     out, old = previous
-    proc = start_cli(out, "--force")
-    wait_for(proc, lambda: build_siblings(out), "the temporary build folder appeared")
+    proc = start_paused(out, at, marker, "--force")
+    wait_for(proc, marker.exists, f"the run paused at {at}")
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=TIMEOUT)
     assert proc.returncode == 130, err[-2000:]
@@ -242,6 +259,17 @@ def test_sigint_exits_nonzero_and_leaves_nothing_partial(previous):
     assert state_of(out, old) == "old"
     assert build_siblings(out) == [], "a KeyboardInterrupt must clean its build folder"
     assert_only_hidden_siblings(out)
+
+
+def test_a_swallowed_sigint_still_ends_the_run_with_130(previous):
+    """A Ctrl-C that a library catches (here: while the hub graph is saved) must not let the run commit: the next
+    named point re-raises it. Without that the run went on and exited 0 with the new artifacts in place."""
+    out, old = previous
+    r = run_driver(out, "swallow-sigint", "--force")
+    assert r.returncode == 130, r.stderr[-2000:]
+    assert "interrupted" in r.stderr
+    assert state_of(out, old) == "old"
+    assert list(out.parent.iterdir()) == [out], sorted(p.name for p in out.parent.iterdir())
 
 
 # ---- deterministic kills from inside ----------------------------------------------------------------
@@ -308,7 +336,7 @@ def test_committed_folder_has_normal_permissions(good_export):
     assert mode == 0o777 & ~umask, f"{out} has mode {oct(mode)}, expected {oct(0o777 & ~umask)}"
 
 
-# ---- recovery rules on their own (exporter/stale.py) ---------------------------------------------------
+# ---- recovery rules on their own (exporter/outdir.py) --------------------------------------------------
 
 def _dead_pid() -> int:
     p = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -317,9 +345,9 @@ def _dead_pid() -> int:
 
 
 def _fake_sibling(out: Path, kind: str, pid: int, host: str | None = None) -> Path:
-    from vitedge.exporter import stale
+    from vitedge.exporter import outdir
 
-    name = stale.sibling(out, kind).name
+    name = outdir.sibling(out, kind).name
     if host is not None:
         name = name.rsplit("@", 1)[0] + "@" + host
     name = name.replace(f"-{os.getpid()}@", f"-{pid}@")
@@ -330,7 +358,7 @@ def _fake_sibling(out: Path, kind: str, pid: int, host: str | None = None) -> Pa
 
 
 def test_recovery_touches_only_abandoned_siblings(tmp_path):
-    from vitedge.exporter import stale
+    from vitedge.exporter import outdir
 
     out = tmp_path / OUT
     dead = _dead_pid()
@@ -339,7 +367,7 @@ def test_recovery_touches_only_abandoned_siblings(tmp_path):
     other_dir = _fake_sibling(tmp_path / "other", "tmp", dead)      # a sibling of a different output
     gone_tmp = _fake_sibling(out, "tmp", dead)
     gone_old = _fake_sibling(out, "old", dead)
-    lines = stale.recover(out)
+    lines = outdir.recover(out)
     # DIR was missing: the abandoned moved-aside output is put back, the abandoned build folder removed
     assert json.loads((out / "report.json").read_text()) == {"kind": "old", "pid": dead}
     assert not gone_tmp.exists() and not gone_old.exists()
@@ -347,18 +375,18 @@ def test_recovery_touches_only_abandoned_siblings(tmp_path):
     assert len(lines) == 2 and any(line.startswith("restored") for line in lines)
     # DIR present: an abandoned moved-aside copy is just removed, DIR untouched
     again = _fake_sibling(out, "old", dead)
-    assert stale.recover(out) == [f"removed {again.name} left by a killed run"]
+    assert outdir.recover(out) == [f"removed {again.name} left by a killed run"]
     assert json.loads((out / "report.json").read_text())["kind"] == "old" and not again.exists()
 
 
 def test_deploy_checkpoint_write_clears_its_abandoned_temp_file(tmp_path):
-    from vitedge.exporter import stale
+    from vitedge.exporter import outdir
     from vitedge.exporter.deploy_checkpoint import save_deploy_checkpoint
     from vitedge.exporter.reparam import reparameterize
     from vitedge.models import create_model
 
     path = tmp_path / "deploy.pt"
-    leftover = tmp_path / stale.sibling(path, "tmp").name.replace(f"-{os.getpid()}@", f"-{_dead_pid()}@")
+    leftover = tmp_path / outdir.sibling(path, "tmp").name.replace(f"-{os.getpid()}@", f"-{_dead_pid()}@")
     leftover.write_bytes(b"half a checkpoint")
     deploy = reparameterize(create_model(NAME, layers=[1, 1, 1, 1], embed_dims=[8, 8, 16, 16], num_classes=5).eval(), 32)
     save_deploy_checkpoint(deploy, path)

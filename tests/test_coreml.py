@@ -26,7 +26,7 @@ from vitedge.targets.base import Artifact, LowerSpec, UnavailableError
 from vitedge.targets.coreml import (DEFAULT_EMULATED_SAMPLES, CoreMLTarget, DeviceCoreMLRunner,
                                     EmulatedCoreMLRunner, coreml_framework_status, load_program_spec, manifest_item_id,
                                     read_labels)
-from vitedge.targets.mil_interpreter import UnsupportedOpError, load_program
+from vitedge.targets.coreml.mil_interpreter import UnsupportedOpError, load_program
 
 # one reduced model per family (the golden fixtures' configs), trained-like weights
 FAMILIES = {
@@ -419,7 +419,7 @@ def test_info_reports_unavailable_plans_but_not_bugs(build, monkeypatch):
     (["cpu"] * 10, None, False, "inconclusive"),                            # a virtualized Mac: no Neural Engine
 ])
 def test_require_ane_gate(build, monkeypatch, devices, weights, ane, status):
-    from vitedge.exporter.pipeline import _ane_check
+    from vitedge.exporter.hops import ane_check as _ane_check
     from vitedge.targets.coreml import CoreMLFramework, summarize_compute_plan
     b, art = build("swiftformer", "fp16")
     model_cls, plan_cls = _plan_fakes(monkeypatch, devices, weights, ane_available=ane)
@@ -437,7 +437,7 @@ def test_require_ane_gate(build, monkeypatch, devices, weights, ane, status):
 
 
 def test_require_ane_off_macos_is_inconclusive_and_fails_only_require_verified(build, tmp_path):
-    from vitedge.exporter.pipeline import parity
+    from vitedge.exporter.verify import parity
     b, art = build("swiftformer", "fp16")
     name, overrides, imgsz = FAMILIES["swiftformer"]
     kw = dict(overrides=overrides, imgsz=imgsz, samples=4, require_ane=True)

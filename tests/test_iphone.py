@@ -19,7 +19,7 @@ import vitedge
 from vitedge.exporter import bench as bench_mod
 from vitedge.exporter import iphone
 from vitedge.exporter.bench import format_table, run_bench
-from vitedge.models.errors import VitedgeError
+from vitedge.errors import VitedgeError
 from vitedge.models.trained_like import make_trained_like
 from vitedge.targets.base import LowerSpec
 from vitedge.targets.coreml import CoreMLTarget, EmulatedCoreMLRunner, load_program_spec, quantized_pixels

@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitedge.targets.mil_interpreter import (MILProgramError, UnsupportedOpError, as_declared, load_program,
+from vitedge.targets.coreml.mil_interpreter import (MILProgramError, UnsupportedOpError, as_declared, load_program,
                                              quiet_coremltools, round_fp16)
-from vitedge.targets.mil_ops import OPS, OpArgs
+from vitedge.targets.coreml.mil_ops import OPS, OpArgs
 
 with quiet_coremltools():
     import coremltools as ct

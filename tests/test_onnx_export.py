@@ -18,7 +18,8 @@ from onnx import numpy_helper
 from vitedge.exporter.inputs import parity_inputs
 from vitedge.exporter.localize import localize_onnx
 from vitedge.exporter.parity import DEFAULT_TOLERANCES
-from vitedge.exporter.pipeline import build_deploy_form, export
+from vitedge.exporter.forms import build_deploy_form
+from vitedge.exporter.pipeline import export
 from vitedge.exporter.report import Report
 from vitedge.models import create_model, make_trained_like
 from vitedge.models.checkpoint import load_checkpoint

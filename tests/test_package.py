@@ -14,7 +14,7 @@ from vitedge.exporter.parity import compute_metrics
 from vitedge.exporter.report import Tolerance
 from vitedge.errors import VitedgeError
 from vitedge.targets.coreml import EmulatedCoreMLRunner
-from vitedge.targets.mil_interpreter import load_program
+from vitedge.targets.coreml.mil_interpreter import load_program
 
 MODEL = "swiftformer_xs"
 OVERRIDES = {"layers": [1, 1, 2, 1], "embed_dims": [16, 24, 32, 48], "num_classes": 10}  # the golden fixture's size

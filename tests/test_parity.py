@@ -17,7 +17,9 @@ from vitedge.exporter.deploy_checkpoint import load_deploy_checkpoint, reparam_c
 from vitedge.exporter.localize import localize_onnx
 from vitedge.exporter.parity import (DEFAULT_TOLERANCES, PSNR_CAP_DB, compute_metrics, parse_tol, run_batched,
                                      tolerances)
-from vitedge.exporter.pipeline import export, parity
+from vitedge.exporter.hops import parity_set_for
+from vitedge.exporter.pipeline import export
+from vitedge.exporter.verify import parity
 from vitedge.exporter.report import Report
 from vitedge.models import VitedgeError
 from vitedge.targets.base import Runner
@@ -119,7 +121,7 @@ def test_healthy_graph_localizes_nothing(exported):
     out, report = exported
     deploy, _ = pipeline.build_deploy_form(pipeline.build_train_form("swiftformer_xs", overrides=SWIFT).model, IMGSZ)
     model = onnx.load(str(out / "swiftformer_xs.onnx"))
-    x = pipeline._inputs(deploy, 4, IMGSZ)
+    x = parity_set_for(deploy, 4, IMGSZ)
     assert localize_onnx(model, deploy, x, DEFAULT_TOLERANCES["fp32"]) is None
 
 
@@ -222,7 +224,7 @@ def test_deploy_checkpoint_round_trip(tmp_path):
     loaded = load_deploy_checkpoint(res.path)
     train = pipeline.build_train_form("swiftformer_xs", overrides=SWIFT).model
     fresh, _ = pipeline.build_deploy_form(train, IMGSZ)
-    x = torch.from_numpy(pipeline._inputs(train, 3, IMGSZ))
+    x = torch.from_numpy(parity_set_for(train, 3, IMGSZ))
     with torch.no_grad():
         assert torch.equal(loaded(x), fresh(x))
     with pytest.raises(VitedgeError, match="exists"):

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 import vitedge
-from vitedge.exporter import pipeline
-from vitedge.exporter.pipeline import export, parity
+from vitedge.exporter import pipeline, verify
+from vitedge.exporter.pipeline import export
+from vitedge.exporter.verify import parity
 from vitedge.models import VitedgeError
 from vitedge.targets import TARGETS
 from vitedge.targets.base import Artifact, Runner, Target, UnavailableError
@@ -89,7 +90,7 @@ def _tree(root: Path) -> list[str]:
 
 
 def test_public_api_is_the_pipeline():
-    assert vitedge.export is pipeline.export and vitedge.parity is pipeline.parity
+    assert vitedge.export is pipeline.export and vitedge.parity is verify.parity
 
 
 def test_generic_target_is_lowered_checked_and_recorded(tmp_path):

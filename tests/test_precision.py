@@ -12,8 +12,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from vitedge.exporter.precision import (FP16_MAX, analyze_fp16_ranges, check_fp16_safe, default_policy,
-                                        fp16_flushes_to_zero, is_tiny_eps)
+from vitedge.exporter.fp16_ranges import analyze_fp16_ranges, check_fp16_safe
+from vitedge.targets.graph.precision import FP16_MAX, default_policy, fp16_flushes_to_zero, is_tiny_eps
 from vitedge.models import VitedgeError, create_model, make_trained_like
 from vitedge.models.layers import (EfficientAdditiveAttention, SimAAttention, SimplifiedLinearAttention,
                                    linear_attention)

@@ -124,3 +124,43 @@ def test_cli_rewrites_reach_the_report(tmp_path):
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "b" / "report.json").read_text())["reparam"]["rewrites"] == []
     assert "rewrites: none" in r.stdout
+
+
+# ---- the SLAB-DeiT rewrite's old name (tokens_channel_first -> tokens_channels_first) -----------------------
+
+SLAB_TINY = dict(embed_dim=16, depth=1, num_heads=1, num_classes=5)
+
+
+def test_old_rewrite_name_is_accepted_with_a_deprecation_warning():
+    model = make_trained_like(create_model("slab_deit_tiny", **SLAB_TINY), seed=3).eval()
+    with pytest.warns(FutureWarning, match="'tokens_channel_first' is deprecated; use 'tokens_channels_first'"):
+        old = reparameterize(model, 224, rewrites=["tokens_channel_first"])
+    new = reparameterize(model, 224, rewrites=["tokens_channels_first"])
+    assert old.reparam_summary.rewrites == new.reparam_summary.rewrites == ["tokens_channels_first"]
+    x = parity_inputs(2, 224, seed=1)
+    with torch.no_grad():
+        assert torch.equal(old(x), new(x))
+
+
+def test_cli_accepts_the_old_name_and_warns(tmp_path):
+    r = _cli("-q", "reparam", "--model", "slab_deit_tiny", *[f"--set={k}={v}" for k, v in SLAB_TINY.items()],
+             "--rewrites", "tokens_channel_first", "--out", str(tmp_path / "d.pth"))
+    assert r.returncode == 0, r.stderr
+    assert "warning: rewrite name 'tokens_channel_first' is deprecated" in r.stderr
+    assert load_deploy_checkpoint(tmp_path / "d.pth").reparam_summary.rewrites == ["tokens_channels_first"]
+
+
+def test_deploy_checkpoint_that_recorded_the_old_name_still_loads(tmp_path, recwarn):
+    path, old_path = tmp_path / "d.pth", tmp_path / "old.pth"
+    res = reparam_checkpoint("slab_deit_tiny", path, overrides=SLAB_TINY)
+    assert "tokens_channels_first" in res.summary.rewrites
+    payload = torch.load(path, weights_only=True)
+    payload["rewrites"] = ["tokens_channel_first" if r == "tokens_channels_first" else r for r in payload["rewrites"]]
+    torch.save(payload, old_path)  # as vitedge 0.1.0 wrote it
+    old, new = load_deploy_checkpoint(old_path), load_deploy_checkpoint(path)
+    assert old.reparam_summary.rewrites == new.reparam_summary.rewrites == res.summary.rewrites
+    assert old.deploy_checkpoint_meta["rewrites"] == res.summary.rewrites
+    assert not [w for w in recwarn if issubclass(w.category, FutureWarning)]  # a file is not user input: no warning
+    x = parity_inputs(2, 224, seed=1)
+    with torch.no_grad():
+        assert torch.equal(old(x), new(x))

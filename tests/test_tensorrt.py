@@ -24,9 +24,9 @@ from onnx import TensorProto
 
 from vitedge.exporter.inputs import parity_inputs
 from vitedge.exporter.onnx_export import export_onnx, save_onnx, simplify_onnx
-from vitedge.exporter.onnx_fp16 import prepare_fp16
+from vitedge.targets.graph.onnx_fp16 import prepare_fp16
 from vitedge.exporter.parity import DEFAULT_TOLERANCES, compute_metrics
-from vitedge.exporter.precision import FP16_MAX, default_policy
+from vitedge.targets.graph.precision import FP16_MAX, default_policy
 from vitedge.exporter.reparam.engine import reparameterize
 from vitedge.models import create_model, make_trained_like
 from vitedge.models.layers import EfficientAdditiveAttention

@@ -168,11 +168,24 @@ class PatchEmbedDeploy(nn.Module):
         return self.proj(x).flatten(2).transpose(1, 2)
 
 
+class PreNormBlockDeploy(nn.Module):
+    """`x + attn(norm1 x)`, `x + mlp(norm2 x)`: a ViT block once its norms' affines are folded into qkv / fc1
+    (the norms left are Identity or affine-free)."""
+
+    def __init__(self, norm1: nn.Module, attn: nn.Module, norm2: nn.Module, mlp: nn.Module):
+        super().__init__()
+        self.norm1, self.attn, self.norm2, self.mlp = norm1, attn, norm2, mlp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
 class ErfGELU(nn.Module):
     """Exact (erf) GELU written `(0.5 x) (1 + erf(x / sqrt 2))`: ONNX Runtime's GeluFusion pattern 1.
 
     torch exports GELU as `(x (1 + erf)) * 0.5`, and onnxsim folds that trailing 0.5 into the next 1x1 conv
-    (never into a Gemm), leaving an unfused Div/Erf/Add/Mul chain: slab_deit_tiny ran 2.4x slower.
+    (never into a Gemm), leaving an unfused Div/Erf/Add/Mul chain (measured: benchmarks/README.md, design probes).
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -20,22 +20,10 @@ import torch.nn as nn
 from ...errors import VitedgeError
 from ...models.sima_deit import SimADeiT, SimADeiTBlock
 from .engine import FoldContext, register_plan
-from .primitives import PatchEmbedDeploy, affine_before
+from .primitives import PatchEmbedDeploy, PreNormBlockDeploy, affine_before
 from .sima import FixedOrderSimA, fix_sima_order
 
-__all__ = ["SimADeiTDeploy", "SimADeiTBlockDeploy", "plan_sima_deit"]
-
-
-class SimADeiTBlockDeploy(nn.Module):
-    """`x + attn(ln x)`, `x + mlp(ln x)` with the LayerNorm affines folded into qkv / fc1."""
-
-    def __init__(self, norm1: nn.LayerNorm, attn: FixedOrderSimA, norm2: nn.LayerNorm, mlp: nn.Module):
-        super().__init__()
-        self.norm1, self.attn, self.norm2, self.mlp = norm1, attn, norm2, mlp
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
+__all__ = ["SimADeiTDeploy", "plan_sima_deit"]
 
 
 class SimADeiTDeploy(nn.Module):
@@ -71,7 +59,7 @@ def _ln_affine(ln: nn.Module, path: str) -> tuple[torch.Tensor, torch.Tensor, nn
     return ln.weight, ln.bias, nn.LayerNorm(ln.normalized_shape, eps=ln.eps, elementwise_affine=False)
 
 
-def _fold_block(blk: SimADeiTBlock, path: str, n: int, ctx: FoldContext) -> SimADeiTBlockDeploy:
+def _fold_block(blk: SimADeiTBlock, path: str, n: int, ctx: FoldContext) -> PreNormBlockDeploy:
     attn = blk.attn
     a1, b1, norm1 = _ln_affine(blk.norm1, f"{path}.norm1")
     a2, b2, norm2 = _ln_affine(blk.norm2, f"{path}.norm2")
@@ -83,7 +71,7 @@ def _fold_block(blk: SimADeiTBlock, path: str, n: int, ctx: FoldContext) -> SimA
     mlp.drop = None  # identity in eval
     ctx.fold("layernorm_affine->linear")
     attn = FixedOrderSimA(qkv, attn.proj, attn.num_heads, order, attn.eps, ctx.use("l1_normalize_broadcast_div"))
-    return SimADeiTBlockDeploy(norm1, attn, norm2, mlp)
+    return PreNormBlockDeploy(norm1, attn, norm2, mlp)
 
 
 @register_plan(SimADeiT, rewrites=("l1_normalize_broadcast_div", "final_norm_on_cls_only"))

@@ -17,7 +17,8 @@ or `((q k^T) v) / (...)`, order fixed here; batched 4-D MatMuls only (no Einsum)
 Rewrites (each exact and switchable, `reparameterize(..., rewrites=[...])`; none = the folded-only token-first
 ablation baseline). `tokens_channels_first`: the residual stream is channel-first, (B, C, N, 1), from the patch-embed
 conv (a free reshape) to the pooling; every token Linear is a 1x1 Conv2d (ONNX Runtime runs it in its NCHWc
-layout with prepacked weights, within a few % of a Gemm; Conv1d measured ~10 % slower); heads are (B, h, d, N) by
+layout with prepacked weights, about as fast as a Gemm and faster than a Conv1d: benchmarks/README.md, design
+probes); heads are (B, h, d, N) by
 free reshapes, M = v k^T then M q (kv_first) or v (k^T q) (qk_first), so k's transpose is the only one per
 block; the dwc reads v by a free reshape; positional encodings are (1, h, d, N) constants. PRepBN's softmax
 attention forms S^T = k^T q and normalizes over the key axis, again one transpose. `erf_gelu_fusable`: the
@@ -34,7 +35,8 @@ from ...models.layers import Mlp, SimplifiedLinearAttention
 from ...models.layers.attention import order_reason, resolve_order, sla_rule
 from ...models.slab_deit import Attention, PRepBNDeiT, SlabDeiT, DeiTBase
 from .engine import FoldContext, register_plan
-from .primitives import ChannelAffine, ErfGELU, affine_before, linear_to_conv1x1, repbn_affine, scale_output
+from .primitives import (ChannelAffine, ErfGELU, PreNormBlockDeploy, affine_before, linear_to_conv1x1, repbn_affine,
+                         scale_output)
 
 SLA_EPS = 1e-6
 
@@ -44,8 +46,8 @@ norm_affine = repbn_affine  # kept as this module's public name
 
 def _split_heads_cf(qkv: torch.Tensor, h: int, d: int) -> tuple[torch.Tensor, ...]:
     """(B, 3C, N, 1) -> q, k, v as (B, h, d, N): a free reshape (the (3 h d) channel split is row-major) and one
-    Split along the (3 h) axis; unbinding a separate axis of 3 would add a Squeeze per output (36 nodes in
-    slab_deit_tiny, measured 1.5 % of its ONNX Runtime latency)."""
+    Split along the (3 h) axis; unbinding a separate axis of 3 would add a Squeeze per output (measured:
+    benchmarks/README.md, design probes)."""
     b, _, n, _ = qkv.shape
     return qkv.reshape(b, 3 * h, d, n).split(h, dim=1)
 
@@ -141,18 +143,6 @@ class SoftmaxAttentionDeploy(nn.Module):
         return self.proj((attn @ v).transpose(1, 2).reshape(b, n, c))
 
 
-class DeiTBlockDeploy(nn.Module):
-    """`x + attn(norm1 x)`, `x + mlp(norm2 x)`; the norms are Identity once folded."""
-
-    def __init__(self, norm1: nn.Module, attn: nn.Module, norm2: nn.Module, mlp: Mlp):
-        super().__init__()
-        self.norm1, self.attn, self.norm2, self.mlp = norm1, attn, norm2, mlp
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
-
-
 class PatchEmbedCFDeploy(nn.Module):
     """Patch-embed conv output (B, C, H, W) -> (B, C, N, 1) tokens: a free reshape, no transpose."""
 
@@ -170,8 +160,8 @@ class DeiTDeploy(nn.Module):
 
     Token-first (`channel_first` False, the folded-only baseline): (B, N, C) tokens; `cls_token` None means
     mean pooling over the patch tokens. Channel-first: (B, C, N, 1) tokens for the whole network, so every
-    Linear is a 1x1 Conv2d (ONNX Runtime runs those in its blocked NCHWc layout with prepacked weights, within a few %
-    of the token-first Gemm; a Conv1d measured ~10 % slower); `pos_embed` is (1, C, N, 1), or (1, C, 1+N, 1)
+    Linear is a 1x1 Conv2d (ONNX Runtime runs those in its blocked NCHWc layout with prepacked weights; see
+    benchmarks/README.md, design probes); `pos_embed` is (1, C, N, 1), or (1, C, 1+N, 1)
     with the CLS token (its position folded in) as row 0, so `pad(x) + pos_embed` inserts it without Concat
     or Expand; `pool` is "mean" or "cls".
     """
@@ -277,7 +267,7 @@ def plan_slab_deit(model: DeiTBase, ctx: FoldContext) -> DeiTDeploy:
         norm1, attn.qkv = _fold_norm_into(blk.norm1, attn.qkv, f"{p}.norm1", "qkv", ctx)
         norm2, fc1 = _fold_norm_into(blk.norm2, blk.mlp.fc1, f"{p}.norm2", "fc1", ctx)
         blk.mlp.fc1 = fc1
-        blocks.append(DeiTBlockDeploy(_channels_first_norm(norm1, cf), _deploy_attention(attn, f"{p}.attn", grid, cf, ctx),
+        blocks.append(PreNormBlockDeploy(_channels_first_norm(norm1, cf), _deploy_attention(attn, f"{p}.attn", grid, cf, ctx),
                                   _channels_first_norm(norm2, cf), _deploy_mlp(blk.mlp, cf, ctx)))
         ctx.check(p, p, to_train=to_train)
 

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .precision import FP16_MAX, PrecisionPolicy, _name_nodes, default_policy
+from .precision import FP16_MAX, PrecisionPolicy, default_policy, name_nodes
 
 F32, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
 # Inputs that the ONNX spec types as float32 regardless of the data dtype (index positions).
@@ -85,7 +85,7 @@ def prepare_fp16(fp32_model: onnx.ModelProto, policy: PrecisionPolicy | None = N
     model.CopyFrom(fp32_model)
     g = model.graph
     _constants_to_initializers(g)
-    _name_nodes(model)
+    name_nodes(model)
     islands = policy.onnx_fp32_islands(model)
     dtypes = _float_dtypes(model)
     is_f32 = lambda name: dtypes.get(name) == F32  # noqa: E731  (only fp32 tensors change type)

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import VitedgeError
-from .base import UnavailableError
+from ...errors import VitedgeError
+from ..base import UnavailableError
 from .mil_ops import OPS, OpArgs
 
 _DTYPES = {"FLOAT16": "fp16", "FLOAT32": "fp32", "FLOAT64": "fp64", "BFLOAT16": "bf16", "INT8": "int8",
@@ -209,7 +209,7 @@ class MILProgram:
             kernel = OPS.get(o.type)
             if kernel is None:
                 raise UnsupportedOpError(
-                    f"the MIL emulator has no kernel for op '{o.type}' ({o.name}): add it to vitedge/targets/mil_ops.py "
+                    f"the MIL emulator has no kernel for op '{o.type}' ({o.name}): add it to vitedge/targets/coreml/mil_ops.py "
                     "or run the CoreML hop on macOS")
             args = OpArgs(o.type, o.name, {k: _resolve(v, env) for k, v in o.inputs.items()},
                           [dt for _, dt in o.outputs])

@@ -6,6 +6,9 @@ declares for it, which is where fp16 rounding (and overflow to inf) happens. Sem
 coremltools' MIL (`coremltools/converters/mil/mil/ops/defs/iOS15..iOS18`), including their defaults: e.g. `inverse`
 is `1 / (x + epsilon)` with epsilon 1e-4 and `rsqrt` is `1 / sqrt(x + epsilon)` with epsilon 1e-12 when the program
 does not pass one.
+
+Length: one job, the table of MIL op kernels (about 60 small functions); split by op kind it would only
+scatter the registry the interpreter reads.
 """
 from __future__ import annotations
 

@@ -1,0 +1,204 @@
+"""`vitedge parity` as a Python API: the parity ladder on artifacts that already exist.
+
+Hops: deploy-form (a deploy checkpoint from `vitedge reparam`, else a fresh re-parameterization) and the artifact,
+each against the train-form on the parity set (hops.py). What the artifact says about itself (ONNX metadata_props,
+a target's `read_metadata`) supplies the size, overrides and attention order it was exported with; flags given
+explicitly win.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch.nn as nn
+
+from ..errors import VitedgeError
+from ..targets import TARGETS
+from ..targets.base import Artifact, Runner
+from ..targets.graph.metadata import read_metadata
+from .deploy_checkpoint import load_deploy_checkpoint
+from .equivalence import verify_equivalence
+from .forms import DEMO_SEED, build_deploy_form, build_train_form, model_name, reparam_info, resolve_imgsz
+from .hops import LOCALIZE_SAMPLES, Ladder, inputs_note, record_artifact
+from .inputs import DEFAULT_SAMPLES
+from .localize import localize_torch
+from .parity import tolerances as make_tolerances, unverified
+from .progress import QUIET, Progress
+from .report import Hop, Report, versions
+from .target_plans import TargetPlan, check_precision, load_target, resolve_targets
+
+_SUFFIX_TARGET = {".onnx": "onnx", ".mlpackage": "coreml", ".mlmodel": "coreml", ".engine": "tensorrt",
+                  ".plan": "tensorrt"}
+
+
+def parity(model_or_name, artifact: str | Path | None = None, *, checkpoint: str | Path | None = None,
+           deploy_checkpoint: str | Path | None = None, target: str | None = None, imgsz: int | None = None,
+           precision: str | None = None, attn_order: str | None = None, samples: int = DEFAULT_SAMPLES,
+           tolerances: dict | list | None = None, require_verified: bool = False, overrides: dict | None = None,
+           seed: int = DEMO_SEED, report_path: str | Path | None = None, mode: str | None = None,
+           progress: Progress | None = None, require_ane: bool = False) -> Report:
+    """The parity ladder for an existing artifact and/or a deploy-form checkpoint (`vitedge reparam`).
+
+    Hops: deploy-form (the deploy checkpoint if given, else a fresh re-parameterization) and the artifact,
+    each against the train-form on the parity set. Artifact metadata (ONNX metadata_props) supplies the
+    size, overrides and attention order it was exported with; flags given explicitly win. `mode`
+    ("device" | "emulated") insists on how the artifact runs: otherwise the hop is unverified.
+    """
+    progress = progress or QUIET
+    if mode not in (None, "device", "emulated"):
+        raise VitedgeError(f"--mode must be device or emulated; got {mode!r}")
+    if artifact is None and deploy_checkpoint is None:
+        raise VitedgeError("vitedge parity needs --artifact PATH (and/or --deploy-checkpoint PATH)")
+    check_precision(precision)
+    if samples <= 0:
+        raise VitedgeError(f"--samples must be positive; got {samples}")
+    tols = make_tolerances(tolerances)
+    tname, art_model, meta = None, None, {}
+    if artifact is not None:
+        artifact = Path(artifact)
+        tname, art_model, meta = _read_artifact(artifact, target)
+        if precision is None:
+            precision = meta.get("precision") or (_onnx_precision(art_model) if art_model is not None else None)
+    deploy = None
+    if deploy_checkpoint is not None:
+        deploy = load_deploy_checkpoint(deploy_checkpoint)
+        dmeta = deploy.deploy_checkpoint_meta
+        meta = {"model": dmeta["model"], "imgsz": dmeta["imgsz"], "attn_order": dmeta["attn_order"],
+                "overrides": dmeta["overrides"], "checkpoint_sha256": dmeta["checkpoint_sha256"],
+                "weights": "checkpoint" if dmeta["checkpoint_sha256"] else "untrained",
+                **meta}  # an artifact's own metadata wins
+    name = model_or_name if isinstance(model_or_name, str) else model_name(model_or_name)
+    source = artifact if artifact is not None else deploy_checkpoint
+    if meta.get("model") and meta["model"] != name:
+        raise VitedgeError(f"{source} holds {meta['model']}, not {name}; pass --model {meta['model']}")
+    if meta.get("weights") == "checkpoint" and checkpoint is None:
+        raise VitedgeError(f"{source} was exported from a checkpoint (sha256 {str(meta.get('checkpoint_sha256'))[:12]}"
+                           "...); pass the same --checkpoint")
+    if overrides is None and isinstance(model_or_name, str):
+        overrides = meta.get("overrides") or {}
+    plan = resolve_targets(tname, precision)[0] if tname else None
+
+    with progress.step("building the train-form model"):
+        loaded = build_train_form(model_or_name, checkpoint, overrides, seed)
+    exported_from = meta.get("checkpoint_sha256")
+    if exported_from and loaded.checkpoint_sha256 and exported_from != loaded.checkpoint_sha256:
+        raise VitedgeError(f"--checkpoint (sha256 {loaded.checkpoint_sha256[:12]}...) is not the one {source} was "
+                           f"made from ({exported_from[:12]}...)")
+    imgsz = resolve_imgsz(loaded.model, imgsz or meta.get("imgsz"))
+    if deploy is not None and deploy.reparam_imgsz != imgsz:
+        raise VitedgeError(f"{deploy_checkpoint} was folded for imgsz {deploy.reparam_imgsz}, the check runs at "
+                           f"{imgsz}; pass --imgsz {deploy.reparam_imgsz}")
+    with progress.step("re-parameterizing"):
+        # the same rewrites as the deploy checkpoint, so that localization compares like module trees
+        same = deploy.deploy_checkpoint_meta.get("rewrites", True) if deploy is not None else True
+        fresh, fresh64 = build_deploy_form(loaded.model, imgsz, True, attn_order or meta.get("attn_order") or "auto",
+                                           rewrites=same)
+    deploy = deploy or fresh
+
+    batch = meta.get("batch")
+    report = Report(model=loaded.name, imgsz=imgsz, batch=batch if isinstance(batch, int) else None,
+                    weights=loaded.weights, checkpoint_sha256=loaded.checkpoint_sha256, reparam=reparam_info(deploy),
+                    versions=versions(), command="parity", targets=[tname] if tname else [],
+                    overrides=loaded.overrides, samples=samples, inputs=inputs_note(samples),
+                    require_verified=require_verified, require_ane=require_ane)
+
+    ladder = Ladder.build(loaded.model, deploy, samples, imgsz, progress)
+    hop = ladder.deploy_hop(deploy, tols["fp32"])
+    if hop.status == "failed":
+        _localize_deploy_hop(hop, loaded.model, fresh, fresh64, deploy, ladder.x, imgsz, progress)
+    report.parity.append(hop)
+
+    if artifact is not None:
+        report.parity.append(_existing_artifact_hop(report, plan, artifact, art_model, ladder, tols, mode))
+    report.finalize()
+    if report_path is not None:
+        report.write(report_path)
+    return report
+
+
+def _artifact_target(path: Path, target: str | None) -> str:
+    if target:
+        return resolve_targets(target)[0].name
+    for name in TARGETS:  # the table's own suffixes first, then the common aliases
+        t, _ = load_target(name)
+        if t is not None and t.suffix and path.name.endswith(t.suffix):
+            return name
+    if path.suffix in _SUFFIX_TARGET:
+        return _SUFFIX_TARGET[path.suffix]
+    raise VitedgeError(f"cannot tell the target of {path} from its suffix; pass --target")
+
+
+def _read_artifact(path: Path, target: str | None) -> tuple[str, onnx.ModelProto | None, dict]:
+    """(target name, the ONNX model for .onnx artifacts, the metadata the artifact carries)."""
+    if not path.exists():
+        raise VitedgeError(f"artifact {path} not found; check the --artifact path")
+    tname = _artifact_target(path, target)
+    if tname != "onnx":
+        return tname, None, _artifact_metadata(tname, path)
+    try:
+        model = onnx.load(str(path))
+    except Exception as e:
+        raise VitedgeError(f"{path} is not a readable ONNX file ({type(e).__name__}); re-export it") from None
+    return tname, model, read_metadata(model)
+
+
+def _artifact_metadata(target: str, path: Path) -> dict:
+    """What a target's `read_metadata(path)` says about an artifact it wrote, decoded: JSON strings become values
+    and "none" becomes None (CoreML user metadata is all strings)."""
+    t, _ = load_target(target)
+    if t is None:
+        return {}
+    try:
+        raw = t.read_metadata(path)
+    except Exception as e:
+        raise VitedgeError(f"cannot read {path} as a {target} artifact ({type(e).__name__}: {e})") from None
+    out = {}
+    for k, v in raw.items():
+        if isinstance(v, str):
+            if v.lower() == "none":
+                v = None
+            else:
+                try:
+                    v = json.loads(v)
+                except json.JSONDecodeError:
+                    pass
+        out[k] = v
+    return out
+
+
+def _onnx_precision(model: onnx.ModelProto) -> str:
+    half = any(i.data_type == onnx.TensorProto.FLOAT16 for i in model.graph.initializer)
+    return "fp16" if half else "fp32"
+
+
+def _localize_deploy_hop(hop: Hop, train: nn.Module, fresh: nn.Module, fresh64: nn.Module, deploy: nn.Module,
+                         x: np.ndarray, imgsz: int, progress: Progress) -> None:
+    with progress.step("localizing the deploy-form divergence"):
+        if deploy is not fresh:  # a loaded deploy checkpoint has the fresh fold's module tree: compare module by module
+            div = localize_torch(fresh, deploy, x[:LOCALIZE_SAMPLES], hop.tolerance)
+            where = div and (div.module, div.describe())
+        else:  # the fold itself is suspect: the equivalence gate compares train and deploy block by block
+            eq = verify_equivalence(train, fresh64, imgsz, raise_on_fail=False)
+            where = eq.diverging_module and (eq.diverging_module,
+                                             f"first diverging block {eq.diverging_module} (float64 equivalence gate)")
+    if where:
+        hop.diverging_module, detail = where
+        hop.reason = f"{hop.reason}; {detail}"
+
+
+def _existing_artifact_hop(report: Report, plan: TargetPlan, path: Path, art_model: onnx.ModelProto | None,
+                           ladder: Ladder, tols: dict, mode: str | None = None) -> Hop:
+    hop_name = "onnx" if plan.name == "onnx" and plan.precision == "fp32" else plan.hop()
+    tol = tols.get(plan.precision) if plan.precision else None
+    art = Artifact(plan.name, path, plan.precision or "fp32")
+    record_artifact(report, hop_name, path, art.precision, model=art_model)
+    if plan.target is None:
+        return unverified(hop_name, plan.name, plan.missing, tol)
+
+    def note_batch(runner: Runner) -> None:
+        if report.batch is None and runner.max_batch():
+            report.batch = runner.max_batch()  # the artifact's static batch, when its metadata did not say
+
+    return ladder.artifact_hop(hop_name, plan.target, art, tol, mode, note_batch, require_ane=report.require_ane)

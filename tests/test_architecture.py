@@ -1,0 +1,201 @@
+"""The house's shape, checked: every import points down the order errors <- models <- targets <- exporter <- cli
+(a module may import its own layer or one to its left, nothing to its right), no import cycle between modules,
+and source files short enough to read (> 400 lines only with a `Length:` line in the module docstring saying why
+one job needs more).
+
+Imports are read from the source (AST), function-level ones included, so a lazy import cannot hide an arrow that
+points up. The checkers are also run on small planted trees, so a violation is known to fail.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "vitedge"
+ORDER = ("errors", "models", "targets", "exporter", "cli")   # each may import only what is at or left of it
+SUBPACKAGES = ("models", "targets", "exporter")            # the package's folders (tests/, benchmarks/ are not)
+MAX_LINES = 400
+
+
+# ---- reading the package ----------------------------------------------------------------------------------
+
+def package_modules(root: Path = ROOT, package: str = PACKAGE) -> dict[str, Path]:
+    """module name -> file, for the root's .py files and every module under the layer folders."""
+    files = [p for p in root.glob("*.py")]
+    for sub in SUBPACKAGES:
+        files += sorted((root / sub).rglob("*.py")) if (root / sub).is_dir() else []
+    out = {}
+    for p in files:
+        parts = [package, *p.relative_to(root).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path], package: str = PACKAGE) -> set[str]:
+    """The package modules `name` imports anywhere in its file (`from . import x` names module x when it is one)."""
+    base = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = base.split(".")[: len(base.split(".")) - (node.level - 1)]
+                target = ".".join(anchor + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            targets = [f"{target}.{a.name}" if f"{target}.{a.name}" in modules else target for a in node.names]
+        else:
+            continue
+        found.update(t for t in targets if t == package or t.startswith(package + "."))
+    return found - {name}
+
+
+def import_graph(root: Path = ROOT, package: str = PACKAGE) -> dict[str, set[str]]:
+    modules = package_modules(root, package)
+    return {name: imports_of(name, path, modules, package) for name, path in modules.items()}
+
+
+def layer(module: str) -> int | None:
+    """Position of a module's layer in ORDER; None for the package root (`vitedge/__init__.py`)."""
+    parts = module.split(".")
+    return None if len(parts) == 1 else ORDER.index(parts[1])
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for m, targets in sorted(graph.items()):
+        for t in sorted(targets):
+            if t not in graph:
+                bad.append(f"{m} -> {t}: no such module in the package")
+            elif layer(m) is None and layer(t) is not None:
+                bad.append(f"{m} -> {t}: the package root imports its layers lazily, by name, never statically")
+            elif layer(t) is not None and layer(m) is not None and layer(t) > layer(m):
+                bad.append(f"{m} -> {t}: {ORDER[layer(m)]} may not import {ORDER[layer(t)]}")
+    return bad
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def too_long(files: list[Path], limit: int = MAX_LINES) -> list[str]:
+    bad = []
+    for p in files:
+        n = len(p.read_text().splitlines())
+        doc = ast.get_docstring(ast.parse(p.read_text())) or ""
+        if n > limit and not any(line.startswith("Length:") for line in doc.splitlines()):
+            bad.append(f"{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}: {n} lines")
+    return bad
+
+
+# ---- the package ------------------------------------------------------------------------------------------
+
+def test_every_import_points_down_the_layer_order():
+    assert upward_imports(import_graph()) == []
+
+
+def test_no_import_cycles():
+    assert cycles(import_graph()) == []
+
+
+def test_the_layers_are_all_there():
+    graph = import_graph()
+    assert {layer(m) for m in graph} == {None, *range(len(ORDER))}
+    assert "vitedge.targets.graph.precision" in graph and "vitedge.exporter.forms" in graph
+
+
+def test_every_subpackage_is_packaged():
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {m for m, p in package_modules().items() if p.name == "__init__.py"}
+    assert found <= listed, f"add to pyproject.toml [tool.setuptools] packages: {sorted(found - listed)}"
+
+
+def test_source_files_stay_short_or_say_why():
+    files = list(package_modules().values()) + sorted((ROOT / "benchmarks").glob("*.py"))
+    assert too_long(files) == [], f"over {MAX_LINES} lines without a 'Length:' line in the docstring saying why"
+
+
+# ---- the checkers fail where they should ------------------------------------------------------------------
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for sub in SUBPACKAGES:
+        (root / sub).mkdir(exist_ok=True)
+        (root / sub / "__init__.py").touch()
+    return root
+
+
+@pytest.mark.parametrize("files, expected", [
+    ({"targets/ort.py": "def f():\n    from ..exporter import pipeline\n"}, "targets may not import exporter"),
+    ({"models/trained_like.py": "from ..exporter.inputs import parity_inputs\n"}, "models may not import exporter"),
+    ({"errors.py": "from .models import registry\n"}, "errors may not import models"),
+    ({"exporter/x.py": "import vitedge.cli\n"}, "exporter may not import cli"),
+    ({"models/a.py": "from .nowhere import thing\n"}, "no such module"),
+])
+def test_an_upward_import_is_caught(tmp_path, files, expected):
+    base = {"errors.py": "", "cli.py": "", "exporter/pipeline.py": "", "exporter/inputs.py": "",
+            "models/registry.py": ""}
+    graph = import_graph(_tree(tmp_path, {**base, **files}))
+    assert any(expected in line for line in upward_imports(graph)), upward_imports(graph)
+
+
+def test_a_cycle_is_caught_also_through_a_function_level_import(tmp_path):
+    graph = import_graph(_tree(tmp_path, {
+        "exporter/pipeline.py": "from .deploy_checkpoint import save\n",
+        "exporter/deploy_checkpoint.py": "def save():\n    from .pipeline import build\n",
+        "exporter/forms.py": "",
+    }))
+    assert cycles(graph) == [["vitedge.exporter.deploy_checkpoint", "vitedge.exporter.pipeline"]]
+    assert upward_imports(graph) == []  # same layer: allowed, but not in a circle
+
+
+def test_a_long_file_needs_its_reason(tmp_path):
+    long = tmp_path / "long.py"
+    long.write_text('"""A module."""\n' + "x = 1\n" * MAX_LINES)
+    explained = tmp_path / "explained.py"
+    explained.write_text('"""A module.\n\nLength: one table of kernels.\n"""\n' + "x = 1\n" * MAX_LINES)
+    assert too_long([long, explained]) == [f"{long}: {MAX_LINES + 1} lines"]
