@@ -117,8 +117,8 @@ def time_blocks(fns: dict[str, Callable[[], object]], rounds: int, block_s: floa
     two calls); the median of the block's second half is that round's time (paired across candidates).
 
     For multi-thread ONNX Runtime sessions: each session owns a thread pool whose idle workers spin, and
-    alternating sessions call by call makes them compete for the cores (on this 2-vCPU machine swiftformer_xs
-    (a) read p50 20.3 ms interleaved call by call against 11.5 ms back to back, same sessions, same minute)."""
+    alternating sessions call by call makes them compete for the cores (measured: benchmarks/README.md, method
+    notes)."""
     out: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(rounds):
         for k, f in fns.items():
