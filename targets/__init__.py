@@ -1,4 +1,5 @@
-"""Backends, one module each, behind the small interface in base.py.
+"""Backends, one module or package each, behind the interface declared in base.py; graph/ is the torch-free
+ONNX/MIL level they share with the pipeline.
 
 TARGETS is the one table of export formats: name -> "module:Class" (imported lazily, so a backend
 whose package is missing never breaks the others).
