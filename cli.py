@@ -361,7 +361,8 @@ def add_bench(sub) -> None:
 def cmd_bench(args) -> int:
     import json
 
-    from vitedge.exporter.bench import format_table, run_bench, write_plot
+    from vitedge.exporter.bench import run_bench
+    from vitedge.exporter.bench_report import format_table, write_plot
 
     report = run_bench(args.model, checkpoint=args.checkpoint, backends=args.backends, imgsz=args.imgsz,
                        batch=args.batch, threads=args.threads, warmup_s=args.warmup_s, min_iters=args.min_iters,

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from vitedge.exporter.bench import format_table, run_bench, write_plot
+from vitedge.exporter.bench import run_bench
+from vitedge.exporter.bench_report import format_table, write_plot
 from vitedge.exporter.iphone import check_device
 from vitedge.errors import VitedgeError
 from vitedge.targets.base import Runner

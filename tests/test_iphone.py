@@ -18,7 +18,8 @@ import torch
 import vitedge
 from vitedge.exporter import bench as bench_mod
 from vitedge.exporter import iphone
-from vitedge.exporter.bench import format_table, run_bench
+from vitedge.exporter.bench import run_bench
+from vitedge.exporter.bench_report import format_table
 from vitedge.errors import VitedgeError
 from vitedge.models.trained_like import make_trained_like
 from vitedge.targets.base import LowerSpec
