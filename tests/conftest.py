@@ -15,9 +15,13 @@ GOLDEN = Path(os.environ.get("VITEDGE_GOLDEN", REPO.parent / "shared" / "golden"
 
 
 def golden_path(name: str) -> Path:
+    """The official golden fixture `name`. A missing fixture FAILS the test: the official outputs are the ground
+    truth, and a test that silently skips them proves nothing."""
     p = GOLDEN / name
     if not p.exists():
-        pytest.skip(f"official golden fixture {p} not found (set VITEDGE_GOLDEN to the shared/golden folder)")
+        pytest.fail(f"official golden fixture {p} not found: the golden fixtures are expected in {GOLDEN} "
+                    f"(by default ../shared/golden beside the repository); point VITEDGE_GOLDEN at the folder "
+                    f"holding them (e.g. VITEDGE_GOLDEN=/path/to/shared/golden)", pytrace=False)
     return p
 
 

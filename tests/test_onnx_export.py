@@ -37,7 +37,7 @@ SWIN = dict(embed_dim=16, depths=[1, 1, 2, 1], num_heads=[1, 2, 4, 8], mlp_ratio
 CASES = {
     "swiftformer-224": ("swiftformer_xs", SWIFT, 224, None),
     "swiftformer-64": ("swiftformer_xs", SWIFT, 64, None),
-    # through --checkpoint: the official fixture's weights in their official layout (skips without shared/golden)
+    # through --checkpoint: the official fixture's weights in their official layout (fails without shared/golden)
     "swiftformer-64-checkpoint": ("swiftformer_xs", "golden:swiftformer_tiny", 64, "swiftformer_tiny.pth"),
     "slab_deit-224": ("slab_deit_tiny", DEIT, 224, None),
     "slab_swin-224": ("slab_swin_tiny", SWIN, 224, None),
