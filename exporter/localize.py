@@ -19,6 +19,7 @@ import onnx
 import torch
 import torch.nn as nn
 
+from .criteria import NoiseRule
 from .report import Tolerance
 
 
@@ -28,9 +29,11 @@ class Divergence:
     max_rel: float
     cosine: float
     checked: int  # modules compared up to and including this one
+    noise_ratio: float | None = None  # with the noise rule: worst per-sample error / allowance (> 1)
 
     def describe(self) -> str:
-        return f"first diverging module {self.module} (max_rel {self.max_rel:.3g}, cosine {self.cosine:.6f})"
+        ratio = f", noise_ratio {self.noise_ratio:.3g}" if self.noise_ratio is not None else ""
+        return f"first diverging module {self.module} (max_rel {self.max_rel:.3g}, cosine {self.cosine:.6f}{ratio})"
 
 
 def _first_tensor(out):
@@ -111,7 +114,7 @@ def first_divergence(order: list[str], candidate: dict[str, np.ndarray], referen
     A divergence counts only if the nearest compared enclosing module diverges too: graph rewrites (onnxsim
     folding GELU's 0.5 into the next conv) can move a constant across a module boundary, which changes one
     module's output but not its parent's, whereas a real defect propagates outwards."""
-    verdicts: dict[str, tuple[bool, tuple[float, float]]] = {}
+    verdicts: dict[str, tuple[bool, tuple[float, float], float | None]] = {}
     for path in order:
         if path not in candidate or path not in reference:
             continue
@@ -119,18 +122,50 @@ def first_divergence(order: list[str], candidate: dict[str, np.ndarray], referen
         if cmp is None:
             continue
         noise = _compare(reference[path], exact[path]) if exact is not None and path in exact else None
-        verdicts[path] = (_diverges(*cmp, tol, noise), cmp)
+        verdicts[path] = (_diverges(*cmp, tol, noise), cmp, None)
+    return _first_outward(verdicts)
 
+
+def _first_outward(verdicts: dict) -> Divergence | None:
+    """The first diverging module whose nearest compared enclosing module diverges too (see first_divergence)."""
     def parent_agrees(path: str) -> bool:
         p = path.rpartition(".")[0]
         while p and p not in verdicts:
             p = p.rpartition(".")[0]
         return p == "" or verdicts[p][0]
 
-    for checked, (path, (bad, cmp)) in enumerate(verdicts.items(), 1):
+    for checked, (path, (bad, cmp, ratio)) in enumerate(verdicts.items(), 1):
         if bad and parent_agrees(path):
-            return Divergence(path, cmp[0], cmp[1], checked)
+            return Divergence(path, cmp[0], cmp[1], checked, ratio)
     return None
+
+
+def _aligned(a: np.ndarray, ref: np.ndarray) -> np.ndarray | None:
+    """`a` in `ref`'s layout, or None when not comparable (as in _compare)."""
+    if a.shape == ref.shape:
+        return a
+    if a.size != ref.size or not a.shape or not ref.shape or a.shape[-1] != ref.shape[-1]:
+        return None
+    return a.reshape(ref.shape)
+
+
+def first_divergence_truth(order: list[str], candidate: dict[str, np.ndarray], truth: dict[str, np.ndarray],
+                           noisy: dict[str, np.ndarray], rule: NoiseRule) -> Divergence | None:
+    """First module (in `order`) whose candidate output breaks the parity noise rule (exporter/criteria.py) at
+    module level: per sample, max|candidate - truth| / max|truth| must stay within max(floor, K * noise), where
+    `truth` holds the reference model's module outputs in float64 and `noisy` the same model's in float32 (its
+    deviation from `truth` is each sample's float32 noise at that module). Same outward rule as
+    first_divergence."""
+    verdicts: dict[str, tuple[bool, tuple[float, float], float | None]] = {}
+    for path in order:
+        if path not in candidate or path not in truth or path not in noisy:
+            continue
+        c = _aligned(candidate[path], truth[path])
+        if c is None or noisy[path].shape != truth[path].shape:
+            continue
+        ratio, _ = rule.worst(truth[path], c, noisy[path])
+        verdicts[path] = (not ratio <= 1.0, _compare(c, truth[path]), ratio)
+    return _first_outward(verdicts)
 
 
 # ---- ONNX -> torch module mapping --------------------------------------------------------------
@@ -220,9 +255,11 @@ def param_owners(model: nn.Module) -> dict[str, str]:
 
 
 def localize_onnx(onnx_model: onnx.ModelProto, deploy_model: nn.Module, x: np.ndarray,
-                  tol: Tolerance) -> Divergence | None:
+                  tol: Tolerance, rule: NoiseRule | None = None) -> Divergence | None:
     """First torch module whose output differs between `onnx_model` (ONNX Runtime) and `deploy_model`
-    (float32) by more than the hop's tolerance and the module's own float32 noise (vs a float64 copy)."""
+    (float32) by more than the hop's tolerance and the module's own float32 noise (vs a float64 copy). With
+    `rule`, the parity noise rule instead: ONNX vs the deploy-form in float64, allowance from the deploy-form's
+    float32 noise per module and sample."""
     from ..targets.ort import OnnxRuntimeRunner
 
     paths = {p for p, _ in deploy_model.named_modules() if p}
@@ -238,13 +275,22 @@ def localize_onnx(onnx_model: onnx.ModelProto, deploy_model: nn.Module, x: np.nd
     exact = {p: v.numpy() for p, v in capture_modules(copy.deepcopy(deploy_model).double(), xt.double())[1].items()}
     values = runner.run_all(x)
     cand = {p: np.asarray(values[t], dtype=np.float32) for p, t in mapping.items() if p in ref}
-    return first_divergence(order, cand, {p: v.numpy() for p, v in ref.items()}, tol, exact)
+    ref = {p: v.numpy() for p, v in ref.items()}
+    if rule is not None:
+        return first_divergence_truth(order, cand, exact, ref, rule)
+    return first_divergence(order, cand, ref, tol, exact)
 
 
-def localize_torch(reference: nn.Module, candidate: nn.Module, x: np.ndarray, tol: Tolerance) -> Divergence | None:
-    """First module whose output differs between two models with the same module tree."""
+def localize_torch(reference: nn.Module, candidate: nn.Module, x: np.ndarray, tol: Tolerance,
+                   rule: NoiseRule | None = None) -> Divergence | None:
+    """First module whose output differs between two models with the same module tree. With `rule`, by the
+    parity noise rule: `candidate` vs `reference` in float64, allowance from `reference`'s float32 noise."""
     xt = torch.from_numpy(x).float()
     order, ref = capture_modules(reference, xt)
     _, cand = capture_modules(candidate, xt)
-    return first_divergence(order, {p: v.numpy() for p, v in cand.items()}, {p: v.numpy() for p, v in ref.items()},
-                            tol)
+    cand = {p: v.numpy() for p, v in cand.items()}
+    ref = {p: v.numpy() for p, v in ref.items()}
+    if rule is not None:
+        exact = {p: v.numpy() for p, v in capture_modules(copy.deepcopy(reference).double(), xt.double())[1].items()}
+        return first_divergence_truth(order, cand, exact, ref, rule)
+    return first_divergence(order, cand, ref, tol)

@@ -1,18 +1,21 @@
 """Parity: the metrics, the tolerance profiles and one ladder hop (candidate vs train-form on the parity set).
 
 Every hop is compared with the train-form eval model on the same inputs (exporter/inputs.py), never with
-the previous hop, so errors cannot hide by accumulating in small steps.
+the previous hop, so errors cannot hide by accumulating in small steps. Given `GroundTruth` (the train-form in
+float64 and float32, exporter/criteria.py), a hop is judged against float64 per input set, with the per-sample
+noise rule on top of the metric thresholds (both must pass); without it, against the float32 train-form.
 """
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import numpy as np
 
 from ..errors import VitedgeError
 from ..targets.base import Runner, pad_batch
+from .criteria import NOISE_FLOOR, NOISE_K, GroundTruth, NoiseRule, accuracy, sample_errors
 from .report import Hop, Metrics, Tolerance
 
 # The documented defaults (README "Tolerances"); `--tol PROFILE.KEY=VALUE` overrides any of them.
@@ -20,7 +23,13 @@ DEFAULT_TOLERANCES: dict[str, Tolerance] = {
     "fp32": Tolerance("fp32", max_rel=1e-4, cosine=0.99999),
     "fp16": Tolerance("fp16", cosine=0.999, psnr_db=35.0, top1_agreement=0.99),
 }
-TOL_KEYS = Tolerance.UPPER + Tolerance.LOWER
+# The defaults once hops are judged against float64 ground truth (GroundTruth given): fp32 by the per-sample noise
+# rule alone (docs/parity_criteria.md); fp16 by its metric thresholds, now against float64, per input set.
+FLOAT64_TOLERANCES: dict[str, Tolerance] = {
+    "fp32": Tolerance("fp32", noise_floor=NOISE_FLOOR, noise_k=NOISE_K),
+    "fp16": DEFAULT_TOLERANCES["fp16"],
+}
+TOL_KEYS = Tolerance.UPPER + Tolerance.LOWER + Tolerance.NOISE
 PSNR_CAP_DB = 300.0  # identical outputs (RMSE 0) report this instead of infinity
 REFERENCE_BATCH = 32
 
@@ -44,15 +53,17 @@ def parse_tol(spec: str) -> tuple[str, str, float | None]:
         raise VitedgeError(f"--tol value must be a number or 'none'; got {value!r} in {spec!r}") from None
 
 
-def tolerances(overrides: dict | list | None = None) -> dict[str, Tolerance]:
-    """The default profiles with overrides applied: `{"fp16": {"psnr_db": 30}}` or a list of `--tol` strings."""
+def tolerances(overrides: dict | list | None = None,
+               defaults: dict[str, Tolerance] | None = None) -> dict[str, Tolerance]:
+    """The default profiles (DEFAULT_TOLERANCES, or `defaults` such as FLOAT64_TOLERANCES) with overrides
+    applied: `{"fp16": {"psnr_db": 30}}` or a list of `--tol` strings."""
     if isinstance(overrides, (list, tuple)):
         parsed: dict = {}
         for spec in overrides:
             p, k, v = parse_tol(spec)
             parsed.setdefault(p, {})[k] = v
         overrides = parsed
-    out = dict(DEFAULT_TOLERANCES)
+    out = dict(DEFAULT_TOLERANCES if defaults is None else defaults)
     for profile, values in (overrides or {}).items():
         if profile not in out:
             raise VitedgeError(f"unknown tolerance profile {profile!r}; use one of {', '.join(out)}")
@@ -108,21 +119,70 @@ def run_batched(runner: Runner, x: np.ndarray, batch: int = REFERENCE_BATCH) -> 
     return np.concatenate(outs)
 
 
-def check_hop(hop: str, runner: Runner, inputs: np.ndarray, reference: np.ndarray, tolerance: Tolerance) -> Hop:
-    """Run one hop on the parity set and judge it against `tolerance`."""
+def _rule(tolerance: Tolerance) -> NoiseRule | None:
+    if not tolerance.noise_rule():
+        return None
+    return NoiseRule(floor=tolerance.noise_floor or 0.0, k=tolerance.noise_k or 0.0)
+
+
+def judge(truth: GroundTruth, out: np.ndarray, tolerance: Tolerance,
+          names: tuple[str, ...] | None = None) -> tuple[Metrics, dict, list[str]]:
+    """Judge candidate logits `out` against float64 ground truth, per input set: the metric thresholds of
+    `tolerance` (vs float64) and, when set, the per-sample noise rule. Returns (metrics over all samples,
+    {set: details}, problems); a failure in any set is a problem. `names` (per sample) name the worst sample."""
+    rule = _rule(tolerance)
+    metrics = compute_metrics(truth.y64, out)
+    noise = truth.noise
+    errors = sample_errors(truth.y64, out)
+    sets, problems = {}, []
+    for s in truth.present():
+        idx = truth.indices(s)
+        m = compute_metrics(truth.y64[idx], out[idx])
+        found = [f"{s}: {v}" for v in tolerance.violations(m)]
+        ratio = None
+        if rule is not None:
+            r = errors[idx] / np.maximum(rule.floor, rule.k * noise[idx])
+            w = int(np.argmax(r))
+            ratio = float(r[w])
+            if not ratio <= 1.0:
+                who = names[idx[w]] if names is not None else f"sample {int(idx[w])}"
+                found.append(f"{s}: noise_ratio {ratio:.3g} > 1 ({who}: error {errors[idx[w]]:.3g} vs allowance "
+                             f"max({rule.floor:.3g}, {rule.k:.3g} x noise {noise[idx[w]]:.3g}))")
+        lab = None if truth.labels is None else truth.labels[idx]
+        sets[s] = {"samples": int(len(idx)), "metrics": asdict(m), "reference_noise": float(noise[idx].max()),
+                   "noise_ratio": ratio, "top1_accuracy": accuracy(out[idx], lab, 1),
+                   "top5_accuracy": accuracy(out[idx], lab, 5), "problems": found}
+        problems += found
+    return metrics, sets, problems
+
+
+def check_hop(hop: str, runner: Runner, inputs: np.ndarray, reference: np.ndarray | None, tolerance: Tolerance,
+              truth: GroundTruth | None = None, names: tuple[str, ...] | None = None) -> Hop:
+    """Run one hop on the parity set and judge it against `tolerance`: against `truth` (float64 ground truth,
+    per set, noise rule included) when given, else against the float32 `reference` (metric thresholds only)."""
     t0 = time.perf_counter()
     cap = getattr(runner, "max_samples", None)  # e.g. an emulator runs a documented subset of the parity set
     if cap:
-        inputs, reference = inputs[:cap], reference[:cap]
+        inputs = inputs[:cap]
+        reference = None if reference is None else reference[:cap]
+        truth = None if truth is None else truth.head(cap)
+        names = None if names is None else names[:cap]
     out = run_batched(runner, inputs)
-    metrics = compute_metrics(reference, out)
-    problems = tolerance.violations(metrics)
+    sets = None
+    if truth is not None:
+        metrics, sets, problems = judge(truth, out, tolerance, names)
+    else:
+        if tolerance.noise_rule():
+            raise VitedgeError(f"{tolerance.profile}.noise_floor/noise_k need the float64 ground truth; this run "
+                               "compares with the float32 train-form: drop those --tol keys")
+        metrics = compute_metrics(reference, out)
+        problems = tolerance.violations(metrics)
     nonfinite = int((~np.isfinite(out)).any(axis=1).sum())
     if nonfinite:
         problems.insert(0, f"non-finite outputs (NaN/Inf) in {nonfinite} of {len(out)} samples")
     return Hop(hop=hop, backend=runner.backend, status="failed" if problems else "passed", mode=runner.mode,
                reason="; ".join(problems) or None, samples=int(len(inputs)), metrics=metrics, tolerance=tolerance,
-               seconds=round(time.perf_counter() - t0, 3))
+               seconds=round(time.perf_counter() - t0, 3), sets=sets)
 
 
 def unverified(hop: str, backend: str, reason: str, tolerance: Tolerance | None = None) -> Hop:
@@ -133,3 +193,22 @@ def failed(hop: str, backend: str, reason: str, mode: str | None = None, toleran
            diverging_module: str | None = None) -> Hop:
     return Hop(hop=hop, backend=backend, status="failed", mode=mode, reason=reason, tolerance=tolerance,
                diverging_module=diverging_module)
+
+
+def ground_truth(model, x, sets: tuple[str, ...], labels=None, batch: int = 8) -> GroundTruth:
+    """The train-form `model` run on `x` in float64 (the truth) and in float32 (each sample's noise), in chunks
+    of `batch` to bound the float64 run's memory. The model is copied, not changed."""
+    import copy
+
+    import torch
+
+    xt = torch.as_tensor(np.asarray(x))
+    outs = {}
+    with torch.no_grad():
+        for dtype in (torch.float64, torch.float32):
+            m = copy.deepcopy(model).to(dtype).eval()
+            outs[dtype] = np.concatenate([m(xt[i:i + batch].to(dtype)).double().numpy()
+                                          for i in range(0, len(xt), batch)])
+            del m
+    return GroundTruth(outs[torch.float64], outs[torch.float32], tuple(sets),
+                       None if labels is None else np.asarray(labels, dtype=np.int64))

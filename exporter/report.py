@@ -45,12 +45,21 @@ class Tolerance:
     psnr_db: float | None = None
     top1_agreement: float | None = None
     top5_agreement: float | None = None
+    # The per-sample noise rule (exporter/criteria.py): error <= max(noise_floor, noise_k * the sample's float32
+    # noise); judged against float64 ground truth only. None for both = no noise rule.
+    noise_floor: float | None = None
+    noise_k: float | None = None
 
     UPPER = ("max_abs", "max_rel")
     LOWER = ("cosine", "psnr_db", "top1_agreement", "top5_agreement")
+    NOISE = ("noise_floor", "noise_k")
+
+    def noise_rule(self) -> bool:
+        return self.noise_floor is not None or self.noise_k is not None
 
     def violations(self, m: Metrics) -> list[str]:
-        """Human-readable list of the thresholds `m` misses (empty = within tolerance)."""
+        """Human-readable list of the metric thresholds `m` misses (empty = within tolerance); the noise rule
+        needs per-sample data and is judged by exporter/parity.judge."""
         out = []
         for key in self.UPPER + self.LOWER:
             limit = getattr(self, key)
@@ -77,6 +86,9 @@ class Hop:
     seconds: float | None = None  # wall time of the hop (lowering + running)
     ane_residency: dict | None = None  # --require-ane on a CoreML hop: passed / failed / inconclusive and why
     runner: dict | None = None    # what the runner says about how it ran (Runner.info(): compute units, ...)
+    # Judged against float64 ground truth: per input set (natural / stress / user) {"samples", "metrics" (vs
+    # float64), "reference_noise", "noise_ratio", "top1_accuracy", "top5_accuracy", "problems"}; None otherwise.
+    sets: dict | None = None
 
 
 @dataclass

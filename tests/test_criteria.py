@@ -1,0 +1,155 @@
+"""The noise-aware parity rule: per-sample errors against float64, allowances, per-set verdicts, --tol keys."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vitedge.exporter import parity
+from vitedge.exporter.criteria import (NOISE_FLOOR, NOISE_K, GroundTruth, NoiseRule, accuracy, allowances,
+                                       reference_summary, sample_errors)
+from vitedge.models import VitedgeError
+from vitedge.targets.base import Runner
+
+
+class ArrayRunner(Runner):
+    """Returns fixed outputs row by row: the hop's artifact, without an artifact."""
+    backend, mode = "array", "reference"
+
+    def __init__(self, y: np.ndarray, batch: int | None = None):
+        self.y, self.batch, self.i = np.asarray(y, np.float32), batch, 0
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        out = self.y[self.i:self.i + len(x)]
+        self.i += len(x)
+        return out
+
+    def max_batch(self):
+        return self.batch
+
+
+def _truth(n=8, c=10, seed=0, noise=1e-7, sets=None, labels=None) -> GroundTruth:
+    rng = np.random.default_rng(seed)
+    y64 = rng.normal(size=(n, c)) * np.linspace(1, 50, n)[:, None]  # very different per-sample scales
+    y32 = y64 * (1 + noise * rng.choice([-1.0, 1.0], size=(n, c)))
+    sets = sets or ("natural", "natural", "natural", "stress") * (n // 4)
+    return GroundTruth(y64, y32, tuple(sets), labels)
+
+
+def test_sample_errors_are_per_sample_relative_and_nonfinite_is_inf():
+    t = np.array([[1.0, -2.0], [100.0, 50.0]])
+    c = np.array([[1.0, -2.002], [100.1, 50.0]])
+    np.testing.assert_allclose(sample_errors(t, c), [0.001, 0.001])
+    c[1, 1] = np.nan
+    assert sample_errors(t, c)[1] == np.inf
+    with pytest.raises(ValueError):
+        sample_errors(t, c[:, :1])
+    assert sample_errors(np.zeros((1, 3)), np.zeros((1, 3)))[0] == 0.0  # an all-zero sample stays defined
+
+
+def test_allowance_is_floor_or_k_times_noise():
+    np.testing.assert_allclose(allowances(np.array([1e-9, 1e-3]), 1e-5, 20), [1e-5, 2e-2])
+    rule = NoiseRule(floor=1e-5, k=20)
+    t = np.array([[1.0, 2.0], [1.0, 2.0]])
+    noisy = t * np.array([[1 + 1e-8], [1 + 1e-3]])  # noise 1e-8 (floor applies) and 1e-3 (K applies)
+    cand = t * np.array([[1 + 5e-6], [1 + 1.5e-2]])
+    np.testing.assert_allclose(rule.ratios(t, cand, noisy), [0.5, 0.75], rtol=1e-6)
+    assert rule.worst(t, cand, noisy) == (pytest.approx(0.75, rel=1e-6), 1)
+
+
+def test_judge_passes_noise_level_error_and_fails_a_one_channel_error_naming_set_and_sample():
+    truth = _truth()
+    tol = parity.FLOAT64_TOLERANCES["fp32"]
+    assert (tol.noise_floor, tol.noise_k) == (NOISE_FLOOR, NOISE_K) and tol.max_rel is None
+    rng = np.random.default_rng(1)
+    close = truth.y64 * (1 + 2e-7 * rng.choice([-1.0, 1.0], size=truth.y64.shape))
+    metrics, sets, problems = parity.judge(truth, close, tol)
+    assert problems == [] and set(sets) == {"natural", "stress"}
+    assert 0 < sets["natural"]["noise_ratio"] <= 1 and sets["stress"]["samples"] == 2
+    assert sets["natural"]["reference_noise"] == pytest.approx(truth.noise[truth.indices("natural")].max())
+    assert sets["natural"]["top1_accuracy"] is None
+    bad = close.copy()
+    bad[7, 3] += 1e-3 * np.abs(truth.y64[7]).max()  # one class of one stress sample, 0.1 % of the sample's scale
+    names = tuple(f"s{i}" for i in range(8))
+    _, sets, problems = parity.judge(truth, bad, tol, names)
+    assert sets["natural"]["noise_ratio"] <= 1 and sets["stress"]["noise_ratio"] > 1
+    assert len(problems) == 1 and problems[0].startswith("stress: noise_ratio") and "s7" in problems[0]
+
+
+def test_noisy_samples_get_a_wider_allowance_than_quiet_ones():
+    truth = _truth(noise=1e-7)
+    y32 = truth.y32.copy()
+    y32[0] = truth.y64[0] * (1 + 1e-3)  # sample 0 is chaotic in float32 (noise 1e-3)
+    truth = GroundTruth(truth.y64, y32, truth.sets)
+    cand = truth.y64.copy()
+    cand[0] *= 1 + 5e-3  # 5x its noise: passes
+    assert parity.judge(truth, cand, parity.FLOAT64_TOLERANCES["fp32"])[2] == []
+    cand[1] *= 1 + 5e-3  # the same error on a quiet sample: fails
+    assert parity.judge(truth, cand, parity.FLOAT64_TOLERANCES["fp32"])[2]
+
+
+def test_existing_keys_apply_on_top_of_the_noise_rule():
+    truth = _truth()
+    cand = truth.y64 * (1 + 5e-6)  # within the noise rule (floor 1e-5)
+    tol = parity.tolerances(["fp32.max_rel=1e-6"], parity.FLOAT64_TOLERANCES)["fp32"]
+    problems = parity.judge(truth, cand, tol)[2]
+    assert problems and all("max_rel" in p for p in problems)
+    off = parity.tolerances(["fp32.noise_floor=none", "fp32.noise_k=none"], parity.FLOAT64_TOLERANCES)["fp32"]
+    assert not off.noise_rule()
+    _, sets, problems = parity.judge(truth, truth.y64 * 1.1, off)  # no check left: nothing fails
+    assert problems == [] and sets["natural"]["noise_ratio"] is None
+
+
+def test_fp16_profile_is_judged_per_set_against_float64():
+    truth = _truth(n=8)
+    cand = truth.y64.copy()
+    cand[3] = -cand[3]  # one stress sample flipped: cosine -1 there
+    _, sets, problems = parity.judge(truth, cand, parity.FLOAT64_TOLERANCES["fp16"])
+    assert sets["natural"]["problems"] == [] and sets["stress"]["problems"]
+    assert any(p.startswith("stress: cosine") for p in problems)
+
+
+def test_tol_parsing_accepts_the_noise_keys():
+    assert parity.parse_tol("fp32.noise_k=10") == ("fp32", "noise_k", 10.0)
+    assert parity.parse_tol("fp32.noise_floor=none") == ("fp32", "noise_floor", None)
+    t = parity.tolerances(["fp32.noise_k=7", "fp32.noise_floor=2e-6"], parity.FLOAT64_TOLERANCES)["fp32"]
+    assert (t.noise_k, t.noise_floor) == (7.0, 2e-6)
+    with pytest.raises(VitedgeError, match="noise_floor"):
+        parity.parse_tol("fp32.noise_flor=1")
+
+
+def test_check_hop_with_ground_truth_reports_sets_and_fails_nonfinite():
+    truth = _truth()
+    tol = parity.FLOAT64_TOLERANCES["fp32"]
+    hop = parity.check_hop("onnx", ArrayRunner(truth.y64, batch=4), np.zeros((8, 3, 2, 2), np.float32), None, tol,
+                           truth=truth)
+    assert hop.status == "passed" and set(hop.sets) == {"natural", "stress"}
+    assert hop.metrics.max_rel < 1e-6  # float32-rounded float64 truth
+    y = truth.y64.copy()
+    y[2, 0] = np.nan
+    hop = parity.check_hop("onnx", ArrayRunner(y), np.zeros((8, 3, 2, 2), np.float32), None, tol, truth=truth)
+    assert hop.status == "failed" and hop.reason.startswith("non-finite outputs")
+    assert hop.sets["natural"]["noise_ratio"] == np.inf
+
+
+def test_check_hop_without_ground_truth_refuses_the_noise_keys():
+    tol = parity.FLOAT64_TOLERANCES["fp32"]
+    y = np.ones((2, 3))
+    with pytest.raises(VitedgeError, match="float64 ground truth"):
+        parity.check_hop("onnx", ArrayRunner(y), np.zeros((2, 3, 2, 2), np.float32), y, tol)
+    hop = parity.check_hop("onnx", ArrayRunner(y), np.zeros((2, 3, 2, 2), np.float32), y,
+                           parity.DEFAULT_TOLERANCES["fp32"])
+    assert hop.status == "passed" and hop.sets is None
+
+
+def test_accuracy_and_reference_summary_with_labels():
+    y = np.array([[3.0, 1, 0, 0, 0, 0], [0, 2, 1, 0, 0, 0], [0, 0, 0, 0, 0, 9], [1, 0, 0, 0, 0, 0]])
+    labels = np.array([0, 2, 4, -1])
+    assert accuracy(y, labels, 1) == pytest.approx(1 / 3)
+    assert accuracy(y, labels, 5) == pytest.approx(2 / 3)  # label 4 of sample 2 ties with 0s: not in its top 5
+    assert accuracy(y, None, 1) is None and accuracy(y, np.array([-1, -1, -1, -1]), 1) is None
+    truth = GroundTruth(y, y * (1 + 1e-7), ("user", "user", "user", "stress"), labels)
+    ref = reference_summary(truth)
+    assert ref["user"]["top1_accuracy"] == pytest.approx(1 / 3) and ref["stress"]["top1_accuracy"] is None
+    assert ref["user"]["reference_noise"] == pytest.approx(1e-7, rel=1e-6)
+    _, sets, _ = parity.judge(truth, y, parity.FLOAT64_TOLERANCES["fp32"])
+    assert sets["user"]["top5_accuracy"] == pytest.approx(2 / 3)
