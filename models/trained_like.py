@@ -8,6 +8,11 @@ value while keeping activations O(1):
 - BatchNorm running_mean ~ N(0, 0.1), running_var ~ U(0.5, 1.5) (not the statistics of any batch)
 - RepBN alpha ~ U(0.2, 1.0); layer scales (`layer_scale*`, `gamma*`) ~ U(0.2, 0.8) with random sign
 - positional encodings, cls tokens ~ N(0, 0.2); SwiftFormer `w_g` ~ N(0, 1)
+- residual branches' output projections scaled by `residual_scale` x min(1, sqrt(8 / B)), B = the number of
+  such projections (depth-scaled, as GPT-2 / Fixup scale residual projections by depth): each branch adds to the
+  stream, and RepBN's `alpha * x` passes the stream's size on to the next branch's input, so without the depth
+  factor a 12-24 block stack grows its stream geometrically (max|y| 300-400 at full depth, float32 chaotic on
+  saturated inputs). Configs with <= 8 such projections (the golden-fixture sizes) are unchanged.
 - LinearNorm schedules at their end (iter = 0), as a finished training run leaves them
 - models with RepBN (SLAB): RepBN does not renormalize the residual stream, so random statistics let it
   grow block after block and deep softmax stacks turn fp32 rounding into percent-level noise. As SLAB's own
@@ -16,6 +21,9 @@ value while keeping activations O(1):
   1/f; models/synthetic.py), then perturbed (mean + N(0, 0.1)*std, var * U(0.5, 1.5)) so they are NOT the batch
   statistics; softmax attentions scale their q, k rows (`trained_like_qk_scale`) so softmax is neither flat
   nor one-hot. This is the golden fixtures' recipe.
+
+`make_ill_conditioned` keeps the recipe before the depth factor, with sharper softmax: deliberately
+ill-conditioned weights (a correct export of such a model must still pass the noise-aware parity rule).
 """
 from __future__ import annotations
 
@@ -32,16 +40,31 @@ _SCALE_NAMES = ("layer_scale", "gamma")
 _TOKEN_NAMES = ("positional_encoding", "pos_embed", "cls_token", "absolute_pos_embed")
 CALIBRATION_KINDS = ("noise", "gradient", "checker", "smooth")  # the RepBN calibration batch
 CALIBRATION_SEED = 7
+_RESIDUAL_OUT = ("proj", "fc2", "pwconv2", "Proj", "final")  # output projections of residual branches
+DEPTH_REF = 8  # residual projections up to which the depth factor is 1 (the golden-fixture configs)
+
+
+def _residual_outputs(model: nn.Module) -> list[nn.Module]:
+    return [m for name, m in model.named_modules()
+            if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d)) and name.endswith(_RESIDUAL_OUT)]
+
+
+def depth_factor(model: nn.Module) -> float:
+    """min(1, sqrt(DEPTH_REF / B)), B = the number of residual output projections in `model`."""
+    return min(1.0, math.sqrt(DEPTH_REF / max(len(_residual_outputs(model)), 1)))
 
 
 @torch.no_grad()
 def make_trained_like(model: nn.Module, seed: int = 0, residual_scale: float = 0.5, calibrate: bool = True,
-                      imgsz: int | None = None, calibration: torch.Tensor | None = None) -> nn.Module:
+                      imgsz: int | None = None, calibration: torch.Tensor | None = None,
+                      depth_scaled: bool = True, qk_boost: float = 1.0) -> nn.Module:
     """Fill `model` in place with seeded trained-like values; returns it.
 
-    `residual_scale` multiplies output projections of residual branches (`attn.proj`, `mlp.fc2`, ...)
-    so deep residual streams stay bounded without renormalizing norms. `calibration`: the normalized NCHW batch
-    RepBN statistics are taken from (default: four synthetic images at `imgsz` or the model's size).
+    `residual_scale` multiplies output projections of residual branches (`attn.proj`, `mlp.fc2`, ...), times
+    the depth factor (`depth_scaled`), so deep residual streams stay bounded without renormalizing norms.
+    `calibration`: the normalized NCHW batch RepBN statistics are taken from (default: four synthetic images at
+    `imgsz` or the model's size). `qk_boost` multiplies the softmax q, k scale (> 1 sharpens attention;
+    make_ill_conditioned uses it).
     """
     g = torch.Generator().manual_seed(seed)
 
@@ -51,12 +74,13 @@ def make_trained_like(model: nn.Module, seed: int = 0, residual_scale: float = 0
     def uniform(t, lo, hi):
         t.copy_((torch.rand(t.shape, generator=g, dtype=torch.float64) * (hi - lo) + lo).to(t.dtype))
 
+    res_scale = residual_scale * (depth_factor(model) if depth_scaled else 1.0)
     for name, m in model.named_modules():
         if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d)):
             fan_in = m.weight[0].numel()
             normal(m.weight, 1.0 / math.sqrt(fan_in))
-            if name.endswith(("proj", "fc2", "pwconv2", "Proj", "final")) and residual_scale != 1.0:
-                m.weight.mul_(residual_scale)
+            if name.endswith(_RESIDUAL_OUT) and res_scale != 1.0:
+                m.weight.mul_(res_scale)
             if m.bias is not None:
                 normal(m.bias, 0.05)
         elif isinstance(m, nn.modules.batchnorm._BatchNorm):
@@ -91,6 +115,7 @@ def make_trained_like(model: nn.Module, seed: int = 0, residual_scale: float = 0
             normal(p, 1.0)
     for m in model.modules():
         qk = getattr(m, "trained_like_qk_scale", None)
+        qk = qk * qk_boost if qk is not None else None
         if qk is not None and hasattr(m, "qkv"):
             m.qkv.weight[: 2 * (m.qkv.out_features // 3)].mul_(qk)
         elif qk is not None:  # separate q and kv projections (PVT)
@@ -102,6 +127,13 @@ def make_trained_like(model: nn.Module, seed: int = 0, residual_scale: float = 0
             calibration = synthetic_batch(CALIBRATION_KINDS, imgsz or default_imgsz(model), CALIBRATION_SEED)
         _calibrate_repbn(model, g, calibration)
     return model
+
+
+def make_ill_conditioned(model: nn.Module, seed: int = 0, qk_boost: float = 2.0) -> nn.Module:
+    """Deliberately ill-conditioned but valid weights: the recipe without the depth factor and with softmax
+    logits sharpened by `qk_boost`. A full-depth PRepBN model made so has a growing residual stream and a
+    float32 train-form that is chaotic on saturated (stress) inputs: the case the noise-aware rule exists for."""
+    return make_trained_like(model, seed, depth_scaled=False, qk_boost=qk_boost)
 
 
 def _calibrate_repbn(model: nn.Module, g: torch.Generator, x: torch.Tensor) -> None:
