@@ -64,12 +64,17 @@ def main() -> None:
     p = C.parser("intrinsic_noise", __doc__)
     p.add_argument("--models", default=None, help="comma-separated model names (default: all registered)")
     p.add_argument("--samples", type=int, default=None,
-                   help="parity samples per model (default 12: 9 natural, 3 stress; --quick 4)")
+                   help="parity samples per model (default by cost: 12 (9 natural, 3 stress) below 10 GFLOP per "
+                        "image, 8 below 40, 4 above; --quick 4)")
     args = p.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(1)  # correctness figures only: one thread keeps a shared machine usable
     names = args.models.split(",") if args.models else (list(QUICK_MODELS) if args.quick else list_models())
     names.sort(key=lambda n: model_macs_or_zero(n))  # small first: a long run's partial JSON covers the most models
-    samples = args.samples or (4 if args.quick else 12)
+    def samples_for(name: str) -> int:  # modest counts for the big models: float64 on CPU is slow
+        if args.samples or args.quick:
+            return args.samples or 4
+        gf = model_macs_or_zero(name)
+        return 12 if gf < 10 else 8 if gf < 40 else 4
     info = C.machine()
     C.banner("intrinsic_noise", info, args.quick)
     started = time.time()
@@ -77,9 +82,9 @@ def main() -> None:
     path = C.out_path("intrinsic_noise", args)
     for name in names:
         overrides = C.REDUCED.get(name) if args.quick else None
-        r = measure(name, samples, overrides)
+        r = measure(name, samples_for(name), overrides)
         rows.append(r)
-        partial = {"samples": samples, "weights": "make_trained_like(seed=0)", "models": rows,
+        partial = {"samples": "per model (models[].sets[].samples)", "weights": "make_trained_like(seed=0)", "models": rows,
                    "complete": len(rows) == len(names)}
         C.write_results(path, "intrinsic_noise", dict(info), args, partial, started)  # survives an interrupted run
         nat, st = r["sets"]["natural"], r["sets"].get("stress")

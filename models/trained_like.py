@@ -136,6 +136,19 @@ def make_ill_conditioned(model: nn.Module, seed: int = 0, qk_boost: float = 2.0)
     return make_trained_like(model, seed, depth_scaled=False, qk_boost=qk_boost)
 
 
+ILL_CONDITIONED = ("prepbn_deit_tiny", {"embed_dim": 64, "depth": 12, "num_heads": 2, "num_classes": 100})
+
+
+def ill_conditioned_prepbn_deit(seed: int = 0) -> nn.Module:
+    """A narrow full-depth PRepBN-DeiT (12 blocks, width 64: cheap enough for tests) with make_ill_conditioned
+    weights, RepBN statistics calibrated, in eval mode. Its float32 train-form is chaotic on some inputs (float32
+    vs float64 differ by 1e-3 to 0.4 of max|y| on photos and saturated images alike), yet its export is correct."""
+    from .registry import create_model
+
+    name, overrides = ILL_CONDITIONED
+    return make_ill_conditioned(create_model(name, **overrides), seed).eval()
+
+
 def _calibrate_repbn(model: nn.Module, g: torch.Generator, x: torch.Tensor) -> None:
     bns = [m.bn for m in model.modules() if isinstance(m, RepBN)]
     was_training = model.training

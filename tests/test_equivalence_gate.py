@@ -1,0 +1,47 @@
+"""The float64 gate's bound: max(rtol * max|y|, K64 * float64's own rounding noise, estimated from the float32
+train-form). Correct folds of an ill-conditioned deep model pass; planted fold errors still fail."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from vitedge.exporter.equivalence import DEFAULT_K64, EPS_RATIO, allowance, verify_equivalence
+from vitedge.exporter.pipeline import build_deploy_form
+from vitedge.models.trained_like import ill_conditioned_prepbn_deit
+
+
+def test_allowance_is_relative_floor_or_scaled_float32_noise():
+    assert EPS_RATIO == 2.0 ** -29
+    assert allowance(10.0, 0.0) == pytest.approx(1e-8)                     # well-conditioned: rtol * scale
+    assert allowance(10.0, 1.0) == pytest.approx(DEFAULT_K64 * 2.0 ** -29)  # float32 noise 1: 1.9e-7
+    assert allowance(10.0, 1.0, k64=0.0) == pytest.approx(1e-8)
+
+
+@pytest.fixture(scope="module")
+def ill():
+    train = ill_conditioned_prepbn_deit()
+    deploy, _ = build_deploy_form(train, 224)
+    return train, deploy
+
+
+def test_correct_fold_of_an_ill_conditioned_model_passes_where_a_fixed_rtol_fails(ill):
+    train, deploy = ill
+    res = verify_equivalence(train, deploy, samples=6, raise_on_fail=False)
+    assert res.passed, res.describe()
+    assert res.fp32_noise > 1e-3 * res.scale  # it is ill-conditioned: float32 is far from float64
+    worst = max(b["max_abs"] / b["allowed"] for b in res.blocks)
+    assert worst < 1.0
+    old = verify_equivalence(train, deploy, samples=6, raise_on_fail=False, k64=0.0)
+    assert not old.passed and old.diverging_module is not None  # float64 rounding at depth, not a fold error
+
+
+def test_planted_fold_error_in_the_ill_conditioned_model_still_fails(ill):
+    train, deploy = ill
+    bad = copy.deepcopy(deploy)
+    d64 = bad.reparam_fp64
+    with torch.no_grad():
+        d64.get_submodule("blocks.3.attn.qkv").bias[5] += 1e-5  # a folded RepBN shift, off by 1e-5 in one channel
+    res = verify_equivalence(train, bad, samples=6, raise_on_fail=False)
+    assert not res.passed and res.diverging_module == "blocks.3", res.diverging_module
