@@ -22,6 +22,7 @@ from vitedge.exporter.inputs import parity_set
 from vitedge.models import create_model, get_spec, list_models, make_trained_like
 
 QUICK_MODELS = ("swiftformer_xs", "slab_deit_tiny", "prepbn_deit_tiny", "sima_nano_12_p16")
+QUICK_OVERRIDES = {**C.REDUCED, "prepbn_deit_tiny": C.REDUCED["slab_deit_tiny"]}  # golden-fixture sizes
 BATCH = 4  # float64 chunk: bounded memory for the big models
 
 
@@ -81,7 +82,7 @@ def main() -> None:
     rows = []
     path = C.out_path("intrinsic_noise", args)
     for name in names:
-        overrides = C.REDUCED.get(name) if args.quick else None
+        overrides = QUICK_OVERRIDES.get(name) if args.quick else None
         r = measure(name, samples_for(name), overrides)
         rows.append(r)
         partial = {"samples": "per model (models[].sets[].samples)", "weights": "make_trained_like(seed=0)", "models": rows,

@@ -5,14 +5,17 @@ float32 arithmetic alone does to this model on each input: its error against flo
 float32 noise. A candidate (deploy-form, ONNX, a device artifact) is judged per sample:
 
     error_i     = max_c |cand_ic - y64_ic| / max_c |y64_ic|     (max-abs over classes, relative to the sample)
-    noise_i     = error_i of the float32 train-form
+    noise_i     = error_i of the float32 train-form, raised to the median noise of its input set
     allowance_i = max(floor, K * noise_i)
     noise_ratio = max_i error_i / allowance_i                    (<= 1 passes; non-finite outputs fail)
 
 Per-sample, because the conditioning of a model differs by input: a saturated synthetic image may make a deep
 softmax stack chaotic (noise 1e-2) while a photo gives 1e-7. One global tolerance either fails correct artifacts
-on the first or misses real errors on the second. Floor and K are chosen in docs/parity_criteria.md from
-benchmarks/parity_noise.py. The same rule judges module outputs when a failed hop is localized (localize.py).
+on the first or misses real errors on the second. A single float32 run is one draw of the rounding: on a sample
+where that draw happens to be small, a correct artifact's equally legitimate draw looks large, so no sample's
+noise counts as less than its set's median (this halves the worst correct ratio of the small configs in the
+study, while a chaotic sample keeps its own, larger noise). Floor and K are chosen in docs/parity_criteria.md
+from benchmarks/parity_noise.py. The same rule judges module outputs when a failed hop is localized.
 """
 from __future__ import annotations
 
@@ -20,11 +23,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# Chosen from benchmarks/results/parity_noise.json (docs/parity_criteria.md): every correct hop of every family
-# stays below 1/4 of its allowance on natural and stress inputs, a 1 % single-channel error exceeds it in every
-# family, 0.1 % wherever the model's float32 noise leaves room.
-NOISE_FLOOR = 1e-6
-NOISE_K = 20.0
+# Chosen from benchmarks/results/parity_noise.json (docs/parity_criteria.md): correct hops of every family reach
+# at most 3x their noise (so 0.37 of the allowance), a 1 % single-channel error at least 13.4x (caught in every
+# family), 0.1 % is caught in 12 of 14 configs (missed where it is within 5x of the model's own noise). The floor,
+# 2.5 float32 ulps of the sample's largest logit, only matters where float32 reproduces float64 (almost) exactly:
+# no artifact that stores float32 logits can be asked to be closer than that.
+NOISE_FLOOR = 3e-7
+NOISE_K = 8.0
 
 
 def rows(a: np.ndarray) -> np.ndarray:
@@ -48,8 +53,17 @@ def sample_errors(truth: np.ndarray, candidate: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(c).all(axis=1), err, np.inf)
 
 
+def effective_noise(noise: np.ndarray) -> np.ndarray:
+    """Each sample's noise, raised to the median over the samples given (one input set): see the module doc."""
+    noise = np.asarray(noise, dtype=np.float64)
+    if noise.size == 0:
+        return noise
+    finite = noise[np.isfinite(noise)]
+    return np.maximum(noise, np.median(finite)) if finite.size else noise
+
+
 def allowances(noise: np.ndarray, floor: float, k: float) -> np.ndarray:
-    """Per-sample allowance max(floor, K * noise)."""
+    """Per-sample allowance max(floor, K * noise) (pass the effective noise)."""
     return np.maximum(float(floor), float(k) * np.asarray(noise, dtype=np.float64))
 
 
@@ -61,8 +75,9 @@ class NoiseRule:
 
     def ratios(self, truth: np.ndarray, candidate: np.ndarray, noisy: np.ndarray) -> np.ndarray:
         """Per-sample error / allowance, where `noisy` is the reference model's float32 output (its error vs
-        `truth` is the sample's noise). NaN/Inf candidates give +inf."""
-        return sample_errors(truth, candidate) / allowances(sample_errors(truth, noisy), self.floor, self.k)
+        `truth` is the sample's noise; the samples given form one set). NaN/Inf candidates give +inf."""
+        noise = effective_noise(sample_errors(truth, noisy))
+        return sample_errors(truth, candidate) / allowances(noise, self.floor, self.k)
 
     def worst(self, truth: np.ndarray, candidate: np.ndarray, noisy: np.ndarray) -> tuple[float, int]:
         """(worst ratio, index of that sample); passes iff the ratio is <= 1."""

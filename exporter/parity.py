@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import VitedgeError
 from ..targets.base import Runner, pad_batch
-from .criteria import NOISE_FLOOR, NOISE_K, GroundTruth, NoiseRule, accuracy, sample_errors
+from .criteria import NOISE_FLOOR, NOISE_K, GroundTruth, NoiseRule, accuracy, effective_noise, sample_errors
 from .report import Hop, Metrics, Tolerance
 
 # The documented defaults (README "Tolerances"); `--tol PROFILE.KEY=VALUE` overrides any of them.
@@ -141,13 +141,14 @@ def judge(truth: GroundTruth, out: np.ndarray, tolerance: Tolerance,
         found = [f"{s}: {v}" for v in tolerance.violations(m)]
         ratio = None
         if rule is not None:
-            r = errors[idx] / np.maximum(rule.floor, rule.k * noise[idx])
+            eff = effective_noise(noise[idx])
+            r = errors[idx] / np.maximum(rule.floor, rule.k * eff)
             w = int(np.argmax(r))
             ratio = float(r[w])
             if not ratio <= 1.0:
                 who = names[idx[w]] if names is not None else f"sample {int(idx[w])}"
                 found.append(f"{s}: noise_ratio {ratio:.3g} > 1 ({who}: error {errors[idx[w]]:.3g} vs allowance "
-                             f"max({rule.floor:.3g}, {rule.k:.3g} x noise {noise[idx[w]]:.3g}))")
+                             f"max({rule.floor:.3g}, {rule.k:.3g} x noise {eff[w]:.3g}))")
         lab = None if truth.labels is None else truth.labels[idx]
         sets[s] = {"samples": int(len(idx)), "metrics": asdict(m), "reference_noise": float(noise[idx].max()),
                    "noise_ratio": ratio, "top1_accuracy": accuracy(out[idx], lab, 1),

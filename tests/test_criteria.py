@@ -6,7 +6,7 @@ import pytest
 
 from vitedge.exporter import parity
 from vitedge.exporter.criteria import (NOISE_FLOOR, NOISE_K, GroundTruth, NoiseRule, accuracy, allowances,
-                                       reference_summary, sample_errors)
+                                       effective_noise, reference_summary, sample_errors)
 from vitedge.models import VitedgeError
 from vitedge.targets.base import Runner
 
@@ -49,11 +49,21 @@ def test_sample_errors_are_per_sample_relative_and_nonfinite_is_inf():
 def test_allowance_is_floor_or_k_times_noise():
     np.testing.assert_allclose(allowances(np.array([1e-9, 1e-3]), 1e-5, 20), [1e-5, 2e-2])
     rule = NoiseRule(floor=1e-5, k=20)
-    t = np.array([[1.0, 2.0], [1.0, 2.0]])
-    noisy = t * np.array([[1 + 1e-8], [1 + 1e-3]])  # noise 1e-8 (floor applies) and 1e-3 (K applies)
-    cand = t * np.array([[1 + 5e-6], [1 + 1.5e-2]])
-    np.testing.assert_allclose(rule.ratios(t, cand, noisy), [0.5, 0.75], rtol=1e-6)
-    assert rule.worst(t, cand, noisy) == (pytest.approx(0.75, rel=1e-6), 1)
+    t = np.ones((3, 2)) * np.array([1.0, 2.0])
+    noisy = t * np.array([[1 + 1e-9], [1 + 1e-10], [1 + 1e-3]])  # noise ~0 (floor applies), 1e-3 (K applies)
+    cand = t * np.array([[1 + 5e-6], [1 + 2e-6], [1 + 1.5e-2]])
+    np.testing.assert_allclose(rule.ratios(t, cand, noisy), [0.5, 0.2, 0.75], rtol=1e-5)
+    assert rule.worst(t, cand, noisy) == (pytest.approx(0.75, rel=1e-5), 2)
+
+
+def test_no_sample_counts_as_quieter_than_its_sets_median():
+    np.testing.assert_allclose(effective_noise(np.array([1e-8, 2e-7, 3e-7, 1e-2])), [2.5e-7, 2.5e-7, 3e-7, 1e-2])
+    assert effective_noise(np.array([])).size == 0
+    rule = NoiseRule(floor=0.0, k=10)
+    t = np.ones((4, 3))
+    noisy = t * (1 + np.array([1e-9, 2e-7, 2e-7, 2e-7]))[:, None]  # sample 0's float32 draw happened to be tiny
+    cand = t * (1 + np.array([1e-6, 1e-6, 1e-6, 1e-6]))[:, None]   # a correct artifact: 5x the typical noise
+    assert rule.worst(t, cand, noisy)[0] == pytest.approx(0.5, rel=1e-4)
 
 
 def test_judge_passes_noise_level_error_and_fails_a_one_channel_error_naming_set_and_sample():
@@ -89,8 +99,8 @@ def test_noisy_samples_get_a_wider_allowance_than_quiet_ones():
 
 def test_existing_keys_apply_on_top_of_the_noise_rule():
     truth = _truth()
-    cand = truth.y64 * (1 + 5e-6)  # within the noise rule (floor 1e-5)
-    tol = parity.tolerances(["fp32.max_rel=1e-6"], parity.FLOAT64_TOLERANCES)["fp32"]
+    cand = truth.y64 * (1 + 5e-7)  # within the noise rule (floor 1e-6)
+    tol = parity.tolerances(["fp32.max_rel=1e-7"], parity.FLOAT64_TOLERANCES)["fp32"]
     problems = parity.judge(truth, cand, tol)[2]
     assert problems and all("max_rel" in p for p in problems)
     off = parity.tolerances(["fp32.noise_floor=none", "fp32.noise_k=none"], parity.FLOAT64_TOLERANCES)["fp32"]

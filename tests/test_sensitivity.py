@@ -26,7 +26,7 @@ CASES = {  # family: (model, overrides, imgsz)
     "prepbn_deit": ("prepbn_deit_tiny", dict(embed_dim=64, depth=2, num_heads=2, num_classes=10), 224),
     "sima": ("sima_nano_12_p16", dict(embed_dim=64, depth=2, num_heads=2, num_classes=10), 64),
 }
-SAMPLES = 8  # 6 natural, 2 stress
+SAMPLES = 16  # 12 natural, 4 stress
 
 
 @lru_cache(maxsize=None)
