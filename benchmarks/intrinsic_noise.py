@@ -10,26 +10,19 @@ what the noise-aware parity rule scales its allowance by. Timing is irrelevant h
 """
 from __future__ import annotations
 
-import copy
 import time
 
 import numpy as np
 import torch
 
 import _common as C
-from vitedge.exporter.criteria import sample_errors
 from vitedge.exporter.inputs import parity_set
+from vitedge.exporter.parity import ground_truth
 from vitedge.models import create_model, get_spec, list_models, make_trained_like
 
 QUICK_MODELS = ("swiftformer_xs", "slab_deit_tiny", "prepbn_deit_tiny", "sima_nano_12_p16")
 QUICK_OVERRIDES = {**C.REDUCED, "prepbn_deit_tiny": C.REDUCED["slab_deit_tiny"]}  # golden-fixture sizes
 BATCH = 4  # float64 chunk: bounded memory for the big models
-
-
-@torch.no_grad()
-def run(model: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype, batch: int = BATCH) -> np.ndarray:
-    m = copy.deepcopy(model).to(dtype).eval()
-    return np.concatenate([m(x[i:i + batch].to(dtype)).double().numpy() for i in range(0, len(x), batch)])
 
 
 def summarize(noise: np.ndarray) -> dict:
@@ -43,9 +36,8 @@ def measure(name: str, samples: int, overrides: dict | None = None) -> dict:
     imgsz = spec.fixed_size(overrides or {}) or spec.default_imgsz
     ps = parity_set(samples, imgsz, seed=0, mean=spec.mean, std=spec.std)
     t0 = time.perf_counter()
-    y64 = run(model, ps.x, torch.float64)
-    y32 = run(model, ps.x, torch.float32)
-    noise = sample_errors(y64, y32)
+    truth = ground_truth(model, ps.x, ps.sets, batch=BATCH)
+    y64, noise = truth.y64, truth.noise
     out = {"model": name, "family": spec.family, "imgsz": imgsz, "overrides": overrides or {},
            "max_abs_y": float(np.abs(y64).max()), "seconds": round(time.perf_counter() - t0, 1), "sets": {}}
     for s in ps.present():
