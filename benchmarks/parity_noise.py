@@ -32,7 +32,7 @@ from vitedge.exporter.criteria import NOISE_FLOOR, NOISE_K, effective_noise, row
 from vitedge.exporter.inputs import natural_inputs, parity_inputs
 from vitedge.exporter.onnx_export import check_onnx, export_onnx, simplify_onnx
 from vitedge.exporter.parity import ground_truth, run_batched
-from vitedge.exporter.pipeline import build_deploy_form
+from vitedge.exporter.forms import build_deploy_form
 from vitedge.models import create_model, get_spec, make_trained_like
 from vitedge.targets.ort import OnnxRuntimeRunner
 from vitedge.tests._plant import plant_channel_scale

@@ -15,7 +15,7 @@ from vitedge.exporter.inputs import parity_set
 from vitedge.exporter.localize import localize_onnx, localize_torch, node_scopes, param_owners
 from vitedge.exporter.onnx_export import check_onnx, export_onnx, simplify_onnx
 from vitedge.exporter.parity import FLOAT64_TOLERANCES, ground_truth, judge, run_batched
-from vitedge.exporter.pipeline import build_deploy_form
+from vitedge.exporter.forms import build_deploy_form
 from vitedge.models import create_model, make_trained_like
 from vitedge.targets.ort import OnnxRuntimeRunner
 from vitedge.tests._plant import plant_channel_scale
