@@ -1,8 +1,10 @@
 """Localization of a failed hop: the first torch module (in forward order) whose output diverges.
 
 - ONNX artifacts: intermediate tensors are added as graph outputs and compared with PyTorch forward hooks
-  on the deploy-form. ONNX tensors are mapped to torch modules through the scoped names the TorchScript
-  exporter writes (`/blocks/blocks.0/attn/qkv/MatMul`); nodes that onnxsim renamed are recovered from the
+  on the deploy-form. ONNX nodes are mapped to torch modules through, in this order: the dynamo exporter's
+  own module-scope metadata (`pkg.torch.onnx.name_scopes`, see `onnx_dynamo`), the scoped node names the
+  TorchScript exporter writes (`/blocks/blocks.0/attn/qkv/MatMul`; vitedge writes the same form for dynamo
+  graphs, since onnxsim drops node metadata but keeps names), and for nodes that onnxsim renamed, the
   parameter names of their initializers (`blocks.0.attn.qkv.bias`).
 - Torch vs torch (a loaded deploy-form checkpoint vs a fresh re-parameterization): same module tree,
   compared module by module.
@@ -20,6 +22,7 @@ import torch
 import torch.nn as nn
 
 from .criteria import NoiseRule
+from .onnx_dynamo import node_module_scopes
 from .report import Tolerance
 
 
@@ -189,11 +192,18 @@ def _scope_of_name(name: str, modules: set[str]) -> str | None:
     return _resolve_scope(parts, modules) if parts else None
 
 
+def _scope_of_metadata(node: onnx.NodeProto, modules: set[str]) -> str | None:
+    known = [s for s in node_module_scopes(node) if s in modules]  # full module paths, outermost first
+    return known[-1] if known else None
+
+
 def node_scopes(model: onnx.ModelProto, module_paths: set[str], param_owner: dict[str, str]) -> list[str | None]:
     """Torch module path of every top-level node (None where it cannot be told)."""
     scopes = []
     for node in model.graph.node:
-        scope = _scope_of_name(node.name, module_paths)
+        scope = _scope_of_metadata(node, module_paths)
+        if scope is None:
+            scope = _scope_of_name(node.name, module_paths)
         if scope is None:
             scope = next((s for s in (_scope_of_name(o, module_paths) for o in node.output) if s), None)
         if scope is None:

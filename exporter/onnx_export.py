@@ -1,16 +1,23 @@
-"""ONNX export of a deploy-form model: TorchScript export, checker + shape inference, onnxsim.
+"""ONNX export of a deploy-form model: export (TorchScript or dynamo), checker + shape inference, onnxsim.
 
 The `vitedge.*` metadata_props helpers live one layer down (vitedge.targets.graph.metadata): the targets read them.
 
 The graph has one input `image` (float32 NCHW, already normalized with the model's mean/std) and one
 output `logits`. Every graph we keep passed `onnx.checker` (full check) and strict shape inference.
+
+Two exporters write the graph (`exporter=`): `torchscript` (`torch.onnx.export(dynamo=False)`, deprecated by
+PyTorch since 2.9; opsets 13-20, default 17) and `dynamo` (the torch.export-based one, PyTorch's default since
+2.9; opset >= 18, default 18: see `onnx_dynamo`). When the dynamo exporter cannot handle a model (it raises, or
+its graph fails the ONNX check), `export_onnx_info` falls back to TorchScript for that model and says why.
 """
 from __future__ import annotations
 
 import copy
 import io
+import time
 import warnings
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -21,8 +28,11 @@ from ..errors import VitedgeError
 
 INPUT_NAME = "image"
 OUTPUT_NAME = "logits"
-DEFAULT_OPSET = 17
+EXPORTERS = ("dynamo", "torchscript")
+DEFAULT_EXPORTER = "torchscript"  # until benchmarks/exporters.py has been measured on a quiet machine (issue 20)
+DEFAULT_OPSET = 17  # the TorchScript exporter's default
 MIN_OPSET = 13  # the oldest opset the tests exercise (per-axis ReduceSum inputs, Gemm broadcasting)
+DYNAMO_OPSET = 18  # the dynamo exporter's own opset (onnx_dynamo.NATIVE_OPSET); lower ones are refused
 NORM_OPS = ("BatchNormalization", "LayerNormalization", "InstanceNormalization", "GroupNormalization")
 
 
@@ -30,29 +40,114 @@ class OnnxExportError(RuntimeError):
     """Export, checking or simplification failed; the message says at which step."""
 
 
-def max_opset() -> int:
-    """The newest opset the TorchScript exporter (the path we use) can write."""
+def check_exporter(exporter: str) -> str:
+    if exporter not in EXPORTERS:
+        raise VitedgeError(f"unknown ONNX exporter {exporter!r}: use one of {', '.join(EXPORTERS)}")
+    return exporter
+
+
+def default_opset(exporter: str = DEFAULT_EXPORTER) -> int:
+    """The opset written when none is given: 17 for TorchScript, 18 (its own, no conversion) for dynamo."""
+    return DYNAMO_OPSET if check_exporter(exporter) == "dynamo" else DEFAULT_OPSET
+
+
+def max_opset(exporter: str = "torchscript") -> int:
+    """The newest opset `exporter` can write."""
+    if check_exporter(exporter) == "dynamo":
+        from .onnx_dynamo import newest_opset
+
+        return newest_opset()
     from torch.onnx import _constants
 
     return min(getattr(_constants, "ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET", 20), onnx.defs.onnx_opset_version())
 
 
-def check_opset(opset: int) -> None:
-    newest = max_opset()
-    if not MIN_OPSET <= opset <= newest:
-        raise VitedgeError(f"--opset must be between {MIN_OPSET} and {newest}; got {opset}")
+def check_opset(opset: int, exporter: str = "torchscript") -> None:
+    oldest, newest = (DYNAMO_OPSET if check_exporter(exporter) == "dynamo" else MIN_OPSET), max_opset(exporter)
+    if exporter == "dynamo" and opset < oldest:
+        raise VitedgeError(f"the dynamo exporter writes opset {oldest} or newer (older opsets need the ONNX version "
+                           f"converter, which cannot take every op below {oldest}); got --opset {opset}: use "
+                           f"--opset {oldest} or newer, or --exporter torchscript")
+    if not oldest <= opset <= newest:
+        raise VitedgeError(f"--opset must be between {oldest} and {newest} with the {exporter} exporter; got {opset}")
 
 
-def export_onnx(model: nn.Module, imgsz: int, batch: int | None = 1, opset: int = DEFAULT_OPSET) -> onnx.ModelProto:
-    """Trace `model` (eval, fp32, CPU) to ONNX in memory; `batch=None` gives a dynamic batch axis."""
-    check_opset(opset)
+@dataclass
+class OnnxExport:
+    """An exported graph and how it was made. `exporter` wrote `model`; it differs from `requested` when the
+    dynamo exporter could not handle the model and TorchScript was used instead (`fallback_reason` says why)."""
+
+    model: onnx.ModelProto
+    exporter: str
+    requested: str
+    opset: int
+    fallback_reason: str | None = None
+    seconds: float = 0.0
+
+    def info(self) -> dict:
+        """Plain facts for report.json and the graph's metadata_props."""
+        return {"exporter": self.exporter, "exporter_requested": self.requested, "opset": self.opset,
+                "exporter_fallback": self.fallback_reason}
+
+
+def export_onnx(model: nn.Module, imgsz: int, batch: int | None = 1, opset: int | None = None,
+                exporter: str = DEFAULT_EXPORTER, fallback: bool = True) -> onnx.ModelProto:
+    """Export `model` (eval, fp32, CPU) to ONNX in memory; `batch=None` gives a dynamic batch axis.
+    `opset=None`: the exporter's default. See `export_onnx_info` for the exporter actually used."""
+    return export_onnx_info(model, imgsz, batch, opset, exporter, fallback).model
+
+
+def export_onnx_info(model: nn.Module, imgsz: int, batch: int | None = 1, opset: int | None = None,
+                     exporter: str = DEFAULT_EXPORTER, fallback: bool = True) -> OnnxExport:
+    """`export_onnx`, returning the graph with the exporter that wrote it. With `exporter="dynamo"` and
+    `fallback=True`, a model the dynamo exporter cannot export (or whose graph fails the ONNX check) is
+    exported with TorchScript at the same opset, and `fallback_reason` records the dynamo error; with
+    `fallback=False` that error is raised. Raises OnnxExportError when no exporter succeeded."""
+    opset = default_opset(exporter) if opset is None else opset
+    check_opset(opset, exporter)
     if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in model.state_dict().values()
            if t.is_floating_point()):
         model = copy.deepcopy(model).float().cpu()  # never change the caller's model
     model.eval()
     # A dynamic axis is traced at batch 2 so no shape op is specialised on a broadcastable size-1 batch.
     x = torch.zeros(batch or 2, 3, imgsz, imgsz)
-    dynamic_axes = None if batch else {INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}}
+    start = time.perf_counter()
+    if exporter == "dynamo":
+        try:
+            graph = _export_dynamo(model, x, batch is None, opset)
+            return OnnxExport(graph, "dynamo", "dynamo", opset, None, time.perf_counter() - start)
+        except OnnxExportError as e:
+            if not fallback:
+                raise
+            reason = str(e)
+        if opset > max_opset("torchscript"):
+            raise OnnxExportError(f"{reason}; no fallback: the TorchScript exporter writes opset {max_opset()} at "
+                                  f"most (pass --opset {max_opset()} or lower to allow it)")
+        graph = _export_torchscript(model, x, batch is None, opset)
+        return OnnxExport(graph, "torchscript", "dynamo", opset, reason, time.perf_counter() - start)
+    graph = _export_torchscript(model, x, batch is None, opset)
+    return OnnxExport(graph, "torchscript", "torchscript", opset, None, time.perf_counter() - start)
+
+
+def _export_dynamo(model: nn.Module, x: torch.Tensor, dynamic_batch: bool, opset: int) -> onnx.ModelProto:
+    from .onnx_dynamo import export_dynamo, root_cause
+
+    try:
+        graph = export_dynamo(model, x, dynamic_batch, opset, INPUT_NAME, OUTPUT_NAME)
+    except ImportError as e:  # onnxscript is the dynamo exporter's own dependency
+        raise OnnxExportError(f"torch.onnx.export(dynamo=True) needs {e.name or 'onnxscript'}: pip install "
+                              "onnxscript") from e
+    except Exception as e:  # torch.export raises many types (unsupported ops, data-dependent control flow)
+        raise OnnxExportError(f"torch.onnx.export(dynamo=True) failed: {root_cause(e)}") from e
+    try:
+        check_onnx(graph)
+    except OnnxExportError as e:
+        raise OnnxExportError(f"the dynamo exporter's graph failed the ONNX check: {e}") from e
+    return graph
+
+
+def _export_torchscript(model: nn.Module, x: torch.Tensor, dynamic_batch: bool, opset: int) -> onnx.ModelProto:
+    dynamic_axes = {INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}} if dynamic_batch else None
     buf = io.BytesIO()
     try:
         with warnings.catch_warnings(), torch.no_grad():
