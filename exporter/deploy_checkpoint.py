@@ -1,12 +1,14 @@
 """Deploy-form checkpoints: the folded state_dict plus what is needed to rebuild its module tree.
 
-The file holds only tensors and plain metadata (loads under `torch.load(weights_only=True)`, no pickled
-classes). `load_deploy_checkpoint` rebuilds the structure by re-parameterizing a fresh
-`create_model(name, **overrides)` at the recorded size and attention order, then loads the state_dict
-strictly, so a mismatch is an error and never a silently half-loaded model.
+The file holds only tensors and plain metadata: a `.pth` loads under `torch.load(weights_only=True)` (no
+pickled classes); a `.safetensors` file (the suffix decides) holds the state_dict as its tensors and the metadata
+as string fields (text as it is, everything else as JSON). `load_deploy_checkpoint` rebuilds the structure by
+re-parameterizing a fresh `create_model(name, **overrides)` at the recorded size and attention order, then
+loads the state_dict strictly, so a mismatch is an error and never a silently half-loaded model.
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +29,9 @@ from .report import versions
 
 FORMAT = "vitedge-deploy/1"
 _PLAIN = (str, int, float, bool, type(None))
+SAFETENSORS_SUFFIX = ".safetensors"
+# safetensors metadata fields stored as the text they are (absent = None); every other field is JSON
+_TEXT_FIELDS = ("format", "model", "attn_order", "checkpoint_sha256")
 
 
 def _plain(value, what: str):
@@ -68,7 +73,10 @@ def save_deploy_checkpoint(deploy_model: nn.Module, path: str | Path, *, attn_or
     outdir.recover(path)  # temporary files of killed earlier writes of this path
     tmp = outdir.sibling(path, "tmp")  # not mkstemp: keep the umask's mode
     try:
-        torch.save(payload, tmp)
+        if path.suffix == SAFETENSORS_SUFFIX:
+            _save_safetensors(payload, tmp)
+        else:
+            torch.save(payload, tmp)
         os.replace(tmp, path)  # atomic: readers see the old file or the complete new one
     finally:
         if tmp.exists():
@@ -76,16 +84,45 @@ def save_deploy_checkpoint(deploy_model: nn.Module, path: str | Path, *, attn_or
     return path
 
 
+def _save_safetensors(payload: dict, path: Path) -> None:
+    from safetensors.torch import save_file
+
+    # clone: safetensors refuses tensors that share storage (views, tied weights)
+    tensors = {k: v.clone() for k, v in payload["state_dict"].items()}
+    meta = {k: (v if k in _TEXT_FIELDS else json.dumps(v, sort_keys=True)) for k, v in payload.items()
+            if k != "state_dict" and not (k in _TEXT_FIELDS and v is None)}
+    save_file(tensors, str(path), metadata=meta)
+
+
+def _read_safetensors(path: Path) -> dict:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = dict(f.metadata() or {})
+            state = {k: f.get_tensor(k) for k in f.keys()}
+        payload = {k: (v if k in _TEXT_FIELDS else json.loads(v)) for k, v in meta.items()}
+    except (SafetensorError, OSError, ValueError) as e:  # json.JSONDecodeError is a ValueError
+        raise CheckpointError(f"{path} is not a vitedge deploy checkpoint ({type(e).__name__}); "
+                              "write one with `vitedge reparam`") from None
+    payload.setdefault("checkpoint_sha256", None)
+    payload["state_dict"] = state
+    return payload
+
+
 def read_deploy_checkpoint(path: str | Path) -> dict:
-    """The raw payload (tensors + plain metadata), loaded with the restricted unpickler."""
+    """The raw payload (tensors + plain metadata): `.safetensors` by its suffix, else the restricted unpickler."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"deploy checkpoint {path} not found; write one with `vitedge reparam`")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise CheckpointError(f"{path} is not a vitedge deploy checkpoint ({type(e).__name__}); "
-                              "write one with `vitedge reparam`") from None
+    if path.suffix == SAFETENSORS_SUFFIX:
+        payload = _read_safetensors(path)
+    else:
+        try:
+            payload = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise CheckpointError(f"{path} is not a vitedge deploy checkpoint ({type(e).__name__}); "
+                                  "write one with `vitedge reparam`") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a vitedge deploy checkpoint (format {FORMAT!r}); "
                               "train-form checkpoints go to --checkpoint")
