@@ -33,6 +33,7 @@ import torch.nn as nn
 from ..errors import CheckpointError
 from .registry import checkpoint_remaps
 from .safe_pickle import Inert, TorchFile, load_torch_file
+from .sources import resolve_checkpoint
 
 CONTAINER_KEYS = ("model", "state_dict", "model_ema", "state_dict_ema")
 EMA_CONTAINER_KEYS = ("model_ema", "state_dict_ema", "model", "state_dict")
@@ -103,8 +104,9 @@ def _read_safetensors(path: Path) -> TorchFile:
 
 
 def read_checkpoint(path: str | os.PathLike) -> TorchFile:
-    """Read a checkpoint file safely (torch.save zip/legacy, or .safetensors); no code from it runs."""
-    p = Path(path)
+    """Read a checkpoint file safely (torch.save zip/legacy, or .safetensors); no code from it runs.
+    `hf-hub:` / `timm:` sources are resolved to a file in the Hugging Face cache first (`sources`)."""
+    p = Path(resolve_checkpoint(path))
     if not p.exists():
         raise CheckpointError(f"checkpoint {p} not found: check the path")
     if p.is_dir():
@@ -355,8 +357,9 @@ def load_checkpoint(model: nn.Module, checkpoint: str | os.PathLike | Mapping[st
     """
     if isinstance(checkpoint, Mapping):
         where, raw = "<state_dict>", TorchFile(checkpoint, "in-memory")
-    else:
-        where, raw = str(checkpoint), read_checkpoint(checkpoint)
+    else:  # a timm: source names its model: checked before anything is fetched
+        local = resolve_checkpoint(checkpoint, getattr(model, "vitedge_name", None))
+        where, raw = str(checkpoint), read_checkpoint(local)
     sd, source_key = extract_state_dict(raw.obj, where, use_ema)
     container_keys, metadata = _metadata(raw.obj, source_key)
     metadata.update(raw.metadata)
