@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import VitedgeError
+
 
 @dataclass
 class BackendResult:
@@ -92,8 +94,21 @@ def format_table(report: BenchReport) -> str:
     return "\n".join(lines)
 
 
+PLOT_HINT = "pip install 'vitedge[plot]'"
+
+
+def require_matplotlib() -> None:
+    """`--plot` needs matplotlib, an optional extra: VitedgeError (the CLI's exit 2) with the install hint when
+    it cannot be imported. Call it before measuring, so a missing plotter costs no bench run."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise VitedgeError(f"--plot needs matplotlib, which is not installed: {PLOT_HINT} (or drop --plot)") from None
+
+
 def write_plot(report: BenchReport, path: str | Path) -> Path:
     """Latency (p50 with its CI as error bars) vs resolution per backend; with --order measured, both orders."""
+    require_matplotlib()
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

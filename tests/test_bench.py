@@ -9,8 +9,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from vitedge import cli
 from vitedge.exporter.bench import run_bench
-from vitedge.exporter.bench_report import format_table, write_plot
+from vitedge.exporter.bench_report import format_table, require_matplotlib, write_plot
 from vitedge.exporter.iphone import check_device
 from vitedge.errors import VitedgeError
 from vitedge.targets.base import Runner
@@ -97,6 +98,29 @@ def test_ort_spinning_reaches_the_session_and_the_report(tmp_path):
     assert isinstance(default, OnnxRuntimeRunner) and "no spinning" not in default.backend
     r = _cli("--model", "swiftformer_xs", "--ort-spinning", "sometimes")
     assert r.returncode == 2 and "--ort-spinning" in r.stderr
+
+
+def _hide_matplotlib(monkeypatch):
+    """Make `import matplotlib` fail as it does where the [plot] extra is not installed."""
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+
+
+def test_plot_without_matplotlib_exits_2_with_the_install_hint(report, tmp_path, monkeypatch, capsys):
+    _hide_matplotlib(monkeypatch)
+    with pytest.raises(VitedgeError, match=r"--plot needs matplotlib, which is not installed: pip install "
+                                           r"'vitedge\[plot\]'"):
+        require_matplotlib()
+    with pytest.raises(VitedgeError, match="vitedge\\[plot\\]"):
+        write_plot(report, tmp_path / "never.png")
+    code = cli.main(["bench", "--model", "swiftformer_xs", "--set", "layers=[1,1,2,1]", "--set",
+                     "embed_dims=[16,24,32,48]", "--set", "num_classes=10", "--imgsz", "64", "--backends",
+                     "torch-deploy", "--min-iters", "2", "--warmup-s", "0", "--max-s", "0",
+                     "--plot", str(tmp_path / "p.png")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("vitedge: error: --plot needs matplotlib") and "vitedge[plot]" in err[-1]
+    assert not list(tmp_path.iterdir())
 
 
 def _cli(*args, cwd=REPO):

@@ -1,0 +1,70 @@
+"""Packaging: dependencies are ranges (installable beside any torch 2.x from 2.6 on, no pin), optional extras,
+and CI's constraints pin versions inside those ranges."""
+from __future__ import annotations
+
+import importlib.metadata as md
+import tomllib
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+REPO = Path(__file__).resolve().parents[1]
+LOWER, UPPER = {">=", ">", "~=", "=="}, {"<", "<=", "~=", "=="}
+OPTIONAL = {"matplotlib": "plot", "huggingface-hub": "hub", "ray": "ray", "tensorrt": "tensorrt"}
+
+
+def _project() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+
+def _core(reqs: list[str]) -> dict:
+    """{canonical name: SpecifierSet} of the requirements without an `extra` marker."""
+    out = {}
+    for r in map(Requirement, reqs):
+        if r.marker is None or "extra" not in str(r.marker):
+            out[canonicalize_name(r.name)] = r.specifier
+    return out
+
+
+def _assert_ranges(core: dict, where: str) -> None:
+    assert "torch" in core, where
+    for name, spec in core.items():
+        ops = {s.operator for s in spec}
+        assert ops & LOWER and ops & UPPER, f"{where}: {name}{spec} needs a lower and an upper bound"
+    assert not {s.operator for s in core["torch"]} & {"==", "==="}, f"{where}: torch is pinned ({core['torch']})"
+
+
+def test_declared_dependencies_are_ranges_and_optional_features_are_extras():
+    project = _project()
+    core = _core(project["dependencies"])
+    _assert_ranges(core, "pyproject.toml")
+    extras = {k: _core(v) for k, v in project["optional-dependencies"].items()}
+    for package, extra in OPTIONAL.items():
+        assert package not in core and package in extras[extra], (package, extra)
+
+
+def test_installed_metadata_declares_the_same_ranges():
+    installed = _core(md.requires("vitedge") or [])
+    _assert_ranges(installed, "installed vitedge metadata")
+    assert installed == _core(_project()["dependencies"]), \
+        "the installed vitedge metadata differs from pyproject.toml: re-install (pip install -e .)"
+    extras = md.metadata("vitedge").get_all("Provides-Extra") or []
+    assert set(OPTIONAL.values()) <= set(extras)
+
+
+def test_ci_installs_pinned_versions_inside_the_declared_ranges():
+    pins = {}
+    for line in (REPO / ".ci" / "constraints.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            pins[canonicalize_name(name)] = version
+    assert pins["torch"] == "2.13.0"  # the CPU wheel CI installs
+    for name, spec in _core(_project()["dependencies"]).items():
+        assert name in pins and spec.contains(pins[name], prereleases=True), (name, spec, pins.get(name))
+    for package, extra in OPTIONAL.items():
+        if extra in ("hub", "plot"):  # the extras CI installs
+            assert package in pins, package
+    run = (REPO / ".ci" / "run").read_text()
+    assert "-c .ci/constraints.txt" in run and '-e ".[test,hub,plot]"' in run
