@@ -1,6 +1,6 @@
 """The benchmark scripts run (`--quick`), print their ratios last and write the JSON the README quotes from.
 
-The three scripts run concurrently in subprocesses, as a user runs them (`python benchmarks/NAME.py`);
+The scripts run concurrently in subprocesses, as a user runs them (`python benchmarks/NAME.py`);
 their timings are meaningless here (the point is that they run and report). The ratio and target logic
 is checked on synthetic numbers.
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-SCRIPTS = ("attention_order", "export_time", "deploy_speed")
-TIMEOUT_S = 600  # a generous ceiling for a busy shared machine; on a quiet one all three take well under a minute
+SCRIPTS = ("attention_order", "export_time", "deploy_speed", "exporters")
+TIMEOUT_S = 600  # a generous ceiling for a busy shared machine; on a quiet one all take well under a minute
 CI_RE = re.compile(r"\d+\.\d+x \(95% CI \d+\.\d+-\d+\.\d+, \d+ pairs\)")
 MACHINE_KEYS = {"cpu", "cores", "date", "load_start", "load_end", "load_note"}
 
@@ -120,6 +120,23 @@ def test_deploy_speed_quick(runs):
             assert "c/d" in m["cells"][0]["speedups"] or m["skipped"]["d"]
     statuses = {t["status"] for t in data["targets"]}
     assert statuses <= {"PASS", "MISS", "NOT MEASURED"} and len(data["targets"]) >= 3
+
+
+def test_exporters_quick(runs):
+    lines, data = _result(runs, "exporters")
+    tail = _tail_after(lines, "ratios (latency: TorchScript")
+    assert sum(bool(CI_RE.search(ln)) for ln in tail) >= 2  # latency and export time, each with its CI
+    assert data["settings"]["opsets"] == {"dynamo": 18, "torchscript": 17}
+    for m in data["models"]:
+        for exporter in ("dynamo", "torchscript"):
+            e = m["exporters"][exporter]
+            assert e["export"]["exporter"] == exporter and e["export"]["exporter_fallback"] is None
+            assert e["parity_problems"] == {"raw": [], "simplified": []}
+            assert all(e["nodes"][form]["total"] > 0 for form in ("raw", "simplified"))
+        assert m["export_time"]["dynamo/torchscript"]["pairs"] >= 2
+        cell = m["cells"][0]
+        assert set(cell["latency"]) == {f"{e}-{f}" for e in ("dynamo", "torchscript") for f in ("raw", "simplified")}
+        assert cell["baseline"].startswith("torchscript") and "torchscript-best/dynamo-best" in cell["speedups"]
 
 
 # ---- the logic, on synthetic numbers ----------------------------------------------------------------------
