@@ -123,7 +123,10 @@ def export_onnx_info(model: nn.Module, imgsz: int, batch: int | None = 1, opset:
         if opset > max_opset("torchscript"):
             raise OnnxExportError(f"{reason}; no fallback: the TorchScript exporter writes opset {max_opset()} at "
                                   f"most (pass --opset {max_opset()} or lower to allow it)")
-        graph = _export_torchscript(model, x, batch is None, opset)
+        try:
+            graph = _export_torchscript(model, x, batch is None, opset)
+        except OnnxExportError as e:
+            raise OnnxExportError(f"{reason}; the TorchScript fallback failed too: {e}") from e
         return OnnxExport(graph, "torchscript", "dynamo", opset, reason, time.perf_counter() - start)
     graph = _export_torchscript(model, x, batch is None, opset)
     return OnnxExport(graph, "torchscript", "torchscript", opset, None, time.perf_counter() - start)

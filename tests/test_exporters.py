@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import re
+from collections import Counter
 
 import numpy as np
 import onnx
@@ -95,6 +96,15 @@ def test_deploy_form_rewrites_survive_the_dynamo_exporter(family):
         assert dyn.get("Transpose", 0) == 0, dyn
     # the dynamo graph keeps exactly the layout the rewrites give the TorchScript graph
     assert {op: dyn.get(op, 0) for op in LAYOUT_OPS} == {op: ts.get(op, 0) for op in LAYOUT_OPS}, (dyn, ts)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_fp16_policy_finds_the_same_fp32_islands_in_both_graphs(family):
+    from vitedge.targets.graph.onnx_fp16 import prepare_fp16
+
+    b = _built(family)
+    dyn, ts = (prepare_fp16(b[f"{e}-simplified"]).fp32_nodes for e in ("dynamo", "torchscript"))
+    assert dyn and Counter(dyn.values()) == Counter(ts.values())  # islands per policy rule
 
 
 def test_the_rewrite_ablation_is_visible_through_the_dynamo_exporter():
