@@ -15,6 +15,7 @@ import torch.nn as nn
 from ..errors import VitedgeError
 from ..models.checkpoint import load_checkpoint
 from ..models.registry import create_model, resolve_imgsz
+from ..models.sources import resolve_checkpoint
 from ..models.trained_like import make_trained_like
 from ..targets.base import sha256_file
 from .reparam import reparameterize
@@ -54,8 +55,8 @@ def build_train_form(model_or_name, checkpoint: str | Path | None = None, overri
     else:
         raise VitedgeError(f"expected a model name or an nn.Module; got {type(model_or_name).__name__}")
     sha = None
-    if checkpoint is not None:
-        path = Path(checkpoint)
+    if checkpoint is not None:  # hf-hub: / timm: sources become a file in the Hugging Face cache first
+        path = Path(resolve_checkpoint(checkpoint, getattr(model, "vitedge_name", None)))
         if not path.exists():
             raise VitedgeError(f"checkpoint {path} not found; check the --checkpoint path")
         load_checkpoint(model, path)

@@ -94,6 +94,25 @@ def test_without_a_file_name_safetensors_comes_first_then_pytorch_model_bin(cach
                                                                        "pytorch_model.pth")
 
 
+def test_the_command_line_takes_a_hub_checkpoint_and_records_the_files_sha256(cache, tmp_path, capsys):
+    from vitedge import cli
+    from vitedge.exporter.deploy_checkpoint import read_deploy_checkpoint
+
+    data = _pth(_mini(seed=7).state_dict())
+    put_in_cache(cache, "acme/swift-mini", "weights.pth", data)
+    out = tmp_path / "deploy.pth"
+    code = cli.main(["reparam", "--model", "swiftformer_xs", "--set", "layers=[1,1,2,1]", "--set",
+                     "embed_dims=[16,24,32,48]", "--set", "num_classes=10", "--imgsz", "64",
+                     "--checkpoint", "hf-hub:acme/swift-mini:weights.pth", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    assert read_deploy_checkpoint(out)["checkpoint_sha256"] == hashlib.sha256(data).hexdigest()
+    code = cli.main(["reparam", "--model", "swiftformer_xs", "--checkpoint", "hf-hub:acme/absent", "--out",
+                     str(tmp_path / "never.pth")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("vitedge: error: --checkpoint hf-hub:acme/absent: model.safetensors")
+    assert not (tmp_path / "never.pth").exists()
+
+
 def test_a_revision_selects_its_own_snapshot(cache):
     main, v1 = _mini(seed=4), _mini(seed=5)
     put_in_cache(cache, "acme/rev", "w.pth", _pth(main.state_dict()))
