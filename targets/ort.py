@@ -2,6 +2,7 @@
 graph, and ONNX Runtime runners for both."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from .graph.metadata import read_metadata, set_metadata
 from .graph.onnx_fp16 import convert_onnx_fp16
 from .graph.precision import default_policy
 
+THREADS_ENV = "VITEDGE_THREADS"  # default intra-op threads of sessions not given `threads` (set by matrix workers)
 _NP_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}
 
 
@@ -23,11 +25,13 @@ class OnnxRuntimeRunner(Runner):
     workers busy-wait for the next op (ONNX Runtime's default, None, is yes). Every session owns its pool, so
     when several multi-thread sessions take turns in one process (two models in an app, a benchmark
     alternating variants) the spinning workers of one compete with the next for the cores; turning spinning
-    off steadies them (measured figures: README "vitedge bench" and benchmarks/README.md)."""
+    off steadies them (measured figures: README "vitedge bench" and benchmarks/README.md).
+    `threads=None` reads $VITEDGE_THREADS (0 when unset), so that processes running side by side (the
+    `vitedge matrix` workers) keep workers x threads within the cores."""
     mode = "device"
 
     def __init__(self, model: str | Path | bytes | onnx.ModelProto, providers: list[str] | None = None,
-                 threads: int = 0, spinning: bool | None = None):
+                 threads: int | None = None, spinning: bool | None = None):
         try:
             import onnxruntime as ort
         except ImportError as e:  # pragma: no cover - onnxruntime is a dependency
@@ -36,6 +40,8 @@ class OnnxRuntimeRunner(Runner):
             model = model.SerializeToString()
         elif isinstance(model, Path):
             model = str(model)
+        if threads is None:
+            threads = int(os.environ.get(THREADS_ENV) or 0)
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
         opts.log_severity_level = 3
