@@ -45,12 +45,15 @@ def inputs_note(n: int) -> str:
 
 @dataclass
 class Ladder:
-    """The parity inputs, the train-form reference on them, and the deploy-form every localization compares with."""
-    train: nn.Module
+    """The parity inputs, the train-form reference on them, and the deploy-form every localization compares with.
+    `train` may be None with `build_train` given (an export reusing a verified hub: exporter/hub.py): the train-
+    form is then built only if a runner changes its inputs."""
+    train: nn.Module | None
     deploy: nn.Module
     x: np.ndarray
     reference: np.ndarray
     progress: Progress
+    build_train: Callable[[], nn.Module] | None = None
 
     @classmethod
     def build(cls, train: nn.Module, deploy: nn.Module, samples: int, imgsz: int, progress: Progress) -> "Ladder":
@@ -65,6 +68,9 @@ class Ladder:
         seen = runner.reference_inputs(x)
         if seen is x:
             return self.reference
+        if self.train is None:
+            with self.progress.step("building the train-form model"):
+                self.train = self.build_train()
         with self.progress.step(f"train-form reference on the inputs {runner.backend} sees"):
             return run_batched(train_form_runner(self.train), np.asarray(seen, np.float32))
 

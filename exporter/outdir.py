@@ -99,6 +99,23 @@ def recover(path: Path) -> list[str]:
     return done
 
 
+def replace(tmp: Path, path: Path) -> None:
+    """Rename the finished folder `tmp` to `path`, which may exist: it is moved aside (`.old-*`) first and deleted
+    after, so a kill at any moment leaves `path` complete-old, complete-new, or missing with the old copy aside
+    (which `recover` puts back)."""
+    if not os.path.lexists(path):
+        os.rename(tmp, path)
+        return
+    old = sibling(path, "old")
+    os.rename(path, old)
+    try:
+        os.rename(tmp, path)
+    except BaseException:
+        os.rename(old, path)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def check_out(out: Path, force: bool) -> None:
     """Refuse (VitedgeError, nothing touched) an --out that is a file, or holds files without --force."""
     if out.exists() and not out.is_dir():
@@ -221,22 +238,10 @@ class OutputFolder:
             self._rename_into_place()
 
     def _rename_into_place(self) -> None:
-        out = self.out
-        if out.exists() and any(out.iterdir()):
-            if not self.force:  # appeared while we were building
-                raise VitedgeError(f"{out} already holds artifacts; pass --force to replace them")
-            old = sibling(out, "old")
-            os.rename(out, old)
-            try:
-                os.rename(self.tmp, out)
-            except BaseException:
-                os.rename(old, out)
-                raise
-            self.committed = True
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(self.tmp, out)
-            self.committed = True
+        if not self.force and self.out.exists() and any(self.out.iterdir()):  # appeared while we were building
+            raise VitedgeError(f"{self.out} already holds artifacts; pass --force to replace them")
+        replace(self.tmp, self.out)
+        self.committed = True
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:

@@ -5,10 +5,12 @@ validate everything -> build the train-form (checkpoint, or seeded trained-like 
 every hop against the train-form on the documented input set (hops.py). The output folder is one transaction
 (outdir.py): built in a temporary sibling and renamed into place in one step; a failed hop moves the artifacts
 to DIR/quarantine/. Bad input raises VitedgeError before anything is written. `parity()` on existing artifacts
-is verify.py.
+is verify.py. With `hub=` a verified deploy-form and hub ONNX are reused from, or left in, a store (hub.py).
 """
 from __future__ import annotations
 
+import copy
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -25,7 +27,8 @@ from ..targets.graph.metadata import set_metadata
 from . import outdir
 from .equivalence import verify_equivalence
 from .forms import DEMO_SEED, Loaded, build_deploy_form, build_train_form, model_name, reparam_info, resolve_imgsz
-from .hops import Ladder, inputs_note, record_artifact
+from .hops import Ladder, inputs_note, parity_set_for, record_artifact
+from .hub import Hub, HubStore
 from .inputs import DEFAULT_SAMPLES
 from .onnx_export import DEFAULT_OPSET, OnnxExportError, check_onnx, check_opset, export_onnx, save_onnx, simplify_onnx
 from .parity import failed, tolerances as make_tolerances, unverified
@@ -43,11 +46,14 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
            attn_order: str = "auto", strict_schedule: bool = False, samples: int = DEFAULT_SAMPLES,
            tolerances: dict | list | None = None, require_verified: bool = False, overrides: dict | None = None,
            options: dict | None = None, seed: int = DEMO_SEED, progress: Progress | None = None,
-           rewrites=True, require_ane: bool = False) -> Report:
+           rewrites=True, require_ane: bool = False, hub: HubStore | None = None) -> Report:
     """Export `model_or_name` to `targets` in folder `out` (default runs/NAME) and run the parity ladder.
 
     `rewrites`: the deploy-form's speed rewrites (True all, False none, or names; see `available_rewrites`).
     `require_ane`: a CoreML device hop fails when the model mostly runs off the Neural Engine (macOS).
+    `hub`: a HubStore (hub.py); a Hub it holds replaces the train-form, deploy-form and ONNX steps with their
+    verified results (the caller keys it by everything they depend on: `vitedge matrix`), else the one this run
+    builds is put there once it passed.
 
     Returns the Report also written to OUT/report.json; `report.exit_code` is 0 (all executed hops
     passed), 1 (a hop failed: artifacts in OUT/quarantine/). Raises VitedgeError (exit 2) on bad input,
@@ -67,6 +73,8 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
         raise VitedgeError(f"--samples must be positive; got {samples}")
     if not reparam and rewrites is not True:
         raise VitedgeError("--rewrites shapes the re-parameterized deploy-form; drop it or drop --no-reparam")
+    if hub is not None and not reparam:
+        raise VitedgeError("a shared hub holds the re-parameterized deploy-form; drop --no-reparam")
     name = model_or_name if isinstance(model_or_name, str) else model_name(model_or_name)
     out = Path(out) if out is not None else Path("runs") / name
     for line in outdir.recover(out):  # before the check: a killed --force run may have left DIR aside
@@ -75,20 +83,30 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
 
     # Ctrl-C anywhere from here on ends the run (exit 130, DIR as it was), even where a library swallowed it
     with outdir.InterruptWatch() as interrupts:
-        with progress.step("building the train-form model"):
-            loaded = build_train_form(model_or_name, checkpoint, overrides, seed)
-        imgsz = resolve_imgsz(loaded.model, imgsz)
-        with progress.step("re-parameterizing"):
-            deploy, deploy64 = build_deploy_form(loaded.model, imgsz, reparam, attn_order, strict_schedule, rewrites)
+        reused = hub.get() if hub is not None else None
+        if reused is not None:  # verified earlier for these inputs: no train-form, fold, gate or ONNX export here
+            loaded, deploy, deploy64 = reused.loaded(name), reused.deploy, None
+            imgsz = resolve_imgsz(deploy, imgsz)
+            reused.check_fits(imgsz, samples)
+            info = copy.deepcopy(reused.reparam)  # the report adds to it (fp16 analysis)
+        else:
+            with progress.step("building the train-form model"):
+                loaded = build_train_form(model_or_name, checkpoint, overrides, seed)
+            imgsz = resolve_imgsz(loaded.model, imgsz)
+            with progress.step("re-parameterizing"):
+                deploy, deploy64 = build_deploy_form(loaded.model, imgsz, reparam, attn_order, strict_schedule,
+                                                     rewrites)
+            info = reparam_info(deploy, reparam)
 
         report = Report(model=loaded.name, imgsz=imgsz, batch=batch, weights=loaded.weights,
-                        checkpoint_sha256=loaded.checkpoint_sha256, reparam=reparam_info(deploy, reparam),
+                        checkpoint_sha256=loaded.checkpoint_sha256, reparam=info,
                         versions=versions(), command="export", targets=[p.name for p in plans],
                         overrides=loaded.overrides, samples=samples, inputs=inputs_note(samples),
                         require_verified=require_verified, require_ane=require_ane)
         with outdir.OutputFolder(out, force, interrupts) as folder:
             build = _Build(report, plans, loaded, deploy, deploy64, folder.tmp, batch, opset, attn_order, reparam,
-                           tols, progress, folder.checkpoint)
+                           tols, progress, folder.checkpoint, hub, reused,
+                           lambda: build_train_form(model_or_name, checkpoint, overrides, seed).model)
             build.run()
             report.finalize()
             report.out_dir = str(out)
@@ -128,15 +146,42 @@ class _Build:
     tols: dict
     progress: Progress
     checkpoint: Callable[[str], None]   # the output folder's named points (Ctrl-C, test pauses)
+    store: HubStore | None = None       # where a hub this run verifies is put (export(hub=...))
+    reused: Hub | None = None           # a verified hub: the steps up to the hub graph are not run again
+    build_train: Callable[[], nn.Module] | None = None  # the train-form, when a reused hub's hop needs it
     raw: onnx.ModelProto | None = None  # the unsimplified graph, kept for the quarantine
     fp16_analysis: object = None        # exporter.fp16_ranges.Fp16Analysis, computed once if any target is fp16
     fp16_problem: str | None = None
     fp16_module: str | None = None
 
     def run(self) -> None:
+        ready = self._reuse_hub() if self.reused is not None else self._build_hub()
+        if ready is None:
+            return self._skip_rest()
+        hub, meta, ladder = ready
+        for plan in self.plans:  # every requested target, generically through the TARGETS table
+            if self.report.hop(plan.hop()) is None:  # (the onnx fp32 artifact is the hub graph, already checked)
+                self.report.parity.append(self._target_hop(plan, hub, meta, ladder))
+
+    def _reuse_hub(self) -> tuple[Path, dict, Ladder]:
+        """The reused hub's hop records, its graph copied into the build folder, and its reference."""
+        r, h = self.report, self.reused
+        r.parity += h.hop_records()
+        self.raw = h.raw
+        hub = self.tmp / f"{r.model}.onnx"
+        shutil.copyfile(h.onnx_path, hub)
+        self.checkpoint("hub-graph")
+        record_artifact(r, "onnx", hub, "fp32", root=self.tmp)
+        meta = _metadata(self.loaded, r.imgsz, self.batch, self.attn_order, r.reparam, r.versions)
+        x = parity_set_for(self.deploy, r.samples, r.imgsz)
+        return hub, meta, Ladder(None, self.deploy, x, h.reference, self.progress, self.build_train)
+
+    def _build_hub(self) -> tuple[Path, dict, Ladder] | None:
+        """Gate, reference, deploy-form hop, ONNX export + hop, onnxsim + hop: (hub path, metadata, ladder), or
+        None when a step failed. A hub whose every hop passed is put in the store."""
         r, fp32, imgsz = self.report, self.tols["fp32"], self.report.imgsz
         if self.reparam and not self._gate():
-            return self._skip_rest()
+            return None
         ladder = Ladder.build(self.loaded.model, self.deploy, r.samples, imgsz, self.progress)
         hop = ladder.deploy_hop(self.deploy, fp32)
         if hop.status == "failed" and self.reparam:  # the fp64 gate passed: float32 arithmetic, not a wrong fold
@@ -150,23 +195,24 @@ class _Build:
             del self.raw.graph.value_info[:]  # inferred shapes were for checking; saved graphs stay lean
         except OnnxExportError as e:
             r.parity.append(failed("onnx", "torch.onnx (TorchScript)", str(e)))
-            return self._skip_rest()
+            return None
         r.parity.append(ladder.onnx_hop("onnx", self.raw, fp32))
         try:
             with self.progress.step("simplifying ONNX (onnxsim)"):
                 simp = simplify_onnx(self.raw)
         except OnnxExportError as e:
             r.parity.append(failed("onnx-simplified", "onnxsim", str(e)))
-            return self._skip_rest()
+            return None
         meta = _metadata(self.loaded, imgsz, self.batch, self.attn_order, r.reparam, r.versions)
         hub = save_onnx(set_metadata(simp, meta), self.tmp / f"{r.model}.onnx")
         self.checkpoint("hub-graph")
         r.parity.append(ladder.onnx_hop("onnx-simplified", simp, fp32))
         record_artifact(r, "onnx", hub, "fp32", root=self.tmp)
-
-        for plan in self.plans:  # every requested target, generically through the TARGETS table
-            if r.hop(plan.hop()) is None:  # (the onnx fp32 artifact is the hub graph, already checked)
-                r.parity.append(self._target_hop(plan, hub, meta, ladder))
+        if self.store is not None and all(h.status == "passed" for h in r.parity):  # never share a failed hub
+            self.store.put(Hub(self.deploy, hub, self.raw, ladder.reference, copy.deepcopy(r.parity),
+                               copy.deepcopy(r.reparam), self.attn_order, self.loaded.weights,
+                               self.loaded.checkpoint_sha256, dict(self.loaded.overrides)))
+        return hub, meta, ladder
 
     def save_raw(self, folder: Path) -> None:
         """The unsimplified graph, for the quarantine of a failed run."""

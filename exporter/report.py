@@ -90,6 +90,13 @@ class Hop:
     # float64), "reference_noise", "noise_ratio", "top1_accuracy", "top5_accuracy", "problems"}; None otherwise.
     sets: dict | None = None
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "Hop":
+        d = dict(d)
+        d["metrics"] = Metrics(**d["metrics"]) if d.get("metrics") else None
+        d["tolerance"] = Tolerance(**d["tolerance"]) if d.get("tolerance") else None
+        return cls(**d)
+
 
 @dataclass
 class ArtifactEntry:
@@ -162,7 +169,7 @@ class Report:
 
     # ---- (de)serialization ---------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return _finite(asdict(self))
+        return finite(asdict(self))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, default=_json_default, allow_nan=False) + "\n"
@@ -178,13 +185,7 @@ class Report:
         d = dict(d)
         d["reparam"] = ReparamInfo(**d["reparam"])
         d["artifacts"] = {k: ArtifactEntry(**v) for k, v in d.get("artifacts", {}).items()}
-        hops = []
-        for h in d.get("parity", []):
-            h = dict(h)
-            h["metrics"] = Metrics(**h["metrics"]) if h.get("metrics") else None
-            h["tolerance"] = Tolerance(**h["tolerance"]) if h.get("tolerance") else None
-            hops.append(Hop(**h))
-        d["parity"] = hops
+        d["parity"] = [Hop.from_dict(h) for h in d.get("parity", [])]
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 
@@ -193,14 +194,14 @@ class Report:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 
-def _finite(o):
+def finite(o):
     """NaN/Inf become null: strict JSON has no spelling for them (the hop's reason says what happened)."""
     if isinstance(o, float) and not math.isfinite(o):
         return None
     if isinstance(o, dict):
-        return {k: _finite(v) for k, v in o.items()}
+        return {k: finite(v) for k, v in o.items()}
     if isinstance(o, (list, tuple)):
-        return [_finite(v) for v in o]
+        return [finite(v) for v in o]
     return o
 
 

@@ -3,6 +3,8 @@ ladder closes, and `reference_inputs` wired into the hops (an artifact that quan
 input does, is judged against the train-form on the quantized inputs)."""
 from __future__ import annotations
 
+import dataclasses
+import shutil
 import sys
 import types
 from pathlib import Path
@@ -10,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from vitedge.exporter import pipeline
 from vitedge.exporter.pipeline import export
 from vitedge.exporter.verify import parity
 from vitedge.targets import TARGETS
@@ -175,3 +178,32 @@ def test_a_device_runner_that_knows_its_mode_only_after_running_satisfies_mode_d
     emulated = parity("swiftformer_xs", art, target="quant", samples=6, imgsz=32, overrides=SWIFT, mode="device")
     assert emulated.hop("quant").status == "unverified" and "emulated" in emulated.hop("quant").reason
     assert CLOSED == ["quantizing fake"]  # released on the unverified path too
+
+
+class _MemoryHub:
+    """The smallest HubStore: one Hub in memory, its graph copied out of the build folder on `put`."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.hub = folder, None
+
+    def get(self):
+        return self.hub
+
+    def put(self, hub):
+        self.folder.mkdir()
+        self.hub = dataclasses.replace(hub, onnx_path=Path(shutil.copy(hub.onnx_path, self.folder / "hub.onnx")))
+
+
+def test_an_export_reusing_a_hub_builds_the_train_form_only_for_a_runner_that_changes_its_inputs(tmp_path,
+                                                                                                 monkeypatch):
+    store = _MemoryHub(tmp_path / "hub")
+    assert export("swiftformer_xs", "onnx", out=tmp_path / "first", hub=store, **FAST).exit_code == 0
+    built, real = [], pipeline.build_train_form
+    monkeypatch.setattr(pipeline, "build_train_form", lambda *a, **k: built.append(a) or real(*a, **k))
+
+    fp16 = export("swiftformer_xs", "onnx", precision="fp16", out=tmp_path / "fp16", hub=store, **FAST)
+    assert fp16.hop("onnx-fp16").status == "passed" and built == []  # the hub's reference serves the hop
+    quant = export("swiftformer_xs", "quant", out=tmp_path / "quant", hub=store, **FAST)
+    told = quant.hop("quant")
+    assert told.status == "passed" and told.metrics.max_rel < 1e-4, told.reason  # against the quantized inputs
+    assert len(built) == 1

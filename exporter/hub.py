@@ -1,0 +1,63 @@
+"""A verified hub, reusable across exports: what every target of one model at one size shares.
+
+`export(hub=store)` asks the store (a HubStore) for a Hub first. When it holds one, the export skips the train-
+form, the fold, the float64 gate, the ONNX export and onnxsim and their hops: the Hub's verified deploy-form,
+simplified ONNX, train-form reference and hop records take their place, and only the target hops run. The
+train-form itself is rebuilt only if a hop needs it (a runner that changes its inputs, `Runner.reference_inputs`).
+When the store holds none, the export builds the hub as usual and puts it there once every hop so far passed, so
+a failed hub is never shared. The caller keys the store by everything the hub depends on (`vitedge matrix`:
+exporter/matrix/cache.py `hub_key`).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import onnx
+import torch.nn as nn
+
+from .forms import Loaded
+from .report import Hop, ReparamInfo
+
+
+@dataclass
+class Hub:
+    """The verified deploy-form, the simplified hub ONNX (a file, with metadata) and the raw graph, the train-form
+    reference on the parity inputs, the hops that verified them (deploy-form, onnx, onnx-simplified) and the
+    train-form facts."""
+    deploy: nn.Module
+    onnx_path: Path
+    raw: onnx.ModelProto | None
+    reference: np.ndarray
+    hops: list                       # [Hop]
+    reparam: ReparamInfo
+    attn_order: str
+    weights: str
+    checkpoint_sha256: str | None
+    overrides: dict
+
+    def loaded(self, name: str) -> Loaded:
+        """The train-form facts of the export, with the deploy-form standing in for the train-form module (whose
+        size and input statistics it carries); the train-form is not built."""
+        return Loaded(self.deploy, name, self.weights, self.checkpoint_sha256, dict(self.overrides))
+
+    def check_fits(self, imgsz: int, samples: int) -> None:
+        """A store keyed wrongly would pass off another export's verdicts: refuse it loudly."""
+        if getattr(self.deploy, "reparam_imgsz", None) != imgsz or len(self.reference) != samples:
+            raise ValueError(f"the hub was built for size {getattr(self.deploy, 'reparam_imgsz', None)} and "
+                             f"{len(self.reference)} parity inputs, not {imgsz} and {samples}")
+
+    def hop_records(self) -> list[Hop]:
+        return copy.deepcopy(self.hops)
+
+
+class HubStore(Protocol):
+    """Where export(hub=...) finds a Hub to reuse (`get`; None: build it) and leaves the one it built (`put`,
+    called only when every hop so far passed). The Hub given to `put` points at the export's build folder, which
+    is renamed or removed when the export ends: a store copies the files it keeps during the call."""
+    def get(self) -> Hub | None: ...
+
+    def put(self, hub: Hub) -> None: ...
