@@ -2,7 +2,7 @@
 
 Public API (lazily imported so `vitedge --help` stays fast):
   create_model, list_models, load_checkpoint, make_trained_like, reparameterize, verify_equivalence,
-  export, parity, VitedgeError
+  export, parity, matrix, VitedgeError
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ _API = {
     "parity": "vitedge.exporter.verify",
     "load_deploy_checkpoint": "vitedge.exporter.deploy_checkpoint",
     "save_deploy_checkpoint": "vitedge.exporter.deploy_checkpoint",
+    "matrix": "vitedge.exporter.matrix",
 }
 
 __all__ = sorted(_API) + ["__version__"]

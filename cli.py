@@ -6,7 +6,7 @@ which and where); 2 bad usage or bad input (nothing written).
 Each subcommand is one `add_<name>(subparsers)` function that builds its parser and one `cmd_<name>(args)`
 that runs it; register new subcommands in SUBCOMMANDS.
 
-Length: one job, the command line: the parsers and printed outputs of six subcommands, kept together so
+Length: one job, the command line: the parsers and printed outputs of seven subcommands, kept together so
 that shared flags are defined once.
 """
 from __future__ import annotations
@@ -48,14 +48,21 @@ def _kv(text: str) -> tuple[str, object]:
         return key.strip(), value
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
+def _positive(cast: type, what: str):
+    """An argparse type: `cast(text)`, which must be > 0."""
+    def parse(text: str):
+        try:
+            v = cast(text)
+        except ValueError:
+            v = None
+        if v is None or not v > 0:
+            raise argparse.ArgumentTypeError(f"expected a positive {what}, got {text!r}")
+        return v
+    return parse
+
+
+_positive_int = _positive(int, "integer")
+_positive_float = _positive(float, "number")
 
 
 def _add_model_flags(p: argparse.ArgumentParser) -> None:
@@ -427,9 +434,49 @@ def cmd_package(args) -> int:
     return EXIT_OK
 
 
+# ---- matrix ---------------------------------------------------------------------------------------
+
+def add_matrix(sub) -> None:
+    p = sub.add_parser("matrix", help="export a plan of models x sizes x targets x precisions (cached; local "
+                                      "pool or Ray)",
+                       description="Run every cell of PLAN (YAML or TOML) through the export pipeline into "
+                                   "OUT/<model>/<imgsz>/<target>-<precision>/, reusing cached cells; writes "
+                                   "OUT/matrix.json and OUT/matrix.md. Exit codes: 0 every executed cell passed, "
+                                   "1 a cell failed or crashed (or is unverified, with --require-verified), "
+                                   "2 bad plan or usage (nothing written).")
+    p.add_argument("plan", help="plan file (.yaml, .yml, .toml or .json)")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--workers", type=_positive_int,
+                   help="local pool processes (default from the cores; intra-op threads = cores // workers); with "
+                        "--ray: most cells in flight")
+    p.add_argument("--ray", nargs="?", const=True, default=None, metavar="ADDRESS",
+                   help="run cells as Ray tasks: a new local Ray instance, or the cluster at ADDRESS "
+                        "(pip install 'vitedge[ray]')")
+    p.add_argument("--rebuild", action="store_true", help="ignore the cache: build every cell again")
+    p.add_argument("--dry-run", action="store_true", help="list the cells and which the cache holds; run nothing")
+    p.add_argument("--bench", action="store_true", help="time each passed cell's artifact on its own runtime")
+    p.add_argument("--cache", help="cache folder (default OUT/.cache); may be a shared path for CI runs and drivers")
+    p.add_argument("--resource-timeout", type=_positive_float, default=300.0, metavar="S",
+                   help="with --ray: how long a cell waits for a node with its resources (GPU, sm_XY, macos) "
+                        "before it is reported unverified (default 300)")
+    p.add_argument("--require-verified", action="store_true", help="exit 1 if any cell is unverified")
+    p.set_defaults(func=cmd_matrix)
+
+
+def cmd_matrix(args) -> int:
+    from vitedge.exporter.matrix import matrix
+    from vitedge.exporter.matrix.results import format_dry_run, format_summary
+
+    result = matrix(args.plan, out=args.out, workers=args.workers, ray=args.ray, rebuild=args.rebuild,
+                    dry_run=args.dry_run, bench=args.bench, cache=args.cache, resource_timeout=args.resource_timeout,
+                    require_verified=args.require_verified, progress=not args.quiet)
+    print(format_dry_run(result) if args.dry_run else format_summary(result))
+    return result.exit_code
+
+
 # ---- entry point ----------------------------------------------------------------------------------
 
-SUBCOMMANDS = [add_models, add_export, add_parity, add_reparam, add_bench, add_package]
+SUBCOMMANDS = [add_models, add_export, add_parity, add_reparam, add_bench, add_package, add_matrix]
 
 
 def build_parser() -> argparse.ArgumentParser:

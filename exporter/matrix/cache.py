@@ -1,0 +1,195 @@
+"""The content-addressed matrix cache: keys, entries, and the plan-resolution memo. Imports no torch.
+
+A cell's key is the sha256 of a canonical JSON of everything that shapes its artifact and its verdict: the
+checkpoint's sha256 (or "untrained"), model, `set` overrides, size, batch, opset, rewrites, attention order,
+target, precision, target options (a labels file by its sha256), tolerances and parity set (samples), the
+CoreML verification mode, the vitedge version and a digest of its source and package data (a development
+checkout changes without a version bump), Python, and the versions of the packages that shape the artifact (torch, numpy,
+onnx, onnxruntime, onnxsim, plus coremltools / tensorrt for their targets). A TensorRT key also holds the GPU
+architecture and the TensorRT version; a TensorRT cell with either unknown (no `trt_arch`, no
+`tensorrt_version` and no local TensorRT) is never cached. `--bench` cells are keyed apart (their latency is
+part of the entry).
+
+Layout under the cache root (safe to share between drivers and CI runs: every write is a rename):
+  plans/<key>.json          a validated plan resolved into cells (so a cached re-run needs no registry)
+  cells/<kk>/<key>/cell/    the cell's export output folder;  .../entry.json  its status and key inputs
+  hubs/<kk>/<key>/          a verified deploy-form + hub ONNX shared by the cells of one model and size
+Only entries whose status is "passed" are ever looked up: a failed cell is never reused as passed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ...targets.base import sha256_file
+from ..report import versions
+from .plan import Cell
+
+SCHEMA = 1
+BASE_PACKAGES = ("torch", "numpy", "onnx", "onnxruntime", "onnxsim")
+TARGET_PACKAGES = {"onnx": (), "coreml": ("coremltools",), "tensorrt": ("tensorrt",)}
+_SOURCE_SKIP = {"tests", "benchmarks", "scripts", "examples", "docs", "runs", "build"}
+_PACKAGE_DATA = ("exporter/photos",)
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
+
+
+def source_digest() -> str:
+    """sha256 over vitedge's own .py files (not tests or benchmarks) and the package data that shapes verdicts
+    (the natural parity set's photos): a change to either is a new toolchain."""
+    root = Path(__file__).resolve().parents[2]
+    h = hashlib.sha256()
+    data = [p for d in _PACKAGE_DATA if (root / d).is_dir() for p in (root / d).rglob("*") if p.is_file()]
+    for p in sorted([*root.rglob("*.py"), *data]):
+        rel = p.relative_to(root)
+        if rel.parts[0] in _SOURCE_SKIP or any(part.startswith(".") for part in rel.parts):
+            continue
+        h.update(str(rel).encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+@dataclass
+class Env:
+    """What this driver knows of the toolchain (read from package metadata: no imports)."""
+    versions: dict = field(default_factory=versions)
+    source: str = field(default_factory=source_digest)
+    _shas: dict = field(default_factory=dict)
+
+    def file_sha(self, path: str) -> str:
+        st = os.stat(path)
+        memo = (path, st.st_size, st.st_mtime_ns)
+        if memo not in self._shas:
+            self._shas[memo] = sha256_file(path)
+        return self._shas[memo]
+
+    def common(self, packages) -> dict:
+        return {"schema": SCHEMA, "vitedge": self.versions.get("vitedge"), "vitedge_source": self.source,
+                "python": ".".join(platform.python_version_tuple()[:2]),
+                "toolchain": {p: self.versions.get(p) for p in packages}}
+
+
+def _weights(cell: Cell, env: Env) -> dict:
+    return {"model": cell.model, "checkpoint_sha256": env.file_sha(cell.checkpoint) if cell.checkpoint else None,
+            "weights": "checkpoint" if cell.checkpoint else "untrained", "overrides": cell.overrides}
+
+
+def hub_key(cell: Cell, env: Env) -> tuple[str, dict]:
+    """The shared deploy-form + hub ONNX of a model at one size: everything before the target."""
+    inputs = {"kind": "hub", **env.common(BASE_PACKAGES), **_weights(cell, env), "imgsz": cell.imgsz,
+              "batch": cell.batch, "opset": cell.opset, "rewrites": cell.rewrites, "attn_order": cell.attn_order,
+              "samples": cell.samples, "tolerance_fp32": cell.tolerances.get("fp32", {})}
+    return _digest(inputs), inputs
+
+
+def cell_key(cell: Cell, env: Env, bench: bool = False) -> tuple[str, dict, str | None]:
+    """(key, its inputs, why the cell is not cacheable or None)."""
+    packages = BASE_PACKAGES + TARGET_PACKAGES.get(cell.target, tuple(k for k in env.versions if k not in
+                                                                       ("vitedge", "python", "platform")))
+    options = dict(cell.options)
+    if options.get("labels"):
+        options["labels"] = {"sha256": env.file_sha(options["labels"])}
+    inputs = {"kind": "cell", **env.common(packages), **_weights(cell, env), "imgsz": cell.imgsz,
+              "batch": cell.batch, "opset": cell.opset, "rewrites": cell.rewrites, "attn_order": cell.attn_order,
+              "target": cell.target, "precision": cell.precision, "options": options,
+              "tolerances": cell.tolerances, "samples": cell.samples, "coreml_mode": cell.coreml_mode,
+              "bench": bool(bench)}
+    uncacheable = None
+    if cell.target == "tensorrt":
+        inputs["toolchain"].pop("tensorrt", None)  # held below, as pinned by the plan
+        trt = {"arch": cell.trt_arch, "tensorrt": cell.tensorrt_version or env.versions.get("tensorrt")}
+        inputs["tensorrt"] = trt
+        if trt["arch"] is None or trt["tensorrt"] is None:
+            uncacheable = ("TensorRT cell without a pinned GPU architecture (trt_arch) and TensorRT version "
+                           "(tensorrt_version, or tensorrt installed where the matrix runs): not cached")
+    return _digest(inputs), inputs, uncacheable
+
+
+def trt_mismatch(cell: Cell, inputs: dict, report: dict | None) -> str | None:
+    """Why a built TensorRT engine does not match its key (other GPU arch or TensorRT version), else None."""
+    want = inputs.get("tensorrt")
+    if not want or not report:
+        return None
+    info = ((report.get("artifacts") or {}).get("tensorrt") or {}).get("info") or {}
+    built = info.get("versions") or {}
+    cc = built.get("compute_capability")
+    if want["arch"] and cc and want["arch"] != "sm_" + str(cc).replace(".", ""):
+        return f"built on compute capability {cc}, the cell asks for {want['arch']}"
+    ver = built.get("tensorrt") or (report.get("versions") or {}).get("tensorrt")
+    if want["tensorrt"] and ver and not str(ver).startswith(str(want["tensorrt"])):
+        return f"built with TensorRT {ver}, the cell's key pins {want['tensorrt']}"
+    return None
+
+
+def toolchain_drift(inputs: dict, report: dict | None) -> str | None:
+    """Why a cell built elsewhere (a Ray node) is not cached under its key: the versions its report records
+    differ from the driver's, which the key holds. None when they agree."""
+    built = (report or {}).get("versions") or {}
+    want = {"vitedge": inputs.get("vitedge"), **inputs.get("toolchain", {})}
+    diff = [f"{p} {built[p]} (here {v})" for p, v in want.items() if p in built and built[p] != v]
+    return f"not cached: built with {', '.join(diff)}" if diff else None
+
+
+class Cache:
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    # -- plan memo ------------------------------------------------------------------------------------
+    def plan_path(self, key: str) -> Path:
+        return self.root / "plans" / f"{key}.json"
+
+    def get_plan(self, key: str) -> dict | None:
+        try:
+            return json.loads(self.plan_path(key).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def put_plan(self, key: str, resolved: dict) -> None:
+        _write_json(self.plan_path(key), resolved)
+
+    # -- cells ----------------------------------------------------------------------------------------
+    def cell_dir(self, key: str) -> Path:
+        return self.root / "cells" / key[:2] / key
+
+    def cell_output(self, key: str) -> Path:
+        """Where a cell's export output lives in the cache (a worker with this filesystem exports into it)."""
+        return self.cell_dir(key) / "cell"
+
+    def lookup(self, key: str) -> dict | None:
+        """The entry of a passed cell with this key, or None (failed, unverified or absent entries never hit)."""
+        d = self.cell_dir(key)
+        try:
+            entry = json.loads((d / "entry.json").read_text())
+        except (OSError, ValueError):
+            return None
+        if entry.get("key") != key or entry.get("status") != "passed" or not (d / "cell" / "report.json").is_file():
+            return None
+        return entry
+
+    def record(self, key: str, entry: dict) -> None:
+        """Write a cell's entry.json (last, so that an entry is complete or absent)."""
+        _write_json(self.cell_dir(key) / "entry.json", {"key": key, "recorded": time.time(), **entry})
+
+    def drop(self, key: str) -> None:
+        """Forget a cell (its entry first, so a half-removed folder is never an entry)."""
+        d = self.cell_dir(key)
+        (d / "entry.json").unlink(missing_ok=True)
+        shutil.rmtree(d, ignore_errors=True)
+
+    # -- hubs -----------------------------------------------------------------------------------------
+    def hub_dir(self, key: str) -> Path:
+        return self.root / "hubs" / key[:2] / key
+
+
+def _write_json(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)

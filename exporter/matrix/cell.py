@@ -1,0 +1,96 @@
+"""One matrix cell, run by a worker (a local pool process or a Ray task): `vitedge export` of one model at one
+size to one target and precision, parity ladder included, plus its latency with `--bench`.
+
+Nothing raised by a cell escapes: bad input and crashes come back as status "error" with the message and
+the traceback (Ctrl-C excepted), so one cell never stops the others.
+"""
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from pathlib import Path
+
+from .plan import Cell
+from .status import cell_status
+
+BENCH_WARMUP_S, BENCH_MIN_ITERS, BENCH_MAX_S = 0.3, 20, 2.0
+
+
+def configure_threads(threads: int) -> None:
+    """Intra-op threads of this worker (torch and ONNX Runtime sessions), so workers x threads <= cores."""
+    from ...targets.ort import THREADS_ENV
+
+    os.environ[THREADS_ENV] = str(threads)
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def run_cell(cell: dict, out: str, hub: str | None = None, bench: bool = False) -> dict:
+    """Export `cell` into the folder `out` (atomic, replaced if present). `hub`: a folder holding (or to hold)
+    the verified deploy-form and hub ONNX shared by the cells of this model and size.
+
+    Returns {"status", "reason", "report" (dict or None), "traceback", "seconds", "latency", "hub_stored"}.
+    """
+    t0 = time.perf_counter()
+    c = Cell.from_dict(cell)
+    result = {"status": "error", "reason": None, "report": None, "traceback": None, "latency": None,
+              "hub_stored": False}
+    try:
+        report = _export(c, Path(out), Path(hub) if hub else None)
+        result["report"] = report.to_dict()
+        result["status"], result["reason"] = cell_status(result["report"], c)
+        result["hub_stored"] = bool(hub) and (Path(hub) / "hub.json").is_file()
+        if bench and result["status"] == "passed":
+            result["latency"] = _latency(c, report, Path(out))
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001  (SystemExit from a library, too: the other cells go on)
+        from ...errors import VitedgeError
+
+        first = (str(e).strip().splitlines() or [""])[0]
+        result["reason"] = first if isinstance(e, VitedgeError) else f"{type(e).__name__}: {first}"
+        result["traceback"] = traceback.format_exc()
+    result["seconds"] = round(time.perf_counter() - t0, 3)
+    return result
+
+
+def _export(c: Cell, out: Path, hub: Path | None):
+    from ..pipeline import export
+    from ..progress import QUIET
+
+    kw = {}
+    if hub is not None:
+        from .hub import FolderHub
+
+        kw["hub"] = FolderHub(hub)
+    return export(c.model, c.target, checkpoint=c.checkpoint, imgsz=c.imgsz, batch=c.batch, opset=c.opset,
+                  precision=c.precision, out=out, force=True, attn_order=c.attn_order, samples=c.samples,
+                  tolerances=c.tolerances or None, overrides=c.overrides, options=c.options, progress=QUIET,
+                  rewrites=c.rewrites, **kw)
+
+
+def _latency(c: Cell, report, out: Path) -> dict:
+    """p50 etc. of the cell's artifact on its own runtime; an emulated runtime is not a latency measurement."""
+    from ...models.registry import get_spec
+    from ...targets import Artifact, get_target
+    from ...targets.ort import THREADS_ENV
+    from ..inputs import parity_inputs
+    from ..latency import summarize, time_loop
+    from ..target_plans import artifact_key
+
+    key = artifact_key(c.hop)
+    entry = report.artifacts.get(key)
+    if entry is None:
+        return {"p50_ms": None, "reason": f"no {key} artifact"}
+    spec = get_spec(c.model)
+    x = parity_inputs(c.batch, c.imgsz, seed=1, mean=spec.mean, std=spec.std).numpy()
+    with get_target(c.target).runner(Artifact(c.target, out / entry.path, c.precision)) as runner:
+        runner.run(x)  # a device runner knows its mode once it has predicted
+        if runner.mode != "device":
+            return {"p50_ms": None, "reason": f"{runner.backend} runs {runner.mode}: not a latency measurement"}
+        stats = summarize(time_loop(lambda: runner.run(x), BENCH_WARMUP_S, BENCH_MIN_ITERS, BENCH_MAX_S), c.batch)
+        backend = runner.backend
+    return {**stats.to_dict(), "backend": backend, "threads": int(os.environ.get(THREADS_ENV) or 0),
+            "host": os.uname().nodename}

@@ -1,0 +1,88 @@
+"""Atomic cell folders: copy a cached cell into DIR, commit a built folder, pack one for Ray's object store.
+
+Every cell folder under DIR is built in a hidden sibling (exporter/outdir.py names it after its process) and
+renamed into place in one step, as `vitedge export` does, so a killed matrix leaves each cell complete-old,
+complete-new or absent. `.matrix-key` inside a cell folder names the cache entry it holds; a folder without
+it (a crashed cell's traceback, a copy interrupted before the key was known) is rebuilt or re-copied.
+"""
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import tarfile
+from pathlib import Path
+
+from .. import outdir
+
+KEY_FILE = ".matrix-key"
+TRACEBACK = "traceback.txt"
+
+
+def current_key(dest: Path) -> str | None:
+    """The cache key of the intact cell folder `dest` (its report and every artifact it lists present), or None."""
+    dest = Path(dest)
+    try:
+        key = (dest / KEY_FILE).read_text().strip()
+        report = json.loads((dest / "report.json").read_text())
+    except (OSError, ValueError):
+        return None
+    intact = all((dest / a["path"]).exists() for a in (report.get("artifacts") or {}).values())
+    return key if key and intact else None
+
+
+def _fill(dest: Path, fill) -> None:
+    """Build `dest` in a fresh hidden sibling with `fill(tmp)`, then commit it; nothing partial on any error."""
+    dest = Path(dest)
+    outdir.recover(dest)  # siblings a killed run left behind
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = outdir.sibling(dest, "tmp")
+    try:
+        fill(tmp)
+        outdir.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def materialize(src: Path, dest: Path, key: str) -> None:
+    """Put a copy of the cached cell folder `src` at `dest` (report.json's out_dir rewritten to `dest`)."""
+    def fill(tmp: Path) -> None:
+        # copies, not hard links: an artifact edited in place in DIR must never change the cache's copy
+        shutil.copytree(src, tmp)
+        report = tmp / "report.json"
+        if report.is_file():
+            data = json.loads(report.read_text())
+            data["out_dir"] = str(dest)
+            report.write_text(json.dumps(data, indent=2) + "\n")
+        (tmp / KEY_FILE).write_text(key + "\n")
+
+    _fill(dest, fill)
+
+
+def write_error(dest: Path, text: str) -> None:
+    """A crashed cell's folder: its traceback only (no report: the export never finished)."""
+    def fill(tmp: Path) -> None:
+        tmp.mkdir()
+        (tmp / TRACEBACK).write_text(text)
+
+    _fill(dest, fill)
+
+
+def pack(folder: Path) -> bytes:
+    """A folder as tar bytes (a Ray worker on another node sends its output back through the object store)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for p in sorted(Path(folder).rglob("*")):
+            tar.add(p, arcname=str(p.relative_to(folder)), recursive=False)
+    return buf.getvalue()
+
+
+def unpack(data: bytes, dest: Path) -> None:
+    """Unpack `pack()` bytes as the folder `dest`, atomically (replacing what was there)."""
+    def fill(tmp: Path) -> None:
+        tmp.mkdir()
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
+            tar.extractall(tmp, filter="data")  # refuses absolute paths, .. and links out of the folder
+
+    _fill(dest, fill)

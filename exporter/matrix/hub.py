@@ -1,0 +1,89 @@
+"""The shared hub of one model at one size, as a folder of the matrix cache (cache.py: hubs/<key>/), behind the
+export pipeline's HubStore interface: the first cell of a group builds it (`put`), the others reuse it (`get`).
+
+Files: deploy.pth (a deploy-form checkpoint: tensors and plain metadata, loaded with the restricted
+unpickler, so a shared cache never runs code from its files), hub.onnx (the simplified, verified fp32 graph
+with its metadata), raw.onnx (the unsimplified graph, for a failed cell's quarantine), reference.npy (the
+train-form logits on the parity inputs), hub.json (the verified hops and re-parameterization facts; written
+last: a folder without it is not a hub). The folder is built in a hidden sibling and renamed into place.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from ..deploy_checkpoint import load_deploy_checkpoint, save_deploy_checkpoint
+from ..hub import Hub
+from ..report import Hop, ReparamInfo
+from .. import outdir
+
+FORMAT = "vitedge-hub/1"
+META = "hub.json"
+
+
+class FolderHub:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def get(self) -> Hub | None:
+        try:
+            meta = json.loads((self.path / META).read_text())
+        except (OSError, ValueError):
+            return None
+        if meta.get("format") != FORMAT:
+            return None
+        try:
+            raw = self.path / "raw.onnx"
+            return Hub(deploy=load_deploy_checkpoint(self.path / "deploy.pth"), onnx_path=self.path / "hub.onnx",
+                       raw=onnx.load(str(raw)) if raw.is_file() else None,
+                       reference=np.load(self.path / "reference.npy"),
+                       hops=[Hop.from_dict(h) for h in meta["hops"]], reparam=ReparamInfo(**meta["reparam"]),
+                       attn_order=meta["attn_order"], weights=meta["weights"],
+                       checkpoint_sha256=meta["checkpoint_sha256"], overrides=meta["overrides"])
+        except Exception:  # noqa: BLE001  (a damaged hub is rebuilt, never trusted)
+            shutil.rmtree(self.path, ignore_errors=True)
+            return None
+
+    def put(self, hub: Hub) -> None:
+        if (self.path / META).is_file():
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        outdir.recover(self.path)
+        tmp = outdir.sibling(self.path, "tmp")
+        try:
+            tmp.mkdir()
+            save_deploy_checkpoint(hub.deploy, tmp / "deploy.pth", attn_order=hub.attn_order,
+                                   checkpoint_sha256=hub.checkpoint_sha256)
+            shutil.copyfile(hub.onnx_path, tmp / "hub.onnx")
+            if hub.raw is not None:
+                onnx.save(hub.raw, str(tmp / "raw.onnx"))
+            np.save(tmp / "reference.npy", hub.reference)
+            meta = {"format": FORMAT, "hops": [_plain(h) for h in hub.hops],
+                    "reparam": _plain(hub.reparam), "attn_order": hub.attn_order, "weights": hub.weights,
+                    "checkpoint_sha256": hub.checkpoint_sha256, "overrides": hub.overrides}
+            (tmp / META).write_text(json.dumps(meta, indent=1, default=_json) + "\n")
+            try:
+                os.rename(tmp, self.path)
+            except OSError:  # another cell stored this hub first: keep theirs
+                pass
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _plain(obj) -> dict:
+    from dataclasses import asdict
+
+    from ..report import finite
+
+    return finite(asdict(obj))
+
+
+def _json(o):
+    if hasattr(o, "item"):
+        return o.item()
+    raise TypeError(f"not JSON serializable: {type(o).__name__}")
