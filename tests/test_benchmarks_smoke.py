@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-SCRIPTS = ("attention_order", "export_time", "deploy_speed", "exporters")
+SCRIPTS = ("attention_order", "export_time", "deploy_speed", "exporters", "matrix_scale")
 TIMEOUT_S = 600  # a generous ceiling for a busy shared machine; on a quiet one all take well under a minute
 CI_RE = re.compile(r"\d+\.\d+x \(95% CI \d+\.\d+-\d+\.\d+, \d+ pairs\)")
 MACHINE_KEYS = {"cpu", "cores", "date", "load_start", "load_end", "load_note"}
@@ -137,6 +137,19 @@ def test_exporters_quick(runs):
         cell = m["cells"][0]
         assert set(cell["latency"]) == {f"{e}-{f}" for e in ("dynamo", "torchscript") for f in ("raw", "simplified")}
         assert cell["baseline"].startswith("torchscript") and "torchscript-best/dynamo-best" in cell["speedups"]
+
+
+def test_matrix_scale_quick(runs):
+    lines, data = _result(runs, "matrix_scale")
+    tail = _tail_after(lines, "ratios and figures")
+    assert sum(bool(CI_RE.search(ln)) for ln in tail) == 2  # local1/local2 and ray2/local2
+    assert any(ln.strip().startswith(("PASS:", "MISS:")) for ln in tail)
+    assert data["settings"]["cells"] == 2 and set(data["runs"]) == {"local1", "local2", "ray2", "cached"}
+    for name in ("local1", "local2", "ray2"):
+        assert all(r["cells"] == 2 and r["wall_s"] > 0 for r in data["runs"][name])
+    cached = data["runs"]["cached"][0]
+    assert cached["exit_code"] == 0 and cached["imported_torch"] is False  # the cached re-run needs no torch
+    assert data["targets"][0]["status"] in ("PASS", "MISS")
 
 
 # ---- the logic, on synthetic numbers ----------------------------------------------------------------------
