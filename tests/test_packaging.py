@@ -61,8 +61,11 @@ def test_ci_installs_pinned_versions_inside_the_declared_ranges():
             name, _, version = line.partition("==")
             pins[canonicalize_name(name)] = version
     assert pins["torch"] == "2.13.0"  # the CPU wheel CI installs
-    for name, spec in _core(_project()["dependencies"]).items():
-        assert name in pins and spec.contains(pins[name], prereleases=True), (name, spec, pins.get(name))
+    for r in map(Requirement, _project()["dependencies"]):
+        if r.marker is not None and not r.marker.evaluate({"extra": ""}):
+            continue  # e.g. tomli on Python < 3.11: not installed where CI runs
+        name = canonicalize_name(r.name)
+        assert name in pins and r.specifier.contains(pins[name], prereleases=True), (name, r.specifier, pins.get(name))
     for package, extra in OPTIONAL.items():
         if extra in ("hub", "plot"):  # the extras CI installs
             assert package in pins, package
