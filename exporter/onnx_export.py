@@ -2,6 +2,8 @@
 
 The `vitedge.*` metadata_props helpers live one layer down (vitedge.targets.graph.metadata): the targets read them.
 
+onnxsim runs through `onnx_simplify`, which keeps every ONNX Runtime fusion of the raw graph.
+
 The graph has one input `image` (float32 NCHW, already normalized with the model's mean/std) and one
 output `logits`. Every graph we keep passed `onnx.checker` (full check) and strict shape inference.
 
@@ -176,12 +178,26 @@ def check_onnx(model: onnx.ModelProto) -> onnx.ModelProto:
     return inferred
 
 
-def simplify_onnx(model: onnx.ModelProto) -> onnx.ModelProto:
-    """onnxsim (constant folding + graph rewrites), then the same checks as the raw export."""
+def simplify_onnx(model: onnx.ModelProto, keep_fusions: bool = True) -> onnx.ModelProto:
+    """onnxsim (constant folding + graph rewrites), then the same checks as the raw export.
+
+    `keep_fusions` (default): never lose one of ONNX Runtime's fusions of `model` (see
+    `onnx_simplify.simplify_keeping_fusions`, which also returns the fused-op counts); False: onnxsim as is,
+    the graph a user gets the usual way (the benchmarks' baseline).
+    """
+    if keep_fusions:
+        from .onnx_simplify import simplify_keeping_fusions
+
+        return simplify_keeping_fusions(model)[0]
+    return run_onnxsim(model)
+
+
+def run_onnxsim(model: onnx.ModelProto, skipped_optimizers: list[str] | None = None) -> onnx.ModelProto:
+    """onnxsim as is (optionally with some of its optimizer passes skipped), then `check_onnx`."""
     import onnxsim
 
     try:
-        simplified, ok = onnxsim.simplify(model)
+        simplified, ok = onnxsim.simplify(model, skipped_optimizers=skipped_optimizers)
     except Exception as e:
         raise OnnxExportError(f"onnxsim failed: {type(e).__name__}: {_first_line(e)}") from e
     if not ok:
