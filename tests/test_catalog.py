@@ -38,7 +38,8 @@ NAMES = sorted(MEASURED_GMACS) + ["sima_nano_12_p8", "sima_tiny_12_p8"]
 
 @pytest.fixture(scope="module")
 def table() -> dict[str, dict]:
-    return {row["name"]: row for row in model_table(NAMES)}
+    # counted live: these tests check the counter itself, not the shipped table
+    return {row["name"]: row for row in model_table(NAMES, live=True)}
 
 
 def test_rows_have_all_columns(table):
@@ -50,7 +51,34 @@ def test_rows_have_all_columns(table):
 
 def test_default_table_lists_every_registered_model(monkeypatch):
     monkeypatch.setattr(catalog, "_row", lambda name: (name, "f", 1, 1.0, 224, "any"))  # listing only, no counting
-    assert [row["name"] for row in model_table()] == list_models()
+    assert [row["name"] for row in model_table(live=True)] == list_models()
+    assert [row["name"] for row in model_table()] == list_models()  # the shipped table too
+
+
+def test_shipped_table_is_current_and_equals_the_live_computation(table):
+    """`vitedge models` reads models/catalog.json: it must be keyed to these sources and match a live count
+    of every registered model (the speed of reading it is benchmarks' business, not a test's)."""
+    stored = catalog.stored_table()
+    assert stored is not None, ("models/catalog.json is missing or stale for these model sources: regenerate it "
+                                "with `python -m vitedge.models.catalog --write` and commit it")
+    assert sorted(stored) == list_models()
+    for name in list_models():
+        live = table[name] if name in table else dict(zip(COLUMNS, catalog._row(name)))
+        assert stored[name] == live, name
+
+
+def test_a_stale_table_is_never_used(monkeypatch, tmp_path):
+    stale = tmp_path / "catalog.json"
+    stale.write_text(catalog.TABLE_FILE.read_text().replace(catalog.table_key(), "0" * 64))
+    monkeypatch.setattr(catalog, "TABLE_FILE", stale)
+    catalog.stored_table.cache_clear()
+    try:
+        assert catalog.stored_table() is None
+        monkeypatch.setattr(catalog, "_row", lambda name: (name, "live", 1, 1.0, 224, "any"))
+        assert {r["family"] for r in model_table(["swiftformer_xs"])} == {"live"}
+    finally:
+        monkeypatch.undo()
+        catalog.stored_table.cache_clear()
 
 
 @pytest.mark.parametrize("name", sorted(MEASURED_GMACS))
