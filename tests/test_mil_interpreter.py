@@ -80,6 +80,32 @@ def test_gelu_matches_torch(mode, approx):
     close(run_op("gelu", x=x, mode=mode)[0], ref, rtol=1e-6, atol=1e-12)
 
 
+@pytest.mark.parametrize("op_type,mode", [("gelu", "EXACT"), ("gelu", "TANH_APPROXIMATION"),
+                                          ("gelu", "SIGMOID_APPROXIMATION"), ("erf", None)])
+def test_fp16_lookup_tables_are_bit_identical_to_the_direct_kernels(op_type, mode):
+    """gelu/erf of an fp16-exact tensor come from a table over all 65536 fp16 values: every result must be the
+    direct float64 kernel's, bit for bit; a tensor that is not fp16-exact is computed directly."""
+    from vitedge.targets import mil_ops
+
+    def direct(x):
+        a = OpArgs(op_type, "t", {"x": x, "mode": mode}, ["fp16"])
+        with np.errstate(all="ignore"):
+            return mil_ops._gelu(x, a) if op_type == "gelu" else mil_ops._erf(x).astype(np.float32)
+
+    every = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    x = RNG.permutation(every).reshape(16, 64, 64)  # every fp16 value (inf, subnormals, NaN included), shuffled
+    kw = {"mode": mode} if mode else {}
+    got, want = run_op(op_type, ("fp16",), x=x, **kw)[0], direct(x)
+    assert got.dtype == np.float32 and got.shape == x.shape
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+    off_grid = (RNG.standard_normal((8, 1024)) * 3).astype(np.float32)  # not fp16-exact: the direct path
+    np.testing.assert_array_equal(run_op(op_type, ("fp32",), x=off_grid, **kw)[0].view(np.uint32),
+                                  direct(off_grid).view(np.uint32))
+
+
 def test_unary_defaults_follow_mil():
     x = np.abs(RNG.standard_normal(50)).astype(np.float32) + 0.1
     close(run_op("rsqrt", x=x)[0], 1 / np.sqrt(x + 1e-12), rtol=1e-6)
