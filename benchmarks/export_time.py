@@ -1,33 +1,36 @@
-"""Wall time of the whole export pipeline (`vitedge.export`) per target, for one small model per family.
+"""Wall time of the export pipeline: the README's main job phase by phase, `vitedge models`, and per target.
 
-Each run is the full pipeline a user gets: train-form build, re-parameterization, the float64
-equivalence gate, ONNX export + onnxsim, the target's lowering, and the parity hop after every step.
-Targets: onnx (fp32), onnx fp16, coreml (off macOS its hop runs on the numpy MIL interpreter, "emulated"),
-tensorrt (timed only where it can run; otherwise listed unavailable with the reason). The targets of one
-model are run interleaved, round by round; each run is split into the pipeline's own progress steps and
-the report's per-hop `seconds`. Ratios: each target's wall time over the onnx fp32 pipeline's.
+1. **The main job**, exactly as the README runs it (`vitedge export --model swiftformer_xs --target
+   onnx,coreml --out DIR`, default settings, 256 parity inputs), in a fresh process per run, median of
+   `--main-repeats` (3) runs with the 1-min load average recorded beside each. Each run is split into phases:
+   the pipeline's own progress steps (train-form build, re-parameterization, float64 gate, reference runs,
+   every hop, ONNX export, onnxsim, lowering) plus sub-phases timed by wrapping the functions that do them
+   (demo weights, parity inputs, torch.jit.trace, CoreML conversion, MIL program load and interpreter run,
+   report write, commit), found by identity in every loaded vitedge/coremltools module so that a module
+   reorganisation moves nothing; what no phase covers (imports, the CLI summary) is listed as the remainder.
+2. **`vitedge models`**, as a user starts it (a fresh process), median of 3.
+3. **Per target** for one small model per family: onnx (fp32), onnx fp16, coreml (off macOS its hop runs on
+   the numpy MIL interpreter, "emulated"), tensorrt (timed only where it can run), interleaved round by
+   round with `--samples` (4) parity inputs; ratios: each target's wall time over the onnx fp32 pipeline's.
 
-Parity samples: the pipeline default is 256 parity inputs; here `--samples` (default 4) keeps the run to
-minutes, and every per-sample stage is listed so its cost can be scaled.
-
-    python benchmarks/export_time.py [--quick] [--samples N] [--repeats N] [--out FILE]
+    python benchmarks/export_time.py [--quick] [--main-repeats N] [--samples N] [--repeats N] [--out FILE]
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+import io
+import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import torch
-
-import _common as C
-from vitedge.exporter import latency
-from vitedge.exporter.pipeline import export
-from vitedge.exporter.progress import Progress
-from vitedge.exporter.target_plans import resolve_targets
-from vitedge.models import list_models
+from vitedge.exporter.progress import Progress  # light: the child process times the heavy imports
 
 MODELS = ("swiftformer_xs", "slab_deit_tiny", "sima_nano_12_p16")  # one small model per family
 QUICK_MODELS = ("swiftformer_xs",)
@@ -35,12 +38,27 @@ QUICK_MODELS = ("swiftformer_xs",)
 RUNS = (("onnx", "onnx", "fp32"), ("onnx-fp16", "onnx", "fp16"), ("coreml", "coreml", None),
         ("tensorrt", "tensorrt", None))
 QUICK_IMGSZ = {"swiftformer_xs": 64, "sima_nano_12_p16": 64}  # reduced configs at small sizes (SLAB: 224 only)
+MAIN_JOB = ["export", "--model", "swiftformer_xs", "--target", "onnx,coreml"]  # + --out DIR (the README's job)
+MAIN_JOB_QUICK = ["--imgsz", "64", "--samples", "8", "--set", "layers=[1,1,2,1]", "--set", "embed_dims=[16,24,32,48]",
+                  "--set", "num_classes=10"]  # _common.REDUCED's swiftformer_xs
+# Sub-phases: (label, module, attribute path), wrapped wherever the function object is referenced.
+SUB_PHASES = (
+    ("demo weights (make_trained_like)", "vitedge.models.trained_like", "make_trained_like"),
+    ("parity inputs (parity_inputs)", "vitedge.exporter.inputs", "parity_inputs"),
+    ("torch.jit.trace", "torch.jit", "trace"),
+    ("CoreML conversion (coremltools.convert)", "coremltools", "convert"),
+    ("MIL program load", "vitedge.targets.mil_interpreter", "load_program"),
+    ("MIL interpreter run", "vitedge.targets.mil_interpreter", "MILProgram.run"),
+    ("report.json write", "vitedge.exporter.report", "Report.write"),
+    ("commit (tmp -> out)", "vitedge.exporter.pipeline", "_commit"),
+    ("commit (tmp -> out)", "vitedge.exporter.outdir", "_commit"),
+)
 
 
 class StepTimes(Progress):
     """The pipeline's progress hook, recording every step's wall time instead of printing it."""
 
-    def __init__(self):
+    def __init__(self, *args, **kwargs):
         super().__init__(enabled=False)
         self.steps: list[tuple[str, float]] = []
 
@@ -52,6 +70,161 @@ class StepTimes(Progress):
         finally:
             self.steps.append((label, time.perf_counter() - t0))
 
+
+# ---- 1. the main job, in a child process -------------------------------------------------------------
+
+class _SubPhases:
+    """Timing wrappers around SUB_PHASES' functions, installed wherever the function object is referenced."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self.missing: list[str] = []
+
+    def install(self) -> None:
+        import importlib
+
+        for label, module, attr in SUB_PHASES:
+            try:
+                owner = importlib.import_module(module)
+            except ImportError:
+                self.missing.append(f"{module}.{attr}")
+                continue
+            *path, name = attr.split(".")
+            for p in path:
+                owner = getattr(owner, p, None)
+            fn = getattr(owner, name, None) if owner is not None else None
+            if fn is None:
+                self.missing.append(f"{module}.{attr}")
+                continue
+            wrapped = self._wrap(label, fn)
+            if path:  # a method: patch the class
+                setattr(owner, name, wrapped)
+                continue
+            for mod in list(sys.modules.values()):  # every `from x import fn` copy too
+                if getattr(mod, "__name__", "").split(".")[0] in ("vitedge", "coremltools", "torch"):
+                    for k, v in list(vars(mod).items()):
+                        if v is fn:
+                            setattr(mod, k, wrapped)
+
+    def _wrap(self, label: str, fn):
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[label] = self.seconds.get(label, 0.0) + time.perf_counter() - t0
+        return timed
+
+
+def child_main_job(out_json: str, argv: list[str]) -> int:
+    """Run `vitedge <argv>` in this process with the step hook and sub-phase wrappers; write the phases."""
+    t0 = time.perf_counter()
+    import coremltools  # noqa: F401  (imported here so its wrappers exist; the job imports it anyway)
+    import torch  # noqa: F401
+    import vitedge.cli
+    import vitedge.exporter.pipeline  # noqa: F401
+    import vitedge.exporter.progress as progress_mod
+    from vitedge.targets import mil_interpreter  # noqa: F401
+
+    imports_s = time.perf_counter() - t0
+    recorder: list[StepTimes] = []
+
+    class Recording(StepTimes):
+        def __init__(self, *args, **kwargs):
+            super().__init__()
+            recorder.append(self)
+
+    progress_mod.Progress = Recording  # cli.main builds its Progress from this module at call time
+    subs = _SubPhases()
+    subs.install()
+    with contextlib.redirect_stdout(io.StringIO()):
+        rc = vitedge.cli.main(argv)
+    total = time.perf_counter() - t0
+    steps = recorder[0].steps if recorder else []
+    Path(out_json).write_text(json.dumps({"rc": rc, "in_process_s": total, "imports_s": imports_s,
+                                          "steps": steps, "sub_phases": subs.seconds, "not_wrapped": subs.missing}))
+    return 0
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--child"]:  # before the heavy imports: the child times them
+    raise SystemExit(child_main_job(sys.argv[2], sys.argv[4:] if sys.argv[3:4] == ["--"] else sys.argv[3:]))
+
+import _common as C  # noqa: E402
+from vitedge.exporter import latency  # noqa: E402
+from vitedge.exporter.pipeline import export  # noqa: E402
+from vitedge.exporter.target_plans import resolve_targets  # noqa: E402
+from vitedge.models import list_models  # noqa: E402
+
+
+def run_main_job(quick: bool, repeats: int, tmp: Path) -> dict:
+    """The README's main job in `repeats` fresh processes: wall time, phases, load average per run."""
+    runs = []
+    for i in range(repeats):
+        out_dir, rec = tmp / f"main{i}", tmp / f"main{i}.json"
+        argv = MAIN_JOB + ["--out", str(out_dir)] + (MAIN_JOB_QUICK if quick else [])
+        load_before = C.load_average()  # the 1-min load average, beside every run
+        t0 = time.perf_counter()
+        p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", str(rec), "--", *argv],
+                           capture_output=True, text=True, cwd=str(tmp))
+        wall = time.perf_counter() - t0
+        if p.returncode != 0 or not rec.exists():
+            raise RuntimeError(f"main job run {i} failed (rc {p.returncode}): {p.stderr[-2000:]}")
+        r = json.loads(rec.read_text())
+        r.update(wall_s=wall, load_before=load_before, load_after=C.load_average())
+        runs.append(r)
+        print(f"  main job run {i + 1}/{repeats}: {wall:.1f} s (exit {r['rc']}; 1-min load {load_before[:1]} -> "
+              f"{r['load_after'][:1]})", flush=True)
+    steps = list(dict.fromkeys(lbl for r in runs for lbl, _ in r["steps"]))
+    subs = list(dict.fromkeys(lbl for r in runs for lbl in r["sub_phases"]))
+
+    def med(values):
+        return round(statistics.median(values), 3) if values else None
+
+    phases = [{"phase": s, "kind": "step", "median_s": med([sum(t for l2, t in r["steps"] if l2 == s) for r in runs])}
+              for s in steps]
+    phases += [{"phase": s, "kind": "sub-phase", "median_s": med([r["sub_phases"].get(s, 0.0) for r in runs])}
+               for s in subs]
+    walls = [r["wall_s"] for r in runs]
+    rest = [r["wall_s"] - sum(t for _, t in r["steps"]) for r in runs]
+    return {"command": "vitedge " + " ".join(MAIN_JOB + ["--out", "DIR"] + (MAIN_JOB_QUICK if quick else [])),
+            "runs": [{"wall_s": round(r["wall_s"], 3), "exit_code": r["rc"], "load_before": r["load_before"],
+                      "load_after": r["load_after"], "imports_s": round(r["imports_s"], 3)} for r in runs],
+            "wall_median_s": med(walls), "phases": phases,
+            "remainder_median_s": med(rest), "imports_median_s": med([r["imports_s"] for r in runs]),
+            "not_wrapped": runs[0]["not_wrapped"]}
+
+
+def print_main_job(m: dict) -> None:
+    runs = ", ".join(f"{r['wall_s']:.1f} s at 1-min load {r['load_before'][0] if r['load_before'] else '?'}"
+                     for r in m["runs"])
+    print(f"\nmain job: {m['command']}: median {m['wall_median_s']:.2f} s over {len(m['runs'])} fresh processes "
+          f"({runs})")
+    for p in m["phases"]:
+        indent = "    of which " if p["kind"] == "sub-phase" else "  "
+        share = 100 * p["median_s"] / m["wall_median_s"] if m["wall_median_s"] else 0
+        print(f"{indent}{p['phase']:<58} {p['median_s']:8.2f} s  {share:5.1f} %")
+    print(f"  {'outside the steps (interpreter start, imports, CLI summary)':<58} {m['remainder_median_s']:8.2f} s "
+          f"(imports alone {m['imports_median_s']:.2f} s)")
+    if m["not_wrapped"]:
+        print(f"  (not found, so not split out: {', '.join(m['not_wrapped'])})")
+
+
+# ---- 2. `vitedge models` ------------------------------------------------------------------------------
+
+def time_models_command(repeats: int = 3) -> dict:
+    walls = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        p = subprocess.run([sys.executable, "-m", "vitedge.cli", "models"], capture_output=True, text=True)
+        walls.append(time.perf_counter() - t0)
+        if p.returncode != 0:
+            raise RuntimeError(f"vitedge models failed: {p.stderr[-500:]}")
+    return {"walls_s": [round(w, 3) for w in walls], "median_s": round(statistics.median(walls), 3),
+            "rows": len(p.stdout.splitlines()) - 1}
+
+
+# ---- 3. per target ------------------------------------------------------------------------------------
 
 def availability(target: str) -> str | None:
     """None when `target` can lower and run its hop here, else why not."""
@@ -127,29 +300,42 @@ def _print_target(name: str, label: str, t: dict) -> None:
 
 def main(argv=None) -> int:
     ap = C.parser("export_time", __doc__)
-    ap.add_argument("--samples", type=int, default=None, help="parity inputs per hop (default 4; --quick 2)")
+    ap.add_argument("--main-repeats", type=int, default=None, help="main-job runs (default 3; --quick 2)")
+    ap.add_argument("--samples", type=int, default=None, help="parity inputs per hop, per-target part (default 4; "
+                                                              "--quick 2)")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds per model (default 3, at least 2)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: this box is shared)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads, per-target part (default 1: this box is "
+                                                           "shared)")
     args = ap.parse_args(argv)
     samples = args.samples or (2 if args.quick else 4)
-    if args.repeats < 2 or samples < 1:
-        ap.error("--repeats must be >= 2 (a ratio needs pairs) and --samples >= 1")
+    main_repeats = args.main_repeats or (2 if args.quick else 3)
+    if args.repeats < 2 or samples < 1 or main_repeats < 1:
+        ap.error("--repeats must be >= 2 (a ratio needs pairs), --samples and --main-repeats >= 1")
     started = time.time()
-    torch.set_num_threads(args.threads)
+    import torch
+
     info = C.machine()
     C.banner("export_time", info, args.quick)
-    runs, unavailable = [], {}
-    for label, target, precision in RUNS:
-        why = availability(target)
-        if why is None:
-            runs.append((label, target, precision))
-        else:
-            unavailable[label] = why
-            print(f"  {label}: unavailable here: {why}")
-    wanted = QUICK_MODELS if args.quick else MODELS
-    models = [m for m in wanted if m in list_models()]
-    missing = {m: "not registered" for m in wanted if m not in models}
     with tempfile.TemporaryDirectory(prefix="vitedge-export-time-") as tmp:
+        main_job = run_main_job(args.quick, main_repeats, Path(tmp))
+        print_main_job(main_job)
+        models_cmd = time_models_command()
+        print(f"\nvitedge models: median {models_cmd['median_s']:.2f} s over 3 fresh processes "
+              f"({', '.join(f'{w:.2f}' for w in models_cmd['walls_s'])} s; {models_cmd['rows']} models)", flush=True)
+
+        torch.set_num_threads(args.threads)
+        runs, unavailable = [], {}
+        for label, target, precision in RUNS:
+            why = availability(target)
+            if why is None:
+                runs.append((label, target, precision))
+            else:
+                unavailable[label] = why
+                print(f"  {label}: unavailable here: {why}")
+        wanted = QUICK_MODELS if args.quick else MODELS
+        models = [m for m in wanted if m in list_models()]
+        missing = {m: "not registered" for m in wanted if m not in models}
+        print(f"\nper target ({samples} parity samples, {args.repeats} interleaved rounds):", flush=True)
         if not args.quick:
             # Pay the process-wide imports (coremltools, onnxsim, the MIL interpreter) once, on a tiny model.
             # (--quick skips this: its first round includes them.)
@@ -158,7 +344,8 @@ def main(argv=None) -> int:
                 pipeline_call("swiftformer_xs", t, p, C.REDUCED["swiftformer_xs"], 64, 1, Path(tmp), rec)()
         results = [measure_model(m, runs, args.quick, samples, args.repeats, Path(tmp)) for m in models]
     body = {"settings": {"samples": samples, "pipeline_default_samples": 256, "repeats": args.repeats,
-                         "torch_threads": args.threads, "runs": [r[0] for r in runs]},
+                         "main_repeats": main_repeats, "torch_threads": args.threads, "runs": [r[0] for r in runs]},
+            "main_job": main_job, "models_command": models_cmd,
             "unavailable": unavailable, "missing": missing, "models": results}
     path = C.write_results(C.out_path("export_time", args), "export_time", info, args, body, started)
     print(f"\nresults: {path}\n{info['load_note']}")

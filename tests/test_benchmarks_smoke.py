@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-SCRIPTS = ("attention_order", "export_time", "deploy_speed", "exporters", "matrix_scale")
-TIMEOUT_S = 600  # a generous ceiling for a busy shared machine; on a quiet one all take well under a minute
+SCRIPTS = ("attention_order", "export_time", "deploy_speed", "exporters", "matrix_scale", "resolution_scaling")
+TIMEOUT_S = 600  # a generous ceiling for a busy shared machine; on a quiet one each takes about a minute
 CI_RE = re.compile(r"\d+\.\d+x \(95% CI \d+\.\d+-\d+\.\d+, \d+ pairs\)")
 MACHINE_KEYS = {"cpu", "cores", "date", "load_start", "load_end", "load_note"}
 
@@ -96,6 +96,17 @@ def test_export_time_quick(runs):
             assert t["wall"]["iters"] >= 2 and t["exit_code"] == 0
             assert "exporting ONNX" in t["steps_s"] and any(h["seconds"] is not None for h in t["hops"])
         assert set(m["ratios"]) == {f"{lbl}/onnx" for lbl in runs_done if lbl != "onnx"}
+    # the README's main job, phase by phase, in fresh processes with the load average beside every run
+    job = data["main_job"]
+    assert job["command"].startswith("vitedge export --model swiftformer_xs --target onnx,coreml")
+    assert len(job["runs"]) >= 2 and all(r["exit_code"] == 0 and r["load_before"] for r in job["runs"])
+    phases = {p["phase"]: p for p in job["phases"]}
+    assert {"equivalence gate (float64)", "exporting ONNX", "simplifying ONNX (onnxsim)"} <= set(phases)
+    assert any(p.startswith("coreml hop") for p in phases) and any(p.startswith("lowering to coreml") for p in phases)
+    assert {"demo weights (make_trained_like)", "CoreML conversion (coremltools.convert)", "MIL interpreter run",
+            "report.json write"} <= set(phases)
+    assert sum(p["median_s"] for p in job["phases"] if p["kind"] == "step") <= 1.05 * job["wall_median_s"]
+    assert data["models_command"]["rows"] > 30 and data["models_command"]["median_s"] > 0
 
 
 def test_deploy_speed_quick(runs):
@@ -108,12 +119,19 @@ def test_deploy_speed_quick(runs):
     assert measured | set(data["missing"]) == {"swiftformer_xs", "slab_deit_tiny", "sima_nano_12_p16", "slab_swin_tiny"}
     for m in data["models"]:
         assert m["gflop_per_image"] > 0 and m["parity_failed"] == {}
-        assert {"a", "b", "c"} <= set(m["nodes"]) and all(n["total"] > 0 for n in m["nodes"].values())
+        assert {"a.ts", "a.ts+sim", "b", "c"} <= set(m["nodes"]) and all(n["total"] > 0 for n in m["nodes"].values())
+        # vitedge's graphs keep every GELU fusion the plain raw export gets from ONNX Runtime
+        gelu = {k: n["ort_fused"].get("Gelu", 0) for k, n in m["nodes"].items()}
+        assert gelu["c"] >= gelu["a.ts"] and gelu["b"] >= gelu["a.ts"], gelu
         assert sorted((str(c["threads"]), c["spinning"], c["batch"]) for c in m["cells"]) == [
             ("1", "default", 1), ("all", "default", 1), ("all", "off", 1)]  # ORT's default session and no-spin
         for c in m["cells"]:
             assert c["rounds"] >= 3 and c["seconds"] >= 0
             assert {"b/a", "c/a"} <= set(c["speedups"]) and set(c["latency"]) == set(m["variants"])
+            # the baseline is the faster candidate of this very cell, and the ratio is taken against it
+            a = c["baselines"]["a"]
+            assert a["best"] == min(a["p50_ms"], key=a["p50_ms"].get) and set(a["p50_ms"]) == {"a.ts", "a.ts+sim"}
+            assert c["speedups"]["c/a"]["base"] == a["best"] and "a.ts/a.ts+sim" in c["onnxsim_effect"]
             assert (c["gemm_gflops"] is not None) == (c["threads"] == 1)
             assert all((p is not None) == (c["threads"] == 1) for p in c["pct_gemm"].values())
         if m["model"] == "swiftformer_xs":  # timm's port is measured, or the reason it is not is recorded
@@ -150,6 +168,26 @@ def test_matrix_scale_quick(runs):
     cached = data["runs"]["cached"][0]
     assert cached["exit_code"] == 0 and cached["imported_torch"] is False  # the cached re-run needs no torch
     assert data["targets"][0]["status"] in ("PASS", "MISS")
+
+
+def test_resolution_scaling_quick(runs):
+    lines, data = _result(runs, "resolution_scaling")
+    tail = _tail_after(lines, "ratios (95% CI")
+    assert any(CI_RE.search(ln) for ln in tail) and tail[-1].strip().startswith("the FLOP rule picked")
+    assert (runs["resolution_scaling"]["json"].parent / data["plot"]).stat().st_size > 0  # the PNG beside the JSON
+    assert data["markdown"].startswith("| px |") and data["markdown"] in runs["resolution_scaling"]["stdout"]
+    assert [s["imgsz"] for s in data["sizes"]] == data["settings"]["sizes"]
+    for s in data["sizes"]:
+        assert set(s["models"]) == {"swiftformer_xs", "sima_nano_12_p16", "slab_pvt_tiny"}
+        for name, m in s["models"].items():
+            assert m["parity_problems"] == {} and m["best"] in m["latency"], (name, m)
+            if name != "swiftformer_xs":  # the order choice: both orders (or why not), the rule against the best
+                assert {"qk_first", "kv_first"} <= set(m["latency"]) | set(m["skipped"])
+                assert m["rule"] in ("qk_first", "kv_first", "auto") and m["rule_over_best"]["ratio"] >= 1.0
+                assert m["gmacs"]["auto"] <= min(m["gmacs"]["qk_first"], m["gmacs"]["kv_first"]) + 1e-9
+    flagged = {(d["model"], d["imgsz"]) for d in data["rule_vs_measured"]}
+    assert flagged == {(n, s["imgsz"]) for s in data["sizes"] for n, m in s["models"].items()
+                       if m.get("rule_is_best") is False}
 
 
 # ---- the logic, on synthetic numbers ----------------------------------------------------------------------
@@ -191,16 +229,29 @@ def _model(name: str, ups: dict, pct_c: float = 50.0) -> dict:
 
 def test_targets_report_what_is_measured(bench_modules):
     _, ds = bench_modules
-    models = [_model("slab_deit_tiny", {"c/a": (1.09, 1.05, 1.12), "b/a": (1.0, 0.96, 1.03)}),
-              _model("swiftformer_xs", {"c/d": (1.06, 1.01, 1.1)}, pct_c=91.0)]
-    slab, swift, floor, *stretch = ds.check_targets(models)
-    assert slab["model"] == "slab_deit_tiny" and slab["status"] == "MISS"  # 1.09 < 1.10: no rounding up
-    assert swift["status"] == "PASS" and swift["ci_clears"] is False      # 1.06, but its CI reaches 1.01
+    models = [_model("slab_deit_tiny", {"c/a": (1.14, 1.10, 1.17), "b/a": (1.0, 0.96, 1.03)}),
+              _model("swiftformer_xs", {"c/a": (1.12, 1.05, 1.15), "c/d": (1.10, 1.09, 1.12)}, pct_c=91.0)]
+    swift_a, swift_d, slab, sima, floor, *stretch = ds.check_targets(models)
+    assert slab["model"] == "slab_deit_tiny" and slab["status"] == "MISS"  # 1.14 < 1.15: no rounding up
+    assert swift_a["status"] == "PASS" and swift_a["ci_clears"] is False    # 1.12, but its CI reaches 1.05
+    assert swift_d["status"] == "PASS" and swift_d["threshold"] == 1.10     # exactly on the threshold passes
+    assert sima["status"] == "NOT MEASURED"
     assert floor["status"] == "MISS"
     assert [(b["model"], b["ratio"]) for b in floor["below"]] == [("slab_deit_tiny", "b/a")]
     assert {x["model"]: x["status"] for x in stretch} == {"slab_deit_tiny": "MISS", "swiftformer_xs": "PASS"}
     missing = ds.check_targets([_model("swiftformer_xs", {})])
     assert missing[0]["status"] == "NOT MEASURED"
+
+
+def test_baseline_is_the_faster_candidate_with_parity(bench_modules):
+    _, ds = bench_modules
+    times = {"a.ts": [0.010, 0.011, 0.010], "a.ts+sim": [0.012, 0.013, 0.012], "c": [0.009] * 3,
+             "d.ts": [0.020] * 3, "d.ts+sim": [0.015] * 3}
+    picked = ds.pick_baselines(times, parity={})
+    assert picked["a"]["best"] == "a.ts" and picked["d"]["best"] == "d.ts+sim"
+    # a candidate whose output failed the parity check is never the baseline, however fast
+    assert ds.pick_baselines(times, parity={"a.ts": ["batch 1: max_rel 1"]})["a"]["best"] == "a.ts+sim"
+    assert ds.candidate_keys("a") == [f"a.{e}{p}" for e in ds.PLAIN_EXPORTS for p in ds.PLAIN_PASSES]
 
 
 def test_block_rounds_pair_the_second_half_of_each_block():
