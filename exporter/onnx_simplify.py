@@ -72,7 +72,7 @@ def simplify_keeping_fusions(model: onnx.ModelProto) -> tuple[onnx.ModelProto, d
 
     info.update(method="raw export (onnxsim lost ONNX Runtime fusions: kept un-simplified)")
     info["ort_fused_ops"]["written"] = raw_counts
-    return model, info
+    return _copy(model), info  # a copy: the caller writes metadata into the graph it gets
 
 
 # ---- re-establishing GELU's Mul(0.5) -----------------------------------------------------------------

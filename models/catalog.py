@@ -59,11 +59,22 @@ def stored_table() -> dict[str, dict] | None:
     return {row["name"]: row for row in data["rows"]}
 
 
+def _registered() -> list[str]:
+    from .registry import list_models as registered  # imports every model module (and torch)
+
+    return registered()
+
+
+def list_models() -> list[str]:
+    """The names `vitedge models` lists: the shipped table's while it is current (no torch import), else the
+    registry's."""
+    stored = stored_table()
+    return sorted(stored) if stored is not None else _registered()
+
+
 def live_table() -> list[dict]:
     """Every registered model counted now (what `catalog.json` must equal)."""
-    from .registry import list_models
-
-    return [dict(zip(COLUMNS, _row(n))) for n in list_models()]
+    return [dict(zip(COLUMNS, _row(n))) for n in _registered()]
 
 
 def model_table(names: list[str] | None = None, live: bool = False) -> list[dict]:
@@ -74,13 +85,11 @@ def model_table(names: list[str] | None = None, live: bool = False) -> list[dict
     "multiples of 32" or "224 only (...why...)"). From the shipped table when it is current, unless `live`.
     """
     stored = None if live else stored_table()
+    if names is None:
+        names = _registered() if live else list_models()
     if stored is not None:
-        wanted = sorted(names) if names is not None else sorted(stored)
-        return [dict(stored[n]) if n in stored else dict(zip(COLUMNS, _row(n))) for n in wanted]
-    from .registry import list_models
-
-    names = sorted(names) if names is not None else list_models()
-    return [dict(zip(COLUMNS, _row(n))) for n in names]
+        return [dict(stored[n]) if n in stored else dict(zip(COLUMNS, _row(n))) for n in sorted(names)]
+    return [dict(zip(COLUMNS, _row(n))) for n in sorted(names)]
 
 
 def write_table(path: Path = TABLE_FILE) -> Path:
