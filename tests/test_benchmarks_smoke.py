@@ -183,7 +183,9 @@ def test_resolution_scaling_quick(runs):
             assert m["parity_problems"] == {} and m["best"] in m["latency"], (name, m)
             if name != "swiftformer_xs":  # the order choice: both orders (or why not), the rule against the best
                 assert {"qk_first", "kv_first"} <= set(m["latency"]) | set(m["skipped"])
-                assert m["rule"] in ("qk_first", "kv_first", "auto") and m["rule_over_best"]["ratio"] >= 1.0
+                assert m["rule"] in ("qk_first", "kv_first", "auto")
+                r = m["rule_over_best"]  # None only where the rule's own order was not timed (too costly)
+                assert (r is None and m["rule"] in m["skipped"]) or r["ratio"] >= 1.0
                 assert m["gmacs"]["auto"] <= min(m["gmacs"]["qk_first"], m["gmacs"]["kv_first"]) + 1e-9
     flagged = {(d["model"], d["imgsz"]) for d in data["rule_vs_measured"]}
     assert flagged == {(n, s["imgsz"]) for s in data["sizes"] for n, m in s["models"].items()
