@@ -1,25 +1,19 @@
 """Deploy-form speed on ONNX Runtime (issues 10, 17): the best plain export vs folded vs folded + rewrites.
 
-For one model of each family, ONNX Runtime latency at 1 thread and all threads (ONNX Runtime's default
-session, and the same without spinning workers), batch 1 and 8, of
-  (a) the plain export of the train-form model, the way a user gets it: every candidate in
-      PLAIN_EXPORTS (today `torch.onnx.export` (TorchScript) as it leaves the exporter, "a.ts", and the same
-      graph through onnxsim as is, "a.ts+sim"), each timed; the baseline `a` of a cell is whichever candidate
-      was faster *in that cell* (same interleaved rounds), and the cell records which;
-  (b) the deploy-form folded only (`reparameterize(..., rewrites=False)`),
-  (c) the deploy-form folded + rewrites (`rewrites=True`),
-      both as vitedge writes them (TorchScript export + vitedge's simplifier, which keeps every ONNX Runtime
-      fusion of the raw graph);
-  (d) swiftformer_xs only: timm's port with the same weights (timm is test-only), exported the usual way:
-      the same candidates as (a) ("d.ts": timm's raw export, "d.ts+sim": its simplified graph), baseline `d`
-      the faster of them per cell;
-timed interleaved per (threads, batch) cell (call by call at 1 thread, in blocks of >= 0.3 s with more
-threads) for at least 5 s and until every ratio's CI is 4 % wide or 120 s have passed, with the same run's
-single-thread fp32 GEMM (torch, 1024^3, timed right after each 1-thread cell) as the machine's compute
-ceiling. Every graph's output is checked against the train-form first (the project's fp32 tolerance); a
-graph that fails is reported and never chosen as a baseline. Prints per model GFLOP (2 x MACs), latency,
-achieved GFLOP/s, % of GEMM, node counts and ONNX Runtime's fused ops per graph, speedups with paired
-bootstrap CIs, then the issue's targets as PASS/MISS, measured, never tuned.
+For one model per family, ONNX Runtime latency at 1 thread and all threads (ORT's default session, and the
+same without spinning workers), batch 1 and 8, of
+  (a) the plain export of the train-form as a user gets it: each PLAIN_EXPORTS candidate as the exporter
+      leaves it ("a.ts": TorchScript) and through onnxsim as is ("a.ts+sim"); the baseline `a` of a cell is
+      whichever was faster *in that cell* (same interleaved rounds), and the cell records which;
+  (b) the deploy-form folded only (`rewrites=False`) and (c) folded + rewrites, as vitedge writes them
+      (its export + simplifier, which keeps every ONNX Runtime fusion of the raw graph);
+  (d) swiftformer_xs only: timm's port with the same weights, exported like (a) ("d.ts", "d.ts+sim").
+Cells are timed interleaved (call by call at 1 thread, in blocks of >= 0.3 s with more threads) for at least
+5 s and until every ratio's CI is 4 % wide or 120 s have passed, with the run's single-thread fp32 GEMM
+(torch, 1024^3, right after each 1-thread cell) as the compute ceiling. Every graph's output is checked
+against the train-form first (fp32 tolerance); one that fails is never a baseline. Prints GFLOP (2 x MACs),
+latency, GFLOP/s, % of GEMM, nodes and ORT's fused ops per graph, speedups with paired bootstrap CIs, then
+the issue's targets as PASS/MISS, measured, never tuned.
 
     python benchmarks/deploy_speed.py [--quick] [--swin reduced] [--out FILE]
 """
@@ -44,15 +38,12 @@ QUICK_IMGSZ = {"swiftformer_xs": 64, "sima_nano_12_p16": 64}  # reduced configs 
 
 # How a user exports "the usual way": each exporter's graph as it leaves the exporter, and through onnxsim as
 # is. Extension point: the dynamo exporter (`torch.onnx.export(..., dynamo=True)`) joins once vitedge
-# supports it (the ecosystem issue): add ("dyn", its export function) here and its raw and simplified graphs
-# become candidates of every baseline (keys "a.dyn", "a.dyn+sim", "d.dyn", ...), no other change needed.
+# supports it (the ecosystem issue): add "dyn": its export function here; its raw and simplified graphs then
+# are candidates of every baseline ("a.dyn", "a.dyn+sim", "d.dyn", ...), no other change needed.
 PLAIN_EXPORTS: dict[str, Callable[[nn.Module, int, int], onnx.ModelProto]] = {
-    "ts": lambda model, imgsz, batch: check_onnx(export_onnx(model, imgsz, batch=batch)),
-}
-PLAIN_PASSES: dict[str, Callable[[onnx.ModelProto], onnx.ModelProto]] = {
-    "": lambda graph: graph,                                       # as the exporter leaves it
-    "+sim": lambda graph: simplify_onnx(graph, keep_fusions=False),  # onnxsim as is
-}
+    "ts": lambda model, imgsz, batch: check_onnx(export_onnx(model, imgsz, batch=batch))}
+PLAIN_PASSES: dict[str, Callable[[onnx.ModelProto], onnx.ModelProto]] = {  # "": as exported; "+sim": onnxsim as is
+    "": lambda graph: graph, "+sim": lambda graph: simplify_onnx(graph, keep_fusions=False)}
 EXPORTER_NAMES = {"ts": "torch.onnx.export (TorchScript)", "dyn": "torch.onnx.export (dynamo)"}
 BASELINES = {"a": "plain export of the train-form", "d": "timm port"}  # each the best of its candidates
 VITEDGE = {"b": "folded only", "c": "folded + rewrites"}

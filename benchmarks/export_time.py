@@ -47,11 +47,10 @@ SUB_PHASES = (
     ("parity inputs (parity_inputs)", "vitedge.exporter.inputs", "parity_inputs"),
     ("torch.jit.trace", "torch.jit", "trace"),
     ("CoreML conversion (coremltools.convert)", "coremltools", "convert"),
-    ("MIL program load", "vitedge.targets.mil_interpreter", "load_program"),
-    ("MIL interpreter run", "vitedge.targets.mil_interpreter", "MILProgram.run"),
+    ("MIL program load", "vitedge.targets.coreml.mil_interpreter", "load_program"),
+    ("MIL interpreter run", "vitedge.targets.coreml.mil_interpreter", "MILProgram.run"),
     ("report.json write", "vitedge.exporter.report", "Report.write"),
-    ("commit (tmp -> out)", "vitedge.exporter.pipeline", "_commit"),
-    ("commit (tmp -> out)", "vitedge.exporter.outdir", "_commit"),
+    ("commit (tmp -> out)", "vitedge.exporter.outdir", "OutputFolder.commit"),
 )
 
 
@@ -125,7 +124,7 @@ def child_main_job(out_json: str, argv: list[str]) -> int:
     import vitedge.cli
     import vitedge.exporter.pipeline  # noqa: F401
     import vitedge.exporter.progress as progress_mod
-    from vitedge.targets import mil_interpreter  # noqa: F401
+    from vitedge.targets.coreml import mil_interpreter  # noqa: F401
 
     imports_s = time.perf_counter() - t0
     recorder: list[StepTimes] = []

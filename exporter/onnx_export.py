@@ -2,7 +2,8 @@
 
 The `vitedge.*` metadata_props helpers live one layer down (vitedge.targets.graph.metadata): the targets read them.
 
-onnxsim runs through `onnx_simplify`, which keeps every ONNX Runtime fusion of the raw graph.
+onnxsim never costs an ONNX Runtime fusion: `simplify_keeping_fusions` checks the simplified graph against the raw
+one in ONNX Runtime's optimized form and repairs or falls back where onnxsim broke a fused pattern.
 
 The graph has one input `image` (float32 NCHW, already normalized with the model's mean/std) and one
 output `logits`. Every graph we keep passed `onnx.checker` (full check) and strict shape inference.
@@ -27,6 +28,8 @@ import torch
 import torch.nn as nn
 
 from ..errors import VitedgeError
+from ..targets.ort_fusions import fused_op_counts, lost_fusions
+from .fusable_patterns import copy_model, restore_gelu_halves
 
 INPUT_NAME = "image"
 OUTPUT_NAME = "logits"
@@ -36,6 +39,8 @@ DEFAULT_OPSET = 17  # the TorchScript exporter's default
 MIN_OPSET = 13  # the oldest opset the tests exercise (per-axis ReduceSum inputs, Gemm broadcasting)
 DYNAMO_OPSET = 18  # the dynamo exporter's own opset (onnx_dynamo.NATIVE_OPSET); lower ones are refused
 NORM_OPS = ("BatchNormalization", "LayerNormalization", "InstanceNormalization", "GroupNormalization")
+# onnxsim passes that fold constants into a form ONNX Runtime's fusions do not match (the ladder's rung 2 skips them)
+FUSION_HOSTILE_PASSES = ("fuse_preceding_mul_into_conv",)
 
 
 class OnnxExportError(RuntimeError):
@@ -181,15 +186,60 @@ def check_onnx(model: onnx.ModelProto) -> onnx.ModelProto:
 def simplify_onnx(model: onnx.ModelProto, keep_fusions: bool = True) -> onnx.ModelProto:
     """onnxsim (constant folding + graph rewrites), then the same checks as the raw export.
 
-    `keep_fusions` (default): never lose one of ONNX Runtime's fusions of `model` (see
-    `onnx_simplify.simplify_keeping_fusions`, which also returns the fused-op counts); False: onnxsim as is,
-    the graph a user gets the usual way (the benchmarks' baseline).
+    `keep_fusions` (default): never lose one of ONNX Runtime's fusions of `model` (`simplify_keeping_fusions`,
+    which also returns the fused-op counts); False: onnxsim as is, the graph a user gets the usual way (the
+    benchmarks' baseline).
     """
-    if keep_fusions:
-        from .onnx_simplify import simplify_keeping_fusions
+    return simplify_keeping_fusions(model)[0] if keep_fusions else run_onnxsim(model)
 
-        return simplify_keeping_fusions(model)[0]
-    return run_onnxsim(model)
+
+def simplify_keeping_fusions(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict]:
+    """onnxsim'd `model` with every ONNX Runtime fusion of `model` kept, and a record of how.
+
+    onnxsim computes the same function with fewer nodes, but a rewrite can hide a subgraph from ONNX Runtime's
+    pattern-matching fusions (`fusable_patterns` has the measured case). So the fused ops of the raw and the
+    simplified graph are counted in ONNX Runtime's optimized form (`targets.ort_fusions`); where the simplified
+    graph has fewer of a kind, a ladder runs, checking the counts again at every rung, and the first graph that
+    keeps them all is returned:
+      1. re-establish the patterns onnxsim broke (`restore_gelu_halves`: exact, bit for bit);
+      2. onnxsim again with the passes known to break fusions skipped (`FUSION_HOSTILE_PASSES`);
+      3. the raw export itself (checked, un-simplified): it has every fusion by definition.
+    Returns (graph, info); info = {"method": ..., "ort_fused_ops": {"raw": counts, "written": counts},
+    "lost_by_onnxsim": {kind: n}, "restored": {"gelu_half": n}}, meant for the artifact's `info` in the
+    report. Raises OnnxExportError when onnxsim fails or its graph fails the checks.
+    """
+    raw_counts = fused_op_counts(model)
+    simplified = run_onnxsim(model)
+    counts = fused_op_counts(simplified)
+    lost = lost_fusions(raw_counts, counts)
+    info = {"method": "onnxsim", "ort_fused_ops": {"raw": raw_counts, "written": counts},
+            "lost_by_onnxsim": lost, "restored": {}}
+    if not lost:
+        return simplified, info
+
+    repaired, n = restore_gelu_halves(simplified)
+    if n:
+        repaired = check_onnx(repaired)
+        del repaired.graph.value_info[:]
+        counts = fused_op_counts(repaired)
+        if not lost_fusions(raw_counts, counts):
+            info.update(method="onnxsim + restored fusable patterns", restored={"gelu_half": n})
+            info["ort_fused_ops"]["written"] = counts
+            return repaired, info
+
+    try:
+        retry = run_onnxsim(model, skipped_optimizers=list(FUSION_HOSTILE_PASSES))
+        counts = fused_op_counts(retry)
+        if not lost_fusions(raw_counts, counts):
+            info.update(method=f"onnxsim without {', '.join(FUSION_HOSTILE_PASSES)}")
+            info["ort_fused_ops"]["written"] = counts
+            return retry, info
+    except OnnxExportError:
+        pass  # the last rung needs no onnxsim at all
+
+    info.update(method="raw export (onnxsim lost ONNX Runtime fusions: kept un-simplified)")
+    info["ort_fused_ops"]["written"] = raw_counts
+    return copy_model(model), info  # a copy: the caller writes metadata into the graph it gets
 
 
 def run_onnxsim(model: onnx.ModelProto, skipped_optimizers: list[str] | None = None) -> onnx.ModelProto:

@@ -85,7 +85,7 @@ def test_gelu_matches_torch(mode, approx):
 def test_fp16_lookup_tables_are_bit_identical_to_the_direct_kernels(op_type, mode):
     """gelu/erf of an fp16-exact tensor come from a table over all 65536 fp16 values: every result must be the
     direct float64 kernel's, bit for bit; a tensor that is not fp16-exact is computed directly."""
-    from vitedge.targets import mil_ops
+    from vitedge.targets.coreml import mil_ops
 
     def direct(x):
         a = OpArgs(op_type, "t", {"x": x, "mode": mode}, ["fp16"])

@@ -12,9 +12,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from vitedge.exporter import onnx_simplify
-from vitedge.exporter.onnx_export import check_onnx, export_onnx, run_onnxsim
-from vitedge.exporter.onnx_simplify import restore_gelu_halves, simplify_keeping_fusions
+from vitedge.exporter import onnx_export
+from vitedge.exporter.fusable_patterns import restore_gelu_halves
+from vitedge.exporter.onnx_export import check_onnx, export_onnx, run_onnxsim, simplify_keeping_fusions
 from vitedge.exporter.reparam import reparameterize
 from vitedge.models import create_model, make_trained_like
 from vitedge.targets.ort import OnnxRuntimeRunner
@@ -155,8 +155,8 @@ def test_restore_leaves_shared_gelu_outputs_alone():
 
 def test_last_rung_keeps_the_raw_graph_when_nothing_restores_the_fusions(monkeypatch):
     """With the repair and the pass-skipping retry disabled, the raw export is written, and the info says so."""
-    monkeypatch.setattr(onnx_simplify, "restore_gelu_halves", lambda m: (m, 0))
-    monkeypatch.setattr(onnx_simplify, "FUSION_HOSTILE_PASSES", ())
+    monkeypatch.setattr(onnx_export, "restore_gelu_halves", lambda m: (m, 0))
+    monkeypatch.setattr(onnx_export, "FUSION_HOSTILE_PASSES", ())
     train = make_trained_like(create_model("swiftformer_xs", **SWIFT), seed=0).eval()
     raw = _raw(train, 64)
     written, info = simplify_keeping_fusions(raw)

@@ -1,22 +1,11 @@
-"""onnxsim that never costs ONNX Runtime a fusion.
+"""Re-establishing the ONNX subgraph patterns ONNX Runtime fuses, where a rewrite broke them (pure graph edits).
 
-onnxsim computes the same function with fewer nodes, but a rewrite can hide a subgraph from ONNX Runtime's
-pattern-matching fusions. Measured: on the plain SwiftFormer graph onnxsim's `fuse_preceding_mul_into_conv`
-folds GELU's trailing `Mul(0.5)` into the next 1x1 Conv's weights; ONNX Runtime's GeluFusion needs the full
+Measured: on the plain SwiftFormer graph onnxsim's `fuse_preceding_mul_into_conv` folds GELU's trailing
+`Mul(0.5)` into the next 1x1 Conv's weights; ONNX Runtime's GeluFusion needs the full
 `Div(x, sqrt 2) -> Erf -> Add(1) -> Mul(x) -> Mul(0.5)` chain, so all 20 GELUs run as five separate ops and
 the graph is 13 % slower than the raw export. (SimA's convolutional patch embedding loses 3 of its GELUs
-the same way, in the train-form and the deploy-form.)
-
-`simplify_keeping_fusions` runs onnxsim, then compares ONNX Runtime's fused ops of the raw graph and the
-simplified one (`targets.ort_fusions`). Where the simplified graph has fewer of a kind it climbs a ladder,
-checking the fusions again at every rung, and returns the first graph that keeps them all:
-  1. re-establish the patterns onnxsim broke: each `x * (1 + erf(x / sqrt 2))` feeding only a Conv gets its
-     `Mul(0.5)` back and the Conv's weights are doubled: exact (scaling by powers of two does not round),
-     and the Conv computes bit for bit what the raw graph's did;
-  2. onnxsim again with the passes known to break fusions skipped (`FUSION_HOSTILE_PASSES`);
-  3. the raw export itself (checked, un-simplified): it has every fusion by definition.
-The returned info (fused-op counts of the raw and the written graph, the rung used, what was restored) is
-meant for the artifact's `info` in the report.
+the same way, in the train-form and the deploy-form.) `onnx_export.simplify_keeping_fusions` calls
+`restore_gelu_halves` when ONNX Runtime's fused-op count says a GELU fusion was lost.
 """
 from __future__ import annotations
 
@@ -26,53 +15,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..targets.ort_fusions import fused_op_counts, lost_fusions
-from .onnx_export import OnnxExportError, check_onnx, run_onnxsim
-
-# onnxsim passes that fold constants into a form ONNX Runtime's fusions do not match (rung 2 skips them).
-FUSION_HOSTILE_PASSES = ("fuse_preceding_mul_into_conv",)
 _SQRT2 = math.sqrt(2.0)
-
-
-def simplify_keeping_fusions(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict]:
-    """onnxsim'd `model` with every ONNX Runtime fusion of `model` kept, and a record of how.
-
-    Returns (graph, info); info = {"method": ..., "ort_fused_ops": {"raw": counts, "written": counts},
-    "lost_by_onnxsim": {kind: n}, "restored": {"gelu_half": n}} (see the module doc for the methods).
-    Raises OnnxExportError when onnxsim fails or its graph fails the checks (as `simplify_onnx` does).
-    """
-    raw_counts = fused_op_counts(model)
-    simplified = run_onnxsim(model)
-    counts = fused_op_counts(simplified)
-    lost = lost_fusions(raw_counts, counts)
-    info = {"method": "onnxsim", "ort_fused_ops": {"raw": raw_counts, "written": counts},
-            "lost_by_onnxsim": lost, "restored": {}}
-    if not lost:
-        return simplified, info
-
-    repaired, n = restore_gelu_halves(simplified)
-    if n:
-        repaired = check_onnx(repaired)
-        del repaired.graph.value_info[:]
-        counts = fused_op_counts(repaired)
-        if not lost_fusions(raw_counts, counts):
-            info.update(method="onnxsim + restored fusable patterns", restored={"gelu_half": n})
-            info["ort_fused_ops"]["written"] = counts
-            return repaired, info
-
-    try:
-        retry = run_onnxsim(model, skipped_optimizers=list(FUSION_HOSTILE_PASSES))
-        counts = fused_op_counts(retry)
-        if not lost_fusions(raw_counts, counts):
-            info.update(method=f"onnxsim without {', '.join(FUSION_HOSTILE_PASSES)}")
-            info["ort_fused_ops"]["written"] = counts
-            return retry, info
-    except OnnxExportError:
-        pass  # the last rung needs no onnxsim at all
-
-    info.update(method="raw export (onnxsim lost ONNX Runtime fusions: kept un-simplified)")
-    info["ort_fused_ops"]["written"] = raw_counts
-    return _copy(model), info  # a copy: the caller writes metadata into the graph it gets
 
 
 # ---- re-establishing GELU's Mul(0.5) -----------------------------------------------------------------
@@ -85,7 +28,7 @@ def restore_gelu_halves(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     Conv(m * 0.5, 2 W): the same function, with no rounding (powers of two), in the form ONNX Runtime fuses.
     Returns (model, number of GELUs restored); the input model is not changed.
     """
-    model = _copy(model)
+    model = copy_model(model)
     g = model.graph
     consts = _constants(g)
     producers = {o: n for n in g.node for o in n.output}
@@ -129,7 +72,8 @@ def restore_gelu_halves(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     return model, restored
 
 
-def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A deep copy of `model` (protobuf CopyFrom)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     return out
