@@ -45,6 +45,7 @@ MAIN_JOB_QUICK = ["--imgsz", "64", "--samples", "8", "--set", "layers=[1,1,2,1]"
 SUB_PHASES = (
     ("demo weights (make_trained_like)", "vitedge.models.trained_like", "make_trained_like"),
     ("parity inputs (parity_inputs)", "vitedge.exporter.inputs", "parity_inputs"),
+    ("float64 ground truth (parity.ground_truth)", "vitedge.exporter.parity", "ground_truth"),
     ("torch.jit.trace", "torch.jit", "trace"),
     ("CoreML conversion (coremltools.convert)", "coremltools", "convert"),
     ("MIL program load", "vitedge.targets.coreml.mil_interpreter", "load_program"),
