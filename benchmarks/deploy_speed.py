@@ -2,12 +2,13 @@
 
 For one model per family, ONNX Runtime latency at 1 thread and all threads (ORT's default session, and the
 same without spinning workers), batch 1 and 8, of
-  (a) the plain export of the train-form as a user gets it: each PLAIN_EXPORTS candidate as the exporter
-      leaves it ("a.ts": TorchScript) and through onnxsim as is ("a.ts+sim"); the baseline `a` of a cell is
-      whichever was faster *in that cell* (same interleaved rounds), and the cell records which;
+  (a) the plain export of the train-form as a user gets it: each PLAIN_EXPORTS exporter's graph as it
+      leaves the exporter ("a.ts": TorchScript, "a.dyn": dynamo) and through onnxsim as is ("a.ts+sim",
+      "a.dyn+sim"); the baseline `a` of a cell is whichever was faster *in that cell* (same interleaved
+      rounds), and the cell records which;
   (b) the deploy-form folded only (`rewrites=False`) and (c) folded + rewrites, as vitedge writes them
       (its export + simplifier, which keeps every ONNX Runtime fusion of the raw graph);
-  (d) swiftformer_xs only: timm's port with the same weights, exported like (a) ("d.ts", "d.ts+sim").
+  (d) swiftformer_xs only: timm's port with the same weights, exported like (a) ("d.ts", "d.ts+sim", ...).
 Cells are timed interleaved (call by call at 1 thread, in blocks of >= 0.3 s with more threads) for at least
 5 s and until every ratio's CI is 4 % wide or 120 s have passed, with the run's single-thread fp32 GEMM
 (torch, 1024^3, right after each 1-thread cell) as the compute ceiling. Every graph's output is checked
@@ -28,7 +29,7 @@ import torch
 import torch.nn as nn
 
 import _common as C
-from vitedge.exporter.onnx_export import check_onnx, export_onnx, simplify_onnx
+from vitedge.exporter.onnx_export import OnnxExportError, check_onnx, export_onnx, simplify_onnx
 from vitedge.exporter.reparam import reparameterize
 from vitedge.models import create_model, list_models, make_trained_like
 from vitedge.targets.ort_fusions import fused_op_counts
@@ -37,11 +38,12 @@ MODELS = ("swiftformer_xs", "slab_deit_tiny", "sima_nano_12_p16", "slab_swin_tin
 QUICK_IMGSZ = {"swiftformer_xs": 64, "sima_nano_12_p16": 64}  # reduced configs at small sizes (SLAB: 224 only)
 
 # How a user exports "the usual way": each exporter's graph as it leaves the exporter, and through onnxsim as
-# is. Extension point: the dynamo exporter (`torch.onnx.export(..., dynamo=True)`) joins once vitedge
-# supports it (the ecosystem issue): add "dyn": its export function here; its raw and simplified graphs then
-# are candidates of every baseline ("a.dyn", "a.dyn+sim", "d.dyn", ...), no other change needed.
+# is; every exporter here makes two candidates of every baseline ("a.ts", "a.ts+sim", "a.dyn", ...). A model
+# an exporter cannot export has no candidate from it (no silent fallback to the other exporter).
 PLAIN_EXPORTS: dict[str, Callable[[nn.Module, int, int], onnx.ModelProto]] = {
-    "ts": lambda model, imgsz, batch: check_onnx(export_onnx(model, imgsz, batch=batch))}
+    "ts": lambda model, imgsz, batch: check_onnx(export_onnx(model, imgsz, batch=batch, exporter="torchscript")),
+    "dyn": lambda model, imgsz, batch: check_onnx(export_onnx(model, imgsz, batch=batch, exporter="dynamo",
+                                                              fallback=False))}
 PLAIN_PASSES: dict[str, Callable[[onnx.ModelProto], onnx.ModelProto]] = {  # "": as exported; "+sim": onnxsim as is
     "": lambda graph: graph, "+sim": lambda graph: simplify_onnx(graph, keep_fusions=False)}
 EXPORTER_NAMES = {"ts": "torch.onnx.export (TorchScript)", "dyn": "torch.onnx.export (dynamo)"}
@@ -50,14 +52,11 @@ VITEDGE = {"b": "folded only", "c": "folded + rewrites"}
 SPEEDUPS = (("b", "a"), ("c", "a"), ("c", "d"))  # (new, base): base latency / new latency; a, d = best candidate
 CHURN_OPS = ("Transpose", "Reshape", "Expand", "Einsum", "ReduceL2", "Div", "MatMul", "Conv", "Gemm")
 ISSUE_THREADS, ISSUE_BATCH = 1, 1  # the issue's targets are stated at 1 thread, batch 1
-# (label, ORT intra-op threads, spinning): "all" is ONNX Runtime's default session (every core, spinning
-# workers), measured as a user gets it; "all" without spinning is the setting that small shared or virtual
-# machines need (`vitedge bench --ort-spinning off`), measured beside it rather than instead of it.
+# (label, ORT intra-op threads, spinning): "all" is ORT's default session (every core, spinning workers) as a user
+# gets it; "all" without spinning (`vitedge bench --ort-spinning off`) is measured beside it, not instead of it.
 THREAD_CONFIGS = ((1, 1, None), ("all", 0, None), ("all", 0, False))
 CI_WIDTH = 0.04  # a cell's rounds continue until every ratio's 95% CI is at most 4% wide, or its time is up
-# Multi-thread cells alternate the variants in blocks of >= BLOCK_S (median of each block's second half), not
-# call by call: each ORT session's spinning thread pool competes with the next session's (see _common).
-BLOCK_S = 0.3
+BLOCK_S = 0.3  # multi-thread cells alternate in blocks of >= this, not call by call: spinning pools compete (_common)
 MIN_S_PER_CELL = 5.0  # every cell spans at least this long, precise or not (a passing machine state averages out)
 # issue 17's targets (1 thread, batch 1, against the best plain export), the floor and the stretch
 RATIO_TARGETS = (("swiftformer_xs", "c/a", 1.10), ("swiftformer_xs", "c/d", 1.10), ("slab_deit_tiny", "c/a", 1.15),
@@ -74,8 +73,7 @@ def describe(key: str) -> str:
     if key in VITEDGE:
         return VITEDGE[key]
     base, cand = key.split(".", 1)
-    exporter = cand.split("+")[0]
-    return f"{BASELINES[base]}: {EXPORTER_NAMES.get(exporter, exporter)}{', + onnxsim' if '+sim' in cand else ''}"
+    return f"{BASELINES[base]}: {EXPORTER_NAMES[cand.split('+')[0]]}{', + onnxsim' if '+sim' in cand else ''}"
 
 
 # ---- the variants -------------------------------------------------------------------------------------
@@ -108,13 +106,18 @@ def build_models(name: str, overrides: dict, imgsz: int) -> tuple[nn.Module, dic
     return train, models, skipped
 
 
-def build_graphs(models: dict, imgsz: int, batch: int) -> dict[str, onnx.ModelProto]:
-    """Every timed graph: the baselines' candidates and vitedge's written graphs (b), (c)."""
+def build_graphs(models: dict, imgsz: int, batch: int, unavailable: dict) -> dict[str, onnx.ModelProto]:
+    """Every timed graph: the baselines' candidates and vitedge's written graphs (b), (c); a candidate whose
+    export fails goes into `unavailable` with the reason."""
     graphs = {}
     for v, m in models.items():
         if v in BASELINES:
             for e, export in PLAIN_EXPORTS.items():
-                raw = export(m, imgsz, batch)
+                try:
+                    raw = export(m, imgsz, batch)
+                except OnnxExportError as err:
+                    unavailable[f"{v}.{e}"] = str(err)[:300]
+                    continue
                 for suffix, apply in PLAIN_PASSES.items():
                     graphs[f"{v}.{e}{suffix}"] = apply(raw)
         else:
@@ -128,12 +131,12 @@ def measure_model(name: str, overrides: dict, config: str, imgsz: int, batches, 
     print(f"\n{name} ({config} config, {imgsz} px)", flush=True)
     train, models, skipped = build_models(name, overrides, imgsz)
     gf = C.gflop(name, imgsz, overrides)
-    graphs, parity, nodes = {}, {}, {}
+    graphs, parity, nodes, unavailable = {}, {}, {}, {}
     for batch in batches:
         x = np.random.default_rng(batch).standard_normal((batch, 3, imgsz, imgsz)).astype(np.float32)
         with torch.no_grad():
             ref = train(torch.from_numpy(x)).numpy()
-        for key, g in build_graphs(models, imgsz, batch).items():
+        for key, g in build_graphs(models, imgsz, batch, unavailable).items():
             graphs[(key, batch)] = g
             problems = C.parity_problems(ref, C.ort(g, threads=1).run(x))
             if problems:
@@ -143,6 +146,8 @@ def measure_model(name: str, overrides: dict, config: str, imgsz: int, batches, 
     keys = list(dict.fromkeys(k for k, _ in graphs))
     for key, p in parity.items():
         print(f"  PARITY FAILED ({key}) {describe(key)}: {'; '.join(p)}: not timed as a baseline", flush=True)
+    for key, why in unavailable.items():
+        print(f"  no candidate ({key}): the export failed: {why}", flush=True)
     _print_nodes(nodes)
     print(f"  rewrites in (c): {', '.join(models['c'].reparam_summary.rewrites) or 'none'}", flush=True)
     cells = []
@@ -151,7 +156,8 @@ def measure_model(name: str, overrides: dict, config: str, imgsz: int, batches, 
             cells.append(measure_cell(graphs, keys, (label, threads, spinning), batch, imgsz, gf, gemm, timing,
                                       parity))
     return {"model": name, "config": config, "overrides": overrides, "imgsz": imgsz, "gflop_per_image": gf,
-            "variants": {k: describe(k) for k in keys}, "skipped": skipped, "nodes": nodes,
+            "variants": {k: describe(k) for k in keys}, "skipped": skipped, "export_failed": unavailable,
+            "nodes": nodes,
             # the code state measured: the deploy-form rewrites (c) applied, and the folds (b) and (c) share
             "rewrites": list(models["c"].reparam_summary.rewrites),
             "folded": dict(models["c"].reparam_summary.folded),
@@ -303,19 +309,15 @@ def print_summary(models: list[dict], gemm_gflops: float | None) -> None:
 
 
 def print_ratios(models: list[dict], targets: list[dict]) -> None:
-    print("\nonnxsim as is on the plain exports (raw latency / simplified latency; < 1 = onnxsim slowed it):")
-    for m in models:
-        for c in m["cells"]:
-            for k, r in c["onnxsim_effect"].items():
+    for title, field in (("onnxsim as is on the plain exports (raw latency / simplified latency; < 1 = onnxsim "
+                          "slowed it)", "onnxsim_effect"), ("speedups (base latency / new latency; > 1 = faster; a, d "
+                                                            "= the faster of their candidates in the cell)", "speedups")):
+        print(f"\n{title}, ONNX Runtime:")
+        for m, c in ((m, c) for m in models for c in m["cells"]):
+            for k, r in c[field].items():
+                base = f" [base {r['base']}]" if "base" in r else ""
                 print(f"  {m['model']:<17} ({m['config']}) threads {_threads(c):<12} batch {c['batch']}  "
-                      f"{k}: {C.fmt_ratio(r)}")
-    print("\nspeedups (base latency / new latency; > 1 = faster; a, d = the faster of their candidates in the cell),"
-          " ONNX Runtime:")
-    for m in models:
-        for c in m["cells"]:
-            for k, r in c["speedups"].items():
-                print(f"  {m['model']:<17} ({m['config']}) threads {_threads(c):<12} batch {c['batch']}  "
-                      f"{k}: {C.fmt_ratio(r)} [base {r['base']}]")
+                      f"{k}: {C.fmt_ratio(r)}{base}")
     print("\nissue 17 targets (measured, 1 thread, batch 1 where stated):")
     for t in targets:
         if "ratio" in t:
@@ -377,11 +379,10 @@ def main(argv=None) -> int:
                          "threads": [{"threads": lbl, "ort_intra_op_threads": t,
                                       "spinning": {None: "default", False: "off"}[sp]} for lbl, t, sp in THREAD_CONFIGS],
                          "min_rounds": timing["min_rounds"], "min_s_per_cell": timing["min_s"],
-                         "max_s_per_cell": timing["max_s"],
-                         "ci_width": timing["ci_width"], "block_s_multi_thread": timing["block_s"],
-                         "gemm_n": gemm_n, "swin": args.swin,
-                         "export": "static batch, opset 17; baselines: " + ", ".join(
-                             f"{e}{p or ' raw'}" for e in PLAIN_EXPORTS for p in PLAIN_PASSES)
+                         "max_s_per_cell": timing["max_s"], "ci_width": timing["ci_width"],
+                         "block_s_multi_thread": timing["block_s"], "gemm_n": gemm_n, "swin": args.swin,
+                         "export": "static batch, each exporter's default opset; baselines: "
+                                   + ", ".join(f"{e}{p or ' raw'}" for e in PLAIN_EXPORTS for p in PLAIN_PASSES)
                                    + "; (b), (c): vitedge's export + simplifier (ORT fusions kept)"},
             "gemm": {"n": gemm_n, "gflops_median": gemm_median, "gflops_per_cell": gemm_all},
             "missing": missing, "models": results, "targets": targets}
