@@ -302,6 +302,8 @@ def load_program(path: str | Path, function: str = "main") -> MILProgram:
                 const_dtypes[name] = dtype
                 continue
             op_inputs = {}
+            if o.type.startswith("constexpr_"):  # iOS 16 constexpr ops carry their constant params as attributes
+                op_inputs.update({k: ("val", _decode_value(ctx, v)) for k, v in o.attributes.items() if k != "name"})
             for param, arg in o.inputs.items():
                 bindings = [_decode_binding(ctx, b) for b in arg.arguments]
                 op_inputs[param] = bindings if (len(bindings) > 1 or param in _TUPLE_PARAMS) else bindings[0]
