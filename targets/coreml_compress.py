@@ -22,7 +22,6 @@ calibration; everything else is coremltools' pass.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import math
 import shutil
@@ -32,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from ..models.errors import VitedgeError
+from .calibration import calibration_record
 from .mil_interpreter import load_program, package_paths, quiet_coremltools
 
 KINDS = ("w8", "palette4", "palette6", "w8a8")
@@ -239,11 +239,10 @@ def compress_package(src: str | Path, dst: str | Path, kind: str, *, calibration
             out = cto.linear_quantize_weights(a8, cto.OptimizationConfig(global_config=_weight_config(cto)))
             info["api"] = ("linear_quantize_activations(OpLinearQuantizerConfig(mode='linear_symmetric')) with "
                            "interpreter min/max ranges, then linear_quantize_weights(int8 per_channel)")
-            calib = np.ascontiguousarray(calibration, np.float32)
             info["calibration"] = {
-                "samples": int(len(calib)), "ids": list(calibration_ids) if calibration_ids is not None else None,
-                "sha256": hashlib.sha256(calib.tobytes()).hexdigest(), "tensors": len(stats),
-                "method": "min/max over all samples, the source program run by the vitedge MIL interpreter"}
+                **calibration_record(calibration, calibration_ids,
+                                     "min/max over all samples, the source program run by the vitedge MIL interpreter"),
+                "tensors": len(stats)}
         out.user_defined_metadata["compression"] = json.dumps({"kind": kind, "ios": ios}, sort_keys=True)
         tmp = dst.with_name(dst.stem + ".partial.mlpackage")  # coremltools saves only *.mlpackage
         shutil.rmtree(tmp, ignore_errors=True)

@@ -21,6 +21,7 @@ import pytest
 from onnx import numpy_helper
 
 from vitedge.models.errors import VitedgeError
+from vitedge.targets.calibration import calibration_overlap, calibration_record
 from vitedge.targets.graph import qdq
 from vitedge.tests import trained_fixtures as tf
 
@@ -156,10 +157,10 @@ def test_calibration_samples_are_recorded_and_kept_apart():
     calib, ids = tf.calibration_images(name, CALIB)
     rec = q.info["calibration"]
     assert rec["samples"] == CALIB and rec["ids"] == [str(i) for i in ids] and rec["method"] == qdq.CALIBRATION
-    assert rec["sha256"] == qdq.calibration_record(calib, ids, "minmax")["sha256"]
+    assert rec["sha256"] == calibration_record(calib, ids, "minmax")["sha256"]
     _, held = tf.split()
-    assert qdq.calibration_overlap(q.info, held) == []          # the evaluation never saw a calibration image
-    assert qdq.calibration_overlap(q.info, ids[:3] + [held[0]]) == sorted(str(i) for i in ids[:3])
+    assert calibration_overlap(q.info, held) == []          # the evaluation never saw a calibration image
+    assert calibration_overlap(q.info, ids[:3] + [held[0]]) == sorted(str(i) for i in ids[:3])
     meta = {p.key: p.value for p in q.model.metadata_props}
     assert "vitedge.int8" in meta
 

@@ -17,11 +17,10 @@ and why, and which samples calibrated:
 
 Calibration samples and evaluation samples must differ: the caller passes the calibration array (and names its
 samples in `calibration_ids`), `info["calibration"]` records the ids and a sha256 of the array, and
-`calibration_overlap(info, ids)` tells a caller which of its evaluation ids calibrated.
+`targets.calibration.calibration_overlap(info, ids)` tells a caller which of its evaluation ids calibrated.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import tempfile
 from collections import Counter
@@ -31,6 +30,8 @@ from typing import Iterable
 
 import numpy as np
 import onnx
+
+from ..calibration import calibration_record
 
 DEFAULT_OP_TYPES = ("Conv", "Gemm", "MatMul")
 METHODS = ("minmax", "percentile", "entropy")
@@ -84,18 +85,6 @@ def _batches(x: np.ndarray, batch: int | None) -> list[np.ndarray]:
             chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch - len(chunk), axis=0)])
         out.append(np.ascontiguousarray(chunk, np.float32))
     return out
-
-
-def calibration_record(calibration: np.ndarray, ids: Iterable | None, method: str) -> dict:
-    x = np.ascontiguousarray(calibration, np.float32)
-    return {"method": method, "samples": int(len(x)), "ids": [str(i) for i in ids] if ids is not None else None,
-            "sha256": hashlib.sha256(x.tobytes()).hexdigest()}
-
-
-def calibration_overlap(info: dict, ids: Iterable) -> list[str]:
-    """The ids among `ids` that calibrated the model described by `info` (must be empty for an honest evaluation)."""
-    used = set((info.get("calibration") or {}).get("ids") or [])
-    return sorted(str(i) for i in ids if str(i) in used)
 
 
 def _preprocess(model: onnx.ModelProto, tmp: Path) -> onnx.ModelProto:
@@ -195,4 +184,4 @@ def _info(pre: onnx.ModelProto, qdq: onnx.ModelProto, islands: dict, policy, op_
     }
 
 
-__all__ = ["DEFAULT_OP_TYPES", "QdqModel", "quantize_qdq", "quantized_nodes", "calibration_overlap"]
+__all__ = ["DEFAULT_OP_TYPES", "QdqModel", "quantize_qdq", "quantized_nodes"]
