@@ -12,7 +12,6 @@ Gates (int8 against the fp32 train-form, 364 held-out images), from measurements
 from __future__ import annotations
 
 import ast
-import logging
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +36,6 @@ _CACHE: dict = {}
 def quantized(name: str) -> qdq.QdqModel:
     if name not in _CACHE:
         x, ids = tf.calibration_images(name, CALIB)
-        logging.getLogger().setLevel(logging.ERROR)  # ORT's "consider pre-processing" notice is about the input
         _CACHE[name] = qdq.quantize_qdq(tf.onnx_fp32(name), x, calibration_ids=ids)
     return _CACHE[name]
 
