@@ -1,4 +1,4 @@
-"""CoreML compression (targets/coreml_compress.py) on the trained reference models, run by the MIL interpreter.
+"""CoreML compression (targets/coreml/compress.py) on the trained reference models, run by the MIL interpreter.
 
 Packages are converted once per module (fp16 with the precision policy's fp32 islands, batch 52: the 364 held-out
 images in 7 runs) and compressed once per kind. Gates against the fp32 train-form on the held-out digits, from
@@ -26,12 +26,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vitedge.models.errors import VitedgeError
-from vitedge.targets import coreml_compress as cc
+from vitedge.errors import VitedgeError
+from vitedge.targets.coreml import compress as cc
 from vitedge.targets.base import LowerSpec
 from vitedge.targets.calibration import calibration_overlap
 from vitedge.targets.coreml import CoreMLTarget, EmulatedCoreMLRunner
-from vitedge.targets.mil_interpreter import load_program, package_paths, quiet_coremltools
+from vitedge.targets.coreml.mil_interpreter import load_program, package_paths, quiet_coremltools
 from vitedge.tests import trained_fixtures as tf
 
 BATCH = 52
@@ -231,6 +231,17 @@ def test_bad_requests_are_clear_errors(workdir):
     with pytest.raises(VitedgeError, match="already exists"):
         cc.compress_package(src16, src16, "w8")
     assert not (workdir / "x.mlpackage").exists()
+
+
+def test_palettization_without_scikit_learn_names_the_extra(workdir, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "sklearn", None)  # `import sklearn.cluster` raises ImportError
+    monkeypatch.setitem(sys.modules, "sklearn.cluster", None)
+    with pytest.raises(VitedgeError, match=r"scikit-learn .*vitedge\[compress\]"):
+        cc.compress_package(source(workdir, "swiftformer_digits", 16), workdir / "y.mlpackage", "palette4")
+    assert not (workdir / "y.mlpackage").exists()
+    cc.require_kmeans("w8")  # weight-only linear quantization needs no k-means
 
 
 def test_sizes_where_weights_dominate(tmp_path):

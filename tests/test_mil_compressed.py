@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vitedge.targets.mil_interpreter import quiet_coremltools
-from vitedge.targets.mil_ops import OPS, OpArgs
-from vitedge.targets.mil_ops_compressed import unpack_bits
+from vitedge.targets.coreml.mil_interpreter import quiet_coremltools
+from vitedge.targets.coreml.mil_ops import OPS, OpArgs
+from vitedge.targets.coreml.mil_ops_compressed import unpack_bits
 
 with quiet_coremltools():
     from coremltools.converters.mil.mil.ops.defs.iOS16 import constexpr_ops as ios16

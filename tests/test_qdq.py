@@ -19,7 +19,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from vitedge.models.errors import VitedgeError
+from vitedge.errors import VitedgeError
 from vitedge.targets.calibration import calibration_overlap, calibration_record
 from vitedge.targets.graph import qdq
 from vitedge.tests import trained_fixtures as tf

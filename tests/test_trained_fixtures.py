@@ -88,7 +88,7 @@ def test_deploy_form_and_onnx_keep_every_decision(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_fp16_onnx_accuracy(name):
-    from vitedge.exporter.onnx_fp16 import convert_onnx_fp16
+    from vitedge.targets.graph.onnx_fp16 import convert_onnx_fp16
 
     x, y = tf.heldout(name)
     train, _ = tf.deploy_form(name)

@@ -9,6 +9,8 @@ framework.py        CoreML.framework (macOS): loading, the compute plan, the Neu
 target.py           CoreMLTarget, the Target behind get_target("coreml")
 mil_interpreter.py  reads a saved ML Program and runs it with numpy, op by op, honouring each op's dtype
 mil_ops.py          the numpy kernel of every MIL op the emulator knows
+mil_ops_compressed.py  the kernels of compressed programs (constexpr dequantize / LUT ops, quantize / dequantize)
+compress.py         w8 / palette4|6 / w8a8 through coremltools.optimize on a saved package, and what it did
 
 Names are imported lazily from here (`from vitedge.targets.coreml import CoreMLTarget`), so importing the options
 does not import torch or coremltools.

@@ -26,6 +26,7 @@ import numpy as np
 
 from ...errors import VitedgeError
 from ..base import UnavailableError
+from . import mil_ops_compressed  # noqa: F401  (registers the compressed programs' kernels in OPS)
 from .mil_ops import OPS, OpArgs
 
 _DTYPES = {"FLOAT16": "fp16", "FLOAT32": "fp32", "FLOAT64": "fp64", "BFLOAT16": "bf16", "INT8": "int8",

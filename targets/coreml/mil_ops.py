@@ -565,8 +565,3 @@ def _classify(a: OpArgs):
     p = _f(a["probabilities"]).reshape(-1)
     classes = list(a["classes"])
     return classes[int(np.argmax(p))], {c: float(v) for c, v in zip(classes, p)}
-
-
-# ------------------------------------------------------------------------------------------------ compressed programs
-# The kernels of coremltools.optimize's compressed programs live in their own module (registered through `op`).
-from . import mil_ops_compressed  # noqa: E402,F401

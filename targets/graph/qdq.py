@@ -31,7 +31,9 @@ from typing import Iterable
 import numpy as np
 import onnx
 
+from ...errors import VitedgeError
 from ..calibration import calibration_record
+from .precision import default_policy, name_nodes
 
 DEFAULT_OP_TYPES = ("Conv", "Gemm", "MatMul")
 METHODS = ("minmax", "percentile", "entropy")
@@ -103,9 +105,6 @@ def quantize_qdq(fp32: onnx.ModelProto, calibration: np.ndarray, *, calibration_
     from onnxruntime import __version__ as ort_version
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
-    # The precision policy moves to targets/graph/ with issue 16; imported lazily from its current home.
-    from ...exporter.precision import _name_nodes, default_policy
-    from ...models.errors import VitedgeError
 
     x = np.asarray(calibration, np.float32)
     if x.ndim != 4 or len(x) == 0:
@@ -126,7 +125,7 @@ def quantize_qdq(fp32: onnx.ModelProto, calibration: np.ndarray, *, calibration_
         model.CopyFrom(fp32)
         if preprocess:
             model = _preprocess(model, tmp)
-        _name_nodes(model)
+        name_nodes(model)
         islands = policy.onnx_fp32_islands(model)
         out = tmp / "int8.onnx"
         quantize_static(

@@ -1,6 +1,6 @@
 """numpy kernels for the ops `coremltools.optimize.coreml` puts into compressed ML Programs.
 
-Registered in the interpreter's op table through `mil_ops.op` (imported at the end of mil_ops.py). Which op
+Registered in the interpreter's op table through `mil_ops.op` (mil_interpreter.py imports this module). Which op
 appears where (measured by compressing the trained reference models, docs/quantization_spike.md):
 
 | compression | iOS 16 / 17 | iOS 18 |

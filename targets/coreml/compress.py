@@ -30,9 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..models.errors import VitedgeError
-from .calibration import calibration_record
+from ...errors import VitedgeError
+from ..calibration import calibration_record
+from .convert import _no_progress_bars
 from .mil_interpreter import load_program, package_paths, quiet_coremltools
+from .mlpackage import load_program_spec, make_package_deterministic
 
 KINDS = ("w8", "palette4", "palette6", "w8a8")
 WEIGHT_ONLY = ("w8", "palette4", "palette6")
@@ -55,13 +57,23 @@ class Compressed:
 
 def package_ios(path: Path) -> int:
     """The iOS deployment target of a package, from its specification version (7 = iOS 16, 8 = 17, 9 = 18)."""
-    from .coreml import load_program_spec
-
     version = load_program_spec(Path(path)).specificationVersion
     if version not in _SPEC_TO_IOS:
         raise VitedgeError(f"{path} has Core ML specification version {version}; compression needs an iOS 16-18 "
                            "ML Program: re-export with --target coreml --ios 16|17|18")
     return _SPEC_TO_IOS[version]
+
+
+def require_kmeans(kind: str) -> None:
+    """palette4/6 cluster weights with scikit-learn's KMeans inside coremltools (kmeans1d, where installed, only
+    takes fp16 tensors of >= 10k elements): without scikit-learn, a one-line VitedgeError naming the extra."""
+    if kind not in PALETTE_BITS:
+        return
+    try:
+        import sklearn.cluster  # noqa: F401
+    except ImportError:
+        raise VitedgeError(f"--precision {kind} needs scikit-learn for k-means palettization: "
+                           "pip install 'vitedge[compress]'") from None
 
 
 def check_request(kind: str, ios: int, calibration) -> None:
@@ -75,13 +87,12 @@ def check_request(kind: str, ios: int, calibration) -> None:
         raise VitedgeError(f"{kind} compresses weights only and takes no calibration samples: drop them (--calib)")
     if kind == "w8a8" and (calibration is None or len(calibration) == 0):
         raise VitedgeError("w8a8 needs calibration samples (--calib N >= 1) to set its activation ranges")
+    require_kmeans(kind)
 
 
 @contextlib.contextmanager
 def _quiet():
     """coremltools without its import noise and tqdm bars (errors still raise)."""
-    from .coreml import _no_progress_bars
-
     with quiet_coremltools(), _no_progress_bars():
         yield
 
@@ -248,8 +259,6 @@ def compress_package(src: str | Path, dst: str | Path, kind: str, *, calibration
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             out.save(str(tmp))
-            from .coreml import make_package_deterministic
-
             make_package_deterministic(tmp)
             tmp.rename(dst)
         finally:
