@@ -23,17 +23,21 @@ import numpy as np
 if TYPE_CHECKING:  # annotations only: importing this module stays torch-free (the CLI builds parsers from it)
     import torch.nn as nn
 
+    from .calibration import Calibration
+
 @dataclass
 class LowerSpec:
     """Everything a target needs to lower one model."""
     name: str                 # model name (file stem)
     imgsz: int
     batch: int | None         # None = dynamic batch
-    precision: str            # "fp32" | "fp16"
+    precision: str            # "fp32" | "fp16" | one of the compressed kinds the target lists in `precisions`
     out_dir: Path             # the temporary build folder (renamed into place by the pipeline)
     onnx_path: Path | None    # the simplified, verified fp32 ONNX
     metadata: dict = field(default_factory=dict)
     options: dict = field(default_factory=dict)  # target-specific flags (ios, input, labels, workspace, ...)
+    calibration: "Calibration | None" = None     # int8 / w8a8: the samples that set activation ranges
+    qdq_path: Path | None = None                 # int8: the QDQ graph (in the target's `qdq_encoding`) to build from
 
 
 @dataclass
@@ -86,6 +90,7 @@ class Target(ABC):
     options: tuple = ()          # target-specific CLI option names it accepts
     dynamic_batch: bool = False  # whether --dynamic-batch applies
     hop_names: dict = {}         # precision -> parity hop name, where it is not the target's name
+    qdq_encoding: str | None = None  # int8: which QDQ encoding the pipeline writes for it (targets/graph/qdq.py)
 
     def hop_name(self, precision: str | None) -> str:
         """The parity hop this target's artifact of `precision` is reported as."""
@@ -101,6 +106,12 @@ class Target(ABC):
 
     def validate_options(self, options: dict) -> None:
         """Check target-specific option values before any work; raise VitedgeError naming the flag."""
+
+    def plan_precision(self, precision: str, options: dict) -> dict:
+        """Check `precision` against this target's options (those the user set; unset ones are absent) before any
+        work and return the options it needs (e.g. a deployment target raised for it, with a note of why). Raise
+        VitedgeError naming the flags for a combination that cannot work."""
+        return options
 
     def read_metadata(self, path: str | Path) -> dict:
         """What an artifact this target wrote says about itself (model, imgsz, precision, overrides, ...);

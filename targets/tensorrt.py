@@ -12,6 +12,10 @@ Built from the pipeline's simplified, verified fp32 ONNX through the `tensorrt` 
   layers really run in fp32; the sidecar records that verified count.
 - TensorRT 11.x: strongly typed only (no FP16 flag), so fp16 means building from the fp16-cast ONNX
   (targets/graph/onnx_fp16.py: fp16 everywhere except the policy's islands, fp32 inputs/outputs).
+- int8 (10.x and 11.x): explicit quantization from the QDQ graph the pipeline wrote (`spec.qdq_path`, the
+  "tensorrt" encoding of targets/graph/qdq.py: int8 Q/DQ with zero points 0, the only kind TensorRT's parser
+  takes), built strongly typed (a creation flag on 10.x, always so on 11.x): Q/DQ fix what runs in int8, the
+  policy's islands were never quantized and stay fp32. The inspector must show int8 layers to confirm it.
 Precision truth (tensorrt_precision.py): visible layers counted, Myelin "{ForeignNode[...]}" layers unknown;
 when they hide the compute, an fp32 engine of the same ONNX (TF32 off) is built and run beside the fp16 one.
 Refuted -> EngineBuildError; inconclusive -> said so in the sidecar, never a pass or a failure.
@@ -43,6 +47,7 @@ from .tensorrt_precision import (MIN_FP16_SHARE, compare_outputs, layer_precisio
 DEFAULT_MAX_BATCH = 8
 GIB = 1 << 30
 WEAK_FP16, STRONG_FP16, FP32 = "builder-flag-fp16", "strongly-typed-fp16-onnx", "fp32"
+STRONG_INT8 = "strongly-typed-int8-qdq"
 PROBE_SAMPLES = 4  # inputs the fp16 and fp32 reference engines both run when the inspector cannot decide
 # ONNX ops that only move data: an island passes through them, but no layer of theirs computes anything to pin
 MOVE_OPS = frozenset({"Transpose", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Cast", "Expand"})
@@ -128,8 +133,10 @@ def build_path(major: int, precision: str) -> str:
     """How an engine of `precision` is built on TensorRT `major` (the 10.x / 11.x dispatch)."""
     if precision == "fp32":
         return FP32
+    if precision == "int8":
+        return STRONG_INT8
     if precision != "fp16":
-        raise ValueError(f"tensorrt precision must be fp32 or fp16; got {precision!r}")
+        raise ValueError(f"tensorrt precision must be fp32, fp16 or int8; got {precision!r}")
     return WEAK_FP16 if major < 11 else STRONG_FP16
 
 
@@ -219,7 +226,9 @@ def build_engine(trt, onnx_bytes: bytes, *, input_name: str, imgsz: int, profile
     t0 = time.perf_counter()
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
-    network = builder.create_network(0)  # 10.x: explicit batch is the default; 11.x: always strongly typed
+    # 10.x: explicit batch is the default, strong typing a flag (the int8 QDQ path); 11.x: always strongly typed
+    strong = path == STRONG_INT8 and trt_major(trt) < 11
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED) if strong else 0)
     parser = trt.OnnxParser(network, logger)
     if not parser.parse(onnx_bytes):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
@@ -284,7 +293,8 @@ class TensorRTTarget(Target):
     name = "tensorrt"
     suffix = ".engine"
     default_precision = "fp16"
-    precisions = ("fp32", "fp16")
+    precisions = ("fp32", "fp16", "int8")
+    qdq_encoding = "tensorrt"  # int8: the QDQ graph the engine is built from (targets/graph/qdq.py ENCODINGS)
     options = ("workspace", "max_batch", "timing_cache")
     dynamic_batch = True
 
@@ -328,7 +338,9 @@ class TensorRTTarget(Target):
         trt = self._module()
         precision = spec.precision or self.default_precision
         path = build_path(trt_major(trt), precision)
-        src = Path(spec.onnx_path)
+        if precision == "int8" and spec.qdq_path is None:
+            raise ValueError("a tensorrt int8 engine is built from the pipeline's QDQ graph (spec.qdq_path)")
+        src = Path(spec.qdq_path if precision == "int8" else spec.onnx_path)
         fp32_model = onnx.load(str(src))
         inputs, outputs = _io_specs(fp32_model)
         opts = {k: v for k, v in (spec.options or {}).items() if v is not None}
@@ -350,7 +362,7 @@ class TensorRTTarget(Target):
             ops = {n.name: n.op_type for n in fp32_model.graph.node}
             islands = {n: ops[n] for n in names}
             onnx_bytes = fp32_bytes = fp32_model.SerializeToString()
-        else:
+        else:  # fp32, or int8 from the QDQ graph (its islands were never quantized)
             onnx_bytes = fp32_bytes
         res = build_engine(trt, onnx_bytes, path=path, fp32_layers=islands, **build)
         precisions = layer_precisions(res.inspector)

@@ -45,13 +45,17 @@ ROWS: tuple[Api, ...] = (
     *(Api("tensorrt", c, "class", source=s) for c, s in (
         ("Logger", "core"), ("Builder", "core"), ("Runtime", "core"), ("OnnxParser", "onnx"),
         ("BuilderFlag", "core"), ("MemoryPoolType", "core"), ("ProfilingVerbosity", "core"),
-        ("LayerInformationFormat", "core"), ("TensorIOMode", "core"), ("LayerType", "graph"))),
+        ("LayerInformationFormat", "core"), ("TensorIOMode", "core"), ("LayerType", "graph"),
+        ("NetworkDefinitionCreationFlag", "core"))),
     # logging
     Api("Logger", "__init__", "method", ("min_severity=Logger.WARNING",)),
     Api("Logger", "WARNING", "value"),
     # building
     Api("Builder", "__init__", "method", ("logger",)),
     Api("Builder", "create_network", "method", ("flags=0",)),
+    # int8 from a QDQ graph (explicit quantization) is built strongly typed: a flag on 10.x, always so on 11.x
+    # (where the value stays, documented as ignored; vitedge passes it on 10.x only)
+    Api("NetworkDefinitionCreationFlag", "STRONGLY_TYPED", "value"),
     Api("Builder", "create_builder_config", "method", ()),
     Api("Builder", "create_optimization_profile", "method", ()),
     Api("Builder", "build_serialized_network", "method", ("network", "config")),

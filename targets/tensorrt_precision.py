@@ -89,9 +89,10 @@ def layer_precisions(info: dict) -> dict:
     """Per-precision counts of the inspector's ordinary compute layers, and what could not be counted.
 
     Keys: layers {precision: n}, float_layers (counted), fp16_share (None when nothing was countable),
-    myelin_layers, myelin_names (first 5), data_movement_layers, total_layers."""
+    myelin_layers, myelin_names (first 5), data_movement_layers, total_layers, int8_layers (ordinary compute
+    layers that take or give an int8 tensor)."""
     counts: dict[str, int] = {}
-    myelin, moves, total = [], 0, 0
+    myelin, moves, total, int8 = [], 0, 0, 0
     for layer in info.get("Layers", []):
         if not isinstance(layer, dict):
             continue  # ProfilingVerbosity below DETAILED: layer names only
@@ -105,10 +106,12 @@ def layer_precisions(info: dict) -> dict:
         p = layer_precision(layer)
         if p is not None:
             counts[p] = counts.get(p, 0) + 1
+        if "int8" in _tensor_types(layer.get("Inputs")) + _tensor_types(layer.get("Outputs")):
+            int8 += 1
     n = sum(counts.values())
     return {"layers": counts, "float_layers": n, "fp16_share": counts.get("fp16", 0) / n if n else None,
             "myelin_layers": len(myelin), "myelin_names": myelin[:5], "data_movement_layers": moves,
-            "total_layers": total}
+            "total_layers": total, "int8_layers": int8}
 
 
 def compare_outputs(fp16: "object", fp32: "object") -> dict:
@@ -131,6 +134,8 @@ def precision_verdict(requested: str, precisions: dict, outputs: dict | None = N
     parts cannot either)."""
     share, n, fused = precisions["fp16_share"], precisions["float_layers"], precisions["myelin_layers"]
     seen = f"{n} visible compute layer(s) ({precisions['layers']}), {fused} Myelin layer(s) of unknown precision"
+    if requested == "int8":
+        return _int8_verdict(precisions, seen)
     if requested != "fp16":
         reduced = {k: v for k, v in precisions["layers"].items() if k != "fp32"}
         if reduced:
@@ -162,6 +167,22 @@ def precision_verdict(requested: str, precisions: dict, outputs: dict | None = N
     why = outputs_unavailable or "no fp32 reference engine was compared"
     what = "no layer precision is visible" if n == 0 and fused == 0 else seen
     return {"status": "inconclusive", "built": "unknown", "evidence": "none", "reason": f"{what}; {why}"}
+
+
+def _int8_verdict(precisions: dict, seen: str) -> dict:
+    """int8 from a QDQ graph: confirmed when visible compute layers take or give int8 tensors; refuted when layers
+    are visible, none does and nothing is hidden in Myelin (TensorRT dequantized everything and computes in
+    float); otherwise inconclusive (the Q/DQ may sit inside Myelin layers). No reference engine is built: an int8
+    engine differs from fp32 by its quantization, whatever precision the rest runs in."""
+    k = precisions.get("int8_layers", 0)
+    if k:
+        return {"status": "confirmed", "built": "int8", "evidence": "inspector",
+                "reason": f"{k} visible compute layer(s) take or give int8 tensors; {seen}"}
+    if precisions["myelin_layers"] == 0 and precisions["float_layers"]:
+        return {"status": "refuted", "built": "float", "evidence": "inspector",
+                "reason": f"int8 was asked but no visible layer takes or gives int8 tensors: {seen}"}
+    return {"status": "inconclusive", "built": "unknown", "evidence": "inspector",
+            "reason": f"no visible layer takes int8 tensors and the Q/DQ may be fused inside Myelin layers; {seen}"}
 
 
 def verify_pinned(info: dict, pinned: dict[str, str]) -> dict:

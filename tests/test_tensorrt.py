@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 import pytest
 import torch
 import torch.nn as nn
@@ -31,7 +32,7 @@ from vitedge.exporter.reparam.engine import reparameterize
 from vitedge.models import create_model, make_trained_like
 from vitedge.models.layers import EfficientAdditiveAttention
 from vitedge.targets import LowerSpec, UnavailableError, get_target
-from vitedge.targets.tensorrt import (MIN_FP16_SHARE, MOVE_OPS, STRONG_FP16, WEAK_FP16, BatchProfile,
+from vitedge.targets.tensorrt import (MIN_FP16_SHARE, MOVE_OPS, STRONG_FP16, STRONG_INT8, WEAK_FP16, BatchProfile,
                                       EngineBuildError, TensorRTTarget, batch_profiles, build_path,
                                       check_engine_precision, layer_precisions, precision_verdict, verify_pinned)
 from vitedge.targets.tensorrt_precision import compare_outputs, dtype_of, name_members, onnx_nodes
@@ -163,8 +164,9 @@ def test_batch_profiles():
 def test_build_path_dispatch():
     assert build_path(10, "fp16") == WEAK_FP16 and build_path(11, "fp16") == STRONG_FP16
     assert build_path(10, "fp32") == build_path(11, "fp32") == "fp32"
+    assert build_path(10, "int8") == build_path(11, "int8") == STRONG_INT8
     with pytest.raises(ValueError):
-        build_path(11, "int8")
+        build_path(11, "int4")
 
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tensorrt"
@@ -355,6 +357,64 @@ def test_fp32_engines_parse_the_fp32_onnx_and_no_fp16(tmp_path, trt_fake, versio
     assert art.precision == "fp32" and art.info["precision_built"] == "fp32"
 
 
+def _qdq_onnx(tmp_path: Path) -> Path:
+    """The tiny graph as the pipeline's tensorrt-encoding QDQ graph (int8 Q/DQ, zero points 0)."""
+    from vitedge.targets.graph.qdq import quantize_qdq
+
+    fp32 = onnx.load(str(_tiny_onnx(tmp_path)))
+    calib = np.random.default_rng(0).standard_normal((8, 3, 32, 32)).astype(np.float32)
+    path = tmp_path / "tiny.int8.tensorrt.onnx"
+    onnx.save(quantize_qdq(fp32, calib, encoding="tensorrt").model, str(path))
+    return path
+
+
+def _lower_int8(tmp_path: Path, fake):
+    target = TensorRTTarget(trt=fake.module, device=lambda: (GPU, None), memory=lambda: (fake.memory, None))
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    qdq_path = _qdq_onnx(tmp_path)
+    spec = LowerSpec(name="tiny", imgsz=32, batch=1, precision="int8", out_dir=out, onnx_path=_tiny_onnx(tmp_path),
+                     metadata={"model": "tiny"}, qdq_path=qdq_path)
+    return target.lower(None, spec), qdq_path
+
+
+def _layer(name: str, fmt_in: str, fmt_out: str, kind: str = "CaskConvolution") -> dict:
+    return {"Name": name, "LayerType": kind, "Inputs": [{"Name": "a", "Format/Datatype": fmt_in}],
+            "Outputs": [{"Name": "b", "Format/Datatype": fmt_out}], "Metadata": ""}
+
+
+INT8_ENGINE = {"Layers": [_layer("conv_q", "Channel major INT8 format where channel % 32 == 0",
+                                 "Row major linear FP32"),
+                          _layer("pool", "Row major linear FP32", "Row major linear FP32", "Reduce")]}
+
+
+@pytest.mark.parametrize("version,flags", [("10.13.0", 1 << 1), ("11.1.0", 0)])
+def test_int8_engine_is_built_strongly_typed_from_the_qdq_graph(tmp_path, trt_fake, version, flags):
+    """Explicit quantization: the engine parses exactly the QDQ graph's bytes, strongly typed (the creation flag,
+    NvInfer.h kSTRONGLY_TYPED = 1, on 10.x; always so on 11.x), with no precision flag; the inspector's int8
+    layers confirm it."""
+    fake = trt_fake.FakeTRT(version, inspector=INT8_ENGINE)
+    art, qdq_path = _lower_int8(tmp_path, fake)
+    assert fake.parsed == [qdq_path.read_bytes()] and fake.network_flags == [flags]
+    assert fake.flags() == [] and fake.flags("clear_flag") == ["BuilderFlag.TF32"]
+    qdq = onnx.load(str(qdq_path))
+    zero_points = [i for i in qdq.graph.initializer if i.name.endswith("_zero_point")]
+    assert zero_points and all(i.data_type == TensorProto.INT8 and not numpy_helper.to_array(i).any()
+                               for i in zero_points)  # what TensorRT's parser takes: int8, zero point 0, no int32
+    side = json.loads((tmp_path / "out" / "tiny.engine.json").read_text())
+    assert side["build_path"] == STRONG_INT8 and side["source_onnx"]["file"] == qdq_path.name
+    assert side["precision_check"]["status"] == "confirmed" and art.info["precision_built"] == "int8"
+
+
+def test_int8_engine_without_int8_layers_is_refused_or_inconclusive(tmp_path, trt_fake):
+    floats = {"Layers": [_layer("conv", "Row major linear FP32", "Row major linear FP32")]}
+    with pytest.raises(EngineBuildError, match="no visible layer takes or gives int8"):
+        _lower_int8(tmp_path, trt_fake.FakeTRT("11.1.0", inspector=floats))
+    myelin = {"Layers": [{"Name": "{ForeignNode[/conv...]}", "LayerType": "Myelin", "Inputs": [], "Outputs": []}]}
+    art, _ = _lower_int8(tmp_path, trt_fake.FakeTRT("10.13.0", inspector=myelin))
+    assert art.info["precision_check"]["status"] == "inconclusive"
+
+
 def test_mostly_fp32_engine_fails_the_fp16_lowering(tmp_path, trt_fake):
     with pytest.raises(EngineBuildError, match="mostly fp32"):
         _lower(tmp_path, trt_fake.FakeTRT("10.13.0", inspector=_fixture("trt10_fp16_flag_mostly_fp32.json")), "fp16")
@@ -438,7 +498,8 @@ def test_unavailable_reasons_name_what_is_missing(monkeypatch, trt_fake):
 def test_registered_target_interface():
     t = get_target("trt")
     assert isinstance(t, TensorRTTarget) and t.name == "tensorrt" and t.suffix == ".engine"
-    assert t.default_precision == "fp16" and t.precisions == ("fp32", "fp16") and t.dynamic_batch
+    assert t.default_precision == "fp16" and t.precisions == ("fp32", "fp16", "int8") and t.dynamic_batch
+    assert t.qdq_encoding == "tensorrt"
     assert set(t.options) == {"workspace", "max_batch", "timing_cache"}
 
 
@@ -475,3 +536,26 @@ def test_gpu_engine_parity_and_precision(tmp_path, precision):
     m = compute_metrics(ref, y)
     tol = DEFAULT_TOLERANCES[precision]
     assert tol.violations(m) == [], m
+
+
+@pytest.mark.gpu
+def test_gpu_int8_engine_from_the_qdq_graph(tmp_path):
+    """On a GPU: the trained SwiftFormer fixture's tensorrt-encoding QDQ graph builds, the inspector confirms int8
+    layers, and the engine agrees with the train-form on held-out digits within the int8 profile."""
+    target = _gpu_target()
+    from vitedge.targets.graph.qdq import quantize_qdq
+    from vitedge.tests import trained_fixtures as tf
+
+    name = "swiftformer_digits"
+    calib, _ = tf.calibration_images(name, 64)
+    qdq_path = tmp_path / "ref.int8.tensorrt.onnx"
+    onnx.save(quantize_qdq(tf.onnx_fp32(name), calib, encoding="tensorrt").model, str(qdq_path))
+    spec = LowerSpec(name="ref", imgsz=32, batch=None, precision="int8", out_dir=tmp_path, onnx_path=None,
+                     options={"max_batch": 64}, qdq_path=qdq_path)
+    art = target.lower(None, spec)
+    assert art.info["precision_check"]["status"] in ("confirmed", "inconclusive"), art.info["precision_check"]
+    x, _ = tf.heldout(name)
+    train, _ = tf.deploy_form(name)
+    with target.runner(art) as r:
+        m = compute_metrics(tf.torch_logits(train, x), r.run(x))
+    assert DEFAULT_TOLERANCES["int8"].violations(m) == [], m

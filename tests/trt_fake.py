@@ -23,7 +23,9 @@ CLASS_OWNERS = ("Logger", "Builder", "OnnxParser", "INetworkDefinition", "ILayer
                 "IOptimizationProfile", "ITimingCache", "Runtime", "ICudaEngine", "EngineInspector",
                 "IExecutionContext")
 ENUM_OWNERS = ("BuilderFlag", "MemoryPoolType", "ProfilingVerbosity", "LayerInformationFormat", "TensorIOMode",
-               "LayerType")
+               "LayerType", "NetworkDefinitionCreationFlag")
+# enum values the code does arithmetic on (pybind11 enums convert with int()): NvInfer.h's values
+INT_VALUES = {"NetworkDefinitionCreationFlag": {"STRONGLY_TYPED": 1}}
 
 
 def api_class(owner: str, major: int) -> type:
@@ -40,7 +42,8 @@ def api_class(owner: str, major: int) -> type:
 
 
 def enum_class(owner: str, major: int) -> type:
-    return type(owner, (), {m: f"{owner}.{m}" for m in members(owner, major)})
+    ints = INT_VALUES.get(owner, {})
+    return type(owner, (), {m: ints.get(m, f"{owner}.{m}") for m in members(owner, major)})
 
 
 def _linear(x: np.ndarray, dtype) -> np.ndarray:
@@ -116,6 +119,7 @@ class FakeTRT:
         self.plans: dict[bytes, str] = {}
         self.layers: dict[int, list] = {}
         self.contexts: list = []
+        self.network_flags: list[int] = []  # create_network(flags) of every network
         self.module = self._module()
 
     # ---- the module -----------------------------------------------------------------------------
@@ -147,7 +151,7 @@ class FakeTRT:
     # ---- building -------------------------------------------------------------------------------
     def _builder(self):
         b = self.instance("Builder")
-        b.create_network.side_effect = lambda flags=0: self._network()
+        b.create_network.side_effect = lambda flags=0: self.network_flags.append(flags) or self._network()
         b.create_builder_config.side_effect = self._config
         b.create_optimization_profile.side_effect = lambda: self.instance("IOptimizationProfile")
         b.build_serialized_network.side_effect = self._build

@@ -15,6 +15,15 @@ and why, and which samples calibrated:
    while quantizing every op type (S8S8) runs it 1.7x slower: Q/DQ around every elementwise op costs more than
    int8 GEMMs save). Calibration: MinMax over the given samples (see CALIBRATION for why).
 
+Two encodings of the same quantization (same calibration, same nodes, same int8 weights), ENCODINGS:
+- "onnxruntime" (`NAME.int8.onnx`): activations uint8 asymmetric, as above;
+- "tensorrt" (the graph a TensorRT int8 engine is built from): activations int8 *symmetric* (zero points 0) and
+  biases left float (TensorRT fuses them into the int8 kernels). TensorRT's ONNX parser takes only int8 (or
+  fp8 / int4) Q/DQ with a zero point of 0: no uint8 activations, no int32 bias DequantizeLinear (onnx-tensorrt
+  docs/operators.md, QuantizeLinear / DequantizeLinear, 10.0-10.1 GA and main). The onnxruntime encoding is not used for both because
+  ONNX Runtime runs symmetric int8 activations far slower on x86 (measured here on swiftformer_xs at 1 thread:
+  0.55x of fp32 vs 0.93x for uint8 under the same load; docs/quantization.md).
+
 Calibration samples and evaluation samples must differ: the caller passes the calibration array (and names its
 samples in `calibration_ids`), `info["calibration"]` records the ids and a sha256 of the array, and
 `targets.calibration.calibration_overlap(info, ids)` tells a caller which of its evaluation ids calibrated.
@@ -41,6 +50,8 @@ METHODS = ("minmax", "percentile", "entropy")
 # produces, and the histogram methods measured no better on the trained fixtures (docs/quantization_spike.md):
 # Percentile clipped real activations, Entropy was slower for the same accuracy.
 CALIBRATION = "minmax"
+# encoding -> (activation type, symmetric activations, biases quantized to int32)
+ENCODINGS = {"onnxruntime": ("QUInt8", False, True), "tensorrt": ("QInt8", True, False)}
 DYNAMIC_BATCH = 16  # calibration batch when the graph's batch axis is dynamic
 Q_OPS = ("QuantizeLinear", "DequantizeLinear")
 
@@ -99,9 +110,10 @@ def _preprocess(model: onnx.ModelProto, tmp: Path) -> onnx.ModelProto:
 
 def quantize_qdq(fp32: onnx.ModelProto, calibration: np.ndarray, *, calibration_ids: Iterable | None = None,
                  policy=None, op_types: Iterable[str] = DEFAULT_OP_TYPES, method: str = CALIBRATION,
-                 preprocess: bool = True) -> QdqModel:
+                 preprocess: bool = True, encoding: str = "onnxruntime") -> QdqModel:
     """The static QDQ int8 model of `fp32` (see the module doc). `calibration`: float32 NCHW samples the graph takes
-    (normalized images), never the ones it is evaluated on; `calibration_ids` names them for the record."""
+    (normalized images), never the ones it is evaluated on; `calibration_ids` names them for the record.
+    `encoding`: "onnxruntime" or "tensorrt" (ENCODINGS)."""
     from onnxruntime import __version__ as ort_version
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
@@ -110,6 +122,8 @@ def quantize_qdq(fp32: onnx.ModelProto, calibration: np.ndarray, *, calibration_
     if x.ndim != 4 or len(x) == 0:
         raise VitedgeError(f"int8 calibration needs float32 NCHW samples (at least 1); got shape {x.shape}: "
                            "pass --calib N with N >= 1")
+    if encoding not in ENCODINGS:
+        raise VitedgeError(f"QDQ encoding must be one of {', '.join(ENCODINGS)}; got {encoding!r}")
     if method not in METHODS:
         raise VitedgeError(f"calibration method must be one of {', '.join(METHODS)}; got {method!r}")
     name, batch, rest = _input(fp32)
@@ -117,6 +131,7 @@ def quantize_qdq(fp32: onnx.ModelProto, calibration: np.ndarray, *, calibration_
         raise VitedgeError(f"calibration samples have shape {x.shape[1:]}, the graph takes {rest}")
     policy = policy or default_policy()
     op_types = tuple(op_types)
+    act_type, act_symmetric, quantize_bias = ENCODINGS[encoding]
     calib_method = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile,
                     "entropy": CalibrationMethod.Entropy}[method]
     with tempfile.TemporaryDirectory(prefix="vitedge-qdq-") as tmp:
@@ -131,17 +146,23 @@ def quantize_qdq(fp32: onnx.ModelProto, calibration: np.ndarray, *, calibration_
         quantize_static(
             model, out, _reader(name, _batches(x, batch)), quant_format=QuantFormat.QDQ,
             op_types_to_quantize=list(op_types), per_channel=True, reduce_range=False,
-            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, nodes_to_exclude=sorted(islands),
-            calibrate_method=calib_method,
-            extra_options={"WeightSymmetric": True, "ActivationSymmetric": False})
+            activation_type=getattr(QuantType, act_type), weight_type=QuantType.QInt8,
+            nodes_to_exclude=sorted(islands), calibrate_method=calib_method,
+            extra_options={"WeightSymmetric": True, "ActivationSymmetric": act_symmetric,
+                           "QuantizeBias": quantize_bias})
         qdq = onnx.load(str(out))
     info = _info(model, qdq, islands, policy, op_types, preprocess)
+    info["encoding"] = encoding
+    if act_symmetric:
+        info["activations"] = "int8 symmetric (zero point 0), per tensor"
+    info["biases"] = "int32 (scale = input scale x weight scale)" if quantize_bias else "float"
     info["calibration"] = calibration_record(x, calibration_ids, method)
     info["onnxruntime"] = ort_version
     meta = {m.key: m for m in qdq.metadata_props}
     entry = meta.get("vitedge.int8") or qdq.metadata_props.add()
     entry.key, entry.value = "vitedge.int8", json.dumps(
-        {"quantized": info["quantized"], "float_islands": len(islands), "calibration": info["calibration"]},
+        {"quantized": info["quantized"], "float_islands": len(islands), "calibration": info["calibration"],
+         "encoding": encoding},
         sort_keys=True)
     return QdqModel(qdq, info)
 
@@ -183,4 +204,4 @@ def _info(pre: onnx.ModelProto, qdq: onnx.ModelProto, islands: dict, policy, op_
     }
 
 
-__all__ = ["DEFAULT_OP_TYPES", "QdqModel", "quantize_qdq", "quantized_nodes"]
+__all__ = ["DEFAULT_OP_TYPES", "ENCODINGS", "QdqModel", "quantize_qdq", "quantized_nodes"]
