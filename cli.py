@@ -33,6 +33,9 @@ if __package__ in (None, ""):
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 ATTN_ORDERS = ("auto", "qk_first", "kv_first")
+# exporter.target_plans.PRECISIONS (each target applies those it lists); kept here so parsers import no torch
+PRECISIONS = ("fp32", "fp16", "int8", "w8", "palette4", "palette6", "w8a8")
+COREML_COMPRESSED = ("w8", "palette4", "palette6", "w8a8")
 
 
 # ---- shared flag groups ---------------------------------------------------------------------------
@@ -148,9 +151,16 @@ def add_export(sub) -> None:
     p.add_argument("--batch", type=_positive_int, help="static batch size (default 1)")
     p.add_argument("--dynamic-batch", action="store_true", help="dynamic batch axis (onnx, tensorrt)")
     p.add_argument("--opset", type=int, default=None, help="ONNX opset (default 17)")
-    p.add_argument("--precision", choices=("fp32", "fp16"),
+    p.add_argument("--precision", choices=PRECISIONS,
                    help="default per target: onnx fp32, coreml fp16, tensorrt fp16; given, it applies to every "
-                        "listed target that supports it (onnx fp16 -> OUT/NAME.fp16.onnx)")
+                        "listed target that supports it: onnx fp32|fp16|int8 (OUT/NAME.fp16.onnx, OUT/NAME.int8.onnx), "
+                        "coreml fp16|fp32|w8|palette4|palette6|w8a8, tensorrt fp32|fp16|int8 (built from "
+                        "OUT/NAME.int8.tensorrt.onnx)")
+    p.add_argument("--calib", type=int, default=None, metavar="N",
+                   help="--precision int8 | w8a8: calibration images (default 64), never among the judged ones")
+    p.add_argument("--calib-images", metavar="DIR",
+                   help="--precision int8 | w8a8: calibrate on N images of DIR (default: views of shipped photos "
+                        "that the compressed hops are not judged on)")
     p.add_argument("--out", help="output folder (default runs/NAME)")
     p.add_argument("--no-reparam", action="store_true", help="export the train-form as is (no folding)")
     _add_rewrites_flag(p)
@@ -182,7 +192,8 @@ def cmd_export(args) -> int:
                     attn_order=args.attn_order or "auto", strict_schedule=args.strict_schedule,
                     samples=_samples(args), tolerances=args.tol, require_verified=args.require_verified,
                     overrides=_overrides(args), options={k: getattr(args, k) for k in TARGET_OPTIONS},
-                    progress=args.progress, rewrites=args.rewrites, require_ane=args.require_ane)
+                    progress=args.progress, rewrites=args.rewrites, require_ane=args.require_ane,
+                    calib=args.calib, calib_images=args.calib_images)
     print(format_summary(report, os.path.join(report.out_dir, "report.json")))
     return report.exit_code
 
@@ -198,8 +209,8 @@ def add_parity(sub) -> None:
     p.add_argument("--deploy-checkpoint", help="deploy-form checkpoint from `vitedge reparam` to check as the "
                                                "deploy-form hop")
     p.add_argument("--target", help="the artifact's target when its suffix does not tell")
-    p.add_argument("--precision", choices=("fp32", "fp16"), help="tolerance profile for the artifact "
-                                                                  "(default: read from the artifact)")
+    p.add_argument("--precision", choices=PRECISIONS, help="tolerance profile for the artifact "
+                                                           "(default: read from the artifact)")
     p.add_argument("--report", help="write report.json here")
     p.add_argument("--mode", choices=("device", "emulated"),
                    help="insist on how the artifact runs (device: the target's own runtime, e.g. CoreML on macOS); "
@@ -402,8 +413,13 @@ def add_package(sub) -> None:
     p.add_argument("--checkpoint", help="train-form checkpoint; without it the bundle holds seeded demo weights "
                                         "(untrained, said in the manifest and README)")
     p.add_argument("--labels", help="class labels, one per line: the model becomes a classifier")
-    p.add_argument("--ios", type=int, choices=IOS_TARGETS, default=DEFAULT_IOS,
-                   help=f"minimum deployment target (default {DEFAULT_IOS})")
+    p.add_argument("--ios", type=int, choices=IOS_TARGETS, default=None,
+                   help=f"minimum deployment target (default {DEFAULT_IOS}; 17 with --precision w8a8)")
+    p.add_argument("--precision", choices=("fp16",) + COREML_COMPRESSED, default="fp16",
+                   help="fp16 (default) or a compressed kind: w8, palette4, palette6, w8a8 (iOS 17+)")
+    p.add_argument("--calib", type=int, default=None, metavar="N", help="--precision w8a8: calibration images "
+                                                                       "(default 64)")
+    p.add_argument("--calib-images", metavar="DIR", help="--precision w8a8: calibrate on images of DIR")
     p.add_argument("--imgsz", type=int, help="input size (default: the model's)")
     p.add_argument("--set", dest="overrides", action="append", type=_kv, default=[], metavar="KEY=VALUE",
                    help="constructor override, official keyword names (e.g. --set depth=2); repeatable")
@@ -419,7 +435,8 @@ def cmd_package(args) -> int:
 
     res = package(args.model, args.out, checkpoint=args.checkpoint, labels=args.labels, ios=args.ios,
                   imgsz=args.imgsz, samples=args.samples, overrides=_overrides(args),
-                  tolerances=args.tol or None, force=args.force, progress=args.progress)
+                  tolerances=args.tol or None, force=args.force, progress=args.progress, precision=args.precision,
+                  calib=args.calib, calib_images=args.calib_images)
     if res.exit_code != 0:
         bad = ", ".join(h.hop for h in res.report.failed_hops()) or "coreml"
         print(f"FAILED: parity hop {bad} did not pass; no bundle written. The export is kept in {res.export_dir}")

@@ -129,6 +129,34 @@ def accuracy(logits: np.ndarray, labels: np.ndarray | None, k: int) -> float | N
     return float(np.mean((top == labels[keep, None]).any(axis=1)))
 
 
+def wilson(correct: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """95 % Wilson score interval of a proportion correct / n (sound near 0 and 1, unlike the normal one)."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = correct / n
+    den = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / den
+    half = z * float(np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))) / den
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def accuracy_delta(truth: np.ndarray, candidate: np.ndarray, labels: np.ndarray | None) -> dict | None:
+    """Top-1 accuracy of `candidate` on the labelled samples with its 95 % Wilson interval, the float64 truth's on
+    the same samples, and the drop (truth - candidate); None without labelled samples."""
+    if labels is None:
+        return None
+    labels = np.asarray(labels)
+    keep = labels >= 0
+    n = int(keep.sum())
+    if n == 0:
+        return None
+    correct = int((rows(candidate)[keep].argmax(1) == labels[keep]).sum())
+    ref = float(np.mean(rows(truth)[keep].argmax(1) == labels[keep]))
+    lo, hi = wilson(correct, n)
+    return {"top1_accuracy_ci95": [round(lo, 4), round(hi, 4)], "reference_top1_accuracy": ref,
+            "accuracy_drop": ref - correct / n, "labelled": n}
+
+
 def reference_summary(truth: GroundTruth) -> dict:
     """Per set: the train-form's float32 noise (max and median over samples) and, with labels, its accuracy
     (from the float64 outputs): report.json's top-level `reference` block."""

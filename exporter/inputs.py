@@ -55,7 +55,7 @@ def stress_names(n: int) -> tuple[str, ...]:
     return tuple(f"stress:{CATEGORIES[i % len(CATEGORIES)]}" for i in range(n))
 
 
-def _natural_view(k: int, photos: tuple[str, ...], perm: np.ndarray, imgsz: int, seed: int, mean, std):
+def natural_view(k: int, photos: tuple[str, ...], perm: np.ndarray, imgsz: int, seed: int, mean, std):
     """The k-th natural sample: (float64 (3, imgsz, imgsz), name)."""
     name = photos[perm[k % len(photos)]]
     rnd = k // len(photos)
@@ -83,7 +83,7 @@ def natural_inputs(n: int, imgsz: int = 224, seed: int = 0, mean=IMAGENET_MEAN, 
     out = torch.empty(n, 3, imgsz, imgsz, dtype=torch.float64)
     names = []
     for k in range(n):
-        x, name = _natural_view(k, photos, perm, imgsz, seed, mean, std)
+        x, name = natural_view(k, photos, perm, imgsz, seed, mean, std)
         out[k] = torch.from_numpy(x)
         names.append(name)
     return out.to(dtype), tuple(names)

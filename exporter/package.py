@@ -11,6 +11,11 @@ CoreML hop included) and holds, under a top-level folder named after the model:
   README.md             Swift usage (Core ML and Vision) and the self-check
   manifest.json         sha256 of every other file, input spec, preprocessing, labels, parity results, versions
 
+With `--precision w8|palette4|palette6|w8a8` the .mlpackage is compressed (targets/coreml/compress.py), its hop is
+judged by the kind's profile on natural images, the golden vectors are natural photos that did not calibrate it,
+and manifest.json records the compression (`compression`: kind, coremltools call, ops, sizes, what stayed float,
+calibration) beside the parity results.
+
 Deterministic: the same inputs give a byte-identical zip (sorted entries, fixed timestamps and permissions, no
 wall-clock or temporary paths in any file, the .mlpackage's Manifest.json identifiers derived from its contents).
 """
@@ -30,11 +35,14 @@ import torch
 
 from ..errors import VitedgeError
 from ..models.registry import get_spec, input_stats
-from ..targets.coreml.options import DEFAULT_IOS, parse_ios, read_labels
+from ..targets.coreml.compress import KINDS
+from ..targets.coreml.options import parse_ios, read_labels
 from ..targets.coreml.runners import EmulatedCoreMLRunner
+from .calibrate import calibration_photos
+from .compressed import resolution_bounds
 from .forms import DEMO_SEED, build_train_form
-from .inputs import DEFAULT_SAMPLES, parity_inputs
-from .parity import compute_metrics, tolerances as make_tolerances
+from .inputs import DEFAULT_SAMPLES, natural_inputs, parity_inputs
+from .parity import compute_metrics, profile_for, tolerances as make_tolerances
 from .pipeline import export
 
 BUNDLE_FORMAT = "vitedge-coreml-bundle/1"
@@ -90,6 +98,17 @@ def _hop_entry(hop) -> dict:
     return d
 
 
+def _compression_entry(info: dict | None) -> dict | None:
+    """What the manifest says about a compressed package: the kind, the coremltools call, the ops it wrote, what
+    stayed float (count), the sizes."""
+    if not info:
+        return None
+    return {"kind": info["kind"], "ios": info["ios"], "api": info["api"], "coremltools": info["coremltools"],
+            "compression_ops": info["compression_ops"], "weights_compressed": info["weights_compressed"],
+            "weights_kept_float": len(info["weights_kept_float"]), "bytes": info["bytes"],
+            "lut_group_sizes": info.get("lut_group_sizes")}
+
+
 def write_deterministic_zip(files: dict[str, bytes], path: Path) -> None:
     """`files`: archive name -> bytes. Sorted, fixed date/permissions, deflate level 9."""
     tmp = path.with_name(f".{path.name}.tmp")
@@ -110,9 +129,17 @@ def _tree_files(root: Path, prefix: str) -> dict[str, bytes]:
 
 # ------------------------------------------------------------------------------------------------ golden vectors
 
-def golden_vectors(model, imgsz: int, mean, std, n: int = GOLDEN_SAMPLES) -> tuple[np.ndarray, np.ndarray]:
-    """(uint8 NHWC RGB pixels, float32 train-form logits on exactly those pixels)."""
-    x = parity_inputs(n, imgsz, seed=GOLDEN_SEED, mean=mean, std=std).numpy()
+def golden_vectors(model, imgsz: int, mean, std, n: int = GOLDEN_SAMPLES,
+                   natural: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(uint8 NHWC RGB pixels, float32 train-form logits on exactly those pixels). `natural`: views of the shipped
+    photos that never calibrate (compressed bundles: quantization is judged on natural images), else the
+    structured stress images."""
+    if natural:
+        x, names = natural_inputs(4 * n, imgsz, GOLDEN_SEED, mean, std)
+        keep = [i for i, nm in enumerate(names) if nm.split(":", 1)[1].split("/")[0] not in calibration_photos()]
+        x = x.numpy()[keep[:n]]
+    else:
+        x = parity_inputs(n, imgsz, seed=GOLDEN_SEED, mean=mean, std=std).numpy()
     m = np.asarray(mean, np.float32).reshape(1, 3, 1, 1)
     s = np.asarray(std, np.float32).reshape(1, 3, 1, 1)
     pixels = np.clip(np.round((x * s + m) * 255.0), 0, 255).astype(np.uint8)
@@ -127,7 +154,7 @@ def check_golden(mlpackage: Path, pixels_nhwc: np.ndarray, expected: np.ndarray,
     with EmulatedCoreMLRunner(mlpackage, max_samples=None) as runner:
         y = runner.run_raw(pixels_nhwc.transpose(0, 3, 1, 2).astype(np.float32))
     metrics = compute_metrics(expected, y)
-    problems = tolerance.violations(metrics)
+    problems = resolution_bounds(tolerance, len(y), 0).violations(metrics)
     if not np.isfinite(y).all():
         problems.insert(0, "non-finite outputs")
     return {"mode": runner.mode, "backend": runner.backend, "passed": not problems, "problems": problems,
@@ -135,6 +162,16 @@ def check_golden(mlpackage: Path, pixels_nhwc: np.ndarray, expected: np.ndarray,
 
 
 # ------------------------------------------------------------------------------------------------ README
+
+def _compression_line(precision: str) -> str:
+    if precision == "fp16":
+        return ""
+    what = {"w8": "8-bit linear weights", "palette4": "4-bit k-means palettized weights",
+            "palette6": "6-bit k-means palettized weights",
+            "w8a8": "8-bit weights and 8-bit activations"}[precision]
+    return (f"\n- Compressed: {what} (`manifest.json` -> `compression`; its parity on natural images -> `parity`, "
+            "and the golden vectors' tolerance is that profile's).")
+
 
 def _readme(name: str, imgsz: int, classifier: bool, weights: str, ios: int, precision: str, golden: dict) -> str:
     demo = ("\n> **Demo weights.** This bundle was packaged without `--checkpoint`: the model has seeded random "
@@ -169,7 +206,7 @@ checked against the original PyTorch model (see `manifest.json` -> `parity`).
   inside the model; pass the pixels as they are.
 - **Outputs**: `logits` (float32, 1 x classes){', `classLabel` (String) and `classLabel_probs` ([String: Double])' if classifier else ''}.
 - Static shape, fp16 compute with fp32 islands for normalizations (`manifest.json` -> `precision_policy`), so the
-  Neural Engine can run it.
+  Neural Engine can run it.{_compression_line(precision)}
 
 ## Swift
 
@@ -212,11 +249,13 @@ Integrity: `manifest.json` lists the sha256 of every file in this bundle.
 # ------------------------------------------------------------------------------------------------ package
 
 def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = None, labels: str | Path | None = None,
-            ios: int | str = DEFAULT_IOS, imgsz: int | None = None, precision: str = "fp16", samples: int | None = None,
-            overrides: dict | None = None, tolerances=None, force: bool = False, seed: int | None = None,
-            progress=None) -> PackageResult:
+            ios: int | str | None = None, imgsz: int | None = None, precision: str = "fp16",
+            samples: int | None = None, overrides: dict | None = None, tolerances=None, force: bool = False,
+            seed: int | None = None, progress=None, calib: int | None = None,
+            calib_images: str | Path | None = None) -> PackageResult:
     """Build BUNDLE.zip at `out`. Raises VitedgeError on bad input (nothing written); a failed parity hop gives
-    exit_code 1, no zip, and the export folder kept at `out` + '.failed/' for inspection."""
+    exit_code 1, no zip, and the export folder kept at `out` + '.failed/' for inspection. `ios` None: 16, or what
+    the precision needs (w8a8: 17, recorded in the manifest)."""
     out = Path(out)
     if out.suffix != ".zip":
         raise VitedgeError(f"--out must name a .zip file; got {out}")
@@ -224,10 +263,12 @@ def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = N
         raise VitedgeError(f"{out} exists; pass --force to replace it or choose another --out")
     if out.is_dir():
         raise VitedgeError(f"--out {out} is a folder; give a .zip file path")
-    ios = parse_ios(ios)
+    ios = parse_ios(ios) if ios is not None else None
+    if precision not in ("fp16",) + KINDS:
+        raise VitedgeError(f"vitedge package --precision must be one of fp16, {', '.join(KINDS)}; got {precision!r}")
     if labels is not None and not Path(labels).is_file():
         raise VitedgeError(f"--labels file {labels} not found; give a text file with one class label per line")
-    tol = make_tolerances(tolerances)[precision]
+    tol = make_tolerances(tolerances)[profile_for(precision)]
 
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.stem}.pkg-", dir=out.parent))
@@ -235,27 +276,30 @@ def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = N
         report = export(model_or_name, "coreml", checkpoint=checkpoint, imgsz=imgsz, precision=precision,
                         out=work / "export", samples=samples or DEFAULT_SAMPLES, tolerances=tolerances,
                         overrides=overrides, seed=DEMO_SEED if seed is None else seed, progress=progress,
-                        options={"input": "image", "labels": str(labels) if labels is not None else None, "ios": ios})
+                        options={"input": "image", "labels": str(labels) if labels is not None else None, "ios": ios},
+                        calib=calib, calib_images=calib_images)
         hop = report.hop("coreml")
         if report.exit_code != 0 or hop is None or hop.status != "passed":
             failed_dir = out.with_name(out.name + ".failed")
             shutil.rmtree(failed_dir, ignore_errors=True)
             shutil.move(str(work / "export"), failed_dir)
             return PackageResult(None, 1, report, None, failed_dir)
-        return _assemble(report, work / "export", out, checkpoint, overrides, labels, ios, precision, tol, seed,
+        return _assemble(report, work / "export", out, checkpoint, overrides, labels, precision, tol, seed,
                          progress)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _assemble(report, export_dir: Path, out: Path, checkpoint, overrides, labels, ios: int, precision: str, tol,
+def _assemble(report, export_dir: Path, out: Path, checkpoint, overrides, labels, precision: str, tol,
               seed, progress) -> PackageResult:
     name = report.model
     entry = report.artifacts["coreml"]
     mlpackage = export_dir / entry.path
+    ios = int(entry.info["ios"])
+    compressed = precision in KINDS
     mean, std = input_stats(get_spec(name))
     loaded = build_train_form(name, checkpoint, overrides, DEMO_SEED if seed is None else seed)
-    pixels, logits = golden_vectors(loaded.model, report.imgsz, mean, std)
+    pixels, logits = golden_vectors(loaded.model, report.imgsz, mean, std, natural=compressed)
     golden_check = check_golden(mlpackage, pixels, logits, tol)
     if not golden_check["passed"]:
         raise RuntimeError(f"the packaged model fails its own golden vectors: {'; '.join(golden_check['problems'])}")
@@ -271,8 +315,10 @@ def _assemble(report, export_dir: Path, out: Path, checkpoint, overrides, labels
     golden = {
         "inputs": {"file": "golden/inputs.npy", "dtype": "uint8", "shape": list(pixels.shape), "layout": "NHWC",
                    "color": "RGB", "range": [0, 255],
-                   "source": f"vitedge.exporter.inputs.parity_inputs(n={len(pixels)}, seed={GOLDEN_SEED}) quantized "
-                             "to 8-bit pixels (noise, gradient, checker, smooth, blocks, extreme; cycled)"},
+                   "source": (f"views of the shipped photos that never calibrate (vitedge.exporter.inputs."
+                              f"natural_inputs, seed={GOLDEN_SEED}) quantized to 8-bit pixels" if compressed else
+                              f"vitedge.exporter.inputs.parity_inputs(n={len(pixels)}, seed={GOLDEN_SEED}) quantized "
+                              "to 8-bit pixels (noise, gradient, checker, smooth, blocks, extreme; cycled)")},
         "outputs": {"file": "golden/outputs.npy", "dtype": "float32", "shape": list(logits.shape), "name": "logits",
                     "source": "train-form PyTorch model (float32) on the same pixels, normalized with mean/std"},
         "preprocessing": info["input_spec"],
@@ -294,6 +340,9 @@ def _assemble(report, export_dir: Path, out: Path, checkpoint, overrides, labels
                          if report.weights == "untrained" else "checkpoint"),
         "checkpoint_sha256": report.checkpoint_sha256,
         "mlpackage": f"{mlpackage.name}", "precision": precision, "ios": ios,
+        "ios_raised": entry.info.get("ios_raised"),
+        "compression": _compression_entry(entry.info.get("compression")),
+        "calibration": report.calibration,
         "input": info["input_spec"],
         "outputs": info["outputs"],
         "labels": {"file": "labels.txt", "count": len(label_list)} if label_list else None,
@@ -303,6 +352,7 @@ def _assemble(report, export_dir: Path, out: Path, checkpoint, overrides, labels
                     "attention_order": report.reparam.attention_order},
         "parity": [_hop_entry(h) for h in report.parity],
         "parity_inputs": report.inputs,
+        "compressed_inputs": report.compressed_inputs,
         "golden": {"description": "golden/golden.json", "verified": golden_check},
         "versions": report.versions,
         "files": {k[len(root) + 1:]: _sha256(v) for k, v in sorted(files.items())},

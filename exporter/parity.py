@@ -15,7 +15,8 @@ import numpy as np
 
 from ..errors import VitedgeError
 from ..targets.base import Runner, pad_batch
-from .criteria import NOISE_FLOOR, NOISE_K, GroundTruth, NoiseRule, accuracy, effective_noise, sample_errors
+from .criteria import (NOISE_FLOOR, NOISE_K, GroundTruth, NoiseRule, accuracy, accuracy_delta, effective_noise,
+                       sample_errors)
 from .report import Hop, Metrics, Tolerance
 
 # The documented defaults (README "Tolerances"); `--tol PROFILE.KEY=VALUE` overrides any of them.
@@ -29,7 +30,28 @@ FLOAT64_TOLERANCES: dict[str, Tolerance] = {
     "fp32": Tolerance("fp32", noise_floor=NOISE_FLOOR, noise_k=NOISE_K),
     "fp16": DEFAULT_TOLERANCES["fp16"],
 }
-TOL_KEYS = Tolerance.UPPER + Tolerance.LOWER + Tolerance.NOISE
+# Compressed artifacts (--precision int8 | w8 | palette4 | palette6 | w8a8), one profile per kind: judged against
+# float64 on natural images and a user's --images only (exporter/compressed.py), by the metric thresholds alone
+# (no noise rule: the error is quantization, not float32 rounding), plus the accuracy drop where labels exist.
+# Chosen from measurements on the trained reference fixtures (docs/quantization.md, "Parity profiles"): each bound
+# sits below the worst value a correct artifact of either family reached, and above what a corrupted scale or
+# lookup table, or a miscalibrated artifact, gives. top5_agreement (exact top-5 set equality) is reported, not
+# gated: near-tied tail classes swap under any quantization (0.72-0.98 measured on correct artifacts).
+COMPRESSED_TOLERANCES: dict[str, Tolerance] = {
+    "int8": Tolerance("int8", cosine=0.95, psnr_db=30.0, top1_agreement=0.9, accuracy_drop=0.005),
+    "w8": Tolerance("w8", cosine=0.999, psnr_db=45.0, top1_agreement=0.95, accuracy_drop=0.005),
+    "palette": Tolerance("palette", cosine=0.8, psnr_db=25.0, top1_agreement=0.7, accuracy_drop=0.02),
+    "w8a8": Tolerance("w8a8", cosine=0.97, psnr_db=32.0, top1_agreement=0.9, accuracy_drop=0.005),
+}
+PROFILE_OF = {"int8": "int8", "w8": "w8", "palette4": "palette", "palette6": "palette", "w8a8": "w8a8"}
+DEFAULT_TOLERANCES.update(COMPRESSED_TOLERANCES)
+FLOAT64_TOLERANCES.update(COMPRESSED_TOLERANCES)
+TOL_KEYS = Tolerance.UPPER + Tolerance.LOWER + Tolerance.NOISE + Tolerance.LABELLED
+
+
+def profile_for(precision: str | None) -> str | None:
+    """The tolerance profile of an artifact precision (palette4 and palette6 share "palette")."""
+    return PROFILE_OF.get(precision, precision)
 PSNR_CAP_DB = 300.0  # identical outputs (RMSE 0) report this instead of infinity
 REFERENCE_BATCH = 32
 
@@ -150,9 +172,14 @@ def judge(truth: GroundTruth, out: np.ndarray, tolerance: Tolerance,
                 found.append(f"{s}: noise_ratio {ratio:.3g} > 1 ({who}: error {errors[idx[w]]:.3g} vs allowance "
                              f"max({rule.floor:.3g}, {rule.k:.3g} x noise {eff[w]:.3g}))")
         lab = None if truth.labels is None else truth.labels[idx]
+        acc = accuracy_delta(truth.y64[idx], out[idx], lab)
+        if acc is not None and tolerance.accuracy_drop is not None and not acc["accuracy_drop"] <= tolerance.accuracy_drop:
+            found.append(f"{s}: accuracy_drop {acc['accuracy_drop']:.4g} > {tolerance.accuracy_drop:.4g} (top-1 "
+                         f"{acc['reference_top1_accuracy'] - acc['accuracy_drop']:.4f} vs float64 "
+                         f"{acc['reference_top1_accuracy']:.4f} on {acc['labelled']} labelled samples)")
         sets[s] = {"samples": int(len(idx)), "metrics": asdict(m), "reference_noise": float(noise[idx].max()),
                    "noise_ratio": ratio, "top1_accuracy": accuracy(out[idx], lab, 1),
-                   "top5_accuracy": accuracy(out[idx], lab, 5), "problems": found}
+                   "top5_accuracy": accuracy(out[idx], lab, 5), "problems": found, **(acc or {})}
         problems += found
     return metrics, sets, problems
 

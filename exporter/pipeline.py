@@ -25,13 +25,15 @@ from ..models.registry import input_stats
 from ..targets import LowerSpec, UnavailableError
 from ..targets.graph.metadata import set_metadata
 from . import outdir
+from .calibrate import COMPRESSED, calibration_set, check_flags
+from .compressed import QDQ_HOP, Judged, compressed_hop, write_qdq
 from .equivalence import verify_equivalence
 from .forms import DEMO_SEED, Loaded, build_deploy_form, build_train_form, model_name, reparam_info, resolve_imgsz
-from .hops import Ladder, inputs_note, parity_set_for, record_artifact
+from .hops import PARITY_SEED, Ladder, inputs_note, parity_set_for, record_artifact
 from .hub import Hub, HubStore
-from .inputs import DEFAULT_SAMPLES
+from .inputs import DEFAULT_SAMPLES, parity_set
 from .onnx_export import DEFAULT_OPSET, OnnxExportError, check_onnx, check_opset, export_onnx, save_onnx, simplify_onnx
-from .parity import failed, tolerances as make_tolerances, unverified
+from .parity import failed, profile_for, tolerances as make_tolerances, unverified
 from .progress import QUIET, Progress
 from .report import Hop, ReparamInfo, Report, versions
 from .target_plans import TargetPlan, resolve_targets
@@ -46,7 +48,8 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
            attn_order: str = "auto", strict_schedule: bool = False, samples: int = DEFAULT_SAMPLES,
            tolerances: dict | list | None = None, require_verified: bool = False, overrides: dict | None = None,
            options: dict | None = None, seed: int = DEMO_SEED, progress: Progress | None = None,
-           rewrites=True, require_ane: bool = False, hub: HubStore | None = None) -> Report:
+           rewrites=True, require_ane: bool = False, hub: HubStore | None = None, calib: int | None = None,
+           calib_images: str | Path | None = None) -> Report:
     """Export `model_or_name` to `targets` in folder `out` (default runs/NAME) and run the parity ladder.
 
     `rewrites`: the deploy-form's speed rewrites (True all, False none, or names; see `available_rewrites`).
@@ -54,6 +57,9 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
     `hub`: a HubStore (hub.py); a Hub it holds replaces the train-form, deploy-form and ONNX steps with their
     verified results (the caller keys it by everything they depend on: `vitedge matrix`), else the one this run
     builds is put there once it passed.
+    `calib` / `calib_images`: --precision int8 | w8a8: how many calibration images (default 64) and, optionally,
+    the folder they come from (else views of the shipped photos the compressed hops are not judged on; see
+    exporter/calibrate.py).
 
     Returns the Report also written to OUT/report.json; `report.exit_code` is 0 (all executed hops
     passed), 1 (a hop failed: artifacts in OUT/quarantine/). Raises VitedgeError (exit 2) on bad input,
@@ -62,6 +68,11 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
     progress = progress or QUIET
     # -- validate everything that can be validated without work
     plans = resolve_targets(targets, precision, dynamic_batch, options)
+    n_calib = check_flags(precision, calib, calib_images)
+    if any(p.precision in ("palette4", "palette6") for p in plans):
+        from ..targets.coreml.compress import require_kmeans
+
+        require_kmeans(precision)  # scikit-learn, the [compress] extra: before any work
     if dynamic_batch and batch is not None:
         raise VitedgeError("--batch and --dynamic-batch exclude each other; drop one")
     if batch is not None and batch <= 0:
@@ -106,7 +117,8 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
         with outdir.OutputFolder(out, force, interrupts) as folder:
             build = _Build(report, plans, loaded, deploy, deploy64, folder.tmp, batch, opset, attn_order, reparam,
                            tols, progress, folder.checkpoint, hub, reused,
-                           lambda: build_train_form(model_or_name, checkpoint, overrides, seed).model)
+                           lambda: build_train_form(model_or_name, checkpoint, overrides, seed).model,
+                           n_calib=n_calib, calib_images=calib_images)
             build.run()
             report.finalize()
             report.out_dir = str(out)
@@ -153,6 +165,10 @@ class _Build:
     fp16_analysis: object = None        # exporter.fp16_ranges.Fp16Analysis, computed once if any target is fp16
     fp16_problem: str | None = None
     fp16_module: str | None = None
+    n_calib: int | None = None          # --precision int8 | w8a8: calibration images to take
+    calib_images: str | Path | None = None
+    calibration: object = None          # targets.calibration.Calibration, chosen once per run
+    judged: Judged | None = None        # what compressed hops are judged on, built once per run
 
     def run(self) -> None:
         ready = self._reuse_hub() if self.reused is not None else self._build_hub()
@@ -257,11 +273,56 @@ class _Build:
             if h not in done:
                 self.report.parity.append(unverified(h, "-", SKIPPED))
 
+    def _calibration(self):
+        """The run's calibration set (--precision int8 | w8a8), chosen once; None for other precisions."""
+        if self.n_calib is not None and self.calibration is None:
+            mean, std = input_stats(self.deploy)
+            with self.progress.step(f"choosing {self.n_calib} calibration images"):
+                self.calibration = calibration_set(self.n_calib, self.report.imgsz, mean, std,
+                                                   calib_images=self.calib_images)
+            self.report.calibration = self.calibration.record()
+        return self.calibration
+
+    def _judged(self, ladder: Ladder) -> Judged:
+        """Natural samples of the parity set (none that calibrated) and their float64 truth, built once."""
+        if self.judged is None:
+            r = self.report
+            mean, std = input_stats(self.deploy)
+            pset = parity_set(r.samples, r.imgsz, PARITY_SEED, mean, std)
+            train = ladder.train if ladder.train is not None else self.build_train()
+            with self.progress.step("float64 ground truth for the compressed hops (natural images)"):
+                calib = self._calibration()
+                self.judged = Judged.build(train, pset, calib.ids if calib is not None else ())
+            r.compressed_inputs = (f"{len(self.judged.x)} natural samples of vitedge.exporter.inputs.parity_set(n="
+                                   f"{r.samples}, seed={PARITY_SEED}) not from a calibration photo, in a seeded order "
+                                   "(stress samples are not judged), against the train-form in float64")
+        return self.judged
+
+    def _int8_graph(self, plan: TargetPlan, hub: Path, ladder: Ladder, tol) -> Path:
+        """The QDQ graph of the hub in the target's encoding, written and recorded; the tensorrt encoding gets
+        its own hop on ONNX Runtime CPU (the engine itself needs a GPU)."""
+        from ..targets import get_target
+
+        encoding = plan.target.qdq_encoding
+        with self.progress.step(f"int8 QDQ graph for {plan.name} ({encoding} encoding)"):
+            path, info = write_qdq(hub, self._calibration(), encoding, self.tmp, self.report.model)
+        key = plan.hop() if plan.name == "onnx" else QDQ_HOP
+        record_artifact(self.report, key, path, "int8", info, root=self.tmp)
+        if key == QDQ_HOP:
+            onnx_t = get_target("onnx")
+            art = onnx_t.lower(self.deploy, LowerSpec(self.report.model, self.report.imgsz, self.batch, "int8",
+                                                      self.tmp, hub, qdq_path=path))
+            self.report.parity.append(compressed_hop(QDQ_HOP, onnx_t, art, tol, self._judged(ladder), self.deploy,
+                                                     self.progress))
+        return path
+
     def _target_hop(self, plan: TargetPlan, hub: Path, meta: dict, ladder: Ladder) -> Hop:
         hop_name, t = plan.hop(), plan.target
-        tol = self.tols.get(plan.precision) if plan.precision else None
+        tol = self.tols.get(profile_for(plan.precision)) if plan.precision else None
         if t is None:
             return unverified(hop_name, plan.name, plan.missing, tol)
+        compressed = plan.precision in COMPRESSED
+        qdq_path = self._int8_graph(plan, hub, ladder, tol) if plan.precision == "int8" else None
         ok, why = t.available()
         if not ok:
             return unverified(hop_name, t.name, f"{t.name} cannot lower here: {why}", tol)
@@ -269,7 +330,8 @@ class _Build:
             return failed(hop_name, t.name, self.fp16_problem, tolerance=tol, diverging_module=self.fp16_module)
         spec = LowerSpec(name=self.report.model, imgsz=self.report.imgsz, batch=self.batch, precision=plan.precision,
                          out_dir=self.tmp, onnx_path=hub, metadata=dict(meta, precision=plan.precision),
-                         options=dict(plan.options))
+                         options=dict(plan.options), qdq_path=qdq_path,
+                         calibration=self._calibration() if plan.precision == "w8a8" else None)
         try:
             with self.progress.step(f"lowering to {t.name} ({plan.precision})"):
                 artifact = t.lower(self.deploy, spec)
@@ -279,6 +341,9 @@ class _Build:
             return unverified(hop_name, t.name, f"{t.name} cannot lower here: {e}", tol)
         except Exception as e:
             return failed(hop_name, t.name, f"lowering to {t.name} failed: {type(e).__name__}: {e}", tolerance=tol)
-        record_artifact(self.report, hop_name, artifact.path, artifact.precision, artifact.info, root=self.tmp)
+        if plan.name != "onnx" or not compressed:  # (the onnx int8 artifact is the QDQ graph, recorded with it)
+            record_artifact(self.report, hop_name, artifact.path, artifact.precision, artifact.info, root=self.tmp)
         self.checkpoint(f"lowered-{t.name}")
+        if compressed:
+            return compressed_hop(hop_name, t, artifact, tol, self._judged(ladder), self.deploy, self.progress)
         return ladder.artifact_hop(hop_name, t, artifact, tol, require_ane=self.report.require_ane)

@@ -12,7 +12,7 @@ import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-HOPS = ("deploy-form", "onnx", "onnx-simplified", "onnx-fp16", "coreml", "tensorrt")
+HOPS = ("deploy-form", "onnx", "onnx-simplified", "onnx-fp16", "onnx-int8", "coreml", "tensorrt-qdq", "tensorrt")
 STATUSES = ("passed", "failed", "unverified")
 MODES = ("reference", "device", "emulated")
 WEIGHTS = ("untrained", "checkpoint", "module")  # "module": an in-memory nn.Module given to the Python API
@@ -49,10 +49,14 @@ class Tolerance:
     # noise); judged against float64 ground truth only. None for both = no noise rule.
     noise_floor: float | None = None
     noise_k: float | None = None
+    # With labels (a labelled --images folder): the largest allowed drop of top-1 accuracy against the float64
+    # train-form on the same labelled samples (a fraction: 0.005 = half a point); judged per input set.
+    accuracy_drop: float | None = None
 
     UPPER = ("max_abs", "max_rel")
     LOWER = ("cosine", "psnr_db", "top1_agreement", "top5_agreement")
     NOISE = ("noise_floor", "noise_k")
+    LABELLED = ("accuracy_drop",)
 
     def noise_rule(self) -> bool:
         return self.noise_floor is not None or self.noise_k is not None
@@ -87,7 +91,8 @@ class Hop:
     ane_residency: dict | None = None  # --require-ane on a CoreML hop: passed / failed / inconclusive and why
     runner: dict | None = None    # what the runner says about how it ran (Runner.info(): compute units, ...)
     # Judged against float64 ground truth: per input set (natural / stress / user) {"samples", "metrics" (vs
-    # float64), "reference_noise", "noise_ratio", "top1_accuracy", "top5_accuracy", "problems"}; None otherwise.
+    # float64), "reference_noise", "noise_ratio", "top1_accuracy", "top5_accuracy", "problems"; with labels also
+    # "top1_accuracy_ci95" (Wilson), "reference_top1_accuracy", "accuracy_drop"}; None otherwise.
     sets: dict | None = None
 
     @classmethod
@@ -139,6 +144,10 @@ class Report:
     inputs: str = ""                                # which parity input set (vitedge.exporter.inputs)
     require_verified: bool = False
     require_ane: bool = False
+    # Compressed precisions (--precision int8 | w8a8): which samples calibrated activations (ids, sha256, source,
+    # what the evaluation leaves out) and, for every compressed kind, which samples the hops were judged on.
+    calibration: dict | None = None
+    compressed_inputs: str | None = None
     out_dir: str | None = None                      # the export's output folder
     quarantine: str | None = None                   # folder (relative to out_dir) holding a failed run's artifacts
     exit_code: int = EXIT_OK

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from ..errors import VitedgeError
 from ..targets import ALIASES, TARGETS, Target, get_target
 
-PRECISIONS = ("fp32", "fp16")
+PRECISIONS = ("fp32", "fp16", "int8", "w8", "palette4", "palette6", "w8a8")  # each target lists its own
 
 
 @dataclass
@@ -35,6 +35,11 @@ def flag(key: str) -> str:
 def check_precision(precision: str | None) -> None:
     if precision is not None and precision not in PRECISIONS:
         raise VitedgeError(f"--precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
+
+
+def supporting(precision: str) -> list[str]:
+    """The targets whose `precisions` list `precision` (those importable here)."""
+    return [n for n in TARGETS if (t := load_target(n)[0]) is not None and precision in t.precisions]
 
 
 def load_target(name: str) -> tuple[Target | None, str | None]:
@@ -67,7 +72,8 @@ def resolve_targets(targets, precision: str | None = None, dynamic_batch: bool =
     all_loaded = len(loaded) == len(plans)
 
     if precision is not None and all_loaded and not any(precision in p.target.precisions for p in loaded):
-        raise VitedgeError(f"--precision {precision} is not supported by {', '.join(names)}")
+        raise VitedgeError(f"--precision {precision} is not supported by {', '.join(names)}; it applies to "
+                           f"{', '.join(supporting(precision)) or 'no target'}")
     for p in plans:
         if p.target is None:
             p.precision = precision
@@ -96,6 +102,7 @@ def resolve_targets(targets, precision: str | None = None, dynamic_batch: bool =
             raise VitedgeError(f"{flag(key)} does not apply to --target {','.join(names)}: {where}")
         for p in owners:
             p.options[key] = value
-    for p in loaded:  # target-specific values (e.g. a --labels file that must exist) before any work
+    for p in loaded:  # what a precision needs of the options (w8a8: iOS 17+), then target-specific values
+        p.options = p.target.plan_precision(p.precision, p.options)
         p.target.validate_options(p.options)
     return plans

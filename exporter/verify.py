@@ -3,7 +3,9 @@
 Hops: deploy-form (a deploy checkpoint from `vitedge reparam`, else a fresh re-parameterization) and the artifact,
 each against the train-form on the parity set (hops.py). What the artifact says about itself (ONNX metadata_props,
 a target's `read_metadata`) supplies the size, overrides and attention order it was exported with; flags given
-explicitly win.
+explicitly win. A compressed artifact (int8 QDQ graph, compressed CoreML package) is judged by its kind's
+profile on the natural samples that did not calibrate it (the calibration ids it recorded), as `export` does
+(exporter/compressed.py).
 """
 from __future__ import annotations
 
@@ -20,11 +22,13 @@ from ..targets.base import Artifact, Runner
 from ..targets.graph.metadata import read_metadata
 from .deploy_checkpoint import load_deploy_checkpoint
 from .equivalence import verify_equivalence
+from .calibrate import COMPRESSED
+from .compressed import Judged, compressed_hop
 from .forms import DEMO_SEED, build_deploy_form, build_train_form, model_name, reparam_info, resolve_imgsz
-from .hops import LOCALIZE_SAMPLES, Ladder, inputs_note, record_artifact
-from .inputs import DEFAULT_SAMPLES
+from .hops import LOCALIZE_SAMPLES, PARITY_SEED, Ladder, inputs_note, record_artifact
+from .inputs import DEFAULT_SAMPLES, parity_set
 from .localize import localize_torch
-from .parity import tolerances as make_tolerances, unverified
+from .parity import profile_for, tolerances as make_tolerances, unverified
 from .progress import QUIET, Progress
 from .report import Hop, Report, versions
 from .target_plans import TargetPlan, check_precision, load_target, resolve_targets
@@ -110,7 +114,10 @@ def parity(model_or_name, artifact: str | Path | None = None, *, checkpoint: str
         _localize_deploy_hop(hop, loaded.model, fresh, fresh64, deploy, ladder.x, imgsz, progress)
     report.parity.append(hop)
 
-    if artifact is not None:
+    if artifact is not None and plan.precision in COMPRESSED:
+        report.parity.append(_compressed_artifact_hop(report, plan, artifact, art_model, meta, ladder, tols, mode,
+                                                      progress))
+    elif artifact is not None:
         report.parity.append(_existing_artifact_hop(report, plan, artifact, art_model, ladder, tols, mode))
     report.finalize()
     if report_path is not None:
@@ -202,3 +209,37 @@ def _existing_artifact_hop(report: Report, plan: TargetPlan, path: Path, art_mod
             report.batch = runner.max_batch()  # the artifact's static batch, when its metadata did not say
 
     return ladder.artifact_hop(hop_name, plan.target, art, tol, mode, note_batch, require_ane=report.require_ane)
+
+
+def _calibration_ids(meta: dict) -> list:
+    """The calibration ids an artifact recorded: an int8 graph's `vitedge.int8` entry, a CoreML package's
+    `compression` entry; [] for weight-only kinds."""
+    for key, sub in (("int8", "calibration"), ("compression", None)):
+        entry = meta.get(key)
+        if isinstance(entry, dict):
+            rec = entry.get(sub) if sub else entry
+            ids = (rec or {}).get("ids" if sub else "calibration_ids")
+            if ids:
+                return list(ids)
+    return []
+
+
+def _compressed_artifact_hop(report: Report, plan: TargetPlan, path: Path, art_model, meta: dict, ladder: Ladder,
+                             tols: dict, mode: str | None, progress: Progress) -> Hop:
+    hop_name = plan.hop()
+    tol = tols[profile_for(plan.precision)]
+    art = Artifact(plan.name, path, plan.precision)
+    record_artifact(report, hop_name, path, art.precision, model=art_model)
+    if plan.target is None:
+        return unverified(hop_name, plan.name, plan.missing, tol)
+    from ..models.registry import input_stats
+
+    mean, std = input_stats(ladder.deploy)
+    pset = parity_set(report.samples, report.imgsz, PARITY_SEED, mean, std)
+    ids = _calibration_ids(meta)
+    with progress.step("float64 ground truth for the compressed hop (natural images)"):
+        judged = Judged.build(ladder.train, pset, ids)
+    report.compressed_inputs = (f"{len(judged.x)} natural samples of vitedge.exporter.inputs.parity_set(n="
+                                f"{report.samples}, seed={PARITY_SEED}), without the {len(ids)} calibration ids the "
+                                "artifact records and their photos, in a seeded order, vs the train-form in float64")
+    return compressed_hop(hop_name, plan.target, art, tol, judged, ladder.deploy, progress, mode)

@@ -1,5 +1,5 @@
-"""The `onnx` target: the simplified fp32 graph (built by the pipeline as the hub), an optional fp16
-graph, and ONNX Runtime runners for both."""
+"""The `onnx` target: the simplified fp32 graph (built by the pipeline as the hub), an optional fp16 graph or
+static int8 QDQ graph (`NAME.int8.onnx`, targets/graph/qdq.py), and ONNX Runtime runners for them."""
 from __future__ import annotations
 
 import os
@@ -82,11 +82,12 @@ class OnnxTarget(Target):
     name = "onnx"
     suffix = ".onnx"
     default_precision = "fp32"
-    precisions = ("fp32", "fp16")
+    precisions = ("fp32", "fp16", "int8")
     options = ()
     dynamic_batch = True
     # The fp32 artifact IS the pipeline's simplified hub graph, whose hop is "onnx-simplified".
-    hop_names = {"fp32": "onnx-simplified", "fp16": "onnx-fp16"}
+    hop_names = {"fp32": "onnx-simplified", "fp16": "onnx-fp16", "int8": "onnx-int8"}
+    qdq_encoding = "onnxruntime"
 
     def available(self) -> tuple[bool, str | None]:
         try:
@@ -100,6 +101,11 @@ class OnnxTarget(Target):
             raise ValueError("the onnx target lowers from the pipeline's simplified fp32 ONNX (spec.onnx_path)")
         if spec.precision == "fp32":
             return Artifact(self.name, Path(spec.onnx_path), "fp32")
+        if spec.precision == "int8":
+            if spec.qdq_path is None:
+                raise ValueError("the onnx int8 artifact is the pipeline's QDQ graph (spec.qdq_path)")
+            return Artifact(self.name, Path(spec.qdq_path), "int8", info=dict(read_metadata(spec.qdq_path)
+                                                                              .get("int8") or {}))
         if spec.precision != "fp16":
             raise ValueError(f"onnx precision must be one of {self.precisions}; got {spec.precision!r}")
         policy = default_policy()

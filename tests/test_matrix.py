@@ -44,8 +44,8 @@ def visible(root: Path) -> list[str]:
 # ---- bad plans: exit 2, one line naming the key, nothing written --------------------------------------
 
 class Int8Target(OnnxTarget):
-    """A target with a precision the others lack (int8 is not in any built-in target yet): resolution only."""
-    name, precisions, default_precision = "q8", ("fp32", "int8"), "fp32"
+    """A target with a precision the others lack (int4: in no built-in target): resolution only."""
+    name, precisions, default_precision = "q8", ("fp32", "int4"), "fp32"
 
 
 @pytest.fixture
@@ -65,13 +65,13 @@ BAD_PLANS = {
     "unknown model": (plan_of([{"name": "swiftformer_xxl"}]), "models[0].name: unknown model 'swiftformer_xxl'"),
     "unknown target": (plan_of([XS], targets=["onnx", "tflite"]), "targets[1]: unknown target 'tflite'"),
     "unknown precision": (plan_of([XS], precisions=["fp32", "bf16"]), "precisions[1]: unknown precision 'bf16'"),
-    "explicit unsupported pair": (plan_of([{**XS, "targets": ["onnx-int8"]}], targets=["onnx", "q8"]),
-                                  "models[0].targets: onnx-int8 is not supported"),
+    "explicit unsupported pair": (plan_of([{**XS, "targets": ["onnx-int4"]}], targets=["onnx", "q8"]),
+                                  "models[0].targets: onnx-int4 is not supported"),
     "model precision none of its targets supports": (
-        plan_of([{**XS, "targets": ["onnx"], "precisions": ["int8"]}], targets=["q8"]),
-        "models[0].precisions: int8 is supported by none of onnx"),
-    "plan precision no target supports": (plan_of([XS], targets=["onnx"], precisions=["fp32", "int8"]),
-                                          "precisions: int8 is supported by none of onnx"),
+        plan_of([{**XS, "targets": ["onnx"], "precisions": ["int4"]}], targets=["q8"]),
+        "models[0].precisions: int4 is supported by none of onnx"),
+    "plan precision no target supports": (plan_of([XS], targets=["onnx"], precisions=["fp32", "int4"]),
+                                          "precisions: int4 is supported by none of onnx"),
     "empty models": (plan_of([]), "`models` must be a non-empty list"),
     "option no target takes": (plan_of([XS], defaults={"ios": 17}), "defaults.ios applies to coreml only"),
     "size the model cannot take": (plan_of([{**XS, "imgsz": [32, 50]}]), "divisible by 32"),
@@ -107,21 +107,22 @@ def test_yaml_repeated_key_and_unparsable_plan_exit_2(tmp_path, capsys):
 
 def test_cross_product_pairs_a_target_lacks_are_skipped_and_listed(tmp_path, int8_target):
     plan = plan_of([XS, {"name": "swiftformer_xs", "label": "xs_fp32", "precisions": ["fp32"]}],
-                   targets=["onnx", "q8"], precisions=["fp32", "int8"])
+                   targets=["onnx", "q8"], precisions=["fp32", "int4"])
     r = matrix(plan, out=tmp_path / "out", dry_run=True)
     assert [c.id for c in r.cells] == ["swiftformer_xs/32/onnx-fp32", "swiftformer_xs/32/q8-fp32",
-                                       "swiftformer_xs/32/q8-int8", "xs_fp32/32/onnx-fp32", "xs_fp32/32/q8-fp32"]
-    assert r.skipped == [{"model": "swiftformer_xs", "target": "onnx", "precision": "int8",
-                          "why": "onnx does not support int8 (it supports fp32, fp16)"}]
+                                       "swiftformer_xs/32/q8-int4", "xs_fp32/32/onnx-fp32", "xs_fp32/32/q8-fp32"]
+    assert r.skipped == [{"model": "swiftformer_xs", "target": "onnx", "precision": "int4",
+                          "why": "onnx does not support int4 (it supports fp32, fp16, int8)"}]
     assert all(c.status == "pending" and c.cached is False for c in r.cells)
     assert not (tmp_path / "out").exists()  # a dry run writes nothing
 
 
 def test_precision_support_comes_from_the_targets_table(tmp_path, monkeypatch):
-    """A precision a target gains (issue 18's int8) is accepted with no change to the plan code."""
-    monkeypatch.setattr(OnnxTarget, "precisions", ("fp32", "fp16", "int8"))
-    r = matrix(plan_of([XS], precisions=["int8"]), out=tmp_path / "out", dry_run=True)
-    assert [c.id for c in r.cells] == ["swiftformer_xs/32/onnx-int8"] and r.skipped == []
+    """A precision a target gains (as onnx gained int8 with issue 18) is accepted with no change to the plan code."""
+    monkeypatch.setattr(OnnxTarget, "precisions", ("fp32", "fp16", "int8", "int4"))
+    r = matrix(plan_of([XS], precisions=["int4", "int8"]), out=tmp_path / "out", dry_run=True)
+    assert [c.id for c in r.cells] == ["swiftformer_xs/32/onnx-int4", "swiftformer_xs/32/onnx-int8"]
+    assert r.skipped == []
 
 
 # ---- the cache --------------------------------------------------------------------------------------

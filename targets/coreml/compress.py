@@ -254,7 +254,11 @@ def compress_package(src: str | Path, dst: str | Path, kind: str, *, calibration
                 **calibration_record(calibration, calibration_ids,
                                      "min/max over all samples, the source program run by the vitedge MIL interpreter"),
                 "tensors": len(stats)}
-        out.user_defined_metadata["compression"] = json.dumps({"kind": kind, "ios": ios}, sort_keys=True)
+        entry = {"kind": kind, "ios": ios}
+        if calibration is not None:  # which samples calibrated: `vitedge parity` leaves them out of its evaluation
+            entry["calibration_ids"] = [str(i) for i in calibration_ids] if calibration_ids is not None else None
+        out.user_defined_metadata["compression"] = json.dumps(entry, sort_keys=True)
+        out.user_defined_metadata["precision"] = kind  # what `vitedge parity` reads to pick the tolerance profile
         tmp = dst.with_name(dst.stem + ".partial.mlpackage")  # coremltools saves only *.mlpackage
         shutil.rmtree(tmp, ignore_errors=True)
         try:

@@ -1,6 +1,8 @@
 """The `coreml` target: an ML Program `.mlpackage` for iPhone, and a runner for it on every platform.
 
-lower(): checks, then convert.py (trace -> coremltools -> deterministic package). runner(): on macOS
+lower(): checks, then convert.py (trace -> coremltools -> deterministic package); for a compressed precision
+(w8, palette4, palette6, w8a8) the fp16 package is converted beside it and compressed into NAME.mlpackage
+(compress.py), which then carries `precision` = the kind and a `compression` entry. runner(): on macOS
 `MLModel.predict` (CPU_AND_NE, cross-checked against CPU_ONLY; ALL aborts on some hosts) with mode "device";
 elsewhere the numpy MIL interpreter on the saved package with mode "emulated", on the first
 DEFAULT_EMULATED_SAMPLES parity inputs (`runner.max_samples`).
@@ -8,26 +10,29 @@ DEFAULT_EMULATED_SAMPLES parity inputs (`runner.max_samples`).
 from __future__ import annotations
 
 import copy
+import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch.nn as nn
 
 from ...errors import VitedgeError
 from ..base import Artifact, LowerSpec, Runner, Target, UnavailableError
+from .compress import KINDS, MIN_IOS, compress_package
 from .convert import convert, num_classes
 from .mil_interpreter import quiet_coremltools
 from .mlpackage import read_metadata
-from .options import parse_options
+from .options import DEFAULT_IOS, parse_ios, parse_options
 from .framework import CoreMLFramework, coreml_framework_status
-from .runners import DEFAULT_EMULATED_SAMPLES, DEVICE_COMPUTE_UNITS, DeviceCoreMLRunner, EmulatedCoreMLRunner
+from .runners import DEFAULT_EMULATED_SAMPLES, DEVICE_COMPUTE_UNITS, DeviceCoreMLRunner, EmulatedCoreMLRunner, _pixels
 
 
 class CoreMLTarget(Target):
     name = "coreml"
     suffix = ".mlpackage"
     default_precision = "fp16"
-    precisions = ("fp16", "fp32")
+    precisions = ("fp16", "fp32") + KINDS
     options = ("ios", "input", "labels")
     dynamic_batch = False
 
@@ -55,6 +60,22 @@ class CoreMLTarget(Target):
         """Check --ios/--input/--labels before any work (the label count is checked against the model later)."""
         parse_options(options)
 
+    def plan_precision(self, precision: str, options: dict) -> dict:
+        """A compressed kind's needs before any work: w8a8 needs iOS 17+ (activation quantize/dequantize ops): with
+        no --ios the target is raised to 17 and the options say so (`ios_raised`); an explicit lower --ios is a
+        VitedgeError. (palette4/6's scikit-learn is checked where packages are compressed: `require_kmeans`.)"""
+        need = MIN_IOS.get(precision)
+        if need is not None:
+            ios = options.get("ios")
+            if ios is None and need > DEFAULT_IOS:
+                options = {**options, "ios": need,
+                           "ios_raised": f"--precision {precision} needs iOS {need}+: the deployment target was raised "
+                                         f"from the default {DEFAULT_IOS} to {need}"}
+            elif ios is not None and parse_ios(ios) < need:
+                raise VitedgeError(f"--precision {precision} needs iOS {need}+ (activation quantize/dequantize ops) "
+                                   f"but --ios {ios} was given: use --ios {need} or later, or --precision w8")
+        return options
+
     def run_mode(self) -> tuple[str, str | None]:
         """("device", None) where CoreML itself predicts, else ("emulated", why not device)."""
         ok, why = self.device_status()
@@ -78,7 +99,27 @@ class CoreMLTarget(Target):
         deploy_model = copy.deepcopy(deploy_model).float().eval()
         opts = parse_options(spec.options, num_classes(deploy_model, spec.imgsz))
         path = Path(spec.out_dir) / f"{spec.name}{self.suffix}"
-        info = convert(deploy_model, spec, opts, path)
+        if spec.precision not in KINDS:
+            return Artifact(self.name, path, spec.precision, info=convert(deploy_model, spec, opts, path))
+        # compressed: the fp16 program (policy islands in fp32) first, beside the artifact, then its compression
+        source = Path(spec.out_dir) / f"{spec.name}.fp16-source{self.suffix}"
+        shutil.rmtree(source, ignore_errors=True)
+        try:
+            info = convert(deploy_model, replace(spec, precision="fp16"), opts, source)
+            calib = spec.calibration
+            x = None
+            if calib is not None and spec.precision == "w8a8":
+                x = calib.x if opts.input != "image" else _pixels(calib.x, *_stats(info))
+            done = compress_package(source, path, spec.precision, calibration=x,
+                                    calibration_ids=calib.ids if x is not None else None)
+        finally:
+            shutil.rmtree(source, ignore_errors=True)
+        if x is not None:
+            done.info["calibration"] = {**done.info["calibration"], **calib.record()}
+        info.update(compute_precision=f"{spec.precision} (fp16 compute, {spec.precision} compression)",
+                    compression=done.info)
+        if spec.options.get("ios_raised"):
+            info["ios_raised"] = spec.options["ios_raised"]
         return Artifact(self.name, path, spec.precision, info=info)
 
     def read_metadata(self, path) -> dict:
@@ -99,3 +140,9 @@ class CoreMLTarget(Target):
             if mode == "device":
                 raise UnavailableError(why)
         return EmulatedCoreMLRunner(path, kw.get("max_samples", DEFAULT_EMULATED_SAMPLES))
+
+
+def _stats(info: dict) -> tuple[list, list]:
+    """(mean, std) of the converted package's input (its input spec)."""
+    spec = info["input_spec"]
+    return spec["mean"], spec["std"]

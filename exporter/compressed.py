@@ -1,0 +1,219 @@
+"""Compressed artifacts in the parity ladder (--precision int8 | w8 | palette4 | palette6 | w8a8): the QDQ graphs a
+run writes, the samples compressed hops are judged on, the hops, and the localization of a failed one.
+
+- The int8 QDQ graphs are built from the verified hub graph, once per encoding the requested targets need
+  (targets/graph/qdq.py): `NAME.int8.onnx` (onnx: uint8 activations, ONNX Runtime's fast path) and
+  `NAME.int8.tensorrt.onnx` (tensorrt: int8 symmetric activations, what TensorRT's parser takes), with the same
+  calibration and the same islands. The tensorrt graph is checked on ONNX Runtime CPU as hop `tensorrt-qdq` (the
+  very graph the engine is built from), since the engine itself is unverified without a GPU.
+- Judged samples (`Judged`): the parity set's natural and user samples, without any that calibrated
+  (exporter/calibrate.py), against the train-form in float64, by the kind's profile (exporter/parity.py
+  COMPRESSED_TOLERANCES). Stress samples are not judged: quantization ranges come from natural images. Samples
+  are put in a seeded order, so the prefix an emulator runs mixes photos and classes. One disagreeing sample and
+  one misclassified labelled sample are always tolerated (the resolution of n samples): the hop's tolerance
+  records the bounds it was judged by.
+- Localization of a failed hop: ONNX graphs by exporter/localize.localize_onnx with the profile's bounds (int8
+  quantization error per module stays within them on correct artifacts); CoreML packages on the torch side: the
+  compressed weights, decompressed by the MIL interpreter's own kernels from the saved package, are loaded into a
+  copy of the deploy-form, which is compared module by module with the deploy-form (localize_torch). That finds
+  a weight's error (a corrupted lookup table or scale, too coarse a palette); w8a8's activation quantization is
+  not modelled on the torch side, and the reason says so when the weights alone diverge nowhere.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+import torch.nn as nn
+
+from ..errors import VitedgeError
+from ..targets.base import Artifact, Target, UnavailableError
+from ..targets.calibration import Calibration
+from ..targets.graph.metadata import read_metadata, set_metadata
+from ..targets.graph.qdq import quantize_qdq
+from .calibrate import evaluation_indices
+from .criteria import GroundTruth
+from .inputs import ParitySet
+from .localize import localize_onnx, localize_torch
+from .parity import check_hop, failed, ground_truth, unverified
+from .progress import Progress
+from .report import Hop, Tolerance
+
+QDQ_FILES = {"onnxruntime": "{name}.int8.onnx", "tensorrt": "{name}.int8.tensorrt.onnx"}
+QDQ_HOP = "tensorrt-qdq"      # the tensorrt encoding's graph, run by ONNX Runtime CPU
+ORDER_SEED = 0
+LOCALIZE_SAMPLES = 4
+
+
+def write_qdq(hub: Path, calibration: Calibration, encoding: str, out_dir: Path, name: str) -> tuple[Path, dict]:
+    """The QDQ int8 graph of the hub in `encoding`, saved with the hub's metadata (precision int8, the
+    calibration record): (path, info)."""
+    fp32 = onnx.load(str(hub))
+    q = quantize_qdq(fp32, calibration.x, calibration_ids=calibration.ids, encoding=encoding)
+    info = dict(q.info, calibration={**q.info["calibration"], **calibration.record()})
+    meta = {**read_metadata(fp32), **read_metadata(q.model), "precision": "int8", "qdq_encoding": encoding}
+    path = Path(out_dir) / QDQ_FILES[encoding].format(name=name)
+    onnx.save(set_metadata(q.model, meta), str(path))
+    return path, info
+
+
+@dataclass
+class Judged:
+    """The samples compressed hops are judged on, their float64 ground truth, and the train-form it came from."""
+    train: nn.Module
+    x: np.ndarray
+    truth: GroundTruth
+    names: tuple[str, ...]
+
+    @classmethod
+    def build(cls, train: nn.Module, pset: ParitySet, calibration_ids=(), truth: GroundTruth | None = None) -> "Judged":
+        """From the run's parity set without the samples that calibrated (`calibration_ids`: Calibration.ids or
+        what an artifact recorded), and its ground truth where the ladder has one (subset, not rerun)."""
+        idx = evaluation_indices(pset.names, pset.sets, calibration_ids)
+        if len(idx) == 0:
+            raise VitedgeError("no natural or user image is left to judge the compressed artifact on once the "
+                               "calibration images are set aside; give more --images or --calib-images DIR")
+        idx = idx[np.random.default_rng(ORDER_SEED).permutation(len(idx))]
+        x = pset.numpy()[idx]
+        sets = tuple(pset.sets[i] for i in idx)
+        labels = pset.labels_array()
+        labels = None if labels is None else labels[idx]
+        if truth is None:
+            truth = ground_truth(train, x, sets, labels)
+        else:
+            truth = GroundTruth(truth.y64[idx], truth.y32[idx], sets, labels)
+        return cls(train, x, truth, tuple(pset.names[i] for i in idx))
+
+    def truth_on(self, seen: np.ndarray, n: int) -> GroundTruth:
+        """The truth for the first `n` samples as a runner really feeds them (an image input's 8-bit pixels)."""
+        t = self.truth.head(n)
+        return ground_truth(self.train, np.asarray(seen, np.float32), t.sets, t.labels)
+
+
+def resolution_bounds(tol: Tolerance, n: int, labelled: int) -> Tolerance:
+    """`tol` with one disagreeing sample (of `n`) and one misclassified labelled sample always tolerated."""
+    out = tol
+    if tol.top1_agreement is not None and n > 0:
+        out = replace(out, top1_agreement=min(tol.top1_agreement, 1.0 - 1.0 / n))
+    if tol.accuracy_drop is not None and labelled > 0:
+        out = replace(out, accuracy_drop=max(tol.accuracy_drop, 1.0 / labelled))
+    return out
+
+
+def compressed_hop(hop_name: str, target: Target, artifact: Artifact, tol: Tolerance, judged: Judged,
+                   deploy: nn.Module, progress: Progress, mode: str | None = None) -> Hop:
+    """Run a compressed artifact through its target's runner on the judged samples; a failure is localized."""
+    ok, why = target.runnable()
+    if not ok:
+        return unverified(hop_name, target.name, f"cannot run here: {why}", tol)
+    try:
+        runner = target.runner(artifact, mode=mode)
+    except UnavailableError as e:
+        return unverified(hop_name, target.name, f"cannot run here{f' in {mode} mode' if mode else ''}: {e}", tol)
+    except Exception as e:
+        return failed(hop_name, target.name, f"could not load the artifact: {type(e).__name__}: {e}", tolerance=tol)
+    with runner, progress.step(f"{hop_name} hop ({runner.backend})"):
+        n = min(len(judged.x), runner.max_samples or len(judged.x))
+        x = judged.x[:n]
+        seen = runner.reference_inputs(x)
+        truth = judged.truth.head(n) if seen is x else judged.truth_on(seen, n)
+        labelled = 0 if truth.labels is None else int((truth.labels >= 0).sum())
+        hop = check_hop(hop_name, runner, x, None, resolution_bounds(tol, n, labelled), truth=truth,
+                        names=judged.names[:n])
+        hop.runner = runner.info() or None
+    if mode and hop.mode not in (mode, None):
+        return unverified(hop_name, hop.backend, f"--mode {mode} requested, but {target.name} runs here in "
+                                                 f"{hop.mode} mode only", tol)
+    if hop.status == "failed":
+        with progress.step(f"localizing the {hop_name} divergence"):
+            localize(hop, artifact, deploy, judged.x[:LOCALIZE_SAMPLES])
+    return hop
+
+
+def localize(hop: Hop, artifact: Artifact, deploy: nn.Module, x: np.ndarray) -> None:
+    """Name the first diverging module of a failed compressed hop in `hop` (see the module doc)."""
+    path = Path(artifact.path)
+    try:
+        if path.suffix == ".onnx":
+            div = localize_onnx(onnx.load(str(path)), deploy, x, hop.tolerance)
+            how = "ONNX Runtime per module"
+        elif path.suffix == ".mlpackage":
+            div = localize_package(deploy, path, x, hop.tolerance)
+            how = "the package's decompressed weights in the deploy-form, per module"
+        else:
+            return
+    except Exception as e:  # a diagnosis aid: never mask the hop's own failure
+        hop.reason = f"{hop.reason}; localization failed ({type(e).__name__}: {e})"
+        return
+    if div is not None:
+        hop.diverging_module = div.module
+        hop.reason = f"{hop.reason}; {div.describe()} ({how})"
+    elif path.suffix == ".mlpackage" and artifact.precision == "w8a8":
+        hop.reason = (f"{hop.reason}; with the package's decompressed weights no module diverges: the activation "
+                      "quantization (not modelled on the torch side) is where it goes wrong")
+    else:
+        hop.reason = f"{hop.reason}; no module's output diverges beyond the profile ({how}): accumulated error"
+
+
+def _torch_key(name: str) -> str:
+    return name.replace(".", "_")
+
+
+def _arg(binding, env: dict):
+    if isinstance(binding, list):
+        return [_arg(b, env) for b in binding]
+    kind, v = binding
+    return env[v] if kind == "var" else v
+
+
+def package_weights(program) -> dict[str, np.ndarray]:
+    """{MIL weight name without its compression suffixes: decompressed float32 value} for every compressed weight
+    of a loaded package program, computed by the interpreter's kernels from the bytes on disk."""
+    from ..targets.coreml.mil_ops import OPS, OpArgs
+
+    out = {}
+    for o in program.ops:
+        if not o.type.startswith("constexpr_"):
+            continue
+        args = OpArgs(o.type, o.name, {k: _arg(b, program.consts) for k, b in o.inputs.items()},
+                      [dt for _, dt in o.outputs])
+        name = o.outputs[0][0]
+        for suffix in ("_palettized", "_quantized", "_dequantized", "_to_fp16"):
+            name = name.removesuffix(suffix)
+        out[name] = np.asarray(OPS[o.type](args)[0], np.float32)
+    return out
+
+
+def localize_package(deploy: nn.Module, path: Path, x: np.ndarray, tol: Tolerance):
+    """First module whose output differs between the deploy-form and a copy of it holding the package's
+    decompressed weights (matched by name: the converter names a weight after its parameter,
+    `network.2.0.fc1.weight` -> `network_2_0_fc1_weight`). An image-input package carries 1/std folded into its
+    first conv (targets/coreml/convert.fold_input_std): the reference gets the same fold and both see x * std."""
+    import json
+
+    from ..targets.coreml.convert import fold_input_std
+    from ..targets.coreml.mil_interpreter import load_program
+
+    program = load_program(path)
+    ref = copy.deepcopy(deploy).float().eval()
+    if program.input_kind == "image":
+        pre = json.loads(dict(program.spec.description.metadata.userDefined).get("preprocessing") or "{}")
+        std = pre["std"]
+        ref, _ = fold_input_std(ref, std, x.shape[-1])
+        x = (x * np.asarray(std, np.float32).reshape(1, -1, 1, 1)).astype(np.float32)
+    cand = copy.deepcopy(ref)
+    params = {_torch_key(n): p for n, p in cand.named_parameters()}
+    matched = 0
+    with torch.no_grad():
+        for key, value in package_weights(program).items():
+            p = params.get(key)
+            if p is not None and p.numel() == value.size:
+                p.copy_(torch.from_numpy(value.reshape(p.shape)))
+                matched += 1
+    if matched == 0:
+        raise RuntimeError("no compressed weight of the package matches a deploy-form parameter by name")
+    return localize_torch(ref, cand, x, tol)
