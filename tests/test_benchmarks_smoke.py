@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-SCRIPTS = ("attention_order", "export_time", "deploy_speed", "exporters", "matrix_scale", "resolution_scaling")
+SCRIPTS = ("attention_order", "export_time", "deploy_speed", "exporters", "matrix_scale", "resolution_scaling",
+           "quantization")
 TIMEOUT_S = 600  # a generous ceiling for a busy shared machine; on a quiet one each takes about a minute
 CI_RE = re.compile(r"\d+\.\d+x \(95% CI \d+\.\d+-\d+\.\d+, \d+ pairs\)")
 MACHINE_KEYS = {"cpu", "cores", "date", "load_start", "load_end", "load_note"}
@@ -283,3 +284,20 @@ def test_block_rounds_pair_the_second_half_of_each_block():
     t = C.time_until_precise({"x": lambda: time.sleep(0.001), "y": lambda: time.sleep(0.001)}, [("y", "x")],
                              min_rounds=4, max_s=5.0, ci_width=10.0, block_s=0.003)
     assert len(t["x"]) == len(t["y"]) == 4
+
+
+def test_quantization_quick(runs):
+    lines, data = _result(runs, "quantization")
+    tail = _tail_after(lines, "ratios (")
+    assert any("fp32-simplified/int8" in ln or "fp32-raw/int8" in ln for ln in tail) and any(CI_RE.search(ln) for ln in tail)
+    for r in data["latency"]:
+        assert r["bytes"]["fp32/int8"] > 1 and r["cells"] and r["cells"][0]["baseline"] in ("fp32-raw", "fp32-simplified")
+    packages = data["coreml_sizes"]["packages"]
+    assert set(packages) == {"fp16", "w8", "palette4", "palette6", "w8a8"}
+    assert all(p["smaller_than_fp16"] > 1 for k, p in packages.items() if k != "fp16")
+    assert any(ln.startswith("  target palette4 >=") for ln in tail)
+    for name, acc in data["fixtures"].items():
+        assert set(acc) >= {"fp32", "int8", "coreml-w8", "coreml-palette4", "coreml-palette6", "coreml-w8a8"}
+        for v in acc.values():
+            lo, hi = v["wilson95"]
+            assert lo <= v["top1"] <= hi and v["n"] == 364
