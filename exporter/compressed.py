@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import onnx
@@ -31,7 +32,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import VitedgeError
-from ..targets.base import Artifact, Target, UnavailableError
+from ..targets.base import Artifact, Runner, Target, UnavailableError
 from ..targets.calibration import Calibration
 from ..targets.graph.metadata import read_metadata, set_metadata
 from ..targets.graph.qdq import quantize_qdq
@@ -105,8 +106,10 @@ def resolution_bounds(tol: Tolerance, n: int, labelled: int) -> Tolerance:
 
 
 def compressed_hop(hop_name: str, target: Target, artifact: Artifact, tol: Tolerance, judged: Judged,
-                   deploy: nn.Module, progress: Progress, mode: str | None = None) -> Hop:
-    """Run a compressed artifact through its target's runner on the judged samples; a failure is localized."""
+                   deploy: nn.Module, progress: Progress, mode: str | None = None,
+                   also: Callable[[Hop, Runner], None] | None = None) -> Hop:
+    """Run a compressed artifact through its target's runner on the judged samples (and `also` check what needs
+    the runner still open: --require-ane); a failure is localized."""
     ok, why = target.runnable()
     if not ok:
         return unverified(hop_name, target.name, f"cannot run here: {why}", tol)
@@ -125,6 +128,8 @@ def compressed_hop(hop_name: str, target: Target, artifact: Artifact, tol: Toler
         hop = check_hop(hop_name, runner, x, None, resolution_bounds(tol, n, labelled), truth=truth,
                         names=judged.names[:n])
         hop.runner = runner.info() or None
+        if also is not None:
+            also(hop, runner)
     if mode and hop.mode not in (mode, None):
         return unverified(hop_name, hop.backend, f"--mode {mode} requested, but {target.name} runs here in "
                                                  f"{hop.mode} mode only", tol)

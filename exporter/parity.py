@@ -40,7 +40,7 @@ FLOAT64_TOLERANCES: dict[str, Tolerance] = {
 COMPRESSED_TOLERANCES: dict[str, Tolerance] = {
     "int8": Tolerance("int8", cosine=0.95, psnr_db=30.0, top1_agreement=0.9, accuracy_drop=0.005),
     "w8": Tolerance("w8", cosine=0.999, psnr_db=45.0, top1_agreement=0.95, accuracy_drop=0.005),
-    "palette": Tolerance("palette", cosine=0.8, psnr_db=25.0, top1_agreement=0.7, accuracy_drop=0.02),
+    "palette": Tolerance("palette", cosine=0.8, psnr_db=22.0, top1_agreement=0.7, accuracy_drop=0.02),
     "w8a8": Tolerance("w8a8", cosine=0.97, psnr_db=32.0, top1_agreement=0.9, accuracy_drop=0.005),
 }
 PROFILE_OF = {"int8": "int8", "w8": "w8", "palette4": "palette", "palette6": "palette", "w8a8": "w8a8"}

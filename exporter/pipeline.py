@@ -29,7 +29,7 @@ from .calibrate import COMPRESSED, calibration_set, check_flags
 from .compressed import QDQ_HOP, Judged, compressed_hop, write_qdq
 from .equivalence import verify_equivalence
 from .forms import DEMO_SEED, Loaded, build_deploy_form, build_train_form, model_name, reparam_info, resolve_imgsz
-from .hops import PARITY_SEED, Ladder, inputs_note, parity_set_for, record_artifact
+from .hops import PARITY_SEED, Ladder, ane_check, inputs_note, parity_set_for, record_artifact
 from .hub import Hub, HubStore
 from .inputs import DEFAULT_SAMPLES, parity_set
 from .onnx_export import DEFAULT_OPSET, OnnxExportError, check_onnx, check_opset, export_onnx, save_onnx, simplify_onnx
@@ -345,5 +345,7 @@ class _Build:
             record_artifact(self.report, hop_name, artifact.path, artifact.precision, artifact.info, root=self.tmp)
         self.checkpoint(f"lowered-{t.name}")
         if compressed:
-            return compressed_hop(hop_name, t, artifact, tol, self._judged(ladder), self.deploy, self.progress)
+            ane = ane_check if self.report.require_ane and t.name == "coreml" else None
+            return compressed_hop(hop_name, t, artifact, tol, self._judged(ladder), self.deploy, self.progress,
+                                  also=ane)
         return ladder.artifact_hop(hop_name, t, artifact, tol, require_ane=self.report.require_ane)

@@ -25,7 +25,7 @@ from .equivalence import verify_equivalence
 from .calibrate import COMPRESSED
 from .compressed import Judged, compressed_hop
 from .forms import DEMO_SEED, build_deploy_form, build_train_form, model_name, reparam_info, resolve_imgsz
-from .hops import LOCALIZE_SAMPLES, PARITY_SEED, Ladder, inputs_note, record_artifact
+from .hops import LOCALIZE_SAMPLES, PARITY_SEED, Ladder, ane_check, inputs_note, record_artifact
 from .inputs import DEFAULT_SAMPLES, parity_set
 from .localize import localize_torch
 from .parity import profile_for, tolerances as make_tolerances, unverified
@@ -242,4 +242,5 @@ def _compressed_artifact_hop(report: Report, plan: TargetPlan, path: Path, art_m
     report.compressed_inputs = (f"{len(judged.x)} natural samples of vitedge.exporter.inputs.parity_set(n="
                                 f"{report.samples}, seed={PARITY_SEED}), without the {len(ids)} calibration ids the "
                                 "artifact records and their photos, in a seeded order, vs the train-form in float64")
-    return compressed_hop(hop_name, plan.target, art, tol, judged, ladder.deploy, progress, mode)
+    ane = ane_check if report.require_ane and plan.name == "coreml" else None
+    return compressed_hop(hop_name, plan.target, art, tol, judged, ladder.deploy, progress, mode, also=ane)

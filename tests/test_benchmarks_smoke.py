@@ -17,7 +17,7 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 SCRIPTS = ("attention_order", "export_time", "deploy_speed", "exporters", "matrix_scale", "resolution_scaling",
-           "quantization")
+           "quantization", "compressed_profiles")
 TIMEOUT_S = 600  # a generous ceiling for a busy shared machine; on a quiet one each takes about a minute
 CI_RE = re.compile(r"\d+\.\d+x \(95% CI \d+\.\d+-\d+\.\d+, \d+ pairs\)")
 MACHINE_KEYS = {"cpu", "cores", "date", "load_start", "load_end", "load_note"}
@@ -301,3 +301,17 @@ def test_quantization_quick(runs):
         for v in acc.values():
             lo, hi = v["wilson95"]
             assert lo <= v["top1"] <= hi and v["n"] == 364
+
+
+def test_compressed_profiles_quick(runs):
+    """The thresholds' evidence: every correct artifact passes its profile, every planted-broken one fails."""
+    lines, data = _result(runs, "compressed_profiles")
+    tail = _tail_after(lines, "profiles (")
+    assert {ln.split(":")[0].strip() for ln in tail} >= {"int8", "w8", "palette", "w8a8"}
+    cases = data["cases"]
+    assert {c["kind"] for c in cases} >= {"int8", "w8", "palette4", "w8a8"} and any(c["planted"] for c in cases)
+    for c in cases:
+        if not c["detection_limit"]:
+            assert c["passed"] != c["planted"], (c["case"], c["set"], c["problems"])
+    for entry in data["summary"].values():
+        assert entry["correct_failed"] == [] and entry["planted_passed"] == []

@@ -30,7 +30,6 @@ from vitedge.targets import get_target
 from vitedge.targets.base import Artifact
 from vitedge.targets.coreml.mil_interpreter import load_program
 from vitedge.tests import trained_fixtures as tf
-from vitedge.tests.test_coreml_compress import _corrupt
 
 NAMES = ("swiftformer_digits", "slab_deit_digits")
 PRECISIONS = ("int8", "w8", "palette4", "palette6", "w8a8")
@@ -186,7 +185,7 @@ def test_a_corrupted_package_fails_and_names_the_module(work, precision, op_type
     good = out / report.artifacts["coreml"].path
     bad = work / f"corrupt-{precision}" / good.name
     bad.parent.mkdir()
-    _corrupt(good, bad, op_type, param, change)
+    tf.corrupt_package(good, bad, op_type, param, change)
     assert _parity(name, good).hop("coreml").status == "passed"
     hop = _parity(name, bad).hop("coreml")
     first = next(o for o in load_program(bad).ops if o.type == op_type)  # the op _corrupt changed

@@ -19,8 +19,6 @@ into the saved package's weight.bin, fails these gates.
 from __future__ import annotations
 
 import math
-import shutil
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +29,7 @@ from vitedge.targets.coreml import compress as cc
 from vitedge.targets.base import LowerSpec
 from vitedge.targets.calibration import calibration_overlap
 from vitedge.targets.coreml import CoreMLTarget, EmulatedCoreMLRunner
-from vitedge.targets.coreml.mil_interpreter import load_program, package_paths, quiet_coremltools
+from vitedge.targets.coreml.mil_interpreter import load_program
 from vitedge.tests import trained_fixtures as tf
 
 BATCH = 52
@@ -166,38 +164,6 @@ def test_w8a8_calibration_is_recorded_kept_apart_and_uses_every_sample(workdir):
 
 # ------------------------------------------------------------------------------------------------ corruption
 
-def _blob(package: Path, op_type: str, param: str) -> tuple[Path, int, int]:
-    """(weight.bin, data offset, data bytes) of `param` of the program's first `op_type` op stored in weight.bin.
-    A blob entry starts with a 64-byte header: sentinel 0xDEADBEEF, dtype, size in bytes, data offset."""
-    with quiet_coremltools():
-        from coremltools.proto import Model_pb2
-    spec_file, weights = package_paths(package)
-    spec = Model_pb2.Model()
-    spec.ParseFromString(spec_file.read_bytes())
-    fn = spec.mlProgram.functions["main"]
-    for o in fn.block_specializations[fn.opset].operations:
-        if o.type != op_type:
-            continue
-        v = o.attributes[param] if param in o.attributes else o.inputs[param].arguments[0].value
-        if v.WhichOneof("value") == "blobFileValue":
-            path = weights / "weight.bin"
-            with open(path, "rb") as f:
-                f.seek(v.blobFileValue.offset)
-                sentinel, _, size, data = struct.unpack("<IIQQ", f.read(24))
-            assert sentinel == 0xDEADBEEF
-            return path, data, size
-    raise AssertionError(f"no {op_type} with a stored {param}")
-
-
-def _corrupt(src: Path, dst: Path, op_type: str, param: str, change) -> None:
-    shutil.copytree(src, dst)
-    path, offset, size = _blob(dst, op_type, param)
-    raw = bytearray(path.read_bytes())
-    values = np.frombuffer(bytes(raw[offset:offset + size]), np.float16)
-    raw[offset:offset + size] = change(values).astype(np.float16).tobytes()
-    path.write_bytes(bytes(raw))
-
-
 @pytest.mark.parametrize("ios,kind,op_type,param,change", [
     (18, "palette4", "constexpr_lut_to_dense", "lut", lambda v: v[::-1]),          # LUT entries reversed
     (16, "palette4", "constexpr_lut_to_dense", "lut", lambda v: v[::-1]),
@@ -208,7 +174,7 @@ def test_corrupted_lut_or_scale_in_the_package_fails(workdir, ios, kind, op_type
     name = "swiftformer_digits"
     good = compressed(workdir, name, ios, kind)
     bad = workdir / f"corrupt-ios{ios}-{kind}.mlpackage"
-    _corrupt(good.path, bad, op_type, param, change)
+    tf.corrupt_package(good.path, bad, op_type, param, change)
     clean, broken = emulated(good.path, name), emulated(bad, name)
     assert not np.array_equal(clean, broken)  # the emulator reads the compressed bytes, not a cached weight
     v = verdict(name, kind, broken)

@@ -14,6 +14,8 @@ script, the tests and the benchmarks share:
 - `load_reference(name)`: the train-form model (eval) built with `vitedge.create_model` from the manifest's
   overrides and loaded strictly from the committed `{'model': state_dict}` checkpoint.
 - `wilson(correct, n)`: the 95 % Wilson score interval of an accuracy.
+- `corrupt_package(src, dst, op_type, param, change)`: a copy of a saved CoreML package with one compression
+  parameter (a lookup table, a scale) changed in its weight.bin: what the parity gates must catch.
 """
 from __future__ import annotations
 
@@ -204,3 +206,43 @@ def decision_flips(reference: np.ndarray, candidate: np.ndarray, rel_margin: flo
     scale = np.abs(ref).max()
     real = [int(i) for i in flips if gap[i] >= rel_margin * scale]
     return [int(i) for i in flips], real
+
+
+def _blob(package: Path, op_type: str, param: str) -> tuple[Path, int, int]:
+    """(weight.bin, data offset, data bytes) of `param` of the program's first `op_type` op stored in weight.bin.
+    A blob entry starts with a 64-byte header: sentinel 0xDEADBEEF, dtype, size in bytes, data offset."""
+    import struct
+
+    from vitedge.targets.coreml.mil_interpreter import package_paths, quiet_coremltools
+
+    with quiet_coremltools():
+        from coremltools.proto import Model_pb2
+    spec_file, weights = package_paths(package)
+    spec = Model_pb2.Model()
+    spec.ParseFromString(spec_file.read_bytes())
+    fn = spec.mlProgram.functions["main"]
+    for o in fn.block_specializations[fn.opset].operations:
+        if o.type != op_type:
+            continue
+        v = o.attributes[param] if param in o.attributes else o.inputs[param].arguments[0].value
+        if v.WhichOneof("value") == "blobFileValue":
+            path = weights / "weight.bin"
+            with open(path, "rb") as f:
+                f.seek(v.blobFileValue.offset)
+                sentinel, _, size, data = struct.unpack("<IIQQ", f.read(24))
+            assert sentinel == 0xDEADBEEF
+            return path, data, size
+    raise AssertionError(f"no {op_type} with a stored {param}")
+
+
+def corrupt_package(src: Path, dst: Path, op_type: str, param: str, change) -> None:
+    """Copy the package `src` to `dst` and apply `change` (fp16 array -> array) to `param` of its first `op_type`
+    op, in weight.bin: a reversed lookup table, sign-flipped scales."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    path, offset, size = _blob(dst, op_type, param)
+    raw = bytearray(path.read_bytes())
+    values = np.frombuffer(bytes(raw[offset:offset + size]), np.float16)
+    raw[offset:offset + size] = change(values).astype(np.float16).tobytes()
+    path.write_bytes(bytes(raw))
