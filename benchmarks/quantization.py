@@ -100,6 +100,18 @@ def latency_model(name: str, overrides: dict, imgsz: int, timing: dict) -> dict:
 
 # ---- CoreML sizes ---------------------------------------------------------------------------------------
 
+def fp16_packages(deploy, name: str, imgsz: int, batch: int, work: Path) -> dict[int, Path]:
+    """{iOS: the fp16 package} for every deployment target the kinds need (the compression sources)."""
+    out = {}
+    for ios in sorted(set(KINDS.values())):
+        folder = work / f"{name}-ios{ios}"
+        folder.mkdir()
+        spec = LowerSpec(name=name, imgsz=imgsz, batch=batch, precision="fp16", out_dir=folder, onnx_path=None,
+                         options={"ios": ios})
+        out[ios] = CoreMLTarget().lower(deploy, spec).path
+    return out
+
+
 def coreml_sizes(name: str, overrides: dict, imgsz: int, work: Path) -> dict:
     print(f"\n{name} ({imgsz} px){' reduced' if overrides else ''}: CoreML package sizes", flush=True)
     train = make_trained_like(create_model(name, **overrides), seed=0).eval()
@@ -108,13 +120,7 @@ def coreml_sizes(name: str, overrides: dict, imgsz: int, work: Path) -> dict:
     mean, std = input_stats(train)
     calib = natural_calibration(4, imgsz, mean, std).x  # the size does not depend on the calibration
     out = {"model": name, "overrides": overrides, "imgsz": imgsz, "params": params, "packages": {}}
-    sources = {}
-    for ios in sorted(set(KINDS.values())):
-        folder = work / f"{name}-ios{ios}"
-        folder.mkdir()
-        spec = LowerSpec(name=name, imgsz=imgsz, batch=1, precision="fp16", out_dir=folder, onnx_path=None,
-                         options={"ios": ios})
-        sources[ios] = CoreMLTarget().lower(deploy, spec).path
+    sources = fp16_packages(deploy, name, imgsz, 1, work)
     out["packages"]["fp16"] = {"ios": 16, "bytes": _bytes(sources[16])}
     for kind, ios in KINDS.items():
         c = compress_package(sources[ios], work / f"{name}-{kind}.mlpackage", kind,
@@ -140,13 +146,7 @@ def fixture_accuracy(name: str, work: Path) -> dict:
     for enc, key in (("onnxruntime", "int8"), ("tensorrt", "int8-tensorrt-encoding")):
         logits[key] = tf.ort_logits(quantize_qdq(fp32, calib, calibration_ids=ids, encoding=enc).model, x)
     imgsz = tf.manifest()["models"][name]["imgsz"]
-    sources = {}
-    for ios in sorted(set(KINDS.values())):
-        folder = work / f"{name}-ios{ios}"
-        folder.mkdir()
-        spec = LowerSpec(name=name, imgsz=imgsz, batch=52, precision="fp16", out_dir=folder, onnx_path=None,
-                         options={"ios": ios})
-        sources[ios] = CoreMLTarget().lower(deploy, spec).path
+    sources = fp16_packages(deploy, name, imgsz, 52, work)  # 52: the 364 held-out digits in 7 runs
     logits["coreml-fp16"] = EmulatedCoreMLRunner(sources[16], max_samples=None).run(x)
     for kind, ios in KINDS.items():
         c = compress_package(sources[ios], work / f"{name}-{kind}.mlpackage", kind,

@@ -32,15 +32,16 @@ import torch
 import torch.nn as nn
 
 from ..errors import VitedgeError
-from ..targets.base import Artifact, Runner, Target, UnavailableError
+from ..targets.base import Artifact, Runner, Target
 from ..targets.calibration import Calibration
 from ..targets.graph.metadata import read_metadata, set_metadata
 from ..targets.graph.qdq import quantize_qdq
 from .calibrate import evaluation_indices
 from .criteria import GroundTruth
+from .hops import open_runner
 from .inputs import ParitySet
 from .localize import localize_onnx, localize_torch
-from .parity import check_hop, failed, ground_truth, unverified
+from .parity import check_hop, ground_truth, unverified
 from .progress import Progress
 from .report import Hop, Tolerance
 
@@ -110,15 +111,9 @@ def compressed_hop(hop_name: str, target: Target, artifact: Artifact, tol: Toler
                    also: Callable[[Hop, Runner], None] | None = None) -> Hop:
     """Run a compressed artifact through its target's runner on the judged samples (and `also` check what needs
     the runner still open: --require-ane); a failure is localized."""
-    ok, why = target.runnable()
-    if not ok:
-        return unverified(hop_name, target.name, f"cannot run here: {why}", tol)
-    try:
-        runner = target.runner(artifact, mode=mode)
-    except UnavailableError as e:
-        return unverified(hop_name, target.name, f"cannot run here{f' in {mode} mode' if mode else ''}: {e}", tol)
-    except Exception as e:
-        return failed(hop_name, target.name, f"could not load the artifact: {type(e).__name__}: {e}", tolerance=tol)
+    runner = open_runner(hop_name, target, artifact, tol, mode)
+    if isinstance(runner, Hop):
+        return runner
     with runner, progress.step(f"{hop_name} hop ({runner.backend})"):
         n = min(len(judged.x), runner.max_samples or len(judged.x))
         x = judged.x[:n]

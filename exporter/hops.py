@@ -100,15 +100,9 @@ class Ladder:
                      require_ane: bool = False) -> Hop:
         """Run a built artifact through its target's runner on the parity set (unverified where it cannot run).
         `require_ane`: a CoreML hop also checks where CoreML runs the model (`ane_check`)."""
-        ok, why = target.runnable()
-        if not ok:
-            return unverified(hop_name, target.name, f"cannot run here: {why}", tol)
-        try:
-            runner = target.runner(artifact, mode=mode)
-        except UnavailableError as e:
-            return unverified(hop_name, target.name, f"cannot run here{f' in {mode} mode' if mode else ''}: {e}", tol)
-        except Exception as e:
-            return failed(hop_name, target.name, f"could not load the artifact: {type(e).__name__}: {e}", tolerance=tol)
+        runner = open_runner(hop_name, target, artifact, tol, mode)
+        if isinstance(runner, Hop):
+            return runner
         # A device runner knows its mode only once it has predicted (None until then): judged after the hop too.
         if mode and runner.mode not in (mode, None):
             runner.close()
@@ -135,6 +129,21 @@ class Ladder:
         else:
             hop.reason = (f"{hop.reason}; no module's output diverges beyond the tolerance and its own float32 noise: "
                           "accumulated rounding rather than one broken op")
+
+
+def open_runner(hop_name: str, target: Target, artifact: Artifact, tol: Tolerance | None,
+                mode: str | None = None) -> Runner | Hop:
+    """The target's runner for `artifact`, or the hop that says why there is none (unverified where it cannot run
+    here, failed where the artifact does not load)."""
+    ok, why = target.runnable()
+    if not ok:
+        return unverified(hop_name, target.name, f"cannot run here: {why}", tol)
+    try:
+        return target.runner(artifact, mode=mode)
+    except UnavailableError as e:
+        return unverified(hop_name, target.name, f"cannot run here{f' in {mode} mode' if mode else ''}: {e}", tol)
+    except Exception as e:
+        return failed(hop_name, target.name, f"could not load the artifact: {type(e).__name__}: {e}", tolerance=tol)
 
 
 def ane_check(hop: Hop, runner: Runner) -> None:

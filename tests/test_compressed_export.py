@@ -10,7 +10,6 @@ held-out images), and the labelled-folder test below (accuracy delta through the
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +29,7 @@ from vitedge.targets import get_target
 from vitedge.targets.base import Artifact
 from vitedge.targets.coreml.mil_interpreter import load_program
 from vitedge.tests import trained_fixtures as tf
+from vitedge.tests.test_interfaces import _MemoryHub  # one verified hub per family, reused by every precision
 
 NAMES = ("swiftformer_digits", "slab_deit_digits")
 PRECISIONS = ("int8", "w8", "palette4", "palette6", "w8a8")
@@ -40,20 +40,6 @@ COMPRESSION_OPS = {  # iOS 16 (w8 / palette) and 17 (w8a8, raised from the defau
 }
 _RUNS: dict = {}
 _HUBS: dict = {}
-
-
-class _MemoryHub:
-    """One verified hub per family, reused by every precision's export (its graph copied out on `put`)."""
-
-    def __init__(self, folder: Path):
-        self.folder, self.hub = folder, None
-
-    def get(self):
-        return self.hub
-
-    def put(self, hub):
-        self.folder.mkdir()
-        self.hub = dataclasses.replace(hub, onnx_path=Path(shutil.copy(hub.onnx_path, self.folder / "hub.onnx")))
 
 
 def fixture_args(name: str) -> dict:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -133,15 +132,11 @@ def load_reference(name: str):
     return model.eval()
 
 
-def wilson(correct: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """95 % Wilson score interval of a proportion correct/n (good near 0 and 1, unlike the normal one)."""
-    if n <= 0:
-        return 0.0, 1.0
-    p = correct / n
-    den = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return max(0.0, centre - half), min(1.0, centre + half)
+def wilson(correct: int, n: int) -> tuple[float, float]:
+    """95 % Wilson score interval of a proportion correct/n (the ladder's own: exporter/criteria.wilson)."""
+    from vitedge.exporter.criteria import wilson as _wilson
+
+    return _wilson(correct, n)
 
 
 def accuracy(logits: np.ndarray, labels: np.ndarray) -> dict:
