@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check for the TensorRT target, on a machine with an NVIDIA GPU and `pip install 'vitedge[tensorrt]'`:
 # builds fp32 and fp16 engines for one model per family through `vitedge export` (the parity ladder, failing on
-# any failed or unverified hop), checks each sidecar's precision check, then a short `vitedge bench` with
+# any failed or unverified hop), checks each sidecar's precision check, an int8 engine of the trained SwiftFormer
+# fixture (explicit quantization from its QDQ graph), then a short `vitedge bench` with
 # TensorRT (end-to-end and GPU-compute latency). One PASS/FAIL line per step; exit 1 if any step failed.
 # About 5 minutes on a recent GPU. Not run in this project's CI (no GPU). Usage: scripts/gpu_check.sh [OUT_DIR]
 set -uo pipefail
@@ -32,6 +33,21 @@ sys.exit(0 if check["status"] == "confirmed" else 1)
 PY
   done
 done
+
+# int8 (issue 18): the trained SwiftFormer fixture, engine built strongly typed from its QDQ graph, judged by the
+# int8 profile on natural images (tensorrt-qdq: the same graph on ONNX Runtime)
+FIX="$(dirname "$0")/../tests/fixtures/trained"   # the checkout this script is in
+step export-int8 vitedge export --model swiftformer_xs --checkpoint "$FIX/swiftformer_digits.pth" \
+  --set "layers=[1,1,2,1]" --set "embed_dims=[16,24,48,64]" --set num_classes=10 --imgsz 32 \
+  --target onnx,tensorrt --precision int8 --samples "$SAMPLES" --require-verified --out "$OUT/int8" --force
+step precision-int8 python - "$OUT/int8/swiftformer_xs.engine.json" <<'PY'
+import json, sys
+side = json.load(open(sys.argv[1]))
+check = side["precision_check"]
+print(f"int8 -> {side['precision_built']}: {check['status']} ({check['evidence']}): {check['reason']}; "
+      f"built from {side['source_onnx']['file']}")
+sys.exit(0 if check["status"] == "confirmed" else 1)
+PY
 
 step bench vitedge bench --model "${MODELS[0]}" --backends torch-deploy,onnxruntime,tensorrt \
   --min-iters 20 --max-s 1 --report "$OUT/bench.json"
