@@ -293,9 +293,10 @@ class _Build:
             with self.progress.step("float64 ground truth for the compressed hops (natural images)"):
                 calib = self._calibration()
                 self.judged = Judged.build(train, pset, calib.ids if calib is not None else ())
+            apart = " not from a calibration photo" if calib is not None else ""
             r.compressed_inputs = (f"{len(self.judged.x)} natural samples of vitedge.exporter.inputs.parity_set(n="
-                                   f"{r.samples}, seed={PARITY_SEED}) not from a calibration photo, in a seeded order "
-                                   "(stress samples are not judged), against the train-form in float64")
+                                   f"{r.samples}, seed={PARITY_SEED}){apart}, in a seeded order (stress samples are "
+                                   "not judged), against the train-form in float64")
         return self.judged
 
     def _int8_graph(self, plan: TargetPlan, hub: Path, ladder: Ladder, tol) -> Path:
@@ -322,7 +323,12 @@ class _Build:
         if t is None:
             return unverified(hop_name, plan.name, plan.missing, tol)
         compressed = plan.precision in COMPRESSED
-        qdq_path = self._int8_graph(plan, hub, ladder, tol) if plan.precision == "int8" else None
+        try:
+            qdq_path = self._int8_graph(plan, hub, ladder, tol) if plan.precision == "int8" else None
+        except VitedgeError:
+            raise  # bad input (e.g. unreadable --calib-images): exit 2, nothing written
+        except Exception as e:
+            return failed(hop_name, t.name, f"int8 quantization failed: {type(e).__name__}: {e}", tolerance=tol)
         ok, why = t.available()
         if not ok:
             return unverified(hop_name, t.name, f"{t.name} cannot lower here: {why}", tol)
