@@ -23,15 +23,16 @@ import torch.nn as nn
 from ..errors import VitedgeError
 from ..models.registry import input_stats
 from ..targets import LowerSpec, UnavailableError
-from ..targets.graph.metadata import set_metadata
+from ..targets.graph.metadata import read_metadata, set_metadata
 from . import outdir
+from .criteria import reference_block
 from .equivalence import verify_equivalence
 from .forms import DEMO_SEED, Loaded, build_deploy_form, build_train_form, model_name, reparam_info, resolve_imgsz
-from .hops import Ladder, inputs_note, parity_set_for, record_artifact
+from .hops import Ladder, check_images, class_names, parity_inputs_for, record_artifact
 from .hub import Hub, HubStore
-from .inputs import DEFAULT_SAMPLES
+from .inputs import DEFAULT_SAMPLES, ParitySet
 from .onnx_export import DEFAULT_OPSET, OnnxExportError, check_onnx, check_opset, export_onnx, save_onnx, simplify_onnx
-from .parity import failed, tolerances as make_tolerances, unverified
+from .parity import FLOAT64_TOLERANCES, failed, tolerances as make_tolerances, unverified
 from .progress import QUIET, Progress
 from .report import Hop, ReparamInfo, Report, versions
 from .target_plans import TargetPlan, resolve_targets
@@ -46,7 +47,8 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
            attn_order: str = "auto", strict_schedule: bool = False, samples: int = DEFAULT_SAMPLES,
            tolerances: dict | list | None = None, require_verified: bool = False, overrides: dict | None = None,
            options: dict | None = None, seed: int = DEMO_SEED, progress: Progress | None = None,
-           rewrites=True, require_ane: bool = False, hub: HubStore | None = None) -> Report:
+           rewrites=True, require_ane: bool = False, hub: HubStore | None = None, images: str | Path | None = None,
+           labels: str | Path | None = None) -> Report:
     """Export `model_or_name` to `targets` in folder `out` (default runs/NAME) and run the parity ladder.
 
     `rewrites`: the deploy-form's speed rewrites (True all, False none, or names; see `available_rewrites`).
@@ -54,6 +56,10 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
     `hub`: a HubStore (hub.py); a Hub it holds replaces the train-form, deploy-form and ONNX steps with their
     verified results (the caller keys it by everything they depend on: `vitedge matrix`), else the one this run
     builds is put there once it passed.
+    `images`: a folder of images (flat, or ImageFolder layout with labels) used as the parity set instead of the
+    default one, beside a small stress set. `labels`: class names in index order, one per line (every target: ONNX
+    metadata `vitedge.labels`, a CoreML classifier; the class index of an ImageFolder `images`); also accepted
+    as `options["labels"]`.
 
     Returns the Report also written to OUT/report.json; `report.exit_code` is 0 (all executed hops
     passed), 1 (a hop failed: artifacts in OUT/quarantine/). Raises VitedgeError (exit 2) on bad input,
@@ -61,16 +67,20 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
     """
     progress = progress or QUIET
     # -- validate everything that can be validated without work
-    plans = resolve_targets(targets, precision, dynamic_batch, options)
+    options = dict(options or {})
+    labels = labels if labels is not None else options.get("labels")
+    options.pop("labels", None)
+    plans = resolve_targets(targets, precision, dynamic_batch, options, labels=labels)
     if dynamic_batch and batch is not None:
         raise VitedgeError("--batch and --dynamic-batch exclude each other; drop one")
     if batch is not None and batch <= 0:
         raise VitedgeError(f"--batch must be positive; got {batch}")
     batch = None if dynamic_batch else (batch or 1)
     check_opset(opset)
-    tols = make_tolerances(tolerances)
+    tols = make_tolerances(tolerances, FLOAT64_TOLERANCES)
     if samples <= 0:
         raise VitedgeError(f"--samples must be positive; got {samples}")
+    check_images(images, labels)
     if not reparam and rewrites is not True:
         raise VitedgeError("--rewrites shapes the re-parameterized deploy-form; drop it or drop --no-reparam")
     if hub is not None and not reparam:
@@ -87,12 +97,17 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
         if reused is not None:  # verified earlier for these inputs: no train-form, fold, gate or ONNX export here
             loaded, deploy, deploy64 = reused.loaded(name), reused.deploy, None
             imgsz = resolve_imgsz(deploy, imgsz)
-            reused.check_fits(imgsz, samples)
             info = copy.deepcopy(reused.reparam)  # the report adds to it (fp16 analysis)
         else:
             with progress.step("building the train-form model"):
                 loaded = build_train_form(model_or_name, checkpoint, overrides, seed)
             imgsz = resolve_imgsz(loaded.model, imgsz)
+        classes = class_names(labels, loaded.model, imgsz)
+        with progress.step("reading the parity inputs"):
+            pset = parity_inputs_for(loaded.model, imgsz, samples, images, labels)
+        if reused is not None:
+            reused.check_fits(imgsz, pset)
+        else:
             with progress.step("re-parameterizing"):
                 deploy, deploy64 = build_deploy_form(loaded.model, imgsz, reparam, attn_order, strict_schedule,
                                                      rewrites)
@@ -101,11 +116,12 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
         report = Report(model=loaded.name, imgsz=imgsz, batch=batch, weights=loaded.weights,
                         checkpoint_sha256=loaded.checkpoint_sha256, reparam=info,
                         versions=versions(), command="export", targets=[p.name for p in plans],
-                        overrides=loaded.overrides, samples=samples, inputs=inputs_note(samples),
+                        overrides=loaded.overrides, samples=len(pset), inputs=pset.note,
+                        images=None if images is None else str(images), labels=None if labels is None else str(labels),
                         require_verified=require_verified, require_ane=require_ane)
         with outdir.OutputFolder(out, force, interrupts) as folder:
             build = _Build(report, plans, loaded, deploy, deploy64, folder.tmp, batch, opset, attn_order, reparam,
-                           tols, progress, folder.checkpoint, hub, reused,
+                           tols, progress, folder.checkpoint, pset, classes, hub, reused,
                            lambda: build_train_form(model_or_name, checkpoint, overrides, seed).model)
             build.run()
             report.finalize()
@@ -120,9 +136,10 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
 
 
 def _metadata(loaded: Loaded, imgsz: int, batch: int | None, attn_order: str, info: ReparamInfo,
-              vers: dict) -> dict:
+              vers: dict, labels: list[str] | None = None) -> dict:
     mean, std = input_stats(loaded.model)
-    return {"model": loaded.name, "imgsz": imgsz, "batch": batch if batch else "dynamic", "mean": list(mean),
+    extra = {"labels": labels} if labels is not None else {}  # vitedge.labels: class names travel with the graph
+    return {**extra, "model": loaded.name, "imgsz": imgsz, "batch": batch if batch else "dynamic", "mean": list(mean),
             "std": list(std), "input": "image: float32 NCHW, RGB, normalized with mean/std", "output": "logits",
             "weights": loaded.weights, "checkpoint_sha256": loaded.checkpoint_sha256, "overrides": loaded.overrides,
             "attn_order": attn_order, "precision": "fp32",
@@ -146,6 +163,8 @@ class _Build:
     tols: dict
     progress: Progress
     checkpoint: Callable[[str], None]   # the output folder's named points (Ctrl-C, test pauses)
+    inputs: ParitySet                   # the parity set (default or --images)
+    classes: list | None = None         # --labels: class names in index order
     store: HubStore | None = None       # where a hub this run verifies is put (export(hub=...))
     reused: Hub | None = None           # a verified hub: the steps up to the hub graph are not run again
     build_train: Callable[[], nn.Module] | None = None  # the train-form, when a reused hub's hop needs it
@@ -169,12 +188,15 @@ class _Build:
         r.parity += h.hop_records()
         self.raw = h.raw
         hub = self.tmp / f"{r.model}.onnx"
-        shutil.copyfile(h.onnx_path, hub)
+        meta = _metadata(self.loaded, r.imgsz, self.batch, self.attn_order, r.reparam, r.versions, self.classes)
+        if read_metadata(h.onnx_path).get("labels") != self.classes:  # class names belong to this export
+            save_onnx(set_metadata(onnx.load(str(h.onnx_path)), meta), hub)
+        else:
+            shutil.copyfile(h.onnx_path, hub)
         self.checkpoint("hub-graph")
         record_artifact(r, "onnx", hub, "fp32", root=self.tmp)
-        meta = _metadata(self.loaded, r.imgsz, self.batch, self.attn_order, r.reparam, r.versions)
-        x = parity_set_for(self.deploy, r.samples, r.imgsz)
-        return hub, meta, Ladder(None, self.deploy, x, h.reference, self.progress, self.build_train)
+        r.reference = reference_block(h.truth, self.inputs.classes)
+        return hub, meta, Ladder(None, self.deploy, self.inputs, h.truth, self.progress, self.build_train)
 
     def _build_hub(self) -> tuple[Path, dict, Ladder] | None:
         """Gate, reference, deploy-form hop, ONNX export + hop, onnxsim + hop: (hub path, metadata, ladder), or
@@ -182,10 +204,12 @@ class _Build:
         r, fp32, imgsz = self.report, self.tols["fp32"], self.report.imgsz
         if self.reparam and not self._gate():
             return None
-        ladder = Ladder.build(self.loaded.model, self.deploy, r.samples, imgsz, self.progress)
+        ladder = Ladder.build(self.loaded.model, self.deploy, self.inputs, self.progress)
+        r.reference = ladder.reference()
         hop = ladder.deploy_hop(self.deploy, fp32)
         if hop.status == "failed" and self.reparam:  # the fp64 gate passed: float32 arithmetic, not a wrong fold
-            hop.reason += "; the float64 equivalence gate passed: float32 rounding in the deploy-form exceeds tolerance"
+            hop.reason += ("; the float64 equivalence gate passed: float32 rounding in the deploy-form exceeds its "
+                           "allowance")
         r.parity.append(hop)
 
         # ONNX: the raw export, then the simplified hub graph every target builds from
@@ -203,13 +227,13 @@ class _Build:
         except OnnxExportError as e:
             r.parity.append(failed("onnx-simplified", "onnxsim", str(e)))
             return None
-        meta = _metadata(self.loaded, imgsz, self.batch, self.attn_order, r.reparam, r.versions)
+        meta = _metadata(self.loaded, imgsz, self.batch, self.attn_order, r.reparam, r.versions, self.classes)
         hub = save_onnx(set_metadata(simp, meta), self.tmp / f"{r.model}.onnx")
         self.checkpoint("hub-graph")
         r.parity.append(ladder.onnx_hop("onnx-simplified", simp, fp32))
         record_artifact(r, "onnx", hub, "fp32", root=self.tmp)
         if self.store is not None and all(h.status == "passed" for h in r.parity):  # never share a failed hub
-            self.store.put(Hub(self.deploy, hub, self.raw, ladder.reference, copy.deepcopy(r.parity),
+            self.store.put(Hub(self.deploy, hub, self.raw, ladder.truth, self.inputs.note, copy.deepcopy(r.parity),
                                copy.deepcopy(r.reparam), self.attn_order, self.loaded.weights,
                                self.loaded.checkpoint_sha256, dict(self.loaded.overrides)))
         return hub, meta, ladder
@@ -226,8 +250,8 @@ class _Build:
         if not eq.passed:
             self.report.parity.append(failed(
                 "deploy-form", "pytorch (float64 equivalence gate)",
-                f"re-parameterization changed the function: first diverging block {eq.diverging_module}; logits "
-                f"max|diff| {eq.max_abs:.3e} vs tolerance {eq.rtol:.0e}*max|y| ({eq.scale:.3e})", mode="reference",
+                f"re-parameterization changed the function: first diverging block {eq.diverging_module}; "
+                f"{eq.describe()}", mode="reference",
                 tolerance=self.tols["fp32"], diverging_module=eq.diverging_module))
         return eq.passed
 
