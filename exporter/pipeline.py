@@ -2,7 +2,8 @@
 
 validate everything -> build the train-form (checkpoint, or seeded trained-like demo weights) -> re-parameterize
 -> fp64 equivalence gate -> ONNX (raw) -> onnxsim -> each requested target, with a parity hop after each step,
-every hop against the train-form on the documented input set (hops.py). The output folder is one transaction
+every hop against the train-form's float64 ground truth on the parity set (default, or --images) by the
+per-sample noise rule (hops.py). The output folder is one transaction
 (outdir.py): built in a temporary sibling and renamed into place in one step; a failed hop moves the artifacts
 to DIR/quarantine/. Bad input raises VitedgeError before anything is written. `parity()` on existing artifacts
 is verify.py. With `hub=` a verified deploy-form and hub ONNX are reused from, or left in, a store (hub.py).

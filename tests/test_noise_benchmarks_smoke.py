@@ -46,3 +46,13 @@ def test_all_models_quick(tmp_path):
         assert all(p["effect"] <= 2 * noise for p in m["invisible_plants"])  # passed over only when invisible
     for m in data["models"]:  # reduced configs: x1.01 is caught and localized (tests/test_sensitivity.py: x1.001 too)
         assert m["planted"]["x1.01"]["caught"] and m["planted"]["x1.01"]["diverging_module"]
+
+
+def test_reference_threads_quick(tmp_path):
+    data = _run("reference_threads", tmp_path / "t.json")
+    assert data["reference_threads"] == 2 and len(data["models"]) == 1
+    per = data["models"][0]["threads"]
+    assert set(per) == {"1", "2", "4"} and all(set(v) == {"natural"} or set(v) == {"natural", "stress"}
+                                               for v in per.values())
+    assert all(0 < d["noise_median"] and all(r < 1 for r in d["worst_ratio"].values())
+               for v in per.values() for d in v.values())
