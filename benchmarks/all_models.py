@@ -40,8 +40,9 @@ from vitedge.models import get_spec, list_models
 from vitedge.targets.ort import OnnxRuntimeRunner
 from vitedge.tests._plant import plant_channel_scale, weight_nodes
 
-QUICK_MODELS = ("swiftformer_xs", "sima_nano_12_p16")  # --quick: their reduced configs (_common.REDUCED)
+QUICK_MODELS = ("swiftformer_xs", "sima_nano_12_p16")  # --quick: their reduced configs (_common.REDUCED) at 64 px
 QUICK_SAMPLES = 8
+QUICK_IMGSZ = 64
 FACTORS = (1.01, 1.001)
 EFFECT_SAMPLES = 16  # inputs on which a plant's effect on the logits is measured (visible_position)
 
@@ -85,12 +86,12 @@ def sets_summary(hop) -> dict:
             for s, d in (hop.sets or {}).items()}
 
 
-def measure(name: str, samples: int, work: Path, overrides: dict | None = None) -> dict:
+def measure(name: str, samples: int, work: Path, overrides: dict | None = None, imgsz: int | None = None) -> dict:
     spec = get_spec(name)
     store: dict = {}
     t0 = time.perf_counter()
     with keep_ladder(store):
-        report = export(name, "onnx", out=work / name, samples=samples, overrides=overrides)
+        report = export(name, "onnx", out=work / name, samples=samples, overrides=overrides, imgsz=imgsz)
     wall = time.perf_counter() - t0
     out = {"model": name, "family": spec.family, "overrides": overrides or {}, "imgsz": report.imgsz,
            "samples": report.samples,
@@ -155,7 +156,8 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="vitedge-all-models-") as tmp:
         for name in names:
-            r = measure(name, samples, Path(tmp), C.REDUCED.get(name) if args.quick else None)
+            r = (measure(name, samples, Path(tmp), C.REDUCED.get(name), QUICK_IMGSZ) if args.quick
+                 else measure(name, samples, Path(tmp)))
             rows.append(r)
             body = {"settings": {"target": "onnx", "samples": samples, "weights": "make_trained_like(seed=0)",
                                  "factors": list(FACTORS), "rule": {"noise_floor": FLOAT64_TOLERANCES["fp32"].noise_floor,

@@ -37,10 +37,10 @@ def _run(model, x: torch.Tensor, dtype=None) -> np.ndarray:
                                for i in range(0, len(x), BATCH)])
 
 
-def measure(name: str, samples: int, overrides: dict | None) -> dict:
+def measure(name: str, samples: int, overrides: dict | None, imgsz: int | None = None) -> dict:
     spec = get_spec(name)
     model = make_trained_like(create_model(name, **(overrides or {})), seed=0).eval()
-    imgsz = spec.fixed_size(overrides or {}) or spec.default_imgsz
+    imgsz = imgsz or spec.fixed_size(overrides or {}) or spec.default_imgsz
     ps = parity_set(samples, imgsz, mean=spec.mean, std=spec.std)
     sets = np.asarray(ps.sets)
     torch.set_num_threads(max(THREADS))
@@ -77,7 +77,7 @@ def main() -> None:
     info = C.machine()
     C.banner("reference_threads", info, args.quick)
     started = time.time()
-    rows = [measure(n, samples, C.REDUCED.get(n) if args.quick else None) for n in names]
+    rows = [measure(n, samples, C.REDUCED.get(n), 64) if args.quick else measure(n, samples, None) for n in names]
     path = C.write_results(C.out_path("reference_threads", args), "reference_threads", dict(info), args,
                            {"reference_threads": REFERENCE_THREADS, "rule": {"floor": NOISE_FLOOR, "k": NOISE_K},
                             "models": rows}, started)

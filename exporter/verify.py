@@ -91,9 +91,7 @@ def parity(model_or_name, artifact: str | Path | None = None, *, checkpoint: str
                            f"made from ({exported_from[:12]}...)")
     imgsz = resolve_imgsz(loaded.model, imgsz or meta.get("imgsz"))
     classes = class_names(labels, loaded.model, imgsz)
-    if classes is not None and meta.get("labels") not in (None, classes):
-        raise VitedgeError(f"--labels {labels} differs from the class names {source} carries (vitedge.labels); pass "
-                           "the labels file it was exported with")
+    _check_carried_labels(classes, meta.get("labels"), labels, source)
     with progress.step("reading the parity inputs"):
         pset = parity_inputs_for(loaded.model, imgsz, samples, images, labels)
     if deploy is not None and deploy.reparam_imgsz != imgsz:
@@ -127,6 +125,17 @@ def parity(model_or_name, artifact: str | Path | None = None, *, checkpoint: str
     if report_path is not None:
         report.write(report_path)
     return report
+
+
+def _check_carried_labels(classes: list[str] | None, carried, labels, source) -> None:
+    """--labels against what the artifact says it was exported with: the names (ONNX `vitedge.labels`) or their
+    count (CoreML's user metadata `labels`)."""
+    if classes is None or carried is None:
+        return
+    same = carried == classes if isinstance(carried, list) else carried == len(classes)
+    if not same:
+        raise VitedgeError(f"--labels {labels} differs from the class names {source} carries (vitedge.labels); "
+                           "pass the labels file it was exported with")
 
 
 def _artifact_target(path: Path, target: str | None) -> str:

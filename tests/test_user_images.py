@@ -141,3 +141,16 @@ def test_a_missing_images_folder_exits_2_naming_it_on_every_command(command, tmp
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "no_such_folder" in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "out").exists() and not (tmp_path / "b.zip").exists()
+
+
+def test_carried_labels_compare_by_names_onnx_or_by_count_coreml():
+    from vitedge.errors import VitedgeError
+    from vitedge.exporter.verify import _check_carried_labels
+
+    names = ["a", "b", "c"]
+    for carried in (None, ["a", "b", "c"], 3):  # nothing carried; ONNX's vitedge.labels; CoreML's label count
+        _check_carried_labels(names, carried, "l.txt", "x")
+    for carried in (["a", "c", "b"], 4):
+        with pytest.raises(VitedgeError, match="l.txt"):
+            _check_carried_labels(names, carried, "l.txt", "x")
+    _check_carried_labels(None, ["z"], None, "x")  # no --labels: nothing to compare
