@@ -111,6 +111,17 @@ def _add_parity_flags(p: argparse.ArgumentParser) -> None:
                         "Neural Engine (CoreML's compute plan); inconclusive where no Neural Engine exists")
 
 
+def _add_inputs_flags(p: argparse.ArgumentParser, labels_extra: str = "") -> None:
+    p.add_argument("--images", metavar="DIR",
+                   help="judge on your own images: every jpg/png in DIR (flat, or DIR/<class>/<image>, which also "
+                        "gives labels and top-1/top-5 accuracy per hop) plus 16 stress images, instead of the "
+                        "default parity set")
+    p.add_argument("--labels", metavar="FILE",
+                   help="class names in index order, one per line: stored with the artifacts (ONNX metadata "
+                        "vitedge.labels" + labels_extra + "); an ImageFolder --images maps each folder name to its "
+                        "line (default: sorted folder order)")
+
+
 def _overrides(args) -> dict:
     return dict(args.overrides)
 
@@ -168,10 +179,10 @@ def add_export(sub) -> None:
                    help="error (instead of warn) on a checkpoint whose LN->RepBN schedule had not finished")
     p.add_argument("--force", action="store_true", help="replace an output folder that already holds artifacts")
     _add_parity_flags(p)
+    _add_inputs_flags(p, "; coreml: a classifier")
     g = p.add_argument_group("coreml")
     g.add_argument("--ios", type=int, choices=IOS_TARGETS, help="minimum deployment target")
     g.add_argument("--input", choices=INPUT_KINDS, help="input type (image: RGB pixels, normalization built in)")
-    g.add_argument("--labels", help="class labels file (one per line): classifier output")
     g = p.add_argument_group("tensorrt")
     g.add_argument("--max-batch", type=_positive_int, help="largest batch of the dynamic-batch profile")
     g.add_argument("--workspace", type=float, help="builder workspace in GiB")
@@ -179,7 +190,7 @@ def add_export(sub) -> None:
     p.set_defaults(func=cmd_export)
 
 
-TARGET_OPTIONS = ("ios", "input", "labels", "max_batch", "workspace", "timing_cache")
+TARGET_OPTIONS = ("ios", "input", "max_batch", "workspace", "timing_cache")
 
 
 def cmd_export(args) -> int:
@@ -193,7 +204,7 @@ def cmd_export(args) -> int:
                     samples=_samples(args), tolerances=args.tol, require_verified=args.require_verified,
                     overrides=_overrides(args), options={k: getattr(args, k) for k in TARGET_OPTIONS},
                     progress=args.progress, rewrites=args.rewrites, require_ane=args.require_ane,
-                    calib=args.calib, calib_images=args.calib_images)
+                    images=args.images, labels=args.labels, calib=args.calib, calib_images=args.calib_images)
     print(format_summary(report, os.path.join(report.out_dir, "report.json")))
     return report.exit_code
 
@@ -216,6 +227,7 @@ def add_parity(sub) -> None:
                    help="insist on how the artifact runs (device: the target's own runtime, e.g. CoreML on macOS); "
                         "otherwise the hop is unverified")
     _add_parity_flags(p)
+    _add_inputs_flags(p)
     p.set_defaults(func=cmd_parity)
 
 
@@ -226,7 +238,7 @@ def cmd_parity(args) -> int:
                     target=args.target, imgsz=args.imgsz, precision=args.precision, attn_order=args.attn_order,
                     samples=_samples(args), tolerances=args.tol, require_verified=args.require_verified,
                     overrides=_overrides(args) or None, report_path=args.report, mode=args.mode,
-                    progress=args.progress, require_ane=args.require_ane)
+                    progress=args.progress, require_ane=args.require_ane, images=args.images, labels=args.labels)
     print(format_summary(report, args.report))
     return report.exit_code
 
@@ -254,13 +266,14 @@ def cmd_reparam(args) -> int:
     eq, s = result.equivalence, result.summary
     if not eq.passed:
         print(f"FAILED: re-parameterization changed the function: first diverging block {eq.diverging_module} "
-              f"(logits max|diff| {eq.max_abs:.3e}); nothing written")
+              f"({eq.describe()}); nothing written")
         return EXIT_FAILED
     folded = ", ".join(f"{k} {v}" for k, v in sorted(s.folded.items())) or "nothing"
     orders = list(s.attention_order.values())
     print(f"{result.model} @ {result.imgsz}: folded {folded}; {len(s.unfolded)} unfolded; attention "
           f"{orders.count('qk_first')} qk_first, {orders.count('kv_first')} kv_first; weights: {result.weights}")
-    print(f"equivalence gate (float64) passed: logits max|diff| {eq.max_abs:.2e} (tolerance {eq.rtol:.0e}*max|y|)")
+    print(f"equivalence gate (float64) passed: logits max|diff| {eq.max_abs:.2e} (allowance {eq.allowed:.2e}: "
+          f"max({eq.rtol:.0e}*max|y|, {eq.k64:g} x float64's estimated own rounding))")
     print(f"wrote {result.path} (load it with vitedge.load_deploy_checkpoint)")
     return EXIT_OK
 
@@ -280,6 +293,21 @@ def _table(rows: list[tuple]) -> str:
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
 
 
+def _accuracy(sets: dict, key: str):
+    """A hop's accuracy over its labelled samples (only a labelled --images set carries labels)."""
+    return next((d[key] for d in sets.values() if d.get(key) is not None), None)
+
+
+def _reference_line(ref: dict) -> str:
+    parts = [f"{k} median {d['reference_noise_median']:.1e} max {d['reference_noise']:.1e}"
+             for k, d in ref.get("sets", {}).items()]
+    line = (f"reference: train-form float32 vs float64 ({ref.get('float32_threads')} threads), noise per set: "
+            + "; ".join(parts))
+    if ref.get("top1_accuracy") is not None:
+        line += f"; accuracy (float64) top-1 {ref['top1_accuracy']:.1%}, top-5 {ref['top5_accuracy']:.1%}"
+    return line
+
+
 def format_summary(report, report_path: str | None = None) -> str:
     from vitedge.exporter.onnx_export import norm_nodes
 
@@ -291,13 +319,26 @@ def format_summary(report, report_path: str | None = None) -> str:
         lines.append(f"re-parameterization: folded {sum(r.folded.values())} ({', '.join(f'{k} {v}' for k, v in r.folded.items())}); "
                      f"unfolded {len(r.unfolded)}; attention: {orders.count('qk_first')} qk_first, "
                      f"{orders.count('kv_first')} kv_first; rewrites: {', '.join(r.rewrites) or 'none'}")
-    rows = [("hop", "status", "mode", "max_rel", "cosine", "PSNR dB", "top-1", "top-5", "backend")]
+    ref = report.reference
+    if ref:
+        lines.append(_reference_line(ref))
+    # per input set: the worst sample's error / allowance (<= 1 passes); with labels, accuracy on labelled images
+    sets = [k for k in ("natural", "user", "stress") if any(k in (h.sets or {}) for h in report.parity)]
+    labelled = bool(ref and ref.get("top1_accuracy") is not None)
+    rows = [("hop", "status", "mode", *(f"ratio {k}" for k in sets), "max_rel", "cosine", "PSNR dB", "top-1",
+             "top-5", *(("acc@1", "acc@5") if labelled else ()), "backend")]
     for h in report.parity:
-        m = h.metrics
-        rows.append((h.hop, h.status, h.mode or "-", _fmt(m and m.max_rel, ".2e"), _fmt(m and m.cosine, ".6f"),
-                     _fmt(m and m.psnr_db, ".1f"), _fmt(m and m.top1_agreement, ".1%"),
-                     _fmt(m and m.top5_agreement, ".1%"), h.backend))
+        m, hs = h.metrics, h.sets or {}
+        acc = [_accuracy(hs, k) for k in ("top1_accuracy", "top5_accuracy")] if labelled else []
+        rows.append((h.hop, h.status, h.mode or "-", *(_fmt(hs.get(k, {}).get("noise_ratio"), ".2f") for k in sets),
+                     _fmt(m and m.max_rel, ".2e"), _fmt(m and m.cosine, ".6f"), _fmt(m and m.psnr_db, ".1f"),
+                     _fmt(m and m.top1_agreement, ".1%"), _fmt(m and m.top5_agreement, ".1%"),
+                     *(_fmt(a, ".1%") for a in acc), h.backend))
     lines += ["", _table(rows)]
+    if sets:
+        lines.append("(vs the train-form in float64; ratio = worst sample's error / its allowance max(floor, K x "
+                     "float32 noise), <= 1 passes" + ("; acc = top-k accuracy on the labelled images" if labelled
+                                                       else "") + ")")
     notes = [f"  {h.hop}: {h.status}: {h.reason}" for h in report.parity if h.reason]
     notes += [f"  {h.hop}: Neural Engine residency {h.ane_residency['status'].upper()}: {h.ane_residency['reason']}"
               for h in report.parity if h.ane_residency]
@@ -368,7 +409,7 @@ def add_bench(sub) -> None:
                                      "(default: $VITEDGE_TEAM_ID)")
     p.add_argument("--input", choices=INPUT_KINDS, default=None,
                    help="--device iphone: the phone's package input (image: RGB pixels, normalization built in)")
-    p.add_argument("--labels", help="--device iphone: class labels file: the phone's package is a classifier")
+    _add_inputs_flags(p, "; with --device iphone the phone's package is a classifier")
     p.add_argument("--report", help="write the JSON report here")
     p.add_argument("--plot", help="write a PNG plot (latency vs size per backend, CI bars) here")
     p.add_argument("--baseline", help="an earlier --report JSON to gate p50 regressions against")
@@ -388,7 +429,7 @@ def cmd_bench(args) -> int:
                        order=args.order, attn_order=args.attn_order, overrides=_overrides(args), device=args.device,
                        ort_spinning={"default": None, "on": True, "off": False}[args.ort_spinning],
                        rewrites=args.rewrites, team_id=args.team_id,
-                       coreml_options={"input": args.input, "labels": args.labels},
+                       coreml_options={"input": args.input}, images=args.images, labels=args.labels,
                        log=(lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr)))
     print(format_table(report))
     if args.report:
@@ -412,7 +453,7 @@ def add_package(sub) -> None:
     p.add_argument("--model", required=True, help="model name (see `vitedge models`)")
     p.add_argument("--checkpoint", help="train-form checkpoint; without it the bundle holds seeded demo weights "
                                         "(untrained, said in the manifest and README)")
-    p.add_argument("--labels", help="class labels, one per line: the model becomes a classifier")
+    _add_inputs_flags(p, "; the model becomes a classifier and the bundle holds labels.txt")
     p.add_argument("--ios", type=int, choices=IOS_TARGETS, default=None,
                    help=f"minimum deployment target (default {DEFAULT_IOS}; 17 with --precision w8a8)")
     p.add_argument("--precision", choices=("fp16",) + COREML_COMPRESSED, default="fp16",
@@ -436,7 +477,7 @@ def cmd_package(args) -> int:
     res = package(args.model, args.out, checkpoint=args.checkpoint, labels=args.labels, ios=args.ios,
                   imgsz=args.imgsz, samples=args.samples, overrides=_overrides(args),
                   tolerances=args.tol or None, force=args.force, progress=args.progress, precision=args.precision,
-                  calib=args.calib, calib_images=args.calib_images)
+                  calib=args.calib, calib_images=args.calib_images, images=args.images)
     if res.exit_code != 0:
         bad = ", ".join(h.hop for h in res.report.failed_hops()) or "coreml"
         print(f"FAILED: parity hop {bad} did not pass; no bundle written. The export is kept in {res.export_dir}")

@@ -39,6 +39,7 @@ def measure(name: str, samples: int, overrides: dict | None = None) -> dict:
     truth = ground_truth(model, ps.x, ps.sets, batch=BATCH)
     y64, noise = truth.y64, truth.noise
     out = {"model": name, "family": spec.family, "imgsz": imgsz, "overrides": overrides or {},
+           "float32_threads": truth.float32_threads,
            "max_abs_y": float(np.abs(y64).max()), "seconds": round(time.perf_counter() - t0, 1), "sets": {}}
     for s in ps.present():
         idx = ps.indices(s)

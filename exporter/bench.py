@@ -1,7 +1,8 @@
 """The latency harness behind `vitedge bench`: measured, paired, parity-checked, with a regression gate.
 
 Per size, every available backend is built (its load/compile time measured), checked against the
-train-form on parity inputs, then all passing backends are timed *interleaved* in rounds, so the
+train-form's float64 ground truth on parity inputs (the per-sample noise rule, as the export ladder judges its
+hops; `--images` replaces the default inputs with the user's), then all passing backends are timed *interleaved* in rounds, so the
 train-form / deploy-form ratio (the re-parameterization speedup) is a paired measurement with a
 bootstrap confidence interval. A backend that fails parity is reported as failed and its latency is
 marked invalid; a backend that cannot run here is listed as unavailable with the reason.
@@ -30,9 +31,11 @@ from ..targets.pytorch import TorchRunner
 from . import latency
 from .forms import build_deploy_form, build_train_form, resolve_imgsz
 from .bench_report import BackendResult, BenchReport
-from .inputs import parity_inputs
+from .criteria import GroundTruth, reference_block
+from .hops import check_images, class_names, parity_inputs_for
+from .inputs import ParitySet, parity_inputs
 from .onnx_export import check_onnx, export_onnx, save_onnx, simplify_onnx
-from .parity import compute_metrics, run_batched, tolerances as make_tolerances
+from .parity import FLOAT64_TOLERANCES, check_hop, ground_truth, tolerances as make_tolerances
 
 BACKENDS = ("torch", "torch-deploy", "onnxruntime", "coreml", "tensorrt")
 DEFAULT_BACKENDS = ("torch", "torch-deploy", "onnxruntime")
@@ -110,13 +113,15 @@ def parse_sizes(spec: str | list | int) -> list[int]:
 # ---- the harness --------------------------------------------------------------------------------------
 
 def _tolerance_for(runner: Runner):
-    tols = make_tolerances()
+    tols = make_tolerances(None, FLOAT64_TOLERANCES)
     return tols["fp16"] if "fp16" in getattr(runner, "backend", "") else tols["fp32"]
 
 
-def _parity(runner: Runner, x: np.ndarray, ref: np.ndarray) -> tuple[dict, list[str]]:
-    m = compute_metrics(ref, run_batched(runner, x))
-    return asdict(m), _tolerance_for(runner).violations(m)
+def _parity(runner: Runner, inputs: ParitySet, truth: GroundTruth) -> tuple[dict, dict, list[str]]:
+    """(metrics vs float64, per-set details, problems) of one backend: the export ladder's hop check."""
+    hop = check_hop(runner.backend or "bench", runner, inputs.numpy(), None, _tolerance_for(runner), truth=truth,
+                    names=inputs.names)
+    return asdict(hop.metrics), hop.sets, [hop.reason] if hop.reason else []
 
 
 def _fresh_input(imgsz: int, batch: int) -> np.ndarray:
@@ -125,12 +130,13 @@ def _fresh_input(imgsz: int, batch: int) -> np.ndarray:
 
 def measure_size(name: str, train: nn.Module, make_deploy: Callable[[int], nn.Module], imgsz: int,
                  backends: list[str], batch: int, threads: int, warmup_s: float, min_iters: int, max_s: float,
-                 tmp: Path, inject: dict | None = None,
-                 spinning: bool | None = None) -> tuple[list[BackendResult], list[dict]]:
-    """Build, parity-check and time every backend at one size. `inject` maps backend -> Runner (tests)."""
-    x = parity_inputs(PARITY_SAMPLES, imgsz, seed=0).numpy()
-    with torch.no_grad():
-        ref = train(torch.from_numpy(x)).float().numpy()
+                 tmp: Path, inject: dict | None = None, spinning: bool | None = None,
+                 inputs: ParitySet | None = None) -> tuple[list[BackendResult], list[dict], dict]:
+    """Build, parity-check and time every backend at one size; also returns the train-form's reference block
+    (report.json's `reference`, per size here). `inject` maps backend -> Runner (tests). `inputs`: the parity set
+    at this size (default: the first PARITY_SAMPLES of the default set)."""
+    inputs = inputs if inputs is not None else parity_inputs_for(train, imgsz, PARITY_SAMPLES)
+    truth = ground_truth(train, inputs.numpy(), inputs.sets, inputs.labels_array(), threads64=os.cpu_count())
     deploy = make_deploy(imgsz)
     results, runners = [], {}
     with contextlib.ExitStack() as stack:  # every runner is closed once the size is measured
@@ -145,7 +151,7 @@ def measure_size(name: str, train: nn.Module, make_deploy: Callable[[int], nn.Mo
             load_s = time.perf_counter() - t0
             res = BackendResult(b, imgsz, "ok", mode=runner.mode, load_s=round(load_s, 4))
             try:
-                res.parity, problems = _parity(runner, x, ref)
+                res.parity, res.parity_sets, problems = _parity(runner, inputs, truth)
             except Exception as e:  # a backend that crashes on the parity inputs has failed parity
                 res.parity, problems = None, [f"{type(e).__name__}: {e}"]
             if problems:
@@ -172,7 +178,7 @@ def measure_size(name: str, train: nn.Module, make_deploy: Callable[[int], nn.Mo
         if "torch" in timed and "torch-deploy" in timed:  # the re-parameterization speedup, paired round by round
             ratios.append({"imgsz": imgsz, "numerator": "torch", "denominator": "torch-deploy",
                            **latency.paired_ratio(times["torch"], times["torch-deploy"])})
-        return results, ratios
+        return results, ratios, {"imgsz": imgsz, **reference_block(truth, inputs.classes)}
 
 
 def gpu_compute_times(runner, x: np.ndarray, warmup_s: float, min_iters: int, max_s: float) -> list[float]:
@@ -219,13 +225,16 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
               device: str | None = None, inject: dict | None = None, tmp_dir: str | Path | None = None,
               ort_spinning: bool | None = None, rewrites=True, team_id: str | None = None,
               coreml_options: dict | None = None, device_runner: Callable | None = None,
-              log: Callable[[str], None] = lambda s: None) -> BenchReport:
+              log: Callable[[str], None] = lambda s: None, images: str | Path | None = None,
+              labels: str | Path | None = None) -> BenchReport:
     """Run the harness; the report's exit_code is 1 when --baseline shows a p50 regression beyond the limit,
     or when the phone's golden-vector parity failed (`device`, with --device iphone[:NAME]).
 
     `imgsz`: a size or a comma list (None: the model's default size). `ort_spinning`: ONNX Runtime's intra-op
     spinning (None = its default; False helps multi-thread runs on small shared or virtual machines, see
-    `OnnxRuntimeRunner`)."""
+    `OnnxRuntimeRunner`). `images` / `labels`: the parity check runs on the user's image folder (plus a small
+    stress set) instead of the default inputs; class names in index order (the ImageFolder class index; with
+    `device`, the phone's package is a classifier)."""
     backends_l = parse_backends(backends)
     sizes = parse_sizes(imgsz) if imgsz is not None else None
     for s in sizes or []:
@@ -243,8 +252,11 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
         raise VitedgeError(f"--order must be auto or measured; got {order!r}")
     base_p50 = _read_baseline(baseline) if baseline else None
     phone = None
-    if device is None and any((coreml_options or {}).values()):
-        raise VitedgeError("--input and --labels choose the phone's package: they go with --device iphone[:NAME]")
+    coreml_options = {k: v for k, v in (coreml_options or {}).items() if k != "labels"} | (
+        {"labels": str(labels)} if labels is not None else {})
+    if device is None and coreml_options.get("input") is not None:
+        raise VitedgeError("--input chooses the phone's package: it goes with --device iphone[:NAME]")
+    check_images(images, labels)
     if device is not None:
         from .iphone import check_device, resolve_team_id
         phone = check_device(device)  # raises VitedgeError saying what is missing (platform, Xcode tools, device)
@@ -252,6 +264,7 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
 
     loaded = build_train_form(model, checkpoint=checkpoint, overrides=overrides)
     sizes = [resolve_imgsz(loaded.model, s) for s in (sizes or [None])]
+    class_names(labels, loaded.model, sizes[0])  # --labels against the model's class count, before any work
     torch.set_num_threads(threads or os.cpu_count() or 1)
     train = loaded.model.eval()
 
@@ -262,16 +275,20 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
                          baseline=baseline, machine=machine_info(),
                          settings={"backends": backends_l, "warmup_s": warmup_s, "min_iters": min_iters,
                                    "max_s": max_s, "order": order, "attn_order": attn_order,
-                                   "parity_samples": PARITY_SAMPLES,
+                                   "parity_samples": PARITY_SAMPLES, "images": None if images is None
+                                   else str(images), "labels": None if labels is None else str(labels),
                                    "ort_spinning": {None: "default", True: "on", False: "off"}[ort_spinning],
                                    "rewrites": rewrites if isinstance(rewrites, bool) else sorted(rewrites)})
     with tempfile.TemporaryDirectory(dir=tmp_dir) as tmp:
         for s in sizes:
             log(f"imgsz {s}: building and checking {', '.join(backends_l)}")
-            results, ratios = measure_size(loaded.name, train, make_deploy, s, backends_l, batch, threads,
-                                           warmup_s, min_iters, max_s, Path(tmp), inject, ort_spinning)
+            pset = parity_inputs_for(train, s, PARITY_SAMPLES, images, labels)
+            report.settings["parity_inputs"] = pset.note
+            results, ratios, ref = measure_size(loaded.name, train, make_deploy, s, backends_l, batch, threads,
+                                                warmup_s, min_iters, max_s, Path(tmp), inject, ort_spinning, pset)
             report.results += results
             report.ratios += ratios
+            report.reference.append(ref)
             if order == "measured":
                 if not _attention_modules(train):
                     raise VitedgeError(f"--order measured needs SLA or SimA attention; {loaded.name} has none")
@@ -290,7 +307,7 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
         if phone is not None:
             from .device_bench import run_on_phone
             report.device = run_on_phone(phone, team_id, train, make_deploy, sizes, Path(tmp), min_iters,
-                                         coreml_options or {}, log, device_runner)
+                                         coreml_options, log, device_runner)
     if base_p50 is not None:
         report.regressions = latency.regression_check(report.p50_by_key(), base_p50, max_regression)
         report.exit_code = 1 if report.regressions else 0

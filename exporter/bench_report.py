@@ -17,7 +17,8 @@ class BackendResult:
     reason: str | None = None
     mode: str | None = None           # runner mode (reference/device/emulated)
     load_s: float | None = None       # build / export / compile / session creation
-    parity: dict | None = None        # metrics vs train-form
+    parity: dict | None = None        # metrics vs the train-form in float64
+    parity_sets: dict | None = None   # per input set: noise_ratio, accuracy, ... (as report.json's parity[].sets)
     latency: dict | None = None       # LatencyStats.to_dict(): end to end (host <-> device copies included)
     valid: bool = False               # latency is only valid with passed parity
     gpu_compute: dict | None = None   # TensorRT: execution alone, CUDA events (trtexec's "GPU Compute Time")
@@ -40,6 +41,7 @@ class BenchReport:
     regressions: list = field(default_factory=list)  # entries beyond --max-regression
     baseline: str | None = None
     device: dict | None = None                       # --device iphone: the phone, its timings and parity
+    reference: list = field(default_factory=list)    # per size: the train-form's float32 noise and accuracy
     settings: dict = field(default_factory=dict)
     machine: dict = field(default_factory=dict)
     exit_code: int = 0

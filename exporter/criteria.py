@@ -93,6 +93,7 @@ class GroundTruth:
     y32: np.ndarray                      # (n, classes) float32 train-form, same inputs
     sets: tuple[str, ...]                # per-sample set tag (inputs.SETS)
     labels: np.ndarray | None = None     # per-sample class index, -1 where unknown; None without labels
+    float32_threads: int | None = None   # intra-op threads of the float32 run (its rounding depends on them)
 
     def __post_init__(self):
         if np.shape(self.y64) != np.shape(self.y32) or len(self.sets) != len(self.y64):
@@ -112,7 +113,7 @@ class GroundTruth:
     def head(self, n: int) -> "GroundTruth":
         """The first `n` samples (a runner that only runs a documented subset)."""
         return GroundTruth(self.y64[:n], self.y32[:n], self.sets[:n], None if self.labels is None
-                           else self.labels[:n])
+                           else self.labels[:n], self.float32_threads)
 
 
 def accuracy(logits: np.ndarray, labels: np.ndarray | None, k: int) -> float | None:
@@ -159,7 +160,7 @@ def accuracy_delta(truth: np.ndarray, candidate: np.ndarray, labels: np.ndarray 
 
 def reference_summary(truth: GroundTruth) -> dict:
     """Per set: the train-form's float32 noise (max and median over samples) and, with labels, its accuracy
-    (from the float64 outputs): report.json's top-level `reference` block."""
+    (from the float64 outputs): report.json's `reference.sets`."""
     noise = truth.noise
     out = {}
     for s in truth.present():
@@ -169,3 +170,12 @@ def reference_summary(truth: GroundTruth) -> dict:
                   "reference_noise_median": float(np.median(noise[idx])),
                   "top1_accuracy": accuracy(truth.y64[idx], lab, 1), "top5_accuracy": accuracy(truth.y64[idx], lab, 5)}
     return out
+
+
+def reference_block(truth: GroundTruth, classes: tuple[str, ...] | None = None) -> dict:
+    """report.json's top-level `reference`: the train-form (not a hop) as the ladder measured it: the float32
+    run's thread count, its noise per set, and with labels its accuracy (float64 outputs) over every labelled
+    sample, the figure each hop's accuracy is compared with."""
+    return {"float32_threads": truth.float32_threads, "sets": reference_summary(truth),
+            "top1_accuracy": accuracy(truth.y64, truth.labels, 1), "top5_accuracy": accuracy(truth.y64, truth.labels, 5),
+            "classes": None if classes is None else len(classes)}

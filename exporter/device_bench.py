@@ -1,9 +1,10 @@
 """`vitedge bench --device iphone[:NAME]`: per size, lower the deploy-form to CoreML, time load and predict on
 the phone and run the golden vectors there; the bench report's `device` section.
 
-Golden vectors: the first DEVICE_PARITY_SAMPLES parity inputs (every input category appears), compared with
-the train-form on what the phone was really sent (8-bit pixels for `--input image`), against the fp16
-tolerance. Parity mode is "device": the phone's CoreML computed it.
+Golden vectors: the first DEVICE_PARITY_SAMPLES inputs of the default parity set (natural and stress), compared
+with the train-form's float64 ground truth on what the phone was really sent (8-bit pixels for `--input image`),
+against the fp16 profile per input set, as the export ladder judges an fp16 hop. Parity mode is "device": the
+phone's CoreML computed it.
 """
 from __future__ import annotations
 
@@ -12,13 +13,12 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import torch
 import torch.nn as nn
 
 from . import latency
-from .inputs import parity_inputs
+from .hops import parity_inputs_for
 from .iphone import COMPUTE_UNITS, DEVICE_PARITY_SAMPLES, benchmark_on_device, device_inputs
-from .parity import compute_metrics, tolerances as make_tolerances
+from .parity import FLOAT64_TOLERANCES, ground_truth, judge, tolerances as make_tolerances
 
 
 def _stats(samples_ms: list[float]) -> dict:
@@ -32,7 +32,7 @@ def run_on_phone(phone, team_id: str, train: nn.Module, make_deploy: Callable[[i
     from ..targets.base import LowerSpec
     from ..targets.coreml import CoreMLTarget, read_metadata
     run = runner or benchmark_on_device
-    tol = make_tolerances()["fp16"]
+    tol = make_tolerances(None, FLOAT64_TOLERANCES)["fp16"]
     section = {"name": getattr(phone, "name", str(phone)), "os": getattr(phone, "os_version", None),
                "os_build": getattr(phone, "os_build_number", None), "type": "iphone",
                "compute_units": COMPUTE_UNITS, "input": options.get("input") or "tensor", "results": []}
@@ -43,13 +43,12 @@ def run_on_phone(phone, team_id: str, train: nn.Module, make_deploy: Callable[[i
         art = CoreMLTarget().lower(make_deploy(s), LowerSpec(name="bench", imgsz=s, batch=1, precision="fp16",
                                                              out_dir=out, onnx_path=None, options=dict(options)))
         pre = read_metadata(art.path).get("preprocessing", {})
-        x = parity_inputs(DEVICE_PARITY_SAMPLES, s, seed=0).numpy()
+        pset = parity_inputs_for(train, s, DEVICE_PARITY_SAMPLES)
+        x = pset.numpy()
         feed, ref_in = device_inputs(x, art.info["input"] == "image", pre.get("mean"), pre.get("std"))
-        with torch.no_grad():
-            ref = train(torch.from_numpy(ref_in)).float().numpy()
+        truth = ground_truth(train, ref_in, pset.sets)
         got = run(art.path, phone, feed, team_id, iterations=iterations)
-        m = compute_metrics(ref, got["outputs"])
-        problems = tol.violations(m)
+        m, sets, problems = judge(truth, np.asarray(got["outputs"]), tol, pset.names)
         nonfinite = int((~np.isfinite(got["outputs"])).any(axis=1).sum())
         if nonfinite:
             problems.insert(0, f"non-finite outputs (NaN/Inf) in {nonfinite} of {len(x)} samples")
@@ -59,7 +58,8 @@ def run_on_phone(phone, team_id: str, train: nn.Module, make_deploy: Callable[[i
             "imgsz": s, "load_ms": _stats(got["load_ms"]), "predict_ms": _stats(got["predict_ms"]),
             "transport": got.get("transport", []),
             "parity": {"mode": "device", "status": "failed" if problems else "passed", "samples": int(len(x)),
-                       "metrics": asdict(m), "tolerance": asdict(tol), "reason": "; ".join(problems) or None}})
+                       "metrics": asdict(m), "tolerance": asdict(tol), "reason": "; ".join(problems) or None,
+                       "sets": sets}})
     return section
 
 

@@ -54,8 +54,12 @@ class EquivalenceResult:
                 "samples": self.samples, "blocks": self.blocks, "diverging_module": self.diverging_module}
 
     def describe(self) -> str:
-        return (f"logits max|diff| {self.max_abs:.3e} vs allowance {self.allowed:.3e} = max({self.rtol:.0e}*max|y| "
-                f"({self.scale:.3e}), {self.k64:g} x float64 noise estimate)")
+        """The bound and the figures: the first failing block's (if one failed), then the logits'."""
+        bad = next((b for b in self.blocks if not b["passed"]), None)
+        block = (f"block {bad['name']} max|diff| {bad['max_abs']:.3e} vs allowance {bad['allowed']:.3e}; "
+                 if bad is not None else "")
+        return (f"{block}logits max|diff| {self.max_abs:.3e} vs allowance {self.allowed:.3e} = max({self.rtol:.0e}"
+                f"*max|y| ({self.scale:.3e}), {self.k64:g} x float64 noise estimate)")
 
 
 def _capture(model: nn.Module, paths: list[str]):

@@ -1,85 +1,133 @@
-"""The parity ladder's hops, shared by `export` and `parity`: the parity set and its train-form reference, one hop
-per runner, localization of a failed hop, and the report entry of an artifact.
+"""The parity ladder's hops, shared by `export`, `parity` and `package`: the parity set and its float64 ground
+truth, one hop per runner, localization of a failed hop, and the report entry of an artifact.
 
-Every hop is judged against the train-form on the same inputs. A runner whose artifact changes its inputs on the
-way in (an image input takes 8-bit pixels) says so through `reference_inputs`, and its hop is judged against the
-train-form on those inputs instead. Runners are used as context managers: their sessions and engines are released
-as soon as the hop is judged.
+Every hop is judged against the train-form on the same inputs: the train-form in float64 is the truth, the same
+train-form in float32 gives each sample's intrinsic float32 noise, and the per-sample noise rule
+(exporter/criteria.py) decides, per input set (natural / stress / user). The ground truth is computed once per
+run and reused by every hop. A runner whose artifact changes its inputs on the way in (an image input takes 8-bit
+pixels) says so through `reference_inputs`; its hop is judged against the ground truth on those inputs instead
+(computed once per run for them). Runners are used as context managers: their sessions and engines are released
+as soon as the hop is judged. A failed hop is localized by the same rule, on its worst samples.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import onnx
+import torch
 import torch.nn as nn
 
 from ..models.registry import input_stats
 from ..targets.base import Artifact, Runner, Target, UnavailableError, sha256_file, size_bytes
+from ..targets.labels import read_labels
 from ..targets.ort import OnnxRuntimeRunner
-from ..targets.pytorch import deploy_form_runner, train_form_runner
-from . import inputs as parity_set
+from ..targets.pytorch import deploy_form_runner
+from . import images as image_files, inputs as parity_inputs
+from .criteria import GroundTruth, reference_block
+from .inputs import ParitySet
 from .localize import localize_onnx
 from .onnx_export import node_counts
-from .parity import check_hop, failed, run_batched, unverified
+from .parity import REFERENCE_THREADS, check_hop, failed, ground_truth, noise_rule, unverified
 from .progress import Progress
 from .report import ArtifactEntry, Hop, Report, Tolerance
 from .target_plans import artifact_key
 
 PARITY_SEED = 0          # the parity input set's seed (README "Parity inputs")
-LOCALIZE_SAMPLES = 4     # inputs used to localize a failed hop
+LOCALIZE_SAMPLES = 4     # inputs used to localize a failed hop (its worst samples first)
+
+
+def parity_inputs_for(model: nn.Module, imgsz: int, samples: int, images: str | Path | None = None,
+                      labels: str | Path | None = None) -> ParitySet:
+    """The run's parity set, normalized with `model`'s mean/std: the default set (`samples` natural and stress
+    inputs interleaved 3:1), or with `images` every image of that folder followed by a small stress set (labels
+    from an ImageFolder layout, class index by `labels`' lines, else sorted folder order). Bad images or folders
+    raise VitedgeError naming the file."""
+    mean, std = input_stats(model)
+    if images is not None:
+        return parity_inputs.user_set(images, imgsz, mean, std, labels_file=labels, seed=PARITY_SEED)
+    return parity_inputs.parity_set(samples, imgsz, PARITY_SEED, mean, std)
+
+
+def check_images(images: str | Path | None, labels: str | Path | None = None) -> None:
+    """--images checked before any work: the folder's layout and, in ImageFolder layout, every class folder against
+    --labels (the images themselves are decoded when the parity set is built, and name the file if they fail)."""
+    if images is not None:
+        image_files.scan_folder(images, labels)
 
 
 def parity_set_for(model: nn.Module, n: int, imgsz: int) -> np.ndarray:
-    """The documented parity set for `model` (normalized with its mean/std)."""
-    mean, std = input_stats(model)
-    return parity_set.parity_inputs(n, imgsz, seed=PARITY_SEED, mean=mean, std=std).numpy()
+    """The default parity set's inputs for `model` (normalized with its mean/std)."""
+    return parity_inputs_for(model, imgsz, n).numpy()
 
 
-def inputs_note(n: int) -> str:
-    return (f"vitedge.exporter.inputs.parity_inputs(n={n}, seed={PARITY_SEED}): "
-            f"{', '.join(parity_set.CATEGORIES)} (cycled)")
+def class_names(labels: str | Path | None, model: nn.Module, imgsz: int) -> list[str] | None:
+    """--labels read and checked against the model's class count (one float32 forward); None without it."""
+    if labels is None:
+        return None
+    read_labels(labels)  # the file's own problems first, before any forward
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    with torch.no_grad():
+        classes = int(model.eval()(torch.zeros(1, 3, imgsz, imgsz, dtype=dtype)).shape[-1])
+    return read_labels(labels, classes)
 
 
 @dataclass
 class Ladder:
-    """The parity inputs, the train-form reference on them, and the deploy-form every localization compares with.
+    """The parity set, the train-form's ground truth on it, and the deploy-form every localization compares with.
     `train` may be None with `build_train` given (an export reusing a verified hub: exporter/hub.py): the train-
     form is then built only if a runner changes its inputs."""
     train: nn.Module | None
     deploy: nn.Module
-    x: np.ndarray
-    reference: np.ndarray
+    inputs: ParitySet
+    truth: GroundTruth
     progress: Progress
     build_train: Callable[[], nn.Module] | None = None
+    _truths: dict = field(default_factory=dict)  # ground truth on the inputs a runner really sees, by content
 
     @classmethod
-    def build(cls, train: nn.Module, deploy: nn.Module, samples: int, imgsz: int, progress: Progress) -> "Ladder":
-        x = parity_set_for(train, samples, imgsz)
-        with progress.step(f"train-form reference on {samples} parity inputs"):
-            reference = run_batched(train_form_runner(train), x)
-        return cls(train, deploy, x, reference, progress)
+    def build(cls, train: nn.Module, deploy: nn.Module, inputs: ParitySet, progress: Progress) -> "Ladder":
+        with progress.step(f"train-form ground truth on {len(inputs)} parity inputs (float64; float32 on "
+                           f"{REFERENCE_THREADS} threads)"):
+            truth = ground_truth(train, inputs.numpy(), inputs.sets, inputs.labels_array())
+        return cls(train, deploy, inputs, truth, progress)
 
-    def reference_for(self, runner: Runner) -> np.ndarray:
-        """The train-form on the inputs `runner` really feeds its artifact (Runner.reference_inputs)."""
+    @property
+    def x(self) -> np.ndarray:
+        return self.inputs.numpy()
+
+    def reference(self) -> dict:
+        """report.json's `reference` block: the train-form's own float32 noise and accuracy."""
+        return reference_block(self.truth, self.inputs.classes)
+
+    def truth_for(self, runner: Runner) -> GroundTruth:
+        """The ground truth on the inputs `runner` really feeds its artifact (Runner.reference_inputs)."""
         x = self.x[:runner.max_samples] if runner.max_samples else self.x
         seen = runner.reference_inputs(x)
         if seen is x:
-            return self.reference
-        if self.train is None:
-            with self.progress.step("building the train-form model"):
-                self.train = self.build_train()
-        with self.progress.step(f"train-form reference on the inputs {runner.backend} sees"):
-            return run_batched(train_form_runner(self.train), np.asarray(seen, np.float32))
+            return self.truth
+        seen = np.ascontiguousarray(seen, dtype=np.float32)
+        key = hashlib.sha256(seen.tobytes()).hexdigest()
+        if key not in self._truths:
+            if self.train is None:
+                with self.progress.step("building the train-form model"):
+                    self.train = self.build_train()
+            n, labels = len(seen), self.inputs.labels_array()
+            with self.progress.step(f"train-form ground truth on the inputs {runner.backend} sees"):
+                self._truths[key] = ground_truth(self.train, seen, self.inputs.sets[:n],
+                                                 None if labels is None else labels[:n])
+        return self._truths[key]
 
     def judge(self, hop_name: str, runner: Runner, tol: Tolerance | None, step: str | None = None,
               also: Callable[[Hop, Runner], None] | None = None) -> Hop:
         """Run the hop on `runner`, record what the runner says about the run (and `also` check what needs the
         runner still open), release the runner."""
         with runner, self.progress.step(step or f"{hop_name} hop ({runner.backend})"):
-            hop = check_hop(hop_name, runner, self.x, self.reference_for(runner), tol)
+            hop = check_hop(hop_name, runner, self.x, None, tol, truth=self.truth_for(runner),
+                            names=self.inputs.names)
             hop.runner = runner.info() or None
             if also is not None:
                 also(hop, runner)
@@ -116,10 +164,20 @@ class Ladder:
             self.localize_onnx(hop, onnx.load(str(artifact.path)))
         return hop
 
+    def localize_samples(self, hop: Hop) -> np.ndarray:
+        """Indices of the inputs a failed hop is localized on: each set's worst sample (failing sets first), then
+        the first inputs, LOCALIZE_SAMPLES in all."""
+        sets = sorted((hop.sets or {}).values(), key=lambda d: -(d.get("noise_ratio") or 0.0))
+        picked = [d["worst_sample"]["index"] for d in sets if d.get("worst_sample")]
+        picked += range(hop.samples or len(self.x))
+        return np.array(list(dict.fromkeys(picked))[:LOCALIZE_SAMPLES], dtype=np.int64)
+
     def localize_onnx(self, hop: Hop, model: onnx.ModelProto) -> None:
+        """Name the first module whose output breaks the hop's rule (the noise rule where its tolerance sets one)."""
         with self.progress.step(f"localizing the {hop.hop} divergence"):
             try:
-                div = localize_onnx(model, self.deploy, self.x[:LOCALIZE_SAMPLES], hop.tolerance)
+                div = localize_onnx(model, self.deploy, self.x[self.localize_samples(hop)], hop.tolerance,
+                                    rule=noise_rule(hop.tolerance))
             except Exception as e:  # localization is a diagnosis aid: never mask the hop's own failure
                 hop.reason = f"{hop.reason}; localization failed ({type(e).__name__}: {e})"
                 return

@@ -2,7 +2,8 @@
 
 `export(hub=store)` asks the store (a HubStore) for a Hub first. When it holds one, the export skips the train-
 form, the fold, the float64 gate, the ONNX export and onnxsim and their hops: the Hub's verified deploy-form,
-simplified ONNX, train-form reference and hop records take their place, and only the target hops run. The
+simplified ONNX, the train-form's float64 ground truth on the parity set and hop records take their place, and
+only the target hops run. The
 train-form itself is rebuilt only if a hop needs it (a runner that changes its inputs, `Runner.reference_inputs`).
 When the store holds none, the export builds the hub as usual and puts it there once every hop so far passed, so
 a failed hub is never shared. The caller keys the store by everything the hub depends on (`vitedge matrix`:
@@ -15,23 +16,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import numpy as np
 import onnx
 import torch.nn as nn
 
+from .criteria import GroundTruth
 from .forms import Loaded
+from .inputs import ParitySet
 from .report import Hop, ReparamInfo
 
 
 @dataclass
 class Hub:
-    """The verified deploy-form, the simplified hub ONNX (a file, with metadata) and the raw graph, the train-form
-    reference on the parity inputs, the hops that verified them (deploy-form, onnx, onnx-simplified) and the
-    train-form facts."""
+    """The verified deploy-form, the simplified hub ONNX (a file, with metadata) and the raw graph, the train-form's
+    ground truth on the parity set (float64 and float32: criteria.GroundTruth) and how that set was made, the hops
+    that verified them (deploy-form, onnx, onnx-simplified) and the train-form facts."""
     deploy: nn.Module
     onnx_path: Path
     raw: onnx.ModelProto | None
-    reference: np.ndarray
+    truth: GroundTruth
+    inputs: str                      # the parity set's note (ParitySet.note): which inputs the truth is on
     hops: list                       # [Hop]
     reparam: ReparamInfo
     attn_order: str
@@ -44,11 +47,12 @@ class Hub:
         size and input statistics it carries); the train-form is not built."""
         return Loaded(self.deploy, name, self.weights, self.checkpoint_sha256, dict(self.overrides))
 
-    def check_fits(self, imgsz: int, samples: int) -> None:
+    def check_fits(self, imgsz: int, inputs: ParitySet) -> None:
         """A store keyed wrongly would pass off another export's verdicts: refuse it loudly."""
-        if getattr(self.deploy, "reparam_imgsz", None) != imgsz or len(self.reference) != samples:
-            raise ValueError(f"the hub was built for size {getattr(self.deploy, 'reparam_imgsz', None)} and "
-                             f"{len(self.reference)} parity inputs, not {imgsz} and {samples}")
+        size = getattr(self.deploy, "reparam_imgsz", None)
+        if size != imgsz or len(self.truth.y64) != len(inputs) or self.inputs != inputs.note:
+            raise ValueError(f"the hub was built for size {size} and {len(self.truth.y64)} parity inputs "
+                             f"({self.inputs}), not {imgsz} and {len(inputs)} ({inputs.note})")
 
     def hop_records(self) -> list[Hop]:
         return copy.deepcopy(self.hops)

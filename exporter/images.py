@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import VitedgeError
+from ..targets.labels import read_labels
 
 PHOTOS_DIR = Path(__file__).resolve().parent / "photos"
 CROP_PCT = 0.875
@@ -118,21 +119,6 @@ class UserImages:
     classes: tuple[str, ...] | None  # class names in index order (labels file, else sorted folder names)
 
 
-def read_labels(path: str | Path) -> tuple[str, ...]:
-    """Class names in index order, one per line (surrounding whitespace and trailing blank lines dropped)."""
-    path = Path(path)
-    try:
-        lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()]
-    except (OSError, UnicodeDecodeError) as e:
-        raise VitedgeError(f"cannot read labels file {path}: {e}; pass a UTF-8 text file, one class name a line") \
-            from None
-    while lines and not lines[-1]:
-        lines.pop()
-    if not lines:
-        raise VitedgeError(f"labels file {path} is empty; it needs one class name per line, in index order")
-    return tuple(lines)
-
-
 def _visible(p: Path) -> bool:
     return not p.name.startswith(".")
 
@@ -149,7 +135,7 @@ def scan_folder(folder: str | Path, labels_file: str | Path | None = None) -> Us
     root = Path(folder)
     if not root.is_dir():
         raise VitedgeError(f"--images {root} is not a folder; pass a folder of jpg/png images")
-    classes = read_labels(labels_file) if labels_file is not None else None
+    classes = tuple(read_labels(labels_file)) if labels_file is not None else None
     subdirs = sorted(p for p in root.iterdir() if _visible(p) and p.is_dir())
     loose = _images_in(root)
     if not subdirs:

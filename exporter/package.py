@@ -95,6 +95,9 @@ def _hop_entry(hop) -> dict:
         d["metrics"] = _round({k: v for k, v in vars(hop.metrics).items()})
     if hop.tolerance is not None:
         d["tolerance"] = {k: v for k, v in vars(hop.tolerance).items() if v is not None}
+    if hop.sets:  # per input set, against the float64 ground truth
+        d["sets"] = {k: _round({f: v.get(f) for f in ("samples", "noise_ratio", "reference_noise", "top1_accuracy",
+                                                       "top5_accuracy")}) for k, v in hop.sets.items()}
     return d
 
 
@@ -252,10 +255,11 @@ def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = N
             ios: int | str | None = None, imgsz: int | None = None, precision: str = "fp16",
             samples: int | None = None, overrides: dict | None = None, tolerances=None, force: bool = False,
             seed: int | None = None, progress=None, calib: int | None = None,
-            calib_images: str | Path | None = None) -> PackageResult:
+            calib_images: str | Path | None = None, images: str | Path | None = None) -> PackageResult:
     """Build BUNDLE.zip at `out`. Raises VitedgeError on bad input (nothing written); a failed parity hop gives
     exit_code 1, no zip, and the export folder kept at `out` + '.failed/' for inspection. `ios` None: 16, or what
-    the precision needs (w8a8: 17, recorded in the manifest)."""
+    the precision needs (w8a8: 17, recorded in the manifest). `labels` (class names in index order) make the model
+    a classifier; `images` is the parity set of the export's ladder (as for `export`)."""
     out = Path(out)
     if out.suffix != ".zip":
         raise VitedgeError(f"--out must name a .zip file; got {out}")
@@ -266,8 +270,8 @@ def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = N
     ios = parse_ios(ios) if ios is not None else None
     if precision not in ("fp16",) + KINDS:
         raise VitedgeError(f"vitedge package --precision must be one of fp16, {', '.join(KINDS)}; got {precision!r}")
-    if labels is not None and not Path(labels).is_file():
-        raise VitedgeError(f"--labels file {labels} not found; give a text file with one class label per line")
+    if labels is not None:
+        read_labels(labels)  # the file's problems before any work (its count is checked against the model later)
     tol = make_tolerances(tolerances)[profile_for(precision)]
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -276,7 +280,7 @@ def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = N
         report = export(model_or_name, "coreml", checkpoint=checkpoint, imgsz=imgsz, precision=precision,
                         out=work / "export", samples=samples or DEFAULT_SAMPLES, tolerances=tolerances,
                         overrides=overrides, seed=DEMO_SEED if seed is None else seed, progress=progress,
-                        options={"input": "image", "labels": str(labels) if labels is not None else None, "ios": ios},
+                        options={"input": "image", "ios": ios}, labels=labels, images=images,
                         calib=calib, calib_images=calib_images)
         hop = report.hop("coreml")
         if report.exit_code != 0 or hop is None or hop.status != "passed":
@@ -353,6 +357,7 @@ def _assemble(report, export_dir: Path, out: Path, checkpoint, overrides, labels
         "parity": [_hop_entry(h) for h in report.parity],
         "parity_inputs": report.inputs,
         "compressed_inputs": report.compressed_inputs,
+        "parity_reference": _round(report.reference),
         "golden": {"description": "golden/golden.json", "verified": golden_check},
         "versions": report.versions,
         "files": {k[len(root) + 1:]: _sha256(v) for k, v in sorted(files.items())},

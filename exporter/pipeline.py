@@ -2,7 +2,8 @@
 
 validate everything -> build the train-form (checkpoint, or seeded trained-like demo weights) -> re-parameterize
 -> fp64 equivalence gate -> ONNX (raw) -> onnxsim -> each requested target, with a parity hop after each step,
-every hop against the train-form on the documented input set (hops.py). The output folder is one transaction
+every hop against the train-form's float64 ground truth on the parity set (default, or --images) by the
+per-sample noise rule (hops.py). The output folder is one transaction
 (outdir.py): built in a temporary sibling and renamed into place in one step; a failed hop moves the artifacts
 to DIR/quarantine/. Bad input raises VitedgeError before anything is written. `parity()` on existing artifacts
 is verify.py. With `hub=` a verified deploy-form and hub ONNX are reused from, or left in, a store (hub.py).
@@ -23,17 +24,18 @@ import torch.nn as nn
 from ..errors import VitedgeError
 from ..models.registry import input_stats
 from ..targets import LowerSpec, UnavailableError
-from ..targets.graph.metadata import set_metadata
+from ..targets.graph.metadata import read_metadata, set_metadata
 from . import outdir
 from .calibrate import COMPRESSED, calibration_set, check_flags
 from .compressed import QDQ_HOP, Judged, compressed_hop, write_qdq
+from .criteria import reference_block
 from .equivalence import verify_equivalence
 from .forms import DEMO_SEED, Loaded, build_deploy_form, build_train_form, model_name, reparam_info, resolve_imgsz
-from .hops import PARITY_SEED, Ladder, ane_check, inputs_note, parity_set_for, record_artifact
+from .hops import Ladder, ane_check, check_images, class_names, parity_inputs_for, record_artifact
 from .hub import Hub, HubStore
-from .inputs import DEFAULT_SAMPLES, parity_set
+from .inputs import DEFAULT_SAMPLES, ParitySet
 from .onnx_export import DEFAULT_OPSET, OnnxExportError, check_onnx, check_opset, export_onnx, save_onnx, simplify_onnx
-from .parity import failed, profile_for, tolerances as make_tolerances, unverified
+from .parity import FLOAT64_TOLERANCES, failed, profile_for, tolerances as make_tolerances, unverified
 from .progress import QUIET, Progress
 from .report import Hop, ReparamInfo, Report, versions
 from .target_plans import TargetPlan, resolve_targets
@@ -48,7 +50,8 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
            attn_order: str = "auto", strict_schedule: bool = False, samples: int = DEFAULT_SAMPLES,
            tolerances: dict | list | None = None, require_verified: bool = False, overrides: dict | None = None,
            options: dict | None = None, seed: int = DEMO_SEED, progress: Progress | None = None,
-           rewrites=True, require_ane: bool = False, hub: HubStore | None = None, calib: int | None = None,
+           rewrites=True, require_ane: bool = False, hub: HubStore | None = None, images: str | Path | None = None,
+           labels: str | Path | None = None, calib: int | None = None,
            calib_images: str | Path | None = None) -> Report:
     """Export `model_or_name` to `targets` in folder `out` (default runs/NAME) and run the parity ladder.
 
@@ -57,6 +60,10 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
     `hub`: a HubStore (hub.py); a Hub it holds replaces the train-form, deploy-form and ONNX steps with their
     verified results (the caller keys it by everything they depend on: `vitedge matrix`), else the one this run
     builds is put there once it passed.
+    `images`: a folder of images (flat, or ImageFolder layout with labels) used as the parity set instead of the
+    default one, beside a small stress set. `labels`: class names in index order, one per line (every target: ONNX
+    metadata `vitedge.labels`, a CoreML classifier; the class index of an ImageFolder `images`); also accepted
+    as `options["labels"]`.
     `calib` / `calib_images`: --precision int8 | w8a8: how many calibration images (default 64) and, optionally,
     the folder they come from (else views of the shipped photos the compressed hops are not judged on; see
     exporter/calibrate.py).
@@ -67,7 +74,10 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
     """
     progress = progress or QUIET
     # -- validate everything that can be validated without work
-    plans = resolve_targets(targets, precision, dynamic_batch, options)
+    options = dict(options or {})
+    labels = labels if labels is not None else options.get("labels")
+    options.pop("labels", None)
+    plans = resolve_targets(targets, precision, dynamic_batch, options, labels=labels)
     n_calib = check_flags(precision, calib, calib_images)
     if any(p.precision in ("palette4", "palette6") for p in plans):
         from ..targets.coreml.compress import require_kmeans
@@ -79,9 +89,10 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
         raise VitedgeError(f"--batch must be positive; got {batch}")
     batch = None if dynamic_batch else (batch or 1)
     check_opset(opset)
-    tols = make_tolerances(tolerances)
+    tols = make_tolerances(tolerances, FLOAT64_TOLERANCES)
     if samples <= 0:
         raise VitedgeError(f"--samples must be positive; got {samples}")
+    check_images(images, labels)
     if not reparam and rewrites is not True:
         raise VitedgeError("--rewrites shapes the re-parameterized deploy-form; drop it or drop --no-reparam")
     if hub is not None and not reparam:
@@ -98,12 +109,17 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
         if reused is not None:  # verified earlier for these inputs: no train-form, fold, gate or ONNX export here
             loaded, deploy, deploy64 = reused.loaded(name), reused.deploy, None
             imgsz = resolve_imgsz(deploy, imgsz)
-            reused.check_fits(imgsz, samples)
             info = copy.deepcopy(reused.reparam)  # the report adds to it (fp16 analysis)
         else:
             with progress.step("building the train-form model"):
                 loaded = build_train_form(model_or_name, checkpoint, overrides, seed)
             imgsz = resolve_imgsz(loaded.model, imgsz)
+        classes = class_names(labels, loaded.model, imgsz)
+        with progress.step("reading the parity inputs"):
+            pset = parity_inputs_for(loaded.model, imgsz, samples, images, labels)
+        if reused is not None:
+            reused.check_fits(imgsz, pset)
+        else:
             with progress.step("re-parameterizing"):
                 deploy, deploy64 = build_deploy_form(loaded.model, imgsz, reparam, attn_order, strict_schedule,
                                                      rewrites)
@@ -112,13 +128,14 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
         report = Report(model=loaded.name, imgsz=imgsz, batch=batch, weights=loaded.weights,
                         checkpoint_sha256=loaded.checkpoint_sha256, reparam=info,
                         versions=versions(), command="export", targets=[p.name for p in plans],
-                        overrides=loaded.overrides, samples=samples, inputs=inputs_note(samples),
+                        overrides=loaded.overrides, samples=len(pset), inputs=pset.note,
+                        images=None if images is None else str(images), labels=None if labels is None else str(labels),
                         require_verified=require_verified, require_ane=require_ane)
         with outdir.OutputFolder(out, force, interrupts) as folder:
             build = _Build(report, plans, loaded, deploy, deploy64, folder.tmp, batch, opset, attn_order, reparam,
-                           tols, progress, folder.checkpoint, hub, reused,
+                           tols, progress, folder.checkpoint, pset, classes, hub, reused,
                            lambda: build_train_form(model_or_name, checkpoint, overrides, seed).model,
-                           n_calib=n_calib, calib_images=calib_images)
+                           n_calib=n_calib, calib_images=calib_images, images=images, labels_file=labels)
             build.run()
             report.finalize()
             report.out_dir = str(out)
@@ -132,9 +149,10 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
 
 
 def _metadata(loaded: Loaded, imgsz: int, batch: int | None, attn_order: str, info: ReparamInfo,
-              vers: dict) -> dict:
+              vers: dict, labels: list[str] | None = None) -> dict:
     mean, std = input_stats(loaded.model)
-    return {"model": loaded.name, "imgsz": imgsz, "batch": batch if batch else "dynamic", "mean": list(mean),
+    extra = {"labels": labels} if labels is not None else {}  # vitedge.labels: class names travel with the graph
+    return {**extra, "model": loaded.name, "imgsz": imgsz, "batch": batch if batch else "dynamic", "mean": list(mean),
             "std": list(std), "input": "image: float32 NCHW, RGB, normalized with mean/std", "output": "logits",
             "weights": loaded.weights, "checkpoint_sha256": loaded.checkpoint_sha256, "overrides": loaded.overrides,
             "attn_order": attn_order, "precision": "fp32",
@@ -158,6 +176,8 @@ class _Build:
     tols: dict
     progress: Progress
     checkpoint: Callable[[str], None]   # the output folder's named points (Ctrl-C, test pauses)
+    inputs: ParitySet                   # the parity set (default or --images)
+    classes: list | None = None         # --labels: class names in index order
     store: HubStore | None = None       # where a hub this run verifies is put (export(hub=...))
     reused: Hub | None = None           # a verified hub: the steps up to the hub graph are not run again
     build_train: Callable[[], nn.Module] | None = None  # the train-form, when a reused hub's hop needs it
@@ -167,6 +187,8 @@ class _Build:
     fp16_module: str | None = None
     n_calib: int | None = None          # --precision int8 | w8a8: calibration images to take
     calib_images: str | Path | None = None
+    images: str | Path | None = None    # --images: its images are split between calibration and judging
+    labels_file: str | Path | None = None
     calibration: object = None          # targets.calibration.Calibration, chosen once per run
     judged: Judged | None = None        # what compressed hops are judged on, built once per run
 
@@ -185,12 +207,15 @@ class _Build:
         r.parity += h.hop_records()
         self.raw = h.raw
         hub = self.tmp / f"{r.model}.onnx"
-        shutil.copyfile(h.onnx_path, hub)
+        meta = _metadata(self.loaded, r.imgsz, self.batch, self.attn_order, r.reparam, r.versions, self.classes)
+        if read_metadata(h.onnx_path).get("labels") != self.classes:  # class names belong to this export
+            save_onnx(set_metadata(onnx.load(str(h.onnx_path)), meta), hub)
+        else:
+            shutil.copyfile(h.onnx_path, hub)
         self.checkpoint("hub-graph")
         record_artifact(r, "onnx", hub, "fp32", root=self.tmp)
-        meta = _metadata(self.loaded, r.imgsz, self.batch, self.attn_order, r.reparam, r.versions)
-        x = parity_set_for(self.deploy, r.samples, r.imgsz)
-        return hub, meta, Ladder(None, self.deploy, x, h.reference, self.progress, self.build_train)
+        r.reference = reference_block(h.truth, self.inputs.classes)
+        return hub, meta, Ladder(None, self.deploy, self.inputs, h.truth, self.progress, self.build_train)
 
     def _build_hub(self) -> tuple[Path, dict, Ladder] | None:
         """Gate, reference, deploy-form hop, ONNX export + hop, onnxsim + hop: (hub path, metadata, ladder), or
@@ -198,10 +223,12 @@ class _Build:
         r, fp32, imgsz = self.report, self.tols["fp32"], self.report.imgsz
         if self.reparam and not self._gate():
             return None
-        ladder = Ladder.build(self.loaded.model, self.deploy, r.samples, imgsz, self.progress)
+        ladder = Ladder.build(self.loaded.model, self.deploy, self.inputs, self.progress)
+        r.reference = ladder.reference()
         hop = ladder.deploy_hop(self.deploy, fp32)
         if hop.status == "failed" and self.reparam:  # the fp64 gate passed: float32 arithmetic, not a wrong fold
-            hop.reason += "; the float64 equivalence gate passed: float32 rounding in the deploy-form exceeds tolerance"
+            hop.reason += ("; the float64 equivalence gate passed: float32 rounding in the deploy-form exceeds its "
+                           "allowance")
         r.parity.append(hop)
 
         # ONNX: the raw export, then the simplified hub graph every target builds from
@@ -219,13 +246,13 @@ class _Build:
         except OnnxExportError as e:
             r.parity.append(failed("onnx-simplified", "onnxsim", str(e)))
             return None
-        meta = _metadata(self.loaded, imgsz, self.batch, self.attn_order, r.reparam, r.versions)
+        meta = _metadata(self.loaded, imgsz, self.batch, self.attn_order, r.reparam, r.versions, self.classes)
         hub = save_onnx(set_metadata(simp, meta), self.tmp / f"{r.model}.onnx")
         self.checkpoint("hub-graph")
         r.parity.append(ladder.onnx_hop("onnx-simplified", simp, fp32))
         record_artifact(r, "onnx", hub, "fp32", root=self.tmp)
         if self.store is not None and all(h.status == "passed" for h in r.parity):  # never share a failed hub
-            self.store.put(Hub(self.deploy, hub, self.raw, ladder.reference, copy.deepcopy(r.parity),
+            self.store.put(Hub(self.deploy, hub, self.raw, ladder.truth, self.inputs.note, copy.deepcopy(r.parity),
                                copy.deepcopy(r.reparam), self.attn_order, self.loaded.weights,
                                self.loaded.checkpoint_sha256, dict(self.loaded.overrides)))
         return hub, meta, ladder
@@ -242,8 +269,8 @@ class _Build:
         if not eq.passed:
             self.report.parity.append(failed(
                 "deploy-form", "pytorch (float64 equivalence gate)",
-                f"re-parameterization changed the function: first diverging block {eq.diverging_module}; logits "
-                f"max|diff| {eq.max_abs:.3e} vs tolerance {eq.rtol:.0e}*max|y| ({eq.scale:.3e})", mode="reference",
+                f"re-parameterization changed the function: first diverging block {eq.diverging_module}; "
+                f"{eq.describe()}", mode="reference",
                 tolerance=self.tols["fp32"], diverging_module=eq.diverging_module))
         return eq.passed
 
@@ -279,24 +306,25 @@ class _Build:
             mean, std = input_stats(self.deploy)
             with self.progress.step(f"choosing {self.n_calib} calibration images"):
                 self.calibration = calibration_set(self.n_calib, self.report.imgsz, mean, std,
-                                                   calib_images=self.calib_images)
+                                                   images_dir=self.images, calib_images=self.calib_images,
+                                                   labels_file=self.labels_file)
             self.report.calibration = self.calibration.record()
         return self.calibration
 
     def _judged(self, ladder: Ladder) -> Judged:
-        """Natural samples of the parity set (none that calibrated) and their float64 truth, built once."""
+        """The parity set's natural and user samples (none that calibrated) and their float64 truth (the ladder's,
+        subset), built once."""
         if self.judged is None:
             r = self.report
-            mean, std = input_stats(self.deploy)
-            pset = parity_set(r.samples, r.imgsz, PARITY_SEED, mean, std)
             train = ladder.train if ladder.train is not None else self.build_train()
-            with self.progress.step("float64 ground truth for the compressed hops (natural images)"):
+            with self.progress.step("choosing the samples the compressed hops are judged on"):
                 calib = self._calibration()
-                self.judged = Judged.build(train, pset, calib.ids if calib is not None else ())
-            apart = " not from a calibration photo" if calib is not None else ""
-            r.compressed_inputs = (f"{len(self.judged.x)} natural samples of vitedge.exporter.inputs.parity_set(n="
-                                   f"{r.samples}, seed={PARITY_SEED}){apart}, in a seeded order (stress samples are "
-                                   "not judged), against the train-form in float64")
+                self.judged = Judged.build(train, self.inputs, calib.ids if calib is not None else (),
+                                           truth=ladder.truth)
+            apart = ", none that calibrated" if calib is not None else ""
+            r.compressed_inputs = (f"{len(self.judged.x)} natural and user samples of the parity set ({r.inputs})"
+                                   f"{apart}, in a seeded order (stress samples are not judged), against the "
+                                   "train-form in float64")
         return self.judged
 
     def _int8_graph(self, plan: TargetPlan, hub: Path, ladder: Ladder, tol) -> Path:

@@ -91,8 +91,9 @@ class Hop:
     ane_residency: dict | None = None  # --require-ane on a CoreML hop: passed / failed / inconclusive and why
     runner: dict | None = None    # what the runner says about how it ran (Runner.info(): compute units, ...)
     # Judged against float64 ground truth: per input set (natural / stress / user) {"samples", "metrics" (vs
-    # float64), "reference_noise", "noise_ratio", "top1_accuracy", "top5_accuracy", "problems"; with labels also
-    # "top1_accuracy_ci95" (Wilson), "reference_top1_accuracy", "accuracy_drop"}; None otherwise.
+    # float64), "reference_noise", "noise_ratio", "top1_accuracy", "top5_accuracy", "worst_sample", "problems"; with
+    # labels also "top1_accuracy_ci95" (Wilson), "reference_top1_accuracy", "accuracy_drop"}; None where the hop
+    # did not run.
     sets: dict | None = None
 
     @classmethod
@@ -142,6 +143,11 @@ class Report:
     overrides: dict = field(default_factory=dict)   # create_model overrides
     samples: int = 0
     inputs: str = ""                                # which parity input set (vitedge.exporter.inputs)
+    # The train-form (not a hop) on the parity set: float32 thread count, float32 noise vs float64 per set,
+    # accuracy with labels (criteria.reference_block); None when no ladder ran.
+    reference: dict | None = None
+    images: str | None = None                       # --images folder (the user set), if given
+    labels: str | None = None                       # --labels file (class names in index order), if given
     require_verified: bool = False
     require_ane: bool = False
     # Compressed precisions (--precision int8 | w8a8): which samples calibrated activations (ids, sha256, source,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from ..errors import VitedgeError
 from ..targets import ALIASES, TARGETS, Target, get_target
+from ..targets.labels import read_labels
 
 PRECISIONS = ("fp32", "fp16", "int8", "w8", "palette4", "palette6", "w8a8")  # each target lists its own
 
@@ -50,8 +51,10 @@ def load_target(name: str) -> tuple[Target | None, str | None]:
 
 
 def resolve_targets(targets, precision: str | None = None, dynamic_batch: bool = False,
-                    options: dict | None = None) -> list[TargetPlan]:
-    """Validate the target list and every target-specific flag against the TARGETS table."""
+                    options: dict | None = None, labels=None) -> list[TargetPlan]:
+    """Validate the target list and every target-specific flag against the TARGETS table. `labels` (--labels, class
+    names in index order) applies to every target: it is read here, and handed to the targets that build something
+    from it (CoreML: a classifier); the pipeline writes the names into every artifact's metadata."""
     names = targets.split(",") if isinstance(targets, str) else list(targets)
     names = [ALIASES.get(n.strip().lower(), n.strip().lower()) for n in names if n.strip()]
     if not names:
@@ -102,6 +105,11 @@ def resolve_targets(targets, precision: str | None = None, dynamic_batch: bool =
             raise VitedgeError(f"{flag(key)} does not apply to --target {','.join(names)}: {where}")
         for p in owners:
             p.options[key] = value
+    if labels is not None:
+        read_labels(labels)  # the file must exist and hold one unique name per line, whatever the targets
+        for p in loaded:
+            if "labels" in p.target.options:
+                p.options["labels"] = str(labels)
     for p in loaded:  # what a precision needs of the options (w8a8: iOS 17+), then target-specific values
         p.options = p.target.plan_precision(p.precision, p.options)
         p.target.validate_options(p.options)

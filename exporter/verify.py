@@ -1,7 +1,7 @@
 """`vitedge parity` as a Python API: the parity ladder on artifacts that already exist.
 
 Hops: deploy-form (a deploy checkpoint from `vitedge reparam`, else a fresh re-parameterization) and the artifact,
-each against the train-form on the parity set (hops.py). What the artifact says about itself (ONNX metadata_props,
+each against the train-form's float64 ground truth on the parity set, by the per-sample noise rule (hops.py). What the artifact says about itself (ONNX metadata_props,
 a target's `read_metadata`) supplies the size, overrides and attention order it was exported with; flags given
 explicitly win. A compressed artifact (int8 QDQ graph, compressed CoreML package) is judged by its kind's
 profile on the natural samples that did not calibrate it (the calibration ids it recorded), as `export` does
@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import onnx
 import torch.nn as nn
 
@@ -25,10 +24,10 @@ from .equivalence import verify_equivalence
 from .calibrate import COMPRESSED
 from .compressed import Judged, compressed_hop
 from .forms import DEMO_SEED, build_deploy_form, build_train_form, model_name, reparam_info, resolve_imgsz
-from .hops import LOCALIZE_SAMPLES, PARITY_SEED, Ladder, ane_check, inputs_note, record_artifact
-from .inputs import DEFAULT_SAMPLES, parity_set
+from .hops import Ladder, ane_check, check_images, class_names, parity_inputs_for, record_artifact
+from .inputs import DEFAULT_SAMPLES
 from .localize import localize_torch
-from .parity import profile_for, tolerances as make_tolerances, unverified
+from .parity import FLOAT64_TOLERANCES, noise_rule, profile_for, tolerances as make_tolerances, unverified
 from .progress import QUIET, Progress
 from .report import Hop, Report, versions
 from .target_plans import TargetPlan, check_precision, load_target, resolve_targets
@@ -42,13 +41,16 @@ def parity(model_or_name, artifact: str | Path | None = None, *, checkpoint: str
            precision: str | None = None, attn_order: str | None = None, samples: int = DEFAULT_SAMPLES,
            tolerances: dict | list | None = None, require_verified: bool = False, overrides: dict | None = None,
            seed: int = DEMO_SEED, report_path: str | Path | None = None, mode: str | None = None,
-           progress: Progress | None = None, require_ane: bool = False) -> Report:
+           progress: Progress | None = None, require_ane: bool = False, images: str | Path | None = None,
+           labels: str | Path | None = None) -> Report:
     """The parity ladder for an existing artifact and/or a deploy-form checkpoint (`vitedge reparam`).
 
     Hops: deploy-form (the deploy checkpoint if given, else a fresh re-parameterization) and the artifact,
-    each against the train-form on the parity set. Artifact metadata (ONNX metadata_props) supplies the
-    size, overrides and attention order it was exported with; flags given explicitly win. `mode`
-    ("device" | "emulated") insists on how the artifact runs: otherwise the hop is unverified.
+    each against the train-form's float64 ground truth on the parity set. Artifact metadata (ONNX metadata_props)
+    supplies the size, overrides and attention order it was exported with; flags given explicitly win. `mode`
+    ("device" | "emulated") insists on how the artifact runs: otherwise the hop is unverified. `images` /
+    `labels`: the user's image folder as the parity set, class names in index order (as for `export`); labels
+    that differ from those the artifact carries are an error.
     """
     progress = progress or QUIET
     if mode not in (None, "device", "emulated"):
@@ -58,7 +60,8 @@ def parity(model_or_name, artifact: str | Path | None = None, *, checkpoint: str
     check_precision(precision)
     if samples <= 0:
         raise VitedgeError(f"--samples must be positive; got {samples}")
-    tols = make_tolerances(tolerances)
+    tols = make_tolerances(tolerances, FLOAT64_TOLERANCES)
+    check_images(images, labels)
     tname, art_model, meta = None, None, {}
     if artifact is not None:
         artifact = Path(artifact)
@@ -91,6 +94,10 @@ def parity(model_or_name, artifact: str | Path | None = None, *, checkpoint: str
         raise VitedgeError(f"--checkpoint (sha256 {loaded.checkpoint_sha256[:12]}...) is not the one {source} was "
                            f"made from ({exported_from[:12]}...)")
     imgsz = resolve_imgsz(loaded.model, imgsz or meta.get("imgsz"))
+    classes = class_names(labels, loaded.model, imgsz)
+    _check_carried_labels(classes, meta.get("labels"), labels, source)
+    with progress.step("reading the parity inputs"):
+        pset = parity_inputs_for(loaded.model, imgsz, samples, images, labels)
     if deploy is not None and deploy.reparam_imgsz != imgsz:
         raise VitedgeError(f"{deploy_checkpoint} was folded for imgsz {deploy.reparam_imgsz}, the check runs at "
                            f"{imgsz}; pass --imgsz {deploy.reparam_imgsz}")
@@ -105,13 +112,15 @@ def parity(model_or_name, artifact: str | Path | None = None, *, checkpoint: str
     report = Report(model=loaded.name, imgsz=imgsz, batch=batch if isinstance(batch, int) else None,
                     weights=loaded.weights, checkpoint_sha256=loaded.checkpoint_sha256, reparam=reparam_info(deploy),
                     versions=versions(), command="parity", targets=[tname] if tname else [],
-                    overrides=loaded.overrides, samples=samples, inputs=inputs_note(samples),
+                    overrides=loaded.overrides, samples=len(pset), inputs=pset.note,
+                    images=None if images is None else str(images), labels=None if labels is None else str(labels),
                     require_verified=require_verified, require_ane=require_ane)
 
-    ladder = Ladder.build(loaded.model, deploy, samples, imgsz, progress)
+    ladder = Ladder.build(loaded.model, deploy, pset, progress)
+    report.reference = ladder.reference()
     hop = ladder.deploy_hop(deploy, tols["fp32"])
     if hop.status == "failed":
-        _localize_deploy_hop(hop, loaded.model, fresh, fresh64, deploy, ladder.x, imgsz, progress)
+        _localize_deploy_hop(hop, loaded.model, fresh, fresh64, deploy, ladder, imgsz, progress)
     report.parity.append(hop)
 
     if artifact is not None and plan.precision in COMPRESSED:
@@ -123,6 +132,17 @@ def parity(model_or_name, artifact: str | Path | None = None, *, checkpoint: str
     if report_path is not None:
         report.write(report_path)
     return report
+
+
+def _check_carried_labels(classes: list[str] | None, carried, labels, source) -> None:
+    """--labels against what the artifact says it was exported with: the names (ONNX `vitedge.labels`) or their
+    count (CoreML's user metadata `labels`)."""
+    if classes is None or carried is None:
+        return
+    same = carried == classes if isinstance(carried, list) else carried == len(classes)
+    if not same:
+        raise VitedgeError(f"--labels {labels} differs from the class names {source} carries (vitedge.labels); "
+                           "pass the labels file it was exported with")
 
 
 def _artifact_target(path: Path, target: str | None) -> str:
@@ -181,10 +201,11 @@ def _onnx_precision(model: onnx.ModelProto) -> str:
 
 
 def _localize_deploy_hop(hop: Hop, train: nn.Module, fresh: nn.Module, fresh64: nn.Module, deploy: nn.Module,
-                         x: np.ndarray, imgsz: int, progress: Progress) -> None:
+                         ladder: Ladder, imgsz: int, progress: Progress) -> None:
     with progress.step("localizing the deploy-form divergence"):
         if deploy is not fresh:  # a loaded deploy checkpoint has the fresh fold's module tree: compare module by module
-            div = localize_torch(fresh, deploy, x[:LOCALIZE_SAMPLES], hop.tolerance)
+            div = localize_torch(fresh, deploy, ladder.x[ladder.localize_samples(hop)], hop.tolerance,
+                                 rule=noise_rule(hop.tolerance))
             where = div and (div.module, div.describe())
         else:  # the fold itself is suspect: the equivalence gate compares train and deploy block by block
             eq = verify_equivalence(train, fresh64, imgsz, raise_on_fail=False)
@@ -232,15 +253,11 @@ def _compressed_artifact_hop(report: Report, plan: TargetPlan, path: Path, art_m
     record_artifact(report, hop_name, path, art.precision, model=art_model)
     if plan.target is None:
         return unverified(hop_name, plan.name, plan.missing, tol)
-    from ..models.registry import input_stats
-
-    mean, std = input_stats(ladder.deploy)
-    pset = parity_set(report.samples, report.imgsz, PARITY_SEED, mean, std)
     ids = _calibration_ids(meta)
-    with progress.step("float64 ground truth for the compressed hop (natural images)"):
-        judged = Judged.build(ladder.train, pset, ids)
-    report.compressed_inputs = (f"{len(judged.x)} natural samples of vitedge.exporter.inputs.parity_set(n="
-                                f"{report.samples}, seed={PARITY_SEED}), without the {len(ids)} calibration ids the "
-                                "artifact records and their photos, in a seeded order, vs the train-form in float64")
+    with progress.step("choosing the samples the compressed hop is judged on"):
+        judged = Judged.build(ladder.train, ladder.inputs, ids, truth=ladder.truth)
+    report.compressed_inputs = (f"{len(judged.x)} natural and user samples of the parity set ({report.inputs}), "
+                                f"without the {len(ids)} calibration ids the artifact records and their photos, in a "
+                                "seeded order, vs the train-form in float64")
     ane = ane_check if report.require_ane and plan.name == "coreml" else None
     return compressed_hop(hop_name, plan.target, art, tol, judged, ladder.deploy, progress, mode, also=ane)

@@ -69,7 +69,16 @@ CASES = [
     Case("dynamic-batch-with-onnx-and-coreml", (*SWIFT, "--target", "onnx,coreml", "--dynamic-batch"),
          ("--dynamic-batch", "coreml")),
     Case("coreml-flag-with-onnx", (*SWIFT, "--target", "onnx", "--ios", "17"), ("--ios", "coreml")),
-    Case("coreml-labels-with-onnx", (*SWIFT, "--target", "onnx", "--labels", "labels.txt"), ("--labels", "coreml")),
+    # --labels (every target) and --images: the file or folder named, before any export work
+    Case("labels-file-missing-with-onnx", (*SWIFT, "--target", "onnx", "--labels", "{inputs}/labels_y.txt"),
+         ("--labels", "labels_y.txt", "not found")),
+    Case("labels-count-not-the-models", (*SWIFT, "--target", "onnx", "--labels", "{inputs}/labels_3.txt"),
+         ("labels_3.txt", "3 labels", "1000 classes")),
+    Case("images-not-a-folder", (*SWIFT, "--images", "{inputs}/weights_b.pth"), ("--images", "not a folder")),
+    Case("images-without-images", (*SWIFT, "--images", "{inputs}/weights_a"), ("weights_a", "no images")),
+    Case("images-unreadable-file", (*SWIFT, "--images", "{inputs}/imgs_bad"), ("broken.jpg", "empty")),
+    Case("images-class-not-in-labels", (*SWIFT, "--set", "num_classes=2", "--images", "{inputs}/imgs_cls",
+                                        "--labels", "{inputs}/labels_2.txt"), ("zebra", "labels_2.txt")),
     # a bad value for an option of a requested target: rejected before any work (no model built, no folder made)
     Case("coreml-labels-file-missing", (*SWIFT, "--target", "onnx,coreml", "--labels", "{inputs}/labels_x.txt"),
          ("--labels", "labels_x.txt")),
@@ -112,6 +121,14 @@ def make_inputs(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "weights_a").mkdir(exist_ok=True)
     (folder / "weights_b.pth").touch()
+    (folder / "labels_3.txt").write_text("cat\ndog\ncrane\n")
+    (folder / "labels_2.txt").write_text("cat\ndog\n")
+    (folder / "imgs_bad").mkdir(exist_ok=True)
+    (folder / "imgs_bad" / "broken.jpg").touch()  # an empty image file
+    from PIL import Image
+    for cls in ("cat", "zebra"):  # ImageFolder layout; "zebra" is not a line of labels_2.txt
+        (folder / "imgs_cls" / cls).mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (8, 8), (10, 20, 30)).save(folder / "imgs_cls" / cls / "a.png")
     return folder
 
 

@@ -207,3 +207,22 @@ def test_an_export_reusing_a_hub_builds_the_train_form_only_for_a_runner_that_ch
     told = quant.hop("quant")
     assert told.status == "passed" and told.metrics.max_rel < 1e-4, told.reason  # against the quantized inputs
     assert len(built) == 1
+
+
+def test_a_reused_hub_carries_this_exports_labels_and_refuses_other_inputs(tmp_path):
+    import onnx
+
+    from vitedge.targets.graph.metadata import read_metadata
+
+    store = _MemoryHub(tmp_path / "hub")
+    first = export("swiftformer_xs", "onnx", out=tmp_path / "first", hub=store, **FAST)
+    assert first.exit_code == 0 and store.hub is not None and first.reference["float32_threads"] == 2
+    labels = tmp_path / "labels.txt"
+    labels.write_text("".join(f"class{i}\n" for i in range(10)))
+    second = export("swiftformer_xs", "onnx", out=tmp_path / "second", hub=store, labels=labels, **FAST)
+    assert second.exit_code == 0 and second.reference == first.reference  # the hub's ground truth, reused
+    graph = onnx.load(str(tmp_path / "second" / "swiftformer_xs.onnx"))
+    assert read_metadata(graph)["labels"] == [f"class{i}" for i in range(10)]
+    assert "labels" not in read_metadata(onnx.load(str(store.hub.onnx_path)))  # the shared hub is untouched
+    with pytest.raises(ValueError, match="parity inputs"):  # a store keyed wrongly: another parity set
+        export("swiftformer_xs", "onnx", out=tmp_path / "third", hub=store, **dict(FAST, samples=8))

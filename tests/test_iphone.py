@@ -198,7 +198,7 @@ def test_missing_team_fails_before_any_work(monkeypatch):
     with pytest.raises(VitedgeError, match="--team-id"):
         run_bench("swiftformer_xs", overrides=TINY, imgsz="64", backends="torch", device="iphone")
     phone.prepare_for_model_debugging.assert_not_called()
-    with pytest.raises(VitedgeError, match="go with --device"):
+    with pytest.raises(VitedgeError, match="goes with --device"):
         run_bench("swiftformer_xs", overrides=TINY, imgsz="64", backends="torch", coreml_options={"input": "image"})
 
 

@@ -32,3 +32,27 @@ def test_parity_noise_quick(tmp_path):
     labels = [c["label"] for c in data["configs"]]
     assert chosen["caught"]["x1.01"] == labels  # the planted 1 % error is caught in every measured config
     assert {"maxabs/own", "maxabs/median", "l2/own", "l2/median"} <= set(data["forms"])
+
+
+def test_all_models_quick(tmp_path):
+    data = _run("all_models", tmp_path / "a.json")
+    assert data["complete"] and {m["model"] for m in data["models"]} == {"swiftformer_xs", "sima_nano_12_p16"}
+    for m in data["models"]:
+        assert m["exit_code"] == 0 and m["samples"] == 8 and set(m["intrinsic_noise"]) == {"natural", "stress"}
+        assert set(m["hops"]) == {"deploy-form", "onnx", "onnx-simplified"}
+        assert all(0 < r <= 1 for r in m["worst_noise_ratio"].values())
+        assert set(m["planted"]) == {"x1.01", "x1.001"}
+        noise = min(d["median"] for d in m["intrinsic_noise"].values())
+        assert all(p["effect"] <= 2 * noise for p in m["invisible_plants"])  # passed over only when invisible
+    for m in data["models"]:  # reduced configs: x1.01 is caught and localized (tests/test_sensitivity.py: x1.001 too)
+        assert m["planted"]["x1.01"]["caught"] and m["planted"]["x1.01"]["diverging_module"]
+
+
+def test_reference_threads_quick(tmp_path):
+    data = _run("reference_threads", tmp_path / "t.json")
+    assert data["reference_threads"] == 2 and len(data["models"]) == 1
+    per = data["models"][0]["threads"]
+    assert set(per) == {"1", "2", "4"} and all(set(v) == {"natural"} or set(v) == {"natural", "stress"}
+                                               for v in per.values())
+    assert all(0 < d["noise_median"] and all(r < 1 for r in d["worst_ratio"].values())
+               for v in per.values() for d in v.values())

@@ -117,8 +117,13 @@ def test_report_json_is_truthful(exported):
         assert set(hop) >= {"hop", "backend", "status", "mode", "reason", "samples", "metrics", "tolerance",
                             "diverging_module"}
         assert set(hop["metrics"]) >= {"max_abs", "max_rel", "cosine", "psnr_db", "top1_agreement", "top5_agreement"}
-        assert hop["tolerance"]["max_rel"] == 1e-4 and hop["tolerance"]["cosine"] == 0.99999
+        # the fp32 default: the noise rule against float64 ground truth, per input set
+        assert (hop["tolerance"]["noise_floor"], hop["tolerance"]["noise_k"]) == (3e-7, 8.0)
+        assert hop["tolerance"]["max_rel"] is None and hop["tolerance"]["cosine"] is None
+        assert set(hop["sets"]) == {"natural", "stress"} and all(s["noise_ratio"] <= 1 for s in hop["sets"].values())
         assert hop["metrics"]["max_rel"] <= 1e-4
+    assert set(data["reference"]["sets"]) == {"natural", "stress"} and data["reference"]["float32_threads"] == 2
+    assert data["inputs"].startswith("vitedge.exporter.inputs.parity_set(") and data["samples"] == report.samples
     assert data["versions"]["torch"] == torch.__version__ and data["versions"]["onnx"] == onnx.__version__
 
 

@@ -200,6 +200,20 @@ def test_tolerance_override_can_fail_a_hop(tmp_path):
     assert np.isfinite(report.hop("onnx").metrics.max_rel)
 
 
+def test_noise_rule_overrides_apply_to_every_fp32_hop(tmp_path):
+    # K far below 1 allows less than float32's own noise: every fp32 hop fails, by the noise rule, per set
+    report = export("swiftformer_xs", "onnx", out=tmp_path / "tight", tolerances=["fp32.noise_k=0.01",
+                                                                                 "fp32.noise_floor=1e-12"], **FAST)
+    assert report.exit_code == 1 and {h.hop for h in report.failed_hops()} == {"deploy-form", "onnx",
+                                                                                "onnx-simplified"}
+    assert all(h.tolerance.noise_k == 0.01 and "noise_ratio" in h.reason for h in report.parity)
+    assert all(s["noise_ratio"] > 1 for h in report.parity for s in h.sets.values() if s["problems"])
+    # both keys disabled and nothing else set: no fp32 check is left, the (same) artifacts pass
+    off = export("swiftformer_xs", "onnx", out=tmp_path / "off", tolerances=["fp32.noise_k=none",
+                                                                            "fp32.noise_floor=none"], **FAST)
+    assert off.exit_code == 0 and all(s["noise_ratio"] is None for h in off.parity for s in h.sets.values())
+
+
 def test_parity_on_a_target_artifact_reads_its_metadata_and_honours_mode(tmp_path, monkeypatch):
     export("swiftformer_xs", "fake", out=tmp_path / "run", **FAST)
     seen = []

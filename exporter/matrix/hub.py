@@ -3,9 +3,9 @@ export pipeline's HubStore interface: the first cell of a group builds it (`put`
 
 Files: deploy.pth (a deploy-form checkpoint: tensors and plain metadata, loaded with the restricted
 unpickler, so a shared cache never runs code from its files), hub.onnx (the simplified, verified fp32 graph
-with its metadata), raw.onnx (the unsimplified graph, for a failed cell's quarantine), reference.npy (the
-train-form logits on the parity inputs), hub.json (the verified hops and re-parameterization facts; written
-last: a folder without it is not a hub). The folder is built in a hidden sibling and renamed into place.
+with its metadata), raw.onnx (the unsimplified graph, for a failed cell's quarantine), y64.npy and y32.npy (the
+train-form's logits on the parity set in float64 and float32: the ground truth), hub.json (the verified hops,
+re-parameterization facts and the parity set's tags; written last: a folder without it is not a hub). The folder is built in a hidden sibling and renamed into place.
 """
 from __future__ import annotations
 
@@ -17,12 +17,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from ..criteria import GroundTruth
 from ..deploy_checkpoint import load_deploy_checkpoint, save_deploy_checkpoint
 from ..hub import Hub
 from ..report import Hop, ReparamInfo
 from .. import outdir
 
-FORMAT = "vitedge-hub/1"
+FORMAT = "vitedge-hub/2"  # /2: the float64 ground truth replaced the float32 reference
 META = "hub.json"
 
 
@@ -41,7 +42,10 @@ class FolderHub:
             raw = self.path / "raw.onnx"
             return Hub(deploy=load_deploy_checkpoint(self.path / "deploy.pth"), onnx_path=self.path / "hub.onnx",
                        raw=onnx.load(str(raw)) if raw.is_file() else None,
-                       reference=np.load(self.path / "reference.npy"),
+                       truth=GroundTruth(np.load(self.path / "y64.npy"), np.load(self.path / "y32.npy"),
+                                         tuple(meta["sets"]), None if meta["labels"] is None
+                                         else np.asarray(meta["labels"], np.int64), meta["float32_threads"]),
+                       inputs=meta["inputs"],
                        hops=[Hop.from_dict(h) for h in meta["hops"]], reparam=ReparamInfo(**meta["reparam"]),
                        attn_order=meta["attn_order"], weights=meta["weights"],
                        checkpoint_sha256=meta["checkpoint_sha256"], overrides=meta["overrides"])
@@ -62,8 +66,12 @@ class FolderHub:
             shutil.copyfile(hub.onnx_path, tmp / "hub.onnx")
             if hub.raw is not None:
                 onnx.save(hub.raw, str(tmp / "raw.onnx"))
-            np.save(tmp / "reference.npy", hub.reference)
-            meta = {"format": FORMAT, "hops": [_plain(h) for h in hub.hops],
+            np.save(tmp / "y64.npy", hub.truth.y64)
+            np.save(tmp / "y32.npy", hub.truth.y32)
+            labels = hub.truth.labels
+            meta = {"format": FORMAT, "hops": [_plain(h) for h in hub.hops], "sets": list(hub.truth.sets),
+                    "labels": None if labels is None else [int(v) for v in labels],
+                    "float32_threads": hub.truth.float32_threads, "inputs": hub.inputs,
                     "reparam": _plain(hub.reparam), "attn_order": hub.attn_order, "weights": hub.weights,
                     "checkpoint_sha256": hub.checkpoint_sha256, "overrides": hub.overrides}
             (tmp / META).write_text(json.dumps(meta, indent=1, default=_json) + "\n")

@@ -1,0 +1,186 @@
+"""Every registered model through `vitedge export --target onnx` at its default size with its seeded demo weights:
+does the correct export pass, how far inside its allowance, and what is the smallest planted error it catches.
+
+Per model (smallest first, so a partial run covers the most models; the JSON is rewritten after each):
+- the export exactly as `vitedge export --model NAME --target onnx` runs it (default settings: the default
+  parity set of DEFAULT_SAMPLES inputs unless --samples), its exit code, wall time and sample count;
+- the train-form's intrinsic float32 noise per input set (report.json `reference`), each hop's worst
+  error / allowance (noise_ratio) and worst-sample error per set;
+- sensitivity: one output channel of the mid-network Conv/Gemm/MatMul weight of the exported ONNX scaled by 1.01
+  and by 1.001 (tests/_plant.py), each judged like `vitedge parity` judges an ONNX artifact (same parity set,
+  same ground truth: the export's own, reused, no second float64 run), with the module localization names.
+  Some mid-network weights are numerically blind to a per-channel scale: SimA's q/k projections are
+  l1-normalized over tokens right after, so scaling one channel's weights changes the output only through that
+  channel's bias. A plant whose x1.01 moves the logits (ONNX Runtime, planted vs unplanted, first 16 inputs) by
+  less than 2x the model's median float32 noise is recorded as `invisible` and the next weight along the graph
+  is planted instead; both factors use the node so chosen.
+The summary printed last: status, worst noise_ratio per set, noise medians, the smallest factor caught.
+Correctness figures only: wall times under load are indicative.
+
+    python benchmarks/all_models.py [--quick] [--models a,b] [--samples N] [--out FILE]
+
+--quick: two reduced configs (the smoke test), not a result to quote.
+"""
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+import _common as C
+from vitedge.exporter import hops
+from vitedge.exporter.inputs import DEFAULT_SAMPLES
+from vitedge.exporter.parity import FLOAT64_TOLERANCES, run_batched
+from vitedge.exporter.pipeline import export
+from vitedge.models import get_spec, list_models
+from vitedge.targets.ort import OnnxRuntimeRunner
+from vitedge.tests._plant import plant_channel_scale, weight_nodes
+
+QUICK_MODELS = ("swiftformer_xs", "sima_nano_12_p16")  # --quick: their reduced configs (_common.REDUCED) at 64 px
+QUICK_SAMPLES = 8
+QUICK_IMGSZ = 64
+FACTORS = (1.01, 1.001)
+EFFECT_SAMPLES = 16  # inputs on which a plant's effect on the logits is measured (visible_position)
+
+
+@contextlib.contextmanager
+def keep_ladder(store: dict):
+    """Keep the export's Ladder (parity set + ground truth) so the planted artifacts reuse it."""
+    build = hops.Ladder.build.__func__
+
+    def spy(cls, *a, **kw):
+        store["ladder"] = build(cls, *a, **kw)
+        return store["ladder"]
+
+    hops.Ladder.build = classmethod(spy)
+    try:
+        yield store
+    finally:
+        hops.Ladder.build = classmethod(build)
+
+
+def visible_position(graph: onnx.ModelProto, x: np.ndarray, noise: float) -> tuple[float, list[dict]]:
+    """The first weight from the middle of the graph on whose x1.01 plant the logits move by more than
+    2 x `noise` (module doc), as plant_channel_scale's `position`; and the plants passed over."""
+    n = len(weight_nodes(graph))
+    y = run_batched(OnnxRuntimeRunner(graph), x)
+    scale = np.abs(y).max(axis=1)
+    skipped = []
+    for k in range(n // 2, n):
+        position = (k + 0.5) / n
+        bad, where = plant_channel_scale(graph, FACTORS[0], position)
+        effect = float((np.abs(run_batched(OnnxRuntimeRunner(bad), x) - y).max(axis=1) / scale).max())
+        if effect > 2 * noise:
+            return position, skipped
+        skipped.append({"node": where.node, "channel": where.channel, "effect": effect})
+    return 0.5, skipped
+
+
+def sets_summary(hop) -> dict:
+    return {s: {"noise_ratio": d["noise_ratio"], "error": (d.get("worst_sample") or {}).get("error"),
+                "allowance": (d.get("worst_sample") or {}).get("allowance"), "reference_noise": d["reference_noise"]}
+            for s, d in (hop.sets or {}).items()}
+
+
+def measure(name: str, samples: int, work: Path, overrides: dict | None = None, imgsz: int | None = None) -> dict:
+    spec = get_spec(name)
+    store: dict = {}
+    t0 = time.perf_counter()
+    with keep_ladder(store):
+        report = export(name, "onnx", out=work / name, samples=samples, overrides=overrides, imgsz=imgsz)
+    wall = time.perf_counter() - t0
+    out = {"model": name, "family": spec.family, "overrides": overrides or {}, "imgsz": report.imgsz,
+           "samples": report.samples,
+           "exit_code": report.exit_code, "status": report.status, "export_wall_s": round(wall, 1),
+           "intrinsic_noise": {s: {"median": d["reference_noise_median"], "max": d["reference_noise"]}
+                               for s, d in ((report.reference or {}).get("sets") or {}).items()},
+           "hops": {h.hop: {"status": h.status, "reason": h.reason, "sets": sets_summary(h)} for h in report.parity},
+           "planted": {}, "smallest_caught": None}
+    ratios = [d["noise_ratio"] for h in out["hops"].values() for d in h["sets"].values() if d["noise_ratio"]]
+    out["worst_noise_ratio"] = {s: max((h["sets"][s]["noise_ratio"] for h in out["hops"].values()
+                                        if s in h["sets"] and h["sets"][s]["noise_ratio"] is not None), default=None)
+                                for s in ("natural", "stress")}
+    out["worst_noise_ratio_any"] = max(ratios, default=None)
+    ladder = store.get("ladder")
+    artifact = report.artifacts.get("onnx")
+    if ladder is None or artifact is None or report.exit_code != 0:
+        out["wall_s"] = round(time.perf_counter() - t0, 1)
+        return out
+    graph = onnx.load(str(work / name / artifact.path))
+    tol = FLOAT64_TOLERANCES["fp32"]
+    noise = min(d["median"] for d in out["intrinsic_noise"].values())
+    position, out["invisible_plants"] = visible_position(graph, ladder.x[:EFFECT_SAMPLES], noise)
+    for f in FACTORS:
+        bad, where = plant_channel_scale(graph, f, position)
+        hop = ladder.judge("onnx", OnnxRuntimeRunner(bad), tol)
+        if hop.status == "failed":
+            ladder.localize_onnx(hop, bad)
+        out["planted"][f"x{f}"] = {"caught": hop.status == "failed", "node": where.node, "op": where.op,
+                                   "channel": where.channel, "sets": sets_summary(hop),
+                                   "diverging_module": hop.diverging_module}
+    caught = [f for f in FACTORS if out["planted"][f"x{f}"]["caught"]]
+    out["smallest_caught"] = min(caught, key=lambda f: abs(f - 1)) if caught else None
+    out["wall_s"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def _cost(name: str) -> float:
+    try:
+        return C.gflop(name, get_spec(name).default_imgsz)
+    except Exception:
+        return 0.0
+
+
+def _fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def main() -> None:
+    p = C.parser("all_models", __doc__)
+    p.add_argument("--models", default=None, help="comma-separated model names (default: all registered)")
+    p.add_argument("--samples", type=int, default=None,
+                   help=f"parity samples per model (default: the export default, {DEFAULT_SAMPLES}; --quick "
+                        f"{QUICK_SAMPLES})")
+    args = p.parse_args()
+    names = args.models.split(",") if args.models else (list(QUICK_MODELS) if args.quick else list_models())
+    names.sort(key=_cost)
+    samples = args.samples or (QUICK_SAMPLES if args.quick else DEFAULT_SAMPLES)
+    info = C.machine()
+    C.banner("all_models", info, args.quick)
+    started = time.time()
+    path = C.out_path("all_models", args)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="vitedge-all-models-") as tmp:
+        for name in names:
+            r = (measure(name, samples, Path(tmp), C.REDUCED.get(name), QUICK_IMGSZ) if args.quick
+                 else measure(name, samples, Path(tmp)))
+            rows.append(r)
+            body = {"settings": {"target": "onnx", "samples": samples, "weights": "make_trained_like(seed=0)",
+                                 "factors": list(FACTORS), "rule": {"noise_floor": FLOAT64_TOLERANCES["fp32"].noise_floor,
+                                                                    "noise_k": FLOAT64_TOLERANCES["fp32"].noise_k}},
+                    "models": rows, "complete": len(rows) == len(names)}
+            C.write_results(path, "all_models", dict(info), args, body, started)  # survives an interrupted run
+            w = r["worst_noise_ratio"]
+            print(f"{name:20s} exit {r['exit_code']}  worst ratio natural {_fmt(w['natural'], '.2f')} stress "
+                  f"{_fmt(w['stress'], '.2f')}  smallest caught {r['smallest_caught']}  ({r['wall_s']} s)", flush=True)
+    print(f"\nall_models: {len(rows)} models, {samples} samples each; rule floor "
+          f"{FLOAT64_TOLERANCES['fp32'].noise_floor:g}, K {FLOAT64_TOLERANCES['fp32'].noise_k:g}")
+    print(f"{'model':20s} {'exit':>4s} {'noise nat':>9s} {'noise str':>9s} {'ratio nat':>9s} {'ratio str':>9s} "
+          f"{'caught':>7s} {'wall s':>7s}")
+    for r in rows:
+        nz, w = r["intrinsic_noise"], r["worst_noise_ratio"]
+        print(f"{r['model']:20s} {r['exit_code']:>4d} {_fmt(nz.get('natural', {}).get('median'), '9.1e')} "
+              f"{_fmt(nz.get('stress', {}).get('median'), '9.1e')} {_fmt(w['natural'], '9.2f')} "
+              f"{_fmt(w['stress'], '9.2f')} {str(r['smallest_caught']):>7s} {r['wall_s']:7.1f}")
+    passed = sum(r["exit_code"] == 0 for r in rows)
+    print(f"exit 0: {passed}/{len(rows)}; x1.01 caught in {sum(bool(r['planted'].get('x1.01', {}).get('caught')) for r in rows)}"
+          f", x1.001 in {sum(bool(r['planted'].get('x1.001', {}).get('caught')) for r in rows)}")
+    print(f"results: {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""`--labels FILE`, one meaning everywhere: class names in index order, one per line.
+
+One reader for every command and target: the CoreML classifier and the package's labels.txt, the ONNX graph's
+`vitedge.labels` metadata, and the class index of an ImageFolder `--images` folder all come from it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import VitedgeError
+
+
+def read_labels(path: str | Path, num_classes: int | None = None) -> list[str]:
+    """The class names in `path`, in index order: one per line, surrounding whitespace and trailing blank lines
+    dropped. An unreadable or empty file, an empty line, a repeated name or (with `num_classes`) a count other
+    than the model's classes is a VitedgeError naming the file."""
+    p = Path(path)
+    if not p.is_file():
+        raise VitedgeError(f"--labels file {p} not found; give a text file with one class label per line")
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise VitedgeError(f"cannot read --labels file {p}: {e}; pass a UTF-8 text file, one class name a line") \
+            from None
+    while lines and not lines[-1].strip():
+        lines.pop()
+    labels = [ln.strip() for ln in lines]
+    if not labels:
+        raise VitedgeError(f"--labels file {p} is empty; it needs one class name per line, in index order")
+    if any(not lb for lb in labels):
+        raise VitedgeError(f"--labels file {p} has empty lines; write exactly one non-empty label per line")
+    dup = sorted({lb for lb in labels if labels.count(lb) > 1})
+    if dup:
+        raise VitedgeError(f"--labels file {p} repeats {dup[:3]}; class labels must be unique")
+    if num_classes is not None and len(labels) != num_classes:
+        raise VitedgeError(f"--labels file {p} has {len(labels)} labels but the model has {num_classes} classes; "
+                           "give one label per class")
+    return labels
