@@ -322,7 +322,8 @@ class _Build:
                 self.judged = Judged.build(train, self.inputs, calib.ids if calib is not None else (),
                                            truth=ladder.truth)
             apart = ", none that calibrated" if calib is not None else ""
-            r.compressed_inputs = (f"{len(self.judged.x)} natural and user samples of the parity set ({r.inputs})"
+            kinds = " and ".join(sorted(set(self.judged.truth.sets)))  # natural, and user with --images
+            r.compressed_inputs = (f"{len(self.judged.x)} {kinds} samples of the parity set ({r.inputs})"
                                    f"{apart}, in a seeded order (stress samples are not judged), against the "
                                    "train-form in float64")
         return self.judged

@@ -256,7 +256,7 @@ def _compressed_artifact_hop(report: Report, plan: TargetPlan, path: Path, art_m
     ids = _calibration_ids(meta)
     with progress.step("choosing the samples the compressed hop is judged on"):
         judged = Judged.build(ladder.train, ladder.inputs, ids, truth=ladder.truth)
-    report.compressed_inputs = (f"{len(judged.x)} natural and user samples of the parity set ({report.inputs}), "
+    report.compressed_inputs = (f"{len(judged.x)} {' and '.join(sorted(set(judged.truth.sets)))} samples of the parity set ({report.inputs}), "
                                 f"without the {len(ids)} calibration ids the artifact records and their photos, in a "
                                 "seeded order, vs the train-form in float64")
     ane = ane_check if report.require_ane and plan.name == "coreml" else None
