@@ -31,7 +31,7 @@ from . import latency
 from .forms import build_deploy_form, build_train_form, resolve_imgsz
 from .bench_report import BackendResult, BenchReport
 from .inputs import parity_inputs
-from .onnx_export import check_onnx, export_onnx, save_onnx, simplify_onnx
+from .onnx_export import DEFAULT_EXPORTER, check_exporter, check_onnx, export_onnx_info, save_onnx, simplify_onnx
 from .parity import compute_metrics, run_batched, tolerances as make_tolerances
 
 BACKENDS = ("torch", "torch-deploy", "onnxruntime", "coreml", "tensorrt")
@@ -48,12 +48,22 @@ def machine_info() -> dict:
 
 # ---- backends ---------------------------------------------------------------------------------------
 
-def _ort_runner(deploy: nn.Module, imgsz: int, batch: int, threads: int, spinning: bool | None = None) -> Runner:
-    model = simplify_onnx(check_onnx(export_onnx(deploy, imgsz, batch=batch)))
-    return OnnxRuntimeRunner(model, threads=threads, spinning=spinning)
+def _onnx(deploy: nn.Module, imgsz: int, batch: int, exporter: str):
+    """(the simplified graph, how it was exported: OnnxExport.info())."""
+    made = export_onnx_info(deploy, imgsz, batch=batch, exporter=exporter)
+    return simplify_onnx(check_onnx(made.model)), made.info()
 
 
-def _target_runner(name: str, deploy: nn.Module, imgsz: int, batch: int, tmp: Path) -> Runner:
+def _ort_runner(deploy: nn.Module, imgsz: int, batch: int, threads: int, spinning: bool | None = None,
+                exporter: str = DEFAULT_EXPORTER) -> Runner:
+    model, made = _onnx(deploy, imgsz, batch, exporter)
+    runner = OnnxRuntimeRunner(model, threads=threads, spinning=spinning)
+    runner.onnx_export = made  # BackendResult.export
+    return runner
+
+
+def _target_runner(name: str, deploy: nn.Module, imgsz: int, batch: int, tmp: Path,
+                   exporter: str = DEFAULT_EXPORTER) -> Runner:
     """CoreML / TensorRT through their targets; raises UnavailableError with the reason when they cannot run."""
     try:
         target = get_target(name)
@@ -65,9 +75,10 @@ def _target_runner(name: str, deploy: nn.Module, imgsz: int, batch: int, tmp: Pa
     ok, why = target.runnable()
     if not ok:
         raise UnavailableError(why or f"{name} cannot run here")
-    onnx_path = None
+    onnx_path, made = None, None
     if name == "tensorrt":
-        onnx_path = save_onnx(simplify_onnx(check_onnx(export_onnx(deploy, imgsz, batch=batch))), tmp / "bench.onnx")
+        model, made = _onnx(deploy, imgsz, batch, exporter)
+        onnx_path = save_onnx(model, tmp / "bench.onnx")
     spec = LowerSpec(name="bench", imgsz=imgsz, batch=batch, precision=target.default_precision, out_dir=tmp,
                      onnx_path=onnx_path)
     runner = target.runner(target.lower(deploy, spec))
@@ -75,19 +86,20 @@ def _target_runner(name: str, deploy: nn.Module, imgsz: int, batch: int, tmp: Pa
         runner.close()
         # An emulator's speed says nothing about the device: never time it as if it were.
         raise UnavailableError(f"{name} runs only {runner.mode} here ({runner.backend}); no device to time")
+    runner.onnx_export = made
     return runner
 
 
 def build_runner(backend: str, train: nn.Module, deploy: nn.Module, imgsz: int, batch: int, threads: int,
-                 tmp: Path, spinning: bool | None = None) -> Runner:
+                 tmp: Path, spinning: bool | None = None, exporter: str = DEFAULT_EXPORTER) -> Runner:
     if backend == "torch":
         return TorchRunner(train, "train-form")
     if backend == "torch-deploy":
         return TorchRunner(deploy, "deploy-form")
     if backend == "onnxruntime":
-        return _ort_runner(deploy, imgsz, batch, threads, spinning)
+        return _ort_runner(deploy, imgsz, batch, threads, spinning, exporter)
     if backend in ("coreml", "tensorrt"):
-        return _target_runner(backend, deploy, imgsz, batch, tmp)
+        return _target_runner(backend, deploy, imgsz, batch, tmp, exporter)
     raise VitedgeError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
 
 
@@ -125,8 +137,8 @@ def _fresh_input(imgsz: int, batch: int) -> np.ndarray:
 
 def measure_size(name: str, train: nn.Module, make_deploy: Callable[[int], nn.Module], imgsz: int,
                  backends: list[str], batch: int, threads: int, warmup_s: float, min_iters: int, max_s: float,
-                 tmp: Path, inject: dict | None = None,
-                 spinning: bool | None = None) -> tuple[list[BackendResult], list[dict]]:
+                 tmp: Path, inject: dict | None = None, spinning: bool | None = None,
+                 exporter: str = DEFAULT_EXPORTER) -> tuple[list[BackendResult], list[dict]]:
     """Build, parity-check and time every backend at one size. `inject` maps backend -> Runner (tests)."""
     x = parity_inputs(PARITY_SAMPLES, imgsz, seed=0).numpy()
     with torch.no_grad():
@@ -137,13 +149,15 @@ def measure_size(name: str, train: nn.Module, make_deploy: Callable[[int], nn.Mo
         for b in backends:
             t0 = time.perf_counter()
             try:
-                runner = (inject or {}).get(b) or build_runner(b, train, deploy, imgsz, batch, threads, tmp, spinning)
+                runner = (inject or {}).get(b) or build_runner(b, train, deploy, imgsz, batch, threads, tmp, spinning,
+                                                               exporter)
             except UnavailableError as e:
                 results.append(BackendResult(b, imgsz, "unavailable", reason=str(e)))
                 continue
             stack.enter_context(runner)
             load_s = time.perf_counter() - t0
-            res = BackendResult(b, imgsz, "ok", mode=runner.mode, load_s=round(load_s, 4))
+            res = BackendResult(b, imgsz, "ok", mode=runner.mode, load_s=round(load_s, 4),
+                                export=getattr(runner, "onnx_export", None))
             try:
                 res.parity, problems = _parity(runner, x, ref)
             except Exception as e:  # a backend that crashes on the parity inputs has failed parity
@@ -194,14 +208,14 @@ def _attention_modules(model: nn.Module) -> list[str]:
 
 def measure_orders(train: nn.Module, make_deploy: Callable[[int, str], nn.Module], imgsz: int, backend: str,
                    batch: int, threads: int, warmup_s: float, min_iters: int, max_s: float, tmp: Path,
-                   spinning: bool | None = None) -> dict:
+                   spinning: bool | None = None, exporter: str = DEFAULT_EXPORTER) -> dict:
     """Time the deploy-form with each attention order forced, interleaved; return the faster one."""
     if backend not in ORDER_BACKENDS:
         raise VitedgeError(f"--order measured times orders on {' or '.join(ORDER_BACKENDS)}; add one to --backends")
     xb = _fresh_input(imgsz, batch)
     with contextlib.ExitStack() as stack:
         runners = {o: stack.enter_context(build_runner(backend, train, make_deploy(imgsz, o), imgsz, batch, threads,
-                                                       tmp, spinning)) for o in ("qk_first", "kv_first")}
+                                                       tmp, spinning, exporter)) for o in ("qk_first", "kv_first")}
         times = latency.time_interleaved({o: (lambda r=r: r.run(xb)) for o, r in runners.items()},
                                          warmup_s=warmup_s, min_iters=min_iters, max_s=max_s)
     stats = {o: latency.summarize(t, batch).to_dict() for o, t in times.items()}
@@ -219,14 +233,16 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
               device: str | None = None, inject: dict | None = None, tmp_dir: str | Path | None = None,
               ort_spinning: bool | None = None, rewrites=True, team_id: str | None = None,
               coreml_options: dict | None = None, device_runner: Callable | None = None,
-              log: Callable[[str], None] = lambda s: None) -> BenchReport:
+              log: Callable[[str], None] = lambda s: None, exporter: str = DEFAULT_EXPORTER) -> BenchReport:
     """Run the harness; the report's exit_code is 1 when --baseline shows a p50 regression beyond the limit,
     or when the phone's golden-vector parity failed (`device`, with --device iphone[:NAME]).
 
     `imgsz`: a size or a comma list (None: the model's default size). `ort_spinning`: ONNX Runtime's intra-op
     spinning (None = its default; False helps multi-thread runs on small shared or virtual machines, see
-    `OnnxRuntimeRunner`)."""
+    `OnnxRuntimeRunner`). `exporter`: the ONNX exporter of the onnxruntime and tensorrt backends' graphs (each
+    result's `export` says which one wrote it)."""
     backends_l = parse_backends(backends)
+    check_exporter(exporter)
     sizes = parse_sizes(imgsz) if imgsz is not None else None
     for s in sizes or []:
         if s <= 0:
@@ -262,14 +278,14 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
                          baseline=baseline, machine=machine_info(),
                          settings={"backends": backends_l, "warmup_s": warmup_s, "min_iters": min_iters,
                                    "max_s": max_s, "order": order, "attn_order": attn_order,
-                                   "parity_samples": PARITY_SAMPLES,
+                                   "parity_samples": PARITY_SAMPLES, "exporter": exporter,
                                    "ort_spinning": {None: "default", True: "on", False: "off"}[ort_spinning],
                                    "rewrites": rewrites if isinstance(rewrites, bool) else sorted(rewrites)})
     with tempfile.TemporaryDirectory(dir=tmp_dir) as tmp:
         for s in sizes:
             log(f"imgsz {s}: building and checking {', '.join(backends_l)}")
             results, ratios = measure_size(loaded.name, train, make_deploy, s, backends_l, batch, threads,
-                                           warmup_s, min_iters, max_s, Path(tmp), inject, ort_spinning)
+                                           warmup_s, min_iters, max_s, Path(tmp), inject, ort_spinning, exporter)
             report.results += results
             report.ratios += ratios
             if order == "measured":
@@ -286,7 +302,7 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
                     report.settings["order_note"] = note
                     log(f"note: {note}")
                 report.order.append(measure_orders(train, make_deploy, s, ob, batch, threads, warmup_s,
-                                                   min_iters, max_s, Path(tmp), ort_spinning))
+                                                   min_iters, max_s, Path(tmp), ort_spinning, exporter))
         if phone is not None:
             from .device_bench import run_on_phone
             report.device = run_on_phone(phone, team_id, train, make_deploy, sizes, Path(tmp), min_iters,

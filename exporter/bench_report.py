@@ -21,6 +21,7 @@ class BackendResult:
     latency: dict | None = None       # LatencyStats.to_dict(): end to end (host <-> device copies included)
     valid: bool = False               # latency is only valid with passed parity
     gpu_compute: dict | None = None   # TensorRT: execution alone, CUDA events (trtexec's "GPU Compute Time")
+    export: dict | None = None        # ONNX-based backends: how the graph was exported (exporter, fallback, opset)
 
     @property
     def key(self) -> str:

@@ -5,9 +5,9 @@ The `vitedge.*` metadata_props helpers live one layer down (vitedge.targets.grap
 The graph has one input `image` (float32 NCHW, already normalized with the model's mean/std) and one
 output `logits`. Every graph we keep passed `onnx.checker` (full check) and strict shape inference.
 
-Two exporters write the graph (`exporter=`): `torchscript` (`torch.onnx.export(dynamo=False)`, deprecated by
-PyTorch since 2.9; opsets 13-20, default 17) and `dynamo` (the torch.export-based one, PyTorch's default since
-2.9; opset >= 18, default 18: see `onnx_dynamo`). When the dynamo exporter cannot handle a model (it raises, or
+Two exporters write the graph (`exporter=`; their names, the default and the opset defaults are onnx_choice.py):
+`torchscript` (`torch.onnx.export(dynamo=False)`, deprecated by PyTorch since 2.9; opsets 13-20, default 17) and
+`dynamo` (the torch.export-based one, PyTorch's default since 2.9; opset >= 18, default 18: see `onnx_dynamo`). When the dynamo exporter cannot handle a model (it raises, or
 its graph fails the ONNX check), `export_onnx_info` falls back to TorchScript for that model and says why.
 """
 from __future__ import annotations
@@ -25,30 +25,16 @@ import torch
 import torch.nn as nn
 
 from ..errors import VitedgeError
+from .onnx_choice import (DEFAULT_EXPORTER, DEFAULT_OPSET, DYNAMO_OPSET, EXPORTERS, MIN_OPSET,  # noqa: F401
+                          check_exporter, default_opset, exporter_label)
 
 INPUT_NAME = "image"
 OUTPUT_NAME = "logits"
-EXPORTERS = ("dynamo", "torchscript")
-DEFAULT_EXPORTER = "torchscript"  # until benchmarks/exporters.py has been measured on a quiet machine (issue 20)
-DEFAULT_OPSET = 17  # the TorchScript exporter's default
-MIN_OPSET = 13  # the oldest opset the tests exercise (per-axis ReduceSum inputs, Gemm broadcasting)
-DYNAMO_OPSET = 18  # the dynamo exporter's own opset (onnx_dynamo.NATIVE_OPSET); lower ones are refused
 NORM_OPS = ("BatchNormalization", "LayerNormalization", "InstanceNormalization", "GroupNormalization")
 
 
 class OnnxExportError(RuntimeError):
     """Export, checking or simplification failed; the message says at which step."""
-
-
-def check_exporter(exporter: str) -> str:
-    if exporter not in EXPORTERS:
-        raise VitedgeError(f"unknown ONNX exporter {exporter!r}: use one of {', '.join(EXPORTERS)}")
-    return exporter
-
-
-def default_opset(exporter: str = DEFAULT_EXPORTER) -> int:
-    """The opset written when none is given: 17 for TorchScript, 18 (its own, no conversion) for dynamo."""
-    return DYNAMO_OPSET if check_exporter(exporter) == "dynamo" else DEFAULT_OPSET
 
 
 def max_opset(exporter: str = "torchscript") -> int:

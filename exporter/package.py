@@ -34,6 +34,7 @@ from ..targets.coreml.options import DEFAULT_IOS, parse_ios, read_labels
 from ..targets.coreml.runners import EmulatedCoreMLRunner
 from .forms import DEMO_SEED, build_train_form
 from .inputs import DEFAULT_SAMPLES, parity_inputs
+from .onnx_choice import DEFAULT_EXPORTER
 from .parity import compute_metrics, tolerances as make_tolerances
 from .pipeline import export
 
@@ -214,9 +215,11 @@ Integrity: `manifest.json` lists the sha256 of every file in this bundle.
 def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = None, labels: str | Path | None = None,
             ios: int | str = DEFAULT_IOS, imgsz: int | None = None, precision: str = "fp16", samples: int | None = None,
             overrides: dict | None = None, tolerances=None, force: bool = False, seed: int | None = None,
-            progress=None) -> PackageResult:
-    """Build BUNDLE.zip at `out`. Raises VitedgeError on bad input (nothing written); a failed parity hop gives
-    exit_code 1, no zip, and the export folder kept at `out` + '.failed/' for inspection."""
+            progress=None, exporter: str = DEFAULT_EXPORTER) -> PackageResult:
+    """Build BUNDLE.zip at `out`: `vitedge package`. Returns the PackageResult (`path`, `exit_code`, the export
+    `report`, the `manifest`). Raises VitedgeError on bad input (nothing written); a failed parity hop gives
+    exit_code 1, no zip, and the export folder kept at `out` + '.failed/' for inspection. `exporter`: the ONNX
+    exporter of the ladder's hub graph (the CoreML package itself is converted from the deploy-form)."""
     out = Path(out)
     if out.suffix != ".zip":
         raise VitedgeError(f"--out must name a .zip file; got {out}")
@@ -235,7 +238,8 @@ def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = N
         report = export(model_or_name, "coreml", checkpoint=checkpoint, imgsz=imgsz, precision=precision,
                         out=work / "export", samples=samples or DEFAULT_SAMPLES, tolerances=tolerances,
                         overrides=overrides, seed=DEMO_SEED if seed is None else seed, progress=progress,
-                        options={"input": "image", "labels": str(labels) if labels is not None else None, "ios": ios})
+                        options={"input": "image", "labels": str(labels) if labels is not None else None, "ios": ios},
+                        exporter=exporter)
         hop = report.hop("coreml")
         if report.exit_code != 0 or hop is None or hop.status != "passed":
             failed_dir = out.with_name(out.name + ".failed")
@@ -303,6 +307,7 @@ def _assemble(report, export_dir: Path, out: Path, checkpoint, overrides, labels
                     "attention_order": report.reparam.attention_order},
         "parity": [_hop_entry(h) for h in report.parity],
         "parity_inputs": report.inputs,
+        "onnx_exporter": {"exporter": report.exporter, "exporter_fallback": report.exporter_fallback},
         "golden": {"description": "golden/golden.json", "verified": golden_check},
         "versions": report.versions,
         "files": {k[len(root) + 1:]: _sha256(v) for k, v in sorted(files.items())},

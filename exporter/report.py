@@ -86,6 +86,9 @@ class Hop:
     seconds: float | None = None  # wall time of the hop (lowering + running)
     ane_residency: dict | None = None  # --require-ane on a CoreML hop: passed / failed / inconclusive and why
     runner: dict | None = None    # what the runner says about how it ran (Runner.info(): compute units, ...)
+    # `vitedge parity` on an artifact carrying class names (vitedge.labels): its top-1 on the first parity inputs,
+    # [{"sample", "top1", "name", "reference", "reference_name"}] (exporter/classes.py); None otherwise.
+    predictions: list | None = None
     # Judged against float64 ground truth: per input set (natural / stress / user) {"samples", "metrics" (vs
     # float64), "reference_noise", "noise_ratio", "top1_accuracy", "top5_accuracy", "problems"}; None otherwise.
     sets: dict | None = None
@@ -141,6 +144,12 @@ class Report:
     require_ane: bool = False
     out_dir: str | None = None                      # the export's output folder
     quarantine: str | None = None                   # folder (relative to out_dir) holding a failed run's artifacts
+    # The ONNX exporter that wrote the graph ("torchscript" | "dynamo"; parity: read from the artifact's metadata,
+    # None when it does not say), why the dynamo exporter was not used when it was asked for (None: no fallback),
+    # and the graph's opset.
+    exporter: str | None = None
+    exporter_fallback: str | None = None
+    opset: int | None = None
     exit_code: int = EXIT_OK
     status: str = "passed"                          # "passed" | "failed"
 

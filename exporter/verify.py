@@ -2,8 +2,8 @@
 
 Hops: deploy-form (a deploy checkpoint from `vitedge reparam`, else a fresh re-parameterization) and the artifact,
 each against the train-form on the parity set (hops.py). What the artifact says about itself (ONNX metadata_props,
-a target's `read_metadata`) supplies the size, overrides and attention order it was exported with; flags given
-explicitly win.
+a target's `read_metadata`) supplies the model, size, overrides, attention order and checkpoint hash it was exported
+with, and which ONNX exporter wrote it; flags given explicitly win (a different model or exporter is an error).
 """
 from __future__ import annotations
 
@@ -21,7 +21,10 @@ from ..targets.graph.metadata import read_metadata
 from .deploy_checkpoint import load_deploy_checkpoint
 from .equivalence import verify_equivalence
 from .forms import DEMO_SEED, build_deploy_form, build_train_form, model_name, reparam_info, resolve_imgsz
+from .classes import labels_of, predictions
 from .hops import LOCALIZE_SAMPLES, Ladder, inputs_note, record_artifact
+from .onnx_choice import check_exporter
+from .onnx_dynamo import graph_opset
 from .inputs import DEFAULT_SAMPLES
 from .localize import localize_torch
 from .parity import tolerances as make_tolerances, unverified
@@ -33,18 +36,23 @@ _SUFFIX_TARGET = {".onnx": "onnx", ".mlpackage": "coreml", ".mlmodel": "coreml",
                   ".plan": "tensorrt"}
 
 
-def parity(model_or_name, artifact: str | Path | None = None, *, checkpoint: str | Path | None = None,
+def parity(model_or_name=None, artifact: str | Path | None = None, *, checkpoint: str | Path | None = None,
            deploy_checkpoint: str | Path | None = None, target: str | None = None, imgsz: int | None = None,
            precision: str | None = None, attn_order: str | None = None, samples: int = DEFAULT_SAMPLES,
            tolerances: dict | list | None = None, require_verified: bool = False, overrides: dict | None = None,
            seed: int = DEMO_SEED, report_path: str | Path | None = None, mode: str | None = None,
-           progress: Progress | None = None, require_ane: bool = False) -> Report:
+           progress: Progress | None = None, require_ane: bool = False, exporter: str | None = None) -> Report:
     """The parity ladder for an existing artifact and/or a deploy-form checkpoint (`vitedge reparam`).
 
     Hops: deploy-form (the deploy checkpoint if given, else a fresh re-parameterization) and the artifact,
     each against the train-form on the parity set. Artifact metadata (ONNX metadata_props) supplies the
     size, overrides and attention order it was exported with; flags given explicitly win. `mode`
     ("device" | "emulated") insists on how the artifact runs: otherwise the hop is unverified.
+
+    `model_or_name` None: the model the artifact's (or deploy checkpoint's) metadata names. `exporter`: the ONNX
+    exporter the artifact was written with, recorded in the report where its metadata does not say; one that
+    contradicts the metadata is an error. An artifact carrying class names (`vitedge.labels`) gets its top-1
+    class names on the first parity inputs in the report (`parity[].predictions`).
     """
     progress = progress or QUIET
     if mode not in (None, "device", "emulated"):
@@ -69,8 +77,13 @@ def parity(model_or_name, artifact: str | Path | None = None, *, checkpoint: str
                 "overrides": dmeta["overrides"], "checkpoint_sha256": dmeta["checkpoint_sha256"],
                 "weights": "checkpoint" if dmeta["checkpoint_sha256"] else "untrained",
                 **meta}  # an artifact's own metadata wins
-    name = model_or_name if isinstance(model_or_name, str) else model_name(model_or_name)
     source = artifact if artifact is not None else deploy_checkpoint
+    if model_or_name is None:
+        if not meta.get("model"):
+            raise VitedgeError(f"{source} carries no vitedge metadata naming its model; pass --model NAME")
+        model_or_name = meta["model"]
+    name = model_or_name if isinstance(model_or_name, str) else model_name(model_or_name)
+    made_with = _exporter_of(source, tname, meta, exporter)
     if meta.get("model") and meta["model"] != name:
         raise VitedgeError(f"{source} holds {meta['model']}, not {name}; pass --model {meta['model']}")
     if meta.get("weights") == "checkpoint" and checkpoint is None:
@@ -102,7 +115,9 @@ def parity(model_or_name, artifact: str | Path | None = None, *, checkpoint: str
                     weights=loaded.weights, checkpoint_sha256=loaded.checkpoint_sha256, reparam=reparam_info(deploy),
                     versions=versions(), command="parity", targets=[tname] if tname else [],
                     overrides=loaded.overrides, samples=samples, inputs=inputs_note(samples),
-                    require_verified=require_verified, require_ane=require_ane)
+                    require_verified=require_verified, require_ane=require_ane, exporter=made_with,
+                    exporter_fallback=meta.get("exporter_fallback") if made_with else None,
+                    opset=graph_opset(art_model) if art_model is not None else None)
 
     ladder = Ladder.build(loaded.model, deploy, samples, imgsz, progress)
     hop = ladder.deploy_hop(deploy, tols["fp32"])
@@ -111,7 +126,8 @@ def parity(model_or_name, artifact: str | Path | None = None, *, checkpoint: str
     report.parity.append(hop)
 
     if artifact is not None:
-        report.parity.append(_existing_artifact_hop(report, plan, artifact, art_model, ladder, tols, mode))
+        report.parity.append(_existing_artifact_hop(report, plan, artifact, art_model, ladder, tols, mode,
+                                                    labels_of(meta)))
     report.finalize()
     if report_path is not None:
         report.write(report_path)
@@ -188,8 +204,26 @@ def _localize_deploy_hop(hop: Hop, train: nn.Module, fresh: nn.Module, fresh64: 
         hop.reason = f"{hop.reason}; {detail}"
 
 
+def _exporter_of(source: Path, target: str | None, meta: dict, exporter: str | None) -> str | None:
+    """The ONNX exporter that wrote the artifact: its metadata's, else `exporter` as given (checked against the
+    metadata: the one that wrote it, or dynamo when the metadata records a fallback from it)."""
+    said = meta.get("exporter") if target in ("onnx", "tensorrt") else None
+    if exporter is None:
+        return said
+    check_exporter(exporter)
+    if target not in ("onnx", "tensorrt"):
+        raise VitedgeError(f"--exporter says which ONNX exporter wrote an ONNX graph (or the graph a TensorRT engine "
+                           f"was built from); {source} is not one: drop --exporter")
+    asked = "dynamo" if meta.get("exporter_fallback") else said
+    if said is not None and exporter not in (said, asked):
+        raise VitedgeError(f"{source} was exported with the {said} exporter (its vitedge.exporter metadata), not "
+                           f"{exporter}; drop --exporter or pass --exporter {said}")
+    return said or exporter
+
+
 def _existing_artifact_hop(report: Report, plan: TargetPlan, path: Path, art_model: onnx.ModelProto | None,
-                           ladder: Ladder, tols: dict, mode: str | None = None) -> Hop:
+                           ladder: Ladder, tols: dict, mode: str | None = None,
+                           labels: list[str] | None = None) -> Hop:
     hop_name = "onnx" if plan.name == "onnx" and plan.precision == "fp32" else plan.hop()
     tol = tols.get(plan.precision) if plan.precision else None
     art = Artifact(plan.name, path, plan.precision or "fp32")
@@ -201,4 +235,9 @@ def _existing_artifact_hop(report: Report, plan: TargetPlan, path: Path, art_mod
         if report.batch is None and runner.max_batch():
             report.batch = runner.max_batch()  # the artifact's static batch, when its metadata did not say
 
-    return ladder.artifact_hop(hop_name, plan.target, art, tol, mode, note_batch, require_ane=report.require_ane)
+    def name_classes(hop: Hop, runner: Runner) -> None:  # the artifact's class names, printed by the summary
+        if labels and hop.status != "unverified":
+            hop.predictions = predictions(runner, ladder.x, ladder.reference_for(runner), labels)
+
+    return ladder.artifact_hop(hop_name, plan.target, art, tol, mode, note_batch, require_ane=report.require_ane,
+                               also=name_classes)

@@ -22,7 +22,7 @@ from ..hub import Hub
 from ..report import Hop, ReparamInfo
 from .. import outdir
 
-FORMAT = "vitedge-hub/1"
+FORMAT = "vitedge-hub/2"  # /2: hub.json records how the ONNX was exported (`export`)
 META = "hub.json"
 
 
@@ -44,7 +44,8 @@ class FolderHub:
                        reference=np.load(self.path / "reference.npy"),
                        hops=[Hop.from_dict(h) for h in meta["hops"]], reparam=ReparamInfo(**meta["reparam"]),
                        attn_order=meta["attn_order"], weights=meta["weights"],
-                       checkpoint_sha256=meta["checkpoint_sha256"], overrides=meta["overrides"])
+                       checkpoint_sha256=meta["checkpoint_sha256"], overrides=meta["overrides"],
+                       export=meta["export"])
         except Exception:  # noqa: BLE001  (a damaged hub is rebuilt, never trusted)
             shutil.rmtree(self.path, ignore_errors=True)
             return None
@@ -65,7 +66,7 @@ class FolderHub:
             np.save(tmp / "reference.npy", hub.reference)
             meta = {"format": FORMAT, "hops": [_plain(h) for h in hub.hops],
                     "reparam": _plain(hub.reparam), "attn_order": hub.attn_order, "weights": hub.weights,
-                    "checkpoint_sha256": hub.checkpoint_sha256, "overrides": hub.overrides}
+                    "checkpoint_sha256": hub.checkpoint_sha256, "overrides": hub.overrides, "export": hub.export}
             (tmp / META).write_text(json.dumps(meta, indent=1, default=_json) + "\n")
             try:
                 os.rename(tmp, self.path)
