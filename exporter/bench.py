@@ -121,18 +121,54 @@ def parse_sizes(spec: str | list | int) -> list[int]:
 
 # ---- the harness --------------------------------------------------------------------------------------
 
-def _tolerance_for(runner: Runner):
+def _tolerance_for(runner: Runner, precision: str | None = None):
     tols = make_tolerances()
+    if precision is not None:
+        return tols[precision]
     return tols["fp16"] if "fp16" in getattr(runner, "backend", "") else tols["fp32"]
 
 
-def _parity(runner: Runner, x: np.ndarray, ref: np.ndarray) -> tuple[dict, list[str]]:
+def _parity(runner: Runner, x: np.ndarray, ref: np.ndarray, precision: str | None = None) -> tuple[dict, list[str]]:
     m = compute_metrics(ref, run_batched(runner, x))
-    return asdict(m), _tolerance_for(runner).violations(m)
+    return asdict(m), _tolerance_for(runner, precision).violations(m)
 
 
 def _fresh_input(imgsz: int, batch: int) -> np.ndarray:
     return parity_inputs(batch, imgsz, seed=99).numpy()
+
+
+def check_parity(res: BackendResult, runner: Runner, x: np.ndarray, ref: np.ndarray,
+                 precision: str | None = None) -> None:
+    """Parity of one backend before it is timed (`precision`: the tolerance profile, default from the backend): one
+    that fails (or crashes on the inputs) is `failed`, and its latency is never measured as if it were right."""
+    try:
+        res.parity, problems = _parity(runner, x, ref, precision)
+    except Exception as e:  # a backend that crashes on the parity inputs has failed parity
+        res.parity, problems = None, [f"{type(e).__name__}: {e}"]
+    if problems:
+        res.status, res.reason = "failed", "parity failed: " + "; ".join(problems)
+
+
+def time_backends(runners: dict[str, tuple[Runner, BackendResult]], xb: np.ndarray, batch: int, warmup_s: float,
+                  min_iters: int, max_s: float) -> dict[str, list[float]]:
+    """Time every backend whose result is still "ok" on the batch `xb`, interleaved within each runtime; fill each
+    result's latency (and GPU compute time, where the runner has CUDA events). Returns the seconds per round."""
+    timed = {b: rr for b, rr in runners.items() if rr[1].status == "ok"}
+    times: dict[str, list[float]] = {}
+    # Interleave only backends of the same runtime: a torch call right before an ONNX Runtime call slows
+    # that call (measured: benchmarks/README.md, method notes), so mixing runtimes in one round would bias
+    # exactly the paired ratios this harness reports.
+    for group in dict.fromkeys(RUNTIME.get(b, b) for b in timed):
+        members = {b: rr for b, rr in timed.items() if RUNTIME.get(b, b) == group}
+        fns = {b: (lambda r=r: r.run(xb)) for b, (r, _) in members.items()}
+        times.update(latency.time_interleaved(fns, warmup_s=warmup_s, min_iters=min_iters, max_s=max_s))
+    for b, (r, res) in timed.items():
+        res.latency = latency.summarize(times[b], batch=batch).to_dict()
+        res.valid = True
+        if callable(getattr(r, "execute", None)) and callable(getattr(r, "prepare", None)):
+            res.gpu_compute = latency.summarize(gpu_compute_times(r, xb, warmup_s, min_iters, max_s),
+                                                batch=batch).to_dict()
+    return times
 
 
 def measure_size(name: str, train: nn.Module, make_deploy: Callable[[int], nn.Module], imgsz: int,
@@ -158,32 +194,12 @@ def measure_size(name: str, train: nn.Module, make_deploy: Callable[[int], nn.Mo
             load_s = time.perf_counter() - t0
             res = BackendResult(b, imgsz, "ok", mode=runner.mode, load_s=round(load_s, 4),
                                 export=getattr(runner, "onnx_export", None))
-            try:
-                res.parity, problems = _parity(runner, x, ref)
-            except Exception as e:  # a backend that crashes on the parity inputs has failed parity
-                res.parity, problems = None, [f"{type(e).__name__}: {e}"]
-            if problems:
-                res.status, res.reason = "failed", "parity failed: " + "; ".join(problems)
+            check_parity(res, runner, x, ref)
             results.append(res)
             runners[b] = (runner, res)
-        timed = {b: rr for b, rr in runners.items() if rr[1].status == "ok"}
+        times = time_backends(runners, _fresh_input(imgsz, batch), batch, warmup_s, min_iters, max_s)
         ratios: list[dict] = []
-        xb = _fresh_input(imgsz, batch)
-        times: dict[str, list[float]] = {}
-        # Interleave only backends of the same runtime: a torch call right before an ONNX Runtime call slows
-        # that call (measured: benchmarks/README.md, method notes), so mixing runtimes in one round would bias
-        # exactly the paired ratios this harness reports.
-        for group in dict.fromkeys(RUNTIME.get(b, b) for b in timed):
-            members = {b: rr for b, rr in timed.items() if RUNTIME.get(b, b) == group}
-            fns = {b: (lambda r=r: r.run(xb)) for b, (r, _) in members.items()}
-            times.update(latency.time_interleaved(fns, warmup_s=warmup_s, min_iters=min_iters, max_s=max_s))
-        for b, (r, res) in timed.items():
-            res.latency = latency.summarize(times[b], batch=batch).to_dict()
-            res.valid = True
-            if callable(getattr(r, "execute", None)) and callable(getattr(r, "prepare", None)):
-                res.gpu_compute = latency.summarize(gpu_compute_times(r, xb, warmup_s, min_iters, max_s),
-                                                    batch=batch).to_dict()
-        if "torch" in timed and "torch-deploy" in timed:  # the re-parameterization speedup, paired round by round
+        if "torch" in times and "torch-deploy" in times:  # the re-parameterization speedup, paired round by round
             ratios.append({"imgsz": imgsz, "numerator": "torch", "denominator": "torch-deploy",
                            **latency.paired_ratio(times["torch"], times["torch-deploy"])})
         return results, ratios
@@ -247,17 +263,9 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
     for s in sizes or []:
         if s <= 0:
             raise VitedgeError(f"--imgsz must be positive, got {s}")
-    if batch <= 0:
-        raise VitedgeError(f"--batch must be >= 1; got {batch}")
-    if threads < 0:
-        raise VitedgeError(f"--threads must be >= 0 (0 = all cores); got {threads}")
-    if min_iters <= 0 or warmup_s < 0 or max_s < 0:
-        raise VitedgeError("--min-iters must be >= 1 and --warmup-s / --max-s >= 0")
-    if (baseline is None) != (max_regression is None):
-        raise VitedgeError("--baseline and --max-regression go together: give both or neither")
+    base_p50 = check_settings(batch, threads, warmup_s, min_iters, max_s, baseline, max_regression)
     if order not in ("auto", "measured"):
         raise VitedgeError(f"--order must be auto or measured; got {order!r}")
-    base_p50 = _read_baseline(baseline) if baseline else None
     phone = None
     if device is None and any((coreml_options or {}).values()):
         raise VitedgeError("--input and --labels choose the phone's package: they go with --device iphone[:NAME]")
@@ -307,12 +315,32 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
             from .device_bench import run_on_phone
             report.device = run_on_phone(phone, team_id, train, make_deploy, sizes, Path(tmp), min_iters,
                                          coreml_options or {}, log, device_runner)
+    return gate(report, base_p50, max_regression)
+
+
+def gate(report: BenchReport, base_p50: dict[str, float] | None, max_regression: float | None) -> BenchReport:
+    """The exit code: 1 for a p50 regression beyond `max_regression` against the baseline, or a failed parity on
+    the phone; else 0."""
     if base_p50 is not None:
         report.regressions = latency.regression_check(report.p50_by_key(), base_p50, max_regression)
         report.exit_code = 1 if report.regressions else 0
-    if report.device and any(r["parity"]["status"] != "passed" for r in report.device["results"]):
+    if report.device and any(r["parity"]["status"] == "failed" for r in report.device["results"]):
         report.exit_code = 1
     return report
+
+
+def check_settings(batch: int, threads: int, warmup_s: float, min_iters: int, max_s: float, baseline: str | None,
+                   max_regression: float | None) -> dict[str, float] | None:
+    """The timing settings every bench shares, checked before any work; returns the baseline's p50 per key."""
+    if batch <= 0:
+        raise VitedgeError(f"--batch must be >= 1; got {batch}")
+    if threads < 0:
+        raise VitedgeError(f"--threads must be >= 0 (0 = all cores); got {threads}")
+    if min_iters <= 0 or warmup_s < 0 or max_s < 0:
+        raise VitedgeError("--min-iters must be >= 1 and --warmup-s / --max-s >= 0")
+    if (baseline is None) != (max_regression is None):
+        raise VitedgeError("--baseline and --max-regression go together: give both or neither")
+    return _read_baseline(baseline) if baseline else None
 
 
 def _read_baseline(path: str) -> dict[str, float]:

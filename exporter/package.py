@@ -45,6 +45,10 @@ ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # the earliest date a zip can carry: no wall c
 METRIC_DIGITS = 6           # significant digits of metrics in manifest.json (thread-order noise stays out)
 
 
+class GoldenMismatch(RuntimeError):
+    """The package passed its parity hop but not its own golden vectors: a failed check (exit 1), no zip."""
+
+
 @dataclass
 class PackageResult:
     path: Path | None           # the zip, or None when a parity hop failed
@@ -52,6 +56,7 @@ class PackageResult:
     report: object              # the export Report
     manifest: dict | None
     export_dir: Path | None     # kept for inspection when a hop failed
+    reason: str | None = None   # why no zip was written (exit_code 1)
 
 
 # ------------------------------------------------------------------------------------------------ small helpers
@@ -241,13 +246,20 @@ def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = N
                         options={"input": "image", "labels": str(labels) if labels is not None else None, "ios": ios},
                         exporter=exporter)
         hop = report.hop("coreml")
+        why = None
         if report.exit_code != 0 or hop is None or hop.status != "passed":
-            failed_dir = out.with_name(out.name + ".failed")
-            shutil.rmtree(failed_dir, ignore_errors=True)
-            shutil.move(str(work / "export"), failed_dir)
-            return PackageResult(None, 1, report, None, failed_dir)
-        return _assemble(report, work / "export", out, checkpoint, overrides, labels, ios, precision, tol, seed,
-                         progress)
+            bad = ", ".join(h.hop for h in report.failed_hops()) or "coreml"
+            why = f"parity hop {bad} did not pass"
+        else:
+            try:
+                return _assemble(report, work / "export", out, checkpoint, overrides, labels, ios, precision, tol,
+                                 seed, progress)
+            except GoldenMismatch as e:
+                why = str(e)
+        failed_dir = out.with_name(out.name + ".failed")
+        shutil.rmtree(failed_dir, ignore_errors=True)
+        shutil.move(str(work / "export"), failed_dir)
+        return PackageResult(None, 1, report, None, failed_dir, why)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -262,7 +274,7 @@ def _assemble(report, export_dir: Path, out: Path, checkpoint, overrides, labels
     pixels, logits = golden_vectors(loaded.model, report.imgsz, mean, std)
     golden_check = check_golden(mlpackage, pixels, logits, tol)
     if not golden_check["passed"]:
-        raise RuntimeError(f"the packaged model fails its own golden vectors: {'; '.join(golden_check['problems'])}")
+        raise GoldenMismatch(f"the packaged model fails its own golden vectors: {'; '.join(golden_check['problems'])}")
 
     root = name
     files: dict[str, bytes] = _tree_files(mlpackage, f"{root}/{mlpackage.name}")

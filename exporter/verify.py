@@ -66,7 +66,7 @@ def parity(model_or_name=None, artifact: str | Path | None = None, *, checkpoint
     tname, art_model, meta = None, None, {}
     if artifact is not None:
         artifact = Path(artifact)
-        tname, art_model, meta = _read_artifact(artifact, target)
+        tname, art_model, meta = read_artifact(artifact, target)
         if precision is None:
             precision = meta.get("precision") or (_onnx_precision(art_model) if art_model is not None else None)
     deploy = None
@@ -86,19 +86,14 @@ def parity(model_or_name=None, artifact: str | Path | None = None, *, checkpoint
     made_with = _exporter_of(source, tname, meta, exporter)
     if meta.get("model") and meta["model"] != name:
         raise VitedgeError(f"{source} holds {meta['model']}, not {name}; pass --model {meta['model']}")
-    if meta.get("weights") == "checkpoint" and checkpoint is None:
-        raise VitedgeError(f"{source} was exported from a checkpoint (sha256 {str(meta.get('checkpoint_sha256'))[:12]}"
-                           "...); pass the same --checkpoint")
+    check_checkpoint(source, meta, checkpoint)
     if overrides is None and isinstance(model_or_name, str):
         overrides = meta.get("overrides") or {}
     plan = resolve_targets(tname, precision)[0] if tname else None
 
     with progress.step("building the train-form model"):
         loaded = build_train_form(model_or_name, checkpoint, overrides, seed)
-    exported_from = meta.get("checkpoint_sha256")
-    if exported_from and loaded.checkpoint_sha256 and exported_from != loaded.checkpoint_sha256:
-        raise VitedgeError(f"--checkpoint (sha256 {loaded.checkpoint_sha256[:12]}...) is not the one {source} was "
-                           f"made from ({exported_from[:12]}...)")
+    check_checkpoint(source, meta, checkpoint, loaded.checkpoint_sha256)
     imgsz = resolve_imgsz(loaded.model, imgsz or meta.get("imgsz"))
     if deploy is not None and deploy.reparam_imgsz != imgsz:
         raise VitedgeError(f"{deploy_checkpoint} was folded for imgsz {deploy.reparam_imgsz}, the check runs at "
@@ -146,7 +141,19 @@ def _artifact_target(path: Path, target: str | None) -> str:
     raise VitedgeError(f"cannot tell the target of {path} from its suffix; pass --target")
 
 
-def _read_artifact(path: Path, target: str | None) -> tuple[str, onnx.ModelProto | None, dict]:
+def check_checkpoint(source: Path, meta: dict, checkpoint, loaded_sha256: str | None = None) -> None:
+    """An artifact made from a checkpoint is checked against that checkpoint: none given is an error, and so is
+    one whose sha256 (`loaded_sha256`, once loaded) differs from the one its metadata records."""
+    if meta.get("weights") == "checkpoint" and checkpoint is None:
+        raise VitedgeError(f"{source} was exported from a checkpoint (sha256 {str(meta.get('checkpoint_sha256'))[:12]}"
+                           "...); pass the same --checkpoint")
+    exported_from = meta.get("checkpoint_sha256")
+    if exported_from and loaded_sha256 and exported_from != loaded_sha256:
+        raise VitedgeError(f"--checkpoint (sha256 {loaded_sha256[:12]}...) is not the one {source} was "
+                           f"made from ({exported_from[:12]}...)")
+
+
+def read_artifact(path: Path, target: str | None) -> tuple[str, onnx.ModelProto | None, dict]:
     """(target name, the ONNX model for .onnx artifacts, the metadata the artifact carries)."""
     if not path.exists():
         raise VitedgeError(f"artifact {path} not found; check the --artifact path")

@@ -1,7 +1,24 @@
 """Train-form models in the official checkpoint layouts, their registry and safe checkpoint loading."""
+import sys as _sys
+import types as _types
+
 from ..errors import CheckpointError, VitedgeError
 from .registry import ModelSpec, create_model, get_spec, list_models, register_model
 from .trained_like import make_trained_like
 
 __all__ = ["CheckpointError", "VitedgeError", "ModelSpec", "create_model", "get_spec", "list_models",
            "register_model", "make_trained_like"]
+
+
+class _Models(_types.ModuleType):
+    """`vitedge.models` is both this package and the public `vitedge.models()` call (the catalog as data, see
+    catalog.models): the package's own module object is made callable, so `import vitedge.models.registry` and
+    `vitedge.models(family="slab")` both keep working."""
+
+    def __call__(self, family: str | None = None) -> list[dict]:
+        from .catalog import models
+
+        return models(family)
+
+
+_sys.modules[__name__].__class__ = _Models
