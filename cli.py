@@ -85,7 +85,7 @@ def _add_model_flags(p: argparse.ArgumentParser, required: bool = True) -> None:
 
 
 def _add_rewrites_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--rewrites", type=_rewrites, default=True, metavar="all|none|NAME[,NAME]",
+    p.add_argument("--rewrites", type=_rewrites, default="all", metavar="all|none|NAME[,NAME]",
                    help="deploy-form speed rewrites beyond folding (default all; each exact; names per family "
                         "in the README), e.g. --rewrites none for the folded-only ablation")
 

@@ -144,12 +144,9 @@ class Report:
     require_ane: bool = False
     out_dir: str | None = None                      # the export's output folder
     quarantine: str | None = None                   # folder (relative to out_dir) holding a failed run's artifacts
-    # The ONNX exporter that wrote the graph ("torchscript" | "dynamo"; parity: read from the artifact's metadata,
-    # None when it does not say), why the dynamo exporter was not used when it was asked for (None: no fallback),
-    # and the graph's opset.
-    exporter: str | None = None
-    exporter_fallback: str | None = None
-    opset: int | None = None
+    exporter: str | None = None                     # ONNX exporter that wrote the graph: torchscript | dynamo
+    exporter_fallback: str | None = None            # why dynamo, asked for, did not write it (None: no fallback)
+    opset: int | None = None                        # the ONNX graph's opset
     exit_code: int = EXIT_OK
     status: str = "passed"                          # "passed" | "failed"
 

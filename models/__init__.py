@@ -16,6 +16,11 @@ class _Models(_types.ModuleType):
     `vitedge.models(family="slab")` both keep working."""
 
     def __call__(self, family: str | None = None) -> list[dict]:
+        """`vitedge models` as data (also `vitedge models --json`): one dict per registered model, sorted by name,
+        with the keys name, family, params (int), gmacs (float: multiply-accumulates of one 1x3xHxW eval forward
+        at default_imgsz, matmul/conv/linear only), default_imgsz (int) and accepted_sizes (str). `family`
+        ("swiftformer", "slab", "sima", "sima_deit") keeps that family's models; an unknown one raises
+        VitedgeError listing the families."""
         from .catalog import models
 
         return models(family)
