@@ -1,7 +1,8 @@
 """`vitedge bench --artifact PATH [--providers ...]` (issue 20): an .onnx written by plain torch.onnx.export (no vitedge
 metadata: timed, parity not run and said why), execution providers this onnxruntime lacks listed unavailable with
 the reason, a vitedge artifact checked for parity first (a corrupted one failed, never timed), its class names
-printed, a TensorRT engine unavailable here with why; `vitedge.bench` returns what the CLI writes, and `--plot`
+printed, a TensorRT engine unavailable here with why, a CoreML package unavailable off macOS and timed on a
+(faked) tethered iPhone with its golden vectors judged; `vitedge.bench` returns what the CLI writes, and `--plot`
 without matplotlib fails before any work."""
 from __future__ import annotations
 
@@ -130,3 +131,42 @@ def test_plot_without_matplotlib_fails_before_any_work(plain, tmp_path, monkeypa
         with pytest.raises(VitedgeError, match=r"pip install 'vitedge\[plot\]'"):
             vitedge.bench(**kw, plot=tmp_path / "p.png")
     assert not (tmp_path / "p.png").exists()
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory):
+    out = tmp_path_factory.mktemp("coreml") / "xs"
+    r = vitedge.export("swiftformer_xs", "coreml", out=out, samples=2, imgsz=32, overrides=TINY)
+    assert r.exit_code == 0
+    return out / "swiftformer_xs.mlpackage"
+
+
+def test_a_coreml_package_off_macos_and_on_a_tethered_iphone(package, monkeypatch):
+    from types import SimpleNamespace
+
+    from vitedge.exporter import iphone
+    from vitedge.targets.coreml import EmulatedCoreMLRunner
+
+    r = vitedge.bench(artifact=package, min_iters=2, warmup_s=0.0, max_s=0.0)
+    (host,) = r.results
+    assert host.backend == "coreml" and host.status == "unavailable" and "macOS" in host.reason
+    assert r.artifact["format"] == "mlpackage" and r.artifact["parity"] == "run"
+
+    phone = SimpleNamespace(name="Test iPhone", os_version="18.5", os_build_number="22F76")
+    monkeypatch.setattr(iphone, "check_device", lambda spec: phone)
+    sent = []
+
+    for wrong, status, code in ((0.0, "passed", 0), (0.5, "failed", 1)):
+        def on_phone(path, device, feed, team_id, iterations, wrong=wrong):  # the phone: the package's own outputs
+            sent.append((path, device, team_id, iterations))
+            with EmulatedCoreMLRunner(path, max_samples=None) as emu:
+                y = emu.run_raw(feed)
+            return {"load_ms": [30.0, 31.0], "predict_ms": [2.0] * iterations, "outputs": y * (1.0 + wrong)}
+
+        monkeypatch.setattr("vitedge.exporter.device_bench.benchmark_on_device", on_phone)
+        r = vitedge.bench(artifact=package, device="iphone", team_id="ABCDE12345", min_iters=3, warmup_s=0.0,
+                          max_s=0.0)
+        (res,) = r.device["results"]
+        assert sent[-1] == (package, phone, "ABCDE12345", 3) and res["predict_ms"]["iters"] == 3
+        assert res["parity"]["status"] == status and res["parity"]["mode"] == "device" and r.exit_code == code
+
