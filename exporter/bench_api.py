@@ -38,9 +38,9 @@ def bench(model: str | None = None, *, artifact: str | Path | None = None, provi
     common = dict(threads=threads, warmup_s=warmup_s, min_iters=min_iters, max_s=max_s, baseline=baseline,
                   max_regression=max_regression, ort_spinning=ort_spinning, device=device, team_id=team_id, log=log)
     if artifact is not None:
-        model_only = {"--backends": backends is not None, "--order": order != "auto", "--attn-order": attn_order != "auto",
-                      "--set": bool(overrides), "--rewrites": rewrites is not True, "--exporter": exporter is not None,
-                      "--input": input is not None, "--labels": labels is not None}
+        model_only = {"--backends": backends is not None, "--order": order != "auto",
+                      "--attn-order": attn_order != "auto", "--set": bool(overrides), "--rewrites": rewrites is not True,
+                      "--exporter": exporter is not None, "--input": input is not None, "--labels": labels is not None}
         given = [flag for flag, on in model_only.items() if on]
         if given:
             raise VitedgeError(f"{', '.join(given)} shape{'s' if len(given) == 1 else ''} the artifacts a model bench "

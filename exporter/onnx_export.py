@@ -7,8 +7,9 @@ output `logits`. Every graph we keep passed `onnx.checker` (full check) and stri
 
 Two exporters write the graph (`exporter=`; their names, the default and the opset defaults are onnx_choice.py):
 `torchscript` (`torch.onnx.export(dynamo=False)`, deprecated by PyTorch since 2.9; opsets 13-20, default 17) and
-`dynamo` (the torch.export-based one, PyTorch's default since 2.9; opset >= 18, default 18: see `onnx_dynamo`). When the dynamo exporter cannot handle a model (it raises, or
-its graph fails the ONNX check), `export_onnx_info` falls back to TorchScript for that model and says why.
+`dynamo` (the torch.export-based one, PyTorch's default since 2.9; opset >= 18, default 18: see `onnx_dynamo`).
+When the dynamo exporter cannot handle a model (it raises, or its graph fails the ONNX check), `export_onnx_info`
+falls back to TorchScript for that model and says why.
 """
 from __future__ import annotations
 

@@ -117,7 +117,8 @@ def render_api() -> str:
                 obj = type(obj).__call__.__get__(obj)
             lines += _entry(f"vitedge.{n}", n, obj)
     lines += ["## Returned objects", "",
-              "Dataclasses; `to_dict()` gives the JSON the CLI writes (`report.json`, `bench --report`, `matrix.json`).",
+              "Dataclasses; `to_dict()` gives the JSON the CLI writes (`report.json`, `bench --report`, "
+              "`matrix.json`).",
               ""]
     for ref in RESULTS:
         module, _, cls_name = ref.partition(":")

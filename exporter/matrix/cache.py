@@ -1,8 +1,8 @@
 """The content-addressed matrix cache: keys, entries, and the plan-resolution memo. Imports no torch.
 
 A cell's key is the sha256 of a canonical JSON of everything that shapes its artifact and its verdict: the
-checkpoint's sha256 (or "untrained"), model, `set` overrides, size, batch, opset, ONNX exporter, rewrites, attention order,
-target, precision, target options (a labels file by its sha256), tolerances and parity set (samples), the
+checkpoint's sha256 (or "untrained"), model, `set` overrides, size, batch, opset, ONNX exporter, rewrites,
+attention order, target, precision, target options (a labels file by its sha256), tolerances and parity set (samples), the
 CoreML verification mode, the vitedge version and a digest of its source and package data (a development
 checkout changes without a version bump), Python, and the versions of the packages that shape the artifact (torch, numpy,
 onnx, onnxruntime, onnxsim, plus coremltools / tensorrt for their targets). A TensorRT key also holds the GPU
