@@ -201,7 +201,7 @@ class _Build:
 
         # ONNX: the raw export, then the simplified hub graph every target builds from
         try:
-            with self.progress.step(f"exporting ONNX ({exporter_label(self.exporter)})"):
+            with self.progress.step("exporting ONNX"):  # (benchmarks/export_time.py reads the step names)
                 made = export_onnx_info(self.deploy, imgsz, self.batch, self.opset, self.exporter)
                 self.raw = check_onnx(made.model)
             del self.raw.graph.value_info[:]  # inferred shapes were for checking; saved graphs stay lean
