@@ -1,8 +1,9 @@
 """vitedge: re-parameterize, export and verify efficient vision transformers for devices.
 
-Public API (lazily imported so `vitedge --help` stays fast):
-  create_model, list_models, load_checkpoint, make_trained_like, reparameterize, verify_equivalence,
-  export, parity, matrix, VitedgeError
+Public API (lazily imported so `vitedge --help` stays fast), one call per command, each returning what the command
+writes: export, parity, bench, package, matrix, models (the `vitedge models` rows); and the building blocks
+create_model, list_models, get_spec, load_checkpoint, make_trained_like, reparameterize, verify_equivalence,
+load_deploy_checkpoint, save_deploy_checkpoint, VitedgeError, CheckpointError. Reference: docs/api.md.
 """
 from __future__ import annotations
 
@@ -25,12 +26,18 @@ _API = {
     "load_deploy_checkpoint": "vitedge.exporter.deploy_checkpoint",
     "save_deploy_checkpoint": "vitedge.exporter.deploy_checkpoint",
     "matrix": "vitedge.exporter.matrix",
+    "bench": "vitedge.exporter.bench_api",
+    "package": "vitedge.exporter.package",
 }
+# `vitedge.models` is the models package, made callable: vitedge.models(family=None) -> the `vitedge models` rows
+_MODULES = {"models": "vitedge.models"}
 
-__all__ = sorted(_API) + ["__version__"]
+__all__ = sorted([*_API, *_MODULES]) + ["__version__"]
 
 
 def __getattr__(name: str):
     if name in _API:
         return getattr(importlib.import_module(_API[name]), name)
+    if name in _MODULES:
+        return importlib.import_module(_MODULES[name])
     raise AttributeError(f"module 'vitedge' has no attribute {name!r}")

@@ -1,18 +1,23 @@
-"""The `vitedge` command line: a thin layer over vitedge.export / vitedge.parity / the reparam engine.
+"""The `vitedge` command line: a thin layer over the Python API (vitedge.export, parity, bench, package, matrix,
+models, and the reparam engine).
 
 Exit codes: 0 every executed parity hop passed; 1 a hop failed (artifacts quarantined, the report says
-which and where); 2 bad usage or bad input (nothing written).
+which and where); 2 bad usage or bad input (nothing written); 3 an internal error (a bug): one line, and the
+traceback saved to a file (CRASH_DIR_ENV, else the system's temporary folder) to attach to a report.
 
 Each subcommand is one `add_<name>(subparsers)` function that builds its parser and one `cmd_<name>(args)`
-that runs it; register new subcommands in SUBCOMMANDS.
+that runs it; register new subcommands in SUBCOMMANDS. Every subcommand also takes `-q/--quiet` (anywhere on
+the line) and `--config FILE` (its options from a YAML / TOML / JSON file; flags on the command line win).
 
-Length: one job, the command line: the parsers and printed outputs of seven subcommands, kept together so
-that shared flags are defined once.
+Length: one job, the command line: the parsers and printed outputs of seven subcommands, the config file that
+stands for their flags and the exit-code policy, kept together so that shared flags are defined once.
 """
 from __future__ import annotations
 
 import argparse
 import ast
+import difflib
+import json
 import os
 import sys
 import warnings
@@ -31,11 +36,12 @@ if __package__ in (None, ""):
         sys.modules["vitedge"] = _pkg
         _spec.loader.exec_module(_pkg)
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 ATTN_ORDERS = ("auto", "qk_first", "kv_first")
 # exporter.target_plans.PRECISIONS (each target applies those it lists); kept here so parsers import no torch
 PRECISIONS = ("fp32", "fp16", "int8", "w8", "palette4", "palette6", "w8a8")
 COREML_COMPRESSED = ("w8", "palette4", "palette6", "w8a8")
+CRASH_DIR_ENV = "VITEDGE_CRASH_DIR"  # where an internal error's traceback is saved (default: the temp folder)
 
 
 # ---- shared flag groups ---------------------------------------------------------------------------
@@ -68,8 +74,10 @@ _positive_int = _positive(int, "integer")
 _positive_float = _positive(float, "number")
 
 
-def _add_model_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="model name (see `vitedge models`)")
+def _add_model_flags(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("--model", required=required,
+                   help="model name (see `vitedge models`)" if required else
+                   "model name (default: the one the artifact's or deploy checkpoint's metadata names)")
     p.add_argument("--checkpoint", help="train-form checkpoint; without it, seeded trained-like demo weights "
                                         "are used and the report says weights: untrained")
     p.add_argument("--set", dest="overrides", action="append", type=_kv, default=[], metavar="KEY=VALUE",
@@ -80,7 +88,7 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_rewrites_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--rewrites", type=_rewrites, default=True, metavar="all|none|NAME[,NAME]",
+    p.add_argument("--rewrites", type=_rewrites, default="all", metavar="all|none|NAME[,NAME]",
                    help="deploy-form speed rewrites beyond folding (default all; each exact; names per family "
                         "in the README), e.g. --rewrites none for the folded-only ablation")
 
@@ -122,6 +130,24 @@ def _add_inputs_flags(p: argparse.ArgumentParser, labels_extra: str = "") -> Non
                         "line (default: sorted folder order)")
 
 
+def _add_exporter_flag(p: argparse.ArgumentParser, opset: bool = False, what: str = "") -> None:
+    from vitedge.exporter.onnx_choice import DEFAULT_EXPORTER, DEFAULT_OPSET, DYNAMO_OPSET, EXPORTERS  # torch-free
+
+    p.add_argument("--exporter", choices=EXPORTERS, default=None,
+                   help=what or f"ONNX exporter (default {DEFAULT_EXPORTER}): torchscript (torch.onnx.export("
+                                "dynamo=False)) or dynamo (the torch.export-based one); where dynamo cannot export "
+                                "the model, TorchScript is used and the report says why (exporter_fallback)")
+    if opset:
+        p.add_argument("--opset", type=int, default=None,
+                       help=f"ONNX opset (default {DEFAULT_OPSET} with torchscript, {DYNAMO_OPSET} with dynamo, which "
+                            f"takes {DYNAMO_OPSET} or newer)")
+
+
+def _exporter(args) -> dict:
+    """The exporter keyword for the API: only when given (the API's own default otherwise)."""
+    return {"exporter": args.exporter} if args.exporter else {}
+
+
 def _overrides(args) -> dict:
     return dict(args.overrides)
 
@@ -135,16 +161,26 @@ def _samples(args) -> int:
 # ---- models ---------------------------------------------------------------------------------------
 
 def add_models(sub) -> None:
-    p = sub.add_parser("models", help="list the model zoo: params, GMACs, sizes")
+    p = sub.add_parser("models", help="list the model zoo: params, GMACs, sizes",
+                       description="Every registered model: family, parameters, GMACs at its default size, default "
+                                   "and accepted input sizes.")
+    p.add_argument("--json", action="store_true",
+                   help="print the rows as a JSON list (the fields of vitedge.models(): name, family, params, gmacs, "
+                        "default_imgsz, accepted_sizes)")
+    p.add_argument("--family", help="only this family's models (swiftformer, slab, sima, sima_deit)")
     p.set_defaults(func=cmd_models)
 
 
 def cmd_models(args) -> int:
-    from vitedge.models.catalog import model_table
+    from vitedge.models.catalog import models
 
+    table = models(args.family)
+    if args.json:
+        print(json.dumps(table, indent=2))
+        return EXIT_OK
     rows = [("name", "family", "params", "GMACs", "imgsz", "accepted sizes")]
     rows += [(r["name"], r["family"], f"{r['params'] / 1e6:.2f} M", f"{r['gmacs']:.2f}", str(r["default_imgsz"]),
-              r["accepted_sizes"]) for r in model_table()]
+              r["accepted_sizes"]) for r in table]
     print(_table(rows))
     return EXIT_OK
 
@@ -161,7 +197,7 @@ def add_export(sub) -> None:
     p.add_argument("--target", default="onnx", help="comma list of onnx,coreml,tensorrt (default onnx)")
     p.add_argument("--batch", type=_positive_int, help="static batch size (default 1)")
     p.add_argument("--dynamic-batch", action="store_true", help="dynamic batch axis (onnx, tensorrt)")
-    p.add_argument("--opset", type=int, default=None, help="ONNX opset (default 17)")
+    _add_exporter_flag(p, opset=True)
     p.add_argument("--precision", choices=PRECISIONS,
                    help="default per target: onnx fp32, coreml fp16, tensorrt fp16; given, it applies to every "
                         "listed target that supports it: onnx fp32|fp16|int8 (OUT/NAME.fp16.onnx, OUT/NAME.int8.onnx), "
@@ -194,17 +230,17 @@ TARGET_OPTIONS = ("ios", "input", "max_batch", "workspace", "timing_cache")
 
 
 def cmd_export(args) -> int:
-    from vitedge.exporter.onnx_export import DEFAULT_OPSET
     from vitedge.exporter.pipeline import export
 
     report = export(args.model, args.target, checkpoint=args.checkpoint, imgsz=args.imgsz, batch=args.batch,
-                    dynamic_batch=args.dynamic_batch, opset=args.opset or DEFAULT_OPSET, precision=args.precision,
+                    dynamic_batch=args.dynamic_batch, opset=args.opset, precision=args.precision,
                     out=args.out, reparam=not args.no_reparam, force=args.force,
                     attn_order=args.attn_order or "auto", strict_schedule=args.strict_schedule,
                     samples=_samples(args), tolerances=args.tol, require_verified=args.require_verified,
                     overrides=_overrides(args), options={k: getattr(args, k) for k in TARGET_OPTIONS},
                     progress=args.progress, rewrites=args.rewrites, require_ane=args.require_ane,
-                    images=args.images, labels=args.labels, calib=args.calib, calib_images=args.calib_images)
+                    images=args.images, labels=args.labels, calib=args.calib, calib_images=args.calib_images,
+                    **_exporter(args))
     print(format_summary(report, os.path.join(report.out_dir, "report.json")))
     return report.exit_code
 
@@ -214,8 +250,9 @@ def cmd_export(args) -> int:
 def add_parity(sub) -> None:
     p = sub.add_parser("parity", help="run the parity ladder on an existing artifact",
                        description="Compare an existing artifact (and/or a deploy-form checkpoint) with the "
-                                   "train-form on the parity input set.")
-    _add_model_flags(p)
+                                   "train-form on the parity input set. The artifact's metadata names the model, "
+                                   "size, overrides, checkpoint hash and ONNX exporter it was made with.")
+    _add_model_flags(p, required=False)
     p.add_argument("--artifact", help="artifact to check (.onnx, .mlpackage, .engine)")
     p.add_argument("--deploy-checkpoint", help="deploy-form checkpoint from `vitedge reparam` to check as the "
                                                "deploy-form hop")
@@ -226,6 +263,8 @@ def add_parity(sub) -> None:
     p.add_argument("--mode", choices=("device", "emulated"),
                    help="insist on how the artifact runs (device: the target's own runtime, e.g. CoreML on macOS); "
                         "otherwise the hop is unverified")
+    _add_exporter_flag(p, what="the ONNX exporter the artifact was written with, recorded in the report where its "
+                               "metadata does not say (one that contradicts the metadata is an error)")
     _add_parity_flags(p)
     _add_inputs_flags(p)
     p.set_defaults(func=cmd_parity)
@@ -238,7 +277,8 @@ def cmd_parity(args) -> int:
                     target=args.target, imgsz=args.imgsz, precision=args.precision, attn_order=args.attn_order,
                     samples=_samples(args), tolerances=args.tol, require_verified=args.require_verified,
                     overrides=_overrides(args) or None, report_path=args.report, mode=args.mode,
-                    progress=args.progress, require_ane=args.require_ane, images=args.images, labels=args.labels)
+                    progress=args.progress, require_ane=args.require_ane, images=args.images, labels=args.labels,
+                    **_exporter(args))
     print(format_summary(report, args.report))
     return report.exit_code
 
@@ -309,6 +349,7 @@ def _reference_line(ref: dict) -> str:
 
 
 def format_summary(report, report_path: str | None = None) -> str:
+    from vitedge.exporter.classes import describe
     from vitedge.exporter.onnx_export import norm_nodes
 
     lines = [f"{report.model}  imgsz {report.imgsz}  batch {report.batch or 'dynamic'}  weights: {report.weights}"
@@ -319,6 +360,10 @@ def format_summary(report, report_path: str | None = None) -> str:
         lines.append(f"re-parameterization: folded {sum(r.folded.values())} ({', '.join(f'{k} {v}' for k, v in r.folded.items())}); "
                      f"unfolded {len(r.unfolded)}; attention: {orders.count('qk_first')} qk_first, "
                      f"{orders.count('kv_first')} kv_first; rewrites: {', '.join(r.rewrites) or 'none'}")
+    if report.exporter:
+        lines.append(f"ONNX exporter: {report.exporter}" + (f" (opset {report.opset})" if report.opset else "")
+                     + (f"; dynamo could not export it: {report.exporter_fallback}" if report.exporter_fallback
+                        else ""))
     ref = report.reference
     if ref:
         lines.append(_reference_line(ref))
@@ -342,6 +387,8 @@ def format_summary(report, report_path: str | None = None) -> str:
     notes = [f"  {h.hop}: {h.status}: {h.reason}" for h in report.parity if h.reason]
     notes += [f"  {h.hop}: Neural Engine residency {h.ane_residency['status'].upper()}: {h.ane_residency['reason']}"
               for h in report.parity if h.ane_residency]
+    notes += [f"  {h.hop}: top-1 on the first parity inputs: {describe(h.predictions)}"
+              for h in report.parity if h.predictions]
     if notes:
         lines += [""] + notes
     if report.artifacts:
@@ -380,20 +427,34 @@ def add_bench(sub) -> None:
     from vitedge.targets.coreml.options import INPUT_KINDS  # torch-free
 
     BACKENDS, DEFAULT_BACKENDS = BENCH_BACKENDS, BENCH_DEFAULT  # no torch import while building the parser
-    p = sub.add_parser("bench", help="latency per backend and size: paired, parity-checked, regression gate",
-                       description="Exit codes: 0 measured (and no regression), 1 a p50 regression beyond "
-                                   "--max-regression against --baseline or a failed golden-vector parity on the "
-                                   "phone (--device), 2 bad usage or input.")
-    p.add_argument("--model", required=True, help="model name (see `vitedge models`)")
+    p = sub.add_parser("bench", help="latency per backend and size (or of an existing artifact): paired, "
+                                     "parity-checked, regression gate",
+                       description="Time a model's train-form, deploy-form and exports (--model), or an existing "
+                                   ".onnx / .engine / .mlpackage (--artifact). Exit codes: 0 measured (and no "
+                                   "regression), 1 a p50 regression beyond --max-regression against --baseline or a "
+                                   "failed golden-vector parity on the phone (--device), 2 bad usage or input.")
+    p.add_argument("--model", help="model name (see `vitedge models`); with --artifact, a check of the model its "
+                                   "metadata names")
+    p.add_argument("--artifact", metavar="PATH",
+                   help="time this existing artifact instead of exporting: .onnx (ONNX Runtime, per --providers), "
+                        ".engine (TensorRT), .mlpackage (CoreML on macOS; --device iphone); parity runs first when "
+                        "its vitedge metadata names the model")
+    p.add_argument("--providers", metavar="EP[,EP]",
+                   help="--artifact .onnx: ONNX Runtime execution providers to time it on, e.g. cpu,cuda,tensorrt,"
+                        "coreml,openvino,dml (default cpu); one this onnxruntime build lacks is listed unavailable "
+                        "with the reason")
     p.add_argument("--checkpoint", help="train-form checkpoint (default: seeded trained-like demo weights)")
     p.add_argument("--set", dest="overrides", action="append", type=_kv, default=[], metavar="KEY=VALUE",
                    help="constructor override, official keyword names; repeatable")
-    p.add_argument("--backends", default=",".join(DEFAULT_BACKENDS),
+    p.add_argument("--backends", default=None,
                    help=f"comma list of {','.join(BACKENDS)} (default {','.join(DEFAULT_BACKENDS)})")
-    p.add_argument("--imgsz", default=None, help="comma list of input sizes (default: the model's)")
-    p.add_argument("--batch", type=_positive_int, default=1)
+    p.add_argument("--imgsz", default=None, help="comma list of input sizes (default: the model's; with --artifact, "
+                                                 "one size for a graph whose input size is symbolic)")
+    p.add_argument("--batch", type=_positive_int, default=None,
+                   help="batch size (default 1; with --artifact, its static batch)")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads (0 = all cores; default 1)")
     _add_rewrites_flag(p)
+    _add_exporter_flag(p)
     p.add_argument("--ort-spinning", choices=("default", "on", "off"), default="default",
                    help="ONNX Runtime intra-op spinning with --threads 0 or > 1 (off: steadier on small shared "
                         "or virtual machines; default: ONNX Runtime's, on)")
@@ -411,33 +472,27 @@ def add_bench(sub) -> None:
                    help="--device iphone: the phone's package input (image: RGB pixels, normalization built in)")
     _add_inputs_flags(p, "; with --device iphone the phone's package is a classifier")
     p.add_argument("--report", help="write the JSON report here")
-    p.add_argument("--plot", help="write a PNG plot (latency vs size per backend, CI bars) here")
+    p.add_argument("--plot", help="write a PNG plot (latency vs size per backend, CI bars) here (needs "
+                                  "vitedge[plot])")
     p.add_argument("--baseline", help="an earlier --report JSON to gate p50 regressions against")
     p.add_argument("--max-regression", type=float, help="allowed p50 slow-down in percent (with --baseline)")
     p.set_defaults(func=cmd_bench)
 
 
 def cmd_bench(args) -> int:
-    import json
+    from vitedge.exporter.bench_api import bench
+    from vitedge.exporter.bench_report import format_table
 
-    from vitedge.exporter.bench import run_bench
-    from vitedge.exporter.bench_report import format_table, write_plot
-
-    report = run_bench(args.model, checkpoint=args.checkpoint, backends=args.backends, imgsz=args.imgsz,
-                       batch=args.batch, threads=args.threads, warmup_s=args.warmup_s, min_iters=args.min_iters,
-                       max_s=args.max_s, baseline=args.baseline, max_regression=args.max_regression,
-                       order=args.order, attn_order=args.attn_order, overrides=_overrides(args), device=args.device,
-                       ort_spinning={"default": None, "on": True, "off": False}[args.ort_spinning],
-                       rewrites=args.rewrites, team_id=args.team_id,
-                       coreml_options={"input": args.input}, images=args.images, labels=args.labels,
-                       log=(lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr)))
+    report = bench(args.model, artifact=args.artifact, providers=args.providers, checkpoint=args.checkpoint,
+                   backends=args.backends, imgsz=args.imgsz, batch=args.batch, threads=args.threads,
+                   warmup_s=args.warmup_s, min_iters=args.min_iters, max_s=args.max_s, baseline=args.baseline,
+                   max_regression=args.max_regression, order=args.order, attn_order=args.attn_order,
+                   overrides=_overrides(args), rewrites=args.rewrites,
+                   ort_spinning={"default": None, "on": True, "off": False}[args.ort_spinning],
+                   exporter=args.exporter, device=args.device, team_id=args.team_id, input=args.input,
+                   labels=args.labels, images=args.images, report_path=args.report, plot=args.plot,
+                   log=(lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr)))
     print(format_table(report))
-    if args.report:
-        os.makedirs(os.path.dirname(os.path.abspath(args.report)), exist_ok=True)
-        with open(args.report, "w") as f:
-            json.dump(report.to_dict(), f, indent=2)
-    if args.plot:
-        write_plot(report, args.plot)
     return report.exit_code
 
 
@@ -468,6 +523,8 @@ def add_package(sub) -> None:
     p.add_argument("--tol", action="append", default=[], metavar="PROFILE.KEY=VALUE", help="tolerance override")
     p.add_argument("--out", required=True, help="the bundle to write (BUNDLE.zip)")
     p.add_argument("--force", action="store_true", help="replace an existing --out")
+    _add_exporter_flag(p, what="ONNX exporter of the parity ladder's hub graph (the CoreML package itself is "
+                               "converted from the deploy-form); default and fallback as for export")
     p.set_defaults(func=cmd_package)
 
 
@@ -477,10 +534,9 @@ def cmd_package(args) -> int:
     res = package(args.model, args.out, checkpoint=args.checkpoint, labels=args.labels, ios=args.ios,
                   imgsz=args.imgsz, samples=args.samples, overrides=_overrides(args),
                   tolerances=args.tol or None, force=args.force, progress=args.progress, precision=args.precision,
-                  calib=args.calib, calib_images=args.calib_images, images=args.images)
+                  calib=args.calib, calib_images=args.calib_images, images=args.images, **_exporter(args))
     if res.exit_code != 0:
-        bad = ", ".join(h.hop for h in res.report.failed_hops()) or "coreml"
-        print(f"FAILED: parity hop {bad} did not pass; no bundle written. The export is kept in {res.export_dir}")
+        print(f"FAILED: {res.reason}; no bundle written. The export is kept in {res.export_dir}")
         return res.exit_code
     hop = res.report.hop("coreml")
     demo = " (DEMO: untrained seeded weights)" if res.manifest["weights"] == "untrained" else ""
@@ -518,6 +574,8 @@ def add_matrix(sub) -> None:
                    help="with --ray: how long a cell waits for a node with its resources (GPU, sm_XY, macos) "
                         "before it is reported unverified (default 300)")
     p.add_argument("--require-verified", action="store_true", help="exit 1 if any cell is unverified")
+    _add_exporter_flag(p, what="ONNX exporter of the cells whose plan entry (or defaults) names none (plan key "
+                               "`exporter`); default and fallback as for export")
     p.set_defaults(func=cmd_matrix)
 
 
@@ -527,7 +585,7 @@ def cmd_matrix(args) -> int:
 
     result = matrix(args.plan, out=args.out, workers=args.workers, ray=args.ray, rebuild=args.rebuild,
                     dry_run=args.dry_run, bench=args.bench, cache=args.cache, resource_timeout=args.resource_timeout,
-                    require_verified=args.require_verified, progress=not args.quiet)
+                    require_verified=args.require_verified, progress=not args.quiet, exporter=args.exporter)
     print(format_dry_run(result) if args.dry_run else format_summary(result))
     return result.exit_code
 
@@ -537,33 +595,250 @@ def cmd_matrix(args) -> int:
 SUBCOMMANDS = [add_models, add_export, add_parity, add_reparam, add_bench, add_package, add_matrix]
 
 
+def _add_global_flags(p: argparse.ArgumentParser, main: bool = False) -> None:
+    """-q and --config, on the main parser and on every subcommand, so both work anywhere on the line. On a
+    subcommand their default is SUPPRESS: a flag given before the subcommand is not reset by the subparser."""
+    default = {} if main else {"default": argparse.SUPPRESS}
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines", **default)
+    p.add_argument("--config", metavar="FILE", help="read this command's options from a YAML (or .toml / .json) "
+                                                    "file: keys are the flag names (attn_order or attn-order); "
+                                                    "flags on the command line win", **default)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from vitedge import __version__
 
     parser = argparse.ArgumentParser(prog="vitedge", description="Re-parameterize, export and verify efficient "
                                      "vision transformers (SwiftFormer, SLAB, SimA). Exit codes: 0 passed, "
-                                     "1 a parity hop failed, 2 bad usage or input.")
+                                     "1 a parity hop failed, 2 bad usage or input, 3 internal error (a bug: the "
+                                     "traceback is saved to a file to report).")
     parser.add_argument("--version", action="version", version=f"vitedge {__version__}")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    _add_global_flags(parser, main=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in SUBCOMMANDS:
         add(sub)
+    for p in sub.choices.values():
+        _add_global_flags(p)
     return parser
 
+
+# ---- --config FILE: a command's options from a file ------------------------------------------------
+
+# Python API keyword names accepted beside the flag names, where the two differ (e.g. export(targets=...)).
+CONFIG_ALIASES = {"targets": "target", "tolerances": "tol", "report_path": "report"}
+_NOT_CONFIG = ("help", "config", "version")
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def _config_path(argv: list[str]) -> tuple[str | None, str | None]:
+    """(the --config path, the subcommand) read from the raw command line (--config may be abbreviated, as
+    argparse allows: --conf)."""
+    path = command = None
+    it = iter(argv)
+    for tok in it:
+        flag, eq, value = tok.partition("=")
+        if len(flag) >= 5 and "--config".startswith(flag):
+            path = value if eq else next(it, None)
+        elif command is None and not tok.startswith("-"):
+            command = tok
+    return path, command
+
+
+def _read_config(path: str) -> dict:
+    from vitedge.errors import VitedgeError
+
+    p = os.path.expanduser(path)
+    try:
+        with open(p) as f:
+            text = f.read()
+    except OSError as e:
+        raise VitedgeError(f"--config {path}: cannot read it ({e.strerror or e}); check the path") from None
+    try:
+        if p.endswith(".toml"):
+            try:
+                import tomllib
+            except ImportError:  # Python 3.10
+                import tomli as tomllib
+            doc = tomllib.loads(text)
+        elif p.endswith(".json"):
+            doc = json.loads(text)
+        else:
+            import yaml
+
+            doc = yaml.safe_load(text)
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise VitedgeError(f"--config {path} does not parse ({type(e).__name__}: {first}); fix its syntax") from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise VitedgeError(f"--config {path} must be a mapping of option names to values (e.g. `model: "
+                           "swiftformer_xs`)")
+    return doc
+
+
+def _config_keys(p: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """Every key a config may use for this command -> its flag: the long flag with underscores, its dest, and the
+    Python API's name where it differs."""
+    keys = {}
+    for a in p._actions:
+        if not a.option_strings or a.dest in _NOT_CONFIG:
+            continue
+        long = next((o for o in a.option_strings if o.startswith("--")), a.option_strings[0])
+        keys[long.lstrip("-").replace("-", "_")] = a
+        keys.setdefault(a.dest, a)
+    for alias, key in CONFIG_ALIASES.items():
+        if key in keys:
+            keys.setdefault(alias, keys[key])
+    return keys
+
+
+def _config_value(a: argparse.Action, value, where: str):
+    """A config value as argparse would have parsed it from the flag (same type checks and choices)."""
+    from vitedge.errors import VitedgeError
+
+    flag = a.option_strings[-1]
+
+    def parse(text: str):
+        try:
+            v = a.type(text) if a.type else text
+        except (argparse.ArgumentTypeError, ValueError, TypeError) as e:
+            raise VitedgeError(f"{where}: {e} (as {flag} takes it)") from None
+        if a.choices is not None and v not in a.choices:
+            raise VitedgeError(f"{where}: {value!r} is not one of {', '.join(map(str, a.choices))}")
+        return v
+
+    if isinstance(a, argparse._StoreTrueAction):
+        if not isinstance(value, bool):
+            raise VitedgeError(f"{where} is a switch ({flag}): give true or false; got {value!r}")
+        return value
+    if isinstance(a, argparse._AppendAction):  # repeatable flags: a YAML list (or one value), or a mapping
+        if isinstance(value, dict):
+            if a.type is _kv:  # --set: {depth: 2, embed_dims: [16, 24]}
+                return list(value.items())
+            # --tol: {fp16: {psnr_db: 30}} or {fp16.psnr_db: 30}
+            value = [f"{k}.{kk}={_text(vv)}" if isinstance(d, dict) else f"{k}={_text(d)}"
+                     for k, d in value.items() for kk, vv in (d.items() if isinstance(d, dict) else [(None, d)])]
+        items = value if isinstance(value, list) else [value]
+        if any(isinstance(v, (list, dict)) for v in items):
+            raise VitedgeError(f"{where}: give a list of values ({flag} VALUE, repeated); got {value!r}")
+        return [parse(_text(v)) for v in items]
+    if a.nargs == "?" and a.const is not None and value is True:  # `--ray` alone
+        return a.const
+    if isinstance(value, bool):
+        if a.type is _rewrites:
+            return value
+        raise VitedgeError(f"{where} takes a value ({flag} VALUE), not {str(value).lower()}")
+    if isinstance(value, list):
+        value = ",".join(_text(v) for v in value)  # comma-list flags (--target, --imgsz, --backends, ...)
+    if isinstance(value, dict):
+        raise VitedgeError(f"{where}: {value!r} is not a value {flag} takes")
+    return parse(_text(value))
+
+
+def _text(v) -> str:
+    """A YAML scalar as it would be typed on the command line (null: none)."""
+    return "none" if v is None else str(v)
+
+
+def apply_config(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """Make the options of `--config FILE` the defaults of the command named in `argv`, so that flags given on
+    the command line win (a repeatable flag's command-line items come after the file's). Raises VitedgeError
+    (exit 2) naming an unknown key or a bad value. Returns the path applied (None without --config)."""
+    from vitedge.errors import VitedgeError
+
+    path, command = _config_path(argv)
+    subs = _subparsers(parser)
+    if path is None or command not in subs:
+        return path  # no config, or no command: argparse says what is missing
+    p, doc = subs[command], _read_config(path)
+    keys, defaults = _config_keys(p), {}
+    for key, value in doc.items():
+        name = str(key).replace("-", "_")
+        if name not in keys:
+            close = difflib.get_close_matches(name, list(keys), n=1)
+            did = f" (did you mean {close[0]!r}?)" if close else ""
+            flags = sorted(k for k, act in keys.items() if f"--{k.replace('_', '-')}" in act.option_strings)
+            raise VitedgeError(f"--config {path}: unknown key {key!r} for `vitedge {command}`{did}; keys are the "
+                               f"command's flag names: {', '.join(flags)}")
+        if value is None:
+            continue
+        a = keys[name]
+        if a.dest in defaults:
+            raise VitedgeError(f"--config {path}: {key!r} and another key both set {a.option_strings[-1]}; keep one")
+        defaults[a.dest] = _config_value(a, value, f"--config {path}: {key}")
+        a.required = False
+    p.set_defaults(**defaults)
+    return path
+
+
+# ---- entry point ----------------------------------------------------------------------------------
 
 def _one_line_warnings(message, category, filename, lineno, file=None, line=None):
     print(f"vitedge: warning: {message}", file=sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)  # bad usage: argparse prints it and exits 2
-    from vitedge.exporter.progress import Progress
+def _crash(e: BaseException, argv: list[str]) -> int:
+    """Exit 3: one line on stderr, the traceback (with the command and versions) saved to a file to report."""
+    import platform
+    import shlex
+    import tempfile
+    import time
+    import traceback
+
+    from vitedge import __version__
+
+    first = (str(e).strip().splitlines() or [""])[0][:300]
+    text = (f"vitedge {__version__}: internal error\ncommand: vitedge {shlex.join(argv)}\n"
+            f"python {platform.python_version()} on {platform.platform()}\n")
+    try:
+        from vitedge.exporter.report import versions
+
+        text += f"versions: {json.dumps(versions(), sort_keys=True)}\n"
+    except Exception:  # noqa: BLE001  (the crash report must not crash)
+        pass
+    text += "\n" + "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    folder = os.environ.get(CRASH_DIR_ENV) or tempfile.gettempdir()
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, path = tempfile.mkstemp(prefix=f"vitedge-crash-{time.strftime('%Y%m%d-%H%M%S')}-", suffix=".txt",
+                                    dir=folder)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        where = f"traceback saved to {path}"
+    except OSError as w:
+        where = f"the traceback could not be saved ({w}; rerun with VITEDGE_DEBUG=1 to see it)"
+    print(f"vitedge: internal error: {type(e).__name__}: {first}; {where}. This is a bug in vitedge: please report "
+          "it with that file.", file=sys.stderr)
+    return EXIT_INTERNAL
+
+
+def _run(argv: list[str]) -> int:
     from vitedge.errors import VitedgeError
+
+    parser = build_parser()
+    applied = apply_config(parser, argv)
+    args = parser.parse_args(argv)  # bad usage: argparse prints it and exits 2
+    if getattr(args, "config", None) != applied:
+        raise VitedgeError("give --config once, as --config FILE")
+    from vitedge.exporter.progress import Progress
 
     args.progress = Progress(enabled=not args.quiet)
     warnings.showwarning = _one_line_warnings
+    return args.func(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit codes: 0 passed, 1 a hop failed (or a regression, or a matrix cell failed), 2 bad usage or input,
+    3 an internal error (its traceback saved to a file), 130 interrupted."""
+    from vitedge.errors import VitedgeError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        return args.func(args)
+        return _run(argv)
     except VitedgeError as e:
         print(f"vitedge: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -573,10 +848,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         if os.environ.get("VITEDGE_DEBUG"):
             raise
-        first = (str(e).strip().splitlines() or [""])[0]
-        print(f"vitedge: internal error: {type(e).__name__}: {first} (set VITEDGE_DEBUG=1 for the traceback)",
-              file=sys.stderr)
-        return EXIT_FAILED
+        return _crash(e, argv)
 
 
 if __name__ == "__main__":

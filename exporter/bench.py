@@ -34,8 +34,8 @@ from .bench_report import BackendResult, BenchReport
 from .criteria import GroundTruth, reference_block
 from .hops import check_images, class_names, parity_inputs_for
 from .inputs import ParitySet, parity_inputs
-from .onnx_export import check_onnx, export_onnx, save_onnx, simplify_onnx
-from .parity import FLOAT64_TOLERANCES, check_hop, ground_truth, tolerances as make_tolerances
+from .onnx_export import DEFAULT_EXPORTER, check_exporter, check_onnx, export_onnx_info, save_onnx, simplify_onnx
+from .parity import FLOAT64_TOLERANCES, check_hop, ground_truth, profile_for, tolerances as make_tolerances
 
 BACKENDS = ("torch", "torch-deploy", "onnxruntime", "coreml", "tensorrt")
 DEFAULT_BACKENDS = ("torch", "torch-deploy", "onnxruntime")
@@ -51,12 +51,22 @@ def machine_info() -> dict:
 
 # ---- backends ---------------------------------------------------------------------------------------
 
-def _ort_runner(deploy: nn.Module, imgsz: int, batch: int, threads: int, spinning: bool | None = None) -> Runner:
-    model = simplify_onnx(check_onnx(export_onnx(deploy, imgsz, batch=batch)))
-    return OnnxRuntimeRunner(model, threads=threads, spinning=spinning)
+def _onnx(deploy: nn.Module, imgsz: int, batch: int, exporter: str):
+    """(the simplified graph, how it was exported: OnnxExport.info())."""
+    made = export_onnx_info(deploy, imgsz, batch=batch, exporter=exporter)
+    return simplify_onnx(check_onnx(made.model)), made.info()
 
 
-def _target_runner(name: str, deploy: nn.Module, imgsz: int, batch: int, tmp: Path) -> Runner:
+def _ort_runner(deploy: nn.Module, imgsz: int, batch: int, threads: int, spinning: bool | None = None,
+                exporter: str = DEFAULT_EXPORTER) -> Runner:
+    model, made = _onnx(deploy, imgsz, batch, exporter)
+    runner = OnnxRuntimeRunner(model, threads=threads, spinning=spinning)
+    runner.onnx_export = made  # BackendResult.export
+    return runner
+
+
+def _target_runner(name: str, deploy: nn.Module, imgsz: int, batch: int, tmp: Path,
+                   exporter: str = DEFAULT_EXPORTER) -> Runner:
     """CoreML / TensorRT through their targets; raises UnavailableError with the reason when they cannot run."""
     try:
         target = get_target(name)
@@ -68,9 +78,10 @@ def _target_runner(name: str, deploy: nn.Module, imgsz: int, batch: int, tmp: Pa
     ok, why = target.runnable()
     if not ok:
         raise UnavailableError(why or f"{name} cannot run here")
-    onnx_path = None
+    onnx_path, made = None, None
     if name == "tensorrt":
-        onnx_path = save_onnx(simplify_onnx(check_onnx(export_onnx(deploy, imgsz, batch=batch))), tmp / "bench.onnx")
+        model, made = _onnx(deploy, imgsz, batch, exporter)
+        onnx_path = save_onnx(model, tmp / "bench.onnx")
     spec = LowerSpec(name="bench", imgsz=imgsz, batch=batch, precision=target.default_precision, out_dir=tmp,
                      onnx_path=onnx_path)
     runner = target.runner(target.lower(deploy, spec))
@@ -78,19 +89,20 @@ def _target_runner(name: str, deploy: nn.Module, imgsz: int, batch: int, tmp: Pa
         runner.close()
         # An emulator's speed says nothing about the device: never time it as if it were.
         raise UnavailableError(f"{name} runs only {runner.mode} here ({runner.backend}); no device to time")
+    runner.onnx_export = made
     return runner
 
 
 def build_runner(backend: str, train: nn.Module, deploy: nn.Module, imgsz: int, batch: int, threads: int,
-                 tmp: Path, spinning: bool | None = None) -> Runner:
+                 tmp: Path, spinning: bool | None = None, exporter: str = DEFAULT_EXPORTER) -> Runner:
     if backend == "torch":
         return TorchRunner(train, "train-form")
     if backend == "torch-deploy":
         return TorchRunner(deploy, "deploy-form")
     if backend == "onnxruntime":
-        return _ort_runner(deploy, imgsz, batch, threads, spinning)
+        return _ort_runner(deploy, imgsz, batch, threads, spinning, exporter)
     if backend in ("coreml", "tensorrt"):
-        return _target_runner(backend, deploy, imgsz, batch, tmp)
+        return _target_runner(backend, deploy, imgsz, batch, tmp, exporter)
     raise VitedgeError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
 
 
@@ -112,26 +124,64 @@ def parse_sizes(spec: str | list | int) -> list[int]:
 
 # ---- the harness --------------------------------------------------------------------------------------
 
-def _tolerance_for(runner: Runner):
+def _tolerance_for(runner: Runner, precision: str | None = None):
     tols = make_tolerances(None, FLOAT64_TOLERANCES)
+    if precision is not None:
+        return tols[profile_for(precision)]
     return tols["fp16"] if "fp16" in getattr(runner, "backend", "") else tols["fp32"]
 
 
-def _parity(runner: Runner, inputs: ParitySet, truth: GroundTruth) -> tuple[dict, dict, list[str]]:
+def _parity(runner: Runner, inputs: ParitySet, truth: GroundTruth,
+            precision: str | None = None) -> tuple[dict, dict, list[str]]:
     """(metrics vs float64, per-set details, problems) of one backend: the export ladder's hop check."""
-    hop = check_hop(runner.backend or "bench", runner, inputs.numpy(), None, _tolerance_for(runner), truth=truth,
-                    names=inputs.names)
-    return asdict(hop.metrics), hop.sets, [hop.reason] if hop.reason else []
+    hop = check_hop(runner.backend or "bench", runner, inputs.numpy(), None, _tolerance_for(runner, precision),
+                    truth=truth, names=inputs.names)
+    return asdict(hop.metrics) if hop.metrics is not None else None, hop.sets, [hop.reason] if hop.reason else []
 
 
 def _fresh_input(imgsz: int, batch: int) -> np.ndarray:
     return parity_inputs(batch, imgsz, seed=99).numpy()
 
 
+def check_parity(res: BackendResult, runner: Runner, inputs: ParitySet, truth: GroundTruth,
+                 precision: str | None = None) -> None:
+    """Parity of one backend before it is timed (`precision`: the tolerance profile, default from the backend): one
+    that fails (or crashes on the inputs) is `failed`, and its latency is never measured as if it were right."""
+    try:
+        res.parity, res.parity_sets, problems = _parity(runner, inputs, truth, precision)
+    except Exception as e:  # a backend that crashes on the parity inputs has failed parity
+        res.parity, problems = None, [f"{type(e).__name__}: {e}"]
+    if problems:
+        res.status, res.reason = "failed", "parity failed: " + "; ".join(problems)
+
+
+def time_backends(runners: dict[str, tuple[Runner, BackendResult]], xb: np.ndarray, batch: int, warmup_s: float,
+                  min_iters: int, max_s: float) -> dict[str, list[float]]:
+    """Time every backend whose result is still "ok" on the batch `xb`, interleaved within each runtime; fill each
+    result's latency (and GPU compute time, where the runner has CUDA events). Returns the seconds per round."""
+    timed = {b: rr for b, rr in runners.items() if rr[1].status == "ok"}
+    times: dict[str, list[float]] = {}
+    # Interleave only backends of the same runtime: a torch call right before an ONNX Runtime call slows
+    # that call (measured: benchmarks/README.md, method notes), so mixing runtimes in one round would bias
+    # exactly the paired ratios this harness reports.
+    for group in dict.fromkeys(RUNTIME.get(b, b) for b in timed):
+        members = {b: rr for b, rr in timed.items() if RUNTIME.get(b, b) == group}
+        fns = {b: (lambda r=r: r.run(xb)) for b, (r, _) in members.items()}
+        times.update(latency.time_interleaved(fns, warmup_s=warmup_s, min_iters=min_iters, max_s=max_s))
+    for b, (r, res) in timed.items():
+        res.latency = latency.summarize(times[b], batch=batch).to_dict()
+        res.valid = True
+        if callable(getattr(r, "execute", None)) and callable(getattr(r, "prepare", None)):
+            res.gpu_compute = latency.summarize(gpu_compute_times(r, xb, warmup_s, min_iters, max_s),
+                                                batch=batch).to_dict()
+    return times
+
+
 def measure_size(name: str, train: nn.Module, make_deploy: Callable[[int], nn.Module], imgsz: int,
                  backends: list[str], batch: int, threads: int, warmup_s: float, min_iters: int, max_s: float,
                  tmp: Path, inject: dict | None = None, spinning: bool | None = None,
-                 inputs: ParitySet | None = None) -> tuple[list[BackendResult], list[dict], dict]:
+                 inputs: ParitySet | None = None,
+                 exporter: str = DEFAULT_EXPORTER) -> tuple[list[BackendResult], list[dict], dict]:
     """Build, parity-check and time every backend at one size; also returns the train-form's reference block
     (report.json's `reference`, per size here). `inject` maps backend -> Runner (tests). `inputs`: the parity set
     at this size (default: the first PARITY_SAMPLES of the default set)."""
@@ -143,39 +193,21 @@ def measure_size(name: str, train: nn.Module, make_deploy: Callable[[int], nn.Mo
         for b in backends:
             t0 = time.perf_counter()
             try:
-                runner = (inject or {}).get(b) or build_runner(b, train, deploy, imgsz, batch, threads, tmp, spinning)
+                runner = (inject or {}).get(b) or build_runner(b, train, deploy, imgsz, batch, threads, tmp, spinning,
+                                                               exporter)
             except UnavailableError as e:
                 results.append(BackendResult(b, imgsz, "unavailable", reason=str(e)))
                 continue
             stack.enter_context(runner)
             load_s = time.perf_counter() - t0
-            res = BackendResult(b, imgsz, "ok", mode=runner.mode, load_s=round(load_s, 4))
-            try:
-                res.parity, res.parity_sets, problems = _parity(runner, inputs, truth)
-            except Exception as e:  # a backend that crashes on the parity inputs has failed parity
-                res.parity, problems = None, [f"{type(e).__name__}: {e}"]
-            if problems:
-                res.status, res.reason = "failed", "parity failed: " + "; ".join(problems)
+            res = BackendResult(b, imgsz, "ok", mode=runner.mode, load_s=round(load_s, 4),
+                                export=getattr(runner, "onnx_export", None))
+            check_parity(res, runner, inputs, truth)
             results.append(res)
             runners[b] = (runner, res)
-        timed = {b: rr for b, rr in runners.items() if rr[1].status == "ok"}
+        times = time_backends(runners, _fresh_input(imgsz, batch), batch, warmup_s, min_iters, max_s)
         ratios: list[dict] = []
-        xb = _fresh_input(imgsz, batch)
-        times: dict[str, list[float]] = {}
-        # Interleave only backends of the same runtime: a torch call right before an ONNX Runtime call slows
-        # that call (measured: benchmarks/README.md, method notes), so mixing runtimes in one round would bias
-        # exactly the paired ratios this harness reports.
-        for group in dict.fromkeys(RUNTIME.get(b, b) for b in timed):
-            members = {b: rr for b, rr in timed.items() if RUNTIME.get(b, b) == group}
-            fns = {b: (lambda r=r: r.run(xb)) for b, (r, _) in members.items()}
-            times.update(latency.time_interleaved(fns, warmup_s=warmup_s, min_iters=min_iters, max_s=max_s))
-        for b, (r, res) in timed.items():
-            res.latency = latency.summarize(times[b], batch=batch).to_dict()
-            res.valid = True
-            if callable(getattr(r, "execute", None)) and callable(getattr(r, "prepare", None)):
-                res.gpu_compute = latency.summarize(gpu_compute_times(r, xb, warmup_s, min_iters, max_s),
-                                                    batch=batch).to_dict()
-        if "torch" in timed and "torch-deploy" in timed:  # the re-parameterization speedup, paired round by round
+        if "torch" in times and "torch-deploy" in times:  # the re-parameterization speedup, paired round by round
             ratios.append({"imgsz": imgsz, "numerator": "torch", "denominator": "torch-deploy",
                            **latency.paired_ratio(times["torch"], times["torch-deploy"])})
         return results, ratios, {"imgsz": imgsz, **reference_block(truth, inputs.classes)}
@@ -200,14 +232,14 @@ def _attention_modules(model: nn.Module) -> list[str]:
 
 def measure_orders(train: nn.Module, make_deploy: Callable[[int, str], nn.Module], imgsz: int, backend: str,
                    batch: int, threads: int, warmup_s: float, min_iters: int, max_s: float, tmp: Path,
-                   spinning: bool | None = None) -> dict:
+                   spinning: bool | None = None, exporter: str = DEFAULT_EXPORTER) -> dict:
     """Time the deploy-form with each attention order forced, interleaved; return the faster one."""
     if backend not in ORDER_BACKENDS:
         raise VitedgeError(f"--order measured times orders on {' or '.join(ORDER_BACKENDS)}; add one to --backends")
     xb = _fresh_input(imgsz, batch)
     with contextlib.ExitStack() as stack:
         runners = {o: stack.enter_context(build_runner(backend, train, make_deploy(imgsz, o), imgsz, batch, threads,
-                                                       tmp, spinning)) for o in ("qk_first", "kv_first")}
+                                                       tmp, spinning, exporter)) for o in ("qk_first", "kv_first")}
         times = latency.time_interleaved({o: (lambda r=r: r.run(xb)) for o, r in runners.items()},
                                          warmup_s=warmup_s, min_iters=min_iters, max_s=max_s)
     stats = {o: latency.summarize(t, batch).to_dict() for o, t in times.items()}
@@ -226,7 +258,7 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
               ort_spinning: bool | None = None, rewrites=True, team_id: str | None = None,
               coreml_options: dict | None = None, device_runner: Callable | None = None,
               log: Callable[[str], None] = lambda s: None, images: str | Path | None = None,
-              labels: str | Path | None = None) -> BenchReport:
+              labels: str | Path | None = None, exporter: str = DEFAULT_EXPORTER) -> BenchReport:
     """Run the harness; the report's exit_code is 1 when --baseline shows a p50 regression beyond the limit,
     or when the phone's golden-vector parity failed (`device`, with --device iphone[:NAME]).
 
@@ -234,23 +266,17 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
     spinning (None = its default; False helps multi-thread runs on small shared or virtual machines, see
     `OnnxRuntimeRunner`). `images` / `labels`: the parity check runs on the user's image folder (plus a small
     stress set) instead of the default inputs; class names in index order (the ImageFolder class index; with
-    `device`, the phone's package is a classifier)."""
+    `device`, the phone's package is a classifier). `exporter`: the ONNX exporter of the onnxruntime and tensorrt
+    backends' graphs (each result's `export` says which one wrote it)."""
     backends_l = parse_backends(backends)
+    check_exporter(exporter)
     sizes = parse_sizes(imgsz) if imgsz is not None else None
     for s in sizes or []:
         if s <= 0:
             raise VitedgeError(f"--imgsz must be positive, got {s}")
-    if batch <= 0:
-        raise VitedgeError(f"--batch must be >= 1; got {batch}")
-    if threads < 0:
-        raise VitedgeError(f"--threads must be >= 0 (0 = all cores); got {threads}")
-    if min_iters <= 0 or warmup_s < 0 or max_s < 0:
-        raise VitedgeError("--min-iters must be >= 1 and --warmup-s / --max-s >= 0")
-    if (baseline is None) != (max_regression is None):
-        raise VitedgeError("--baseline and --max-regression go together: give both or neither")
+    base_p50 = check_settings(batch, threads, warmup_s, min_iters, max_s, baseline, max_regression)
     if order not in ("auto", "measured"):
         raise VitedgeError(f"--order must be auto or measured; got {order!r}")
-    base_p50 = _read_baseline(baseline) if baseline else None
     phone = None
     coreml_options = {k: v for k, v in (coreml_options or {}).items() if k != "labels"} | (
         {"labels": str(labels)} if labels is not None else {})
@@ -277,6 +303,7 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
                                    "max_s": max_s, "order": order, "attn_order": attn_order,
                                    "parity_samples": PARITY_SAMPLES, "images": None if images is None
                                    else str(images), "labels": None if labels is None else str(labels),
+                                   "exporter": exporter,
                                    "ort_spinning": {None: "default", True: "on", False: "off"}[ort_spinning],
                                    "rewrites": rewrites if isinstance(rewrites, bool) else sorted(rewrites)})
     with tempfile.TemporaryDirectory(dir=tmp_dir) as tmp:
@@ -285,7 +312,8 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
             pset = parity_inputs_for(train, s, PARITY_SAMPLES, images, labels)
             report.settings["parity_inputs"] = pset.note
             results, ratios, ref = measure_size(loaded.name, train, make_deploy, s, backends_l, batch, threads,
-                                                warmup_s, min_iters, max_s, Path(tmp), inject, ort_spinning, pset)
+                                                warmup_s, min_iters, max_s, Path(tmp), inject, ort_spinning, pset,
+                                                exporter)
             report.results += results
             report.ratios += ratios
             report.reference.append(ref)
@@ -303,17 +331,37 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
                     report.settings["order_note"] = note
                     log(f"note: {note}")
                 report.order.append(measure_orders(train, make_deploy, s, ob, batch, threads, warmup_s,
-                                                   min_iters, max_s, Path(tmp), ort_spinning))
+                                                   min_iters, max_s, Path(tmp), ort_spinning, exporter))
         if phone is not None:
             from .device_bench import run_on_phone
             report.device = run_on_phone(phone, team_id, train, make_deploy, sizes, Path(tmp), min_iters,
-                                         coreml_options, log, device_runner)
+                                         coreml_options or {}, log, device_runner)
+    return gate(report, base_p50, max_regression)
+
+
+def gate(report: BenchReport, base_p50: dict[str, float] | None, max_regression: float | None) -> BenchReport:
+    """The exit code: 1 for a p50 regression beyond `max_regression` against the baseline, or a failed parity on
+    the phone; else 0."""
     if base_p50 is not None:
         report.regressions = latency.regression_check(report.p50_by_key(), base_p50, max_regression)
         report.exit_code = 1 if report.regressions else 0
-    if report.device and any(r["parity"]["status"] != "passed" for r in report.device["results"]):
+    if report.device and any(r["parity"]["status"] == "failed" for r in report.device["results"]):
         report.exit_code = 1
     return report
+
+
+def check_settings(batch: int, threads: int, warmup_s: float, min_iters: int, max_s: float, baseline: str | None,
+                   max_regression: float | None) -> dict[str, float] | None:
+    """The timing settings every bench shares, checked before any work; returns the baseline's p50 per key."""
+    if batch <= 0:
+        raise VitedgeError(f"--batch must be >= 1; got {batch}")
+    if threads < 0:
+        raise VitedgeError(f"--threads must be >= 0 (0 = all cores); got {threads}")
+    if min_iters <= 0 or warmup_s < 0 or max_s < 0:
+        raise VitedgeError("--min-iters must be >= 1 and --warmup-s / --max-s >= 0")
+    if (baseline is None) != (max_regression is None):
+        raise VitedgeError("--baseline and --max-regression go together: give both or neither")
+    return _read_baseline(baseline) if baseline else None
 
 
 def _read_baseline(path: str) -> dict[str, float]:

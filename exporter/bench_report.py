@@ -22,6 +22,8 @@ class BackendResult:
     latency: dict | None = None       # LatencyStats.to_dict(): end to end (host <-> device copies included)
     valid: bool = False               # latency is only valid with passed parity
     gpu_compute: dict | None = None   # TensorRT: execution alone, CUDA events (trtexec's "GPU Compute Time")
+    export: dict | None = None        # ONNX-based backends: how the graph was exported (exporter, fallback, opset)
+    predictions: list | None = None   # --artifact carrying class names: top-1 names on the first parity inputs
 
     @property
     def key(self) -> str:
@@ -42,6 +44,7 @@ class BenchReport:
     baseline: str | None = None
     device: dict | None = None                       # --device iphone: the phone, its timings and parity
     reference: list = field(default_factory=list)    # per size: the train-form's float32 noise and accuracy
+    artifact: dict | None = None                     # --artifact: what was timed, and whether parity ran (and why not)
     settings: dict = field(default_factory=dict)
     machine: dict = field(default_factory=dict)
     exit_code: int = 0
@@ -71,9 +74,18 @@ def format_table(report: BenchReport) -> str:
                          "invalid" if r.status == "failed" else "-", "", "", "", "", "", ""))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    a = report.artifact
+    if a:
+        what = f"{a['format']}" + (f", {a['model']}" if a["model"] else "")
+        lines.insert(0, f"artifact {a['path']} ({what}): parity " + (
+            "checked first against the train-form" if a["parity"] == "run" else f"NOT RUN: {a['parity_reason']}"))
     for r in report.results:
         if r.reason:
             lines.append(f"  {r.backend}@{r.imgsz}: {r.reason}")
+        if r.predictions:
+            from .classes import describe
+
+            lines.append(f"  {r.backend}@{r.imgsz}: top-1 on the first parity inputs: {describe(r.predictions)}")
         if r.gpu_compute and r.valid:
             lines.append(f"  {r.backend}@{r.imgsz}: GPU compute p50 {r.gpu_compute['p50_ms']:.3f} ms "
                          f"(execution only); end to end with copies p50 {r.latency['p50_ms']:.3f} ms")
@@ -88,7 +100,8 @@ def format_table(report: BenchReport) -> str:
         lines.append(f"iphone {report.device['name']} (iOS {report.device['os']}, {report.device['compute_units']}) "
                      f"@{d['imgsz']}: load p50 {d['load_ms']['p50_ms']:.1f} ms, predict p50 "
                      f"{d['predict_ms']['p50_ms']:.3f} ms (p90 {d['predict_ms']['p90_ms']:.3f}); golden-vector "
-                     f"parity {p['status'].upper()} on {p['samples']} inputs (mode device)"
+                     f"parity {p['status'].upper()}" + (f" on {p['samples']} inputs (mode device)" if p["samples"]
+                                                         else "")
                      + (f": {p['reason']}" if p.get("reason") else ""))
     for g in report.regressions:
         lines.append(f"REGRESSION {g['key']}: p50 {g['current_ms']:.3f} ms vs baseline {g['baseline_ms']:.3f} ms "

@@ -145,9 +145,10 @@ class Ladder:
 
     def artifact_hop(self, hop_name: str, target: Target, artifact: Artifact, tol: Tolerance | None,
                      mode: str | None = None, on_runner: Callable[[Runner], None] | None = None,
-                     require_ane: bool = False) -> Hop:
+                     require_ane: bool = False, also: Callable[[Hop, Runner], None] | None = None) -> Hop:
         """Run a built artifact through its target's runner on the parity set (unverified where it cannot run).
-        `require_ane`: a CoreML hop also checks where CoreML runs the model (`ane_check`)."""
+        `require_ane`: a CoreML hop also checks where CoreML runs the model (`ane_check`). `also(hop, runner)`:
+        what else to record while the runner is open."""
         runner = open_runner(hop_name, target, artifact, tol, mode)
         if isinstance(runner, Hop):
             return runner
@@ -157,7 +158,8 @@ class Ladder:
             return unverified(hop_name, runner.backend, _mode_mismatch(mode, target, runner.mode), tol)
         if on_runner is not None:
             on_runner(runner)
-        hop = self.judge(hop_name, runner, tol, also=ane_check if require_ane and target.name == "coreml" else None)
+        hop = self.judge(hop_name, runner, tol,
+                         also=_all_of(ane_check if require_ane and target.name == "coreml" else None, also))
         if mode and hop.mode != mode:
             return unverified(hop_name, hop.backend, _mode_mismatch(mode, target, hop.mode), tol)
         if hop.status == "failed" and Path(artifact.path).suffix == ".onnx":
@@ -216,6 +218,18 @@ def ane_check(hop: Hop, runner: Runner) -> None:
     hop.ane_residency = res
     if res["status"] == "failed" and hop.status == "passed":
         hop.status, hop.reason = "failed", f"--require-ane: {res['reason']}"
+
+
+def _all_of(*checks: Callable[[Hop, Runner], None] | None) -> Callable[[Hop, Runner], None] | None:
+    """One `also` callback running each given check in turn (None when none is given)."""
+    given = [c for c in checks if c is not None]
+    if not given:
+        return None
+
+    def run(hop: Hop, runner: Runner) -> None:
+        for check in given:
+            check(hop, runner)
+    return run
 
 
 def _mode_mismatch(mode: str, target: Target, actual: str | None) -> str:

@@ -12,7 +12,7 @@ exporter/matrix/cache.py `hub_key`).
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -41,18 +41,24 @@ class Hub:
     weights: str
     checkpoint_sha256: str | None
     overrides: dict
+    # How the hub ONNX was made (onnx_export.OnnxExport.info(): exporter, exporter_requested, opset, fallback)
+    export: dict = field(default_factory=lambda: {"exporter": None, "exporter_requested": None, "opset": None,
+                                                  "exporter_fallback": None})
 
     def loaded(self, name: str) -> Loaded:
         """The train-form facts of the export, with the deploy-form standing in for the train-form module (whose
         size and input statistics it carries); the train-form is not built."""
         return Loaded(self.deploy, name, self.weights, self.checkpoint_sha256, dict(self.overrides))
 
-    def check_fits(self, imgsz: int, inputs: ParitySet) -> None:
+    def check_fits(self, imgsz: int, inputs: ParitySet, exporter: str | None = None) -> None:
         """A store keyed wrongly would pass off another export's verdicts: refuse it loudly."""
         size = getattr(self.deploy, "reparam_imgsz", None)
         if size != imgsz or len(self.truth.y64) != len(inputs) or self.inputs != inputs.note:
             raise ValueError(f"the hub was built for size {size} and {len(self.truth.y64)} parity inputs "
                              f"({self.inputs}), not {imgsz} and {len(inputs)} ({inputs.note})")
+        if exporter is not None and self.export.get("exporter_requested") != exporter:
+            raise ValueError(f"the hub's ONNX was exported with {self.export.get('exporter_requested')}, not "
+                             f"{exporter}")
 
     def hop_records(self) -> list[Hop]:
         return copy.deepcopy(self.hops)

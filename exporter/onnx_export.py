@@ -8,10 +8,11 @@ one in ONNX Runtime's optimized form and repairs or falls back where onnxsim bro
 The graph has one input `image` (float32 NCHW, already normalized with the model's mean/std) and one
 output `logits`. Every graph we keep passed `onnx.checker` (full check) and strict shape inference.
 
-Two exporters write the graph (`exporter=`): `torchscript` (`torch.onnx.export(dynamo=False)`, deprecated by
-PyTorch since 2.9; opsets 13-20, default 17) and `dynamo` (the torch.export-based one, PyTorch's default since
-2.9; opset >= 18, default 18: see `onnx_dynamo`). When the dynamo exporter cannot handle a model (it raises, or
-its graph fails the ONNX check), `export_onnx_info` falls back to TorchScript for that model and says why.
+Two exporters write the graph (`exporter=`; their names, the default and the opset defaults are onnx_choice.py):
+`torchscript` (`torch.onnx.export(dynamo=False)`, deprecated by PyTorch since 2.9; opsets 13-20, default 17) and
+`dynamo` (the torch.export-based one, PyTorch's default since 2.9; opset >= 18, default 18: see `onnx_dynamo`).
+When the dynamo exporter cannot handle a model (it raises, or its graph fails the ONNX check), `export_onnx_info`
+falls back to TorchScript for that model and says why.
 """
 from __future__ import annotations
 
@@ -30,14 +31,11 @@ import torch.nn as nn
 from ..errors import VitedgeError
 from ..targets.ort_fusions import fused_op_counts, lost_fusions
 from .fusable_patterns import copy_model, restore_gelu_halves
+from .onnx_choice import (DEFAULT_EXPORTER, DEFAULT_OPSET, DYNAMO_OPSET, EXPORTERS, MIN_OPSET,  # noqa: F401
+                          check_exporter, default_opset, exporter_label)
 
 INPUT_NAME = "image"
 OUTPUT_NAME = "logits"
-EXPORTERS = ("dynamo", "torchscript")
-DEFAULT_EXPORTER = "torchscript"  # until benchmarks/exporters.py has been measured on a quiet machine (issue 20)
-DEFAULT_OPSET = 17  # the TorchScript exporter's default
-MIN_OPSET = 13  # the oldest opset the tests exercise (per-axis ReduceSum inputs, Gemm broadcasting)
-DYNAMO_OPSET = 18  # the dynamo exporter's own opset (onnx_dynamo.NATIVE_OPSET); lower ones are refused
 NORM_OPS = ("BatchNormalization", "LayerNormalization", "InstanceNormalization", "GroupNormalization")
 # onnxsim passes that fold constants into a form ONNX Runtime's fusions do not match (the ladder's rung 2 skips them)
 FUSION_HOSTILE_PASSES = ("fuse_preceding_mul_into_conv",)
@@ -45,17 +43,6 @@ FUSION_HOSTILE_PASSES = ("fuse_preceding_mul_into_conv",)
 
 class OnnxExportError(RuntimeError):
     """Export, checking or simplification failed; the message says at which step."""
-
-
-def check_exporter(exporter: str) -> str:
-    if exporter not in EXPORTERS:
-        raise VitedgeError(f"unknown ONNX exporter {exporter!r}: use one of {', '.join(EXPORTERS)}")
-    return exporter
-
-
-def default_opset(exporter: str = DEFAULT_EXPORTER) -> int:
-    """The opset written when none is given: 17 for TorchScript, 18 (its own, no conversion) for dynamo."""
-    return DYNAMO_OPSET if check_exporter(exporter) == "dynamo" else DEFAULT_OPSET
 
 
 def max_opset(exporter: str = "torchscript") -> int:

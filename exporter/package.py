@@ -42,6 +42,7 @@ from .calibrate import calibration_photos
 from .compressed import resolution_bounds
 from .forms import DEMO_SEED, build_train_form
 from .inputs import DEFAULT_SAMPLES, natural_inputs, parity_inputs
+from .onnx_choice import DEFAULT_EXPORTER
 from .parity import compute_metrics, profile_for, tolerances as make_tolerances
 from .pipeline import export
 
@@ -52,6 +53,10 @@ ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # the earliest date a zip can carry: no wall c
 METRIC_DIGITS = 6           # significant digits of metrics in manifest.json (thread-order noise stays out)
 
 
+class GoldenMismatch(RuntimeError):
+    """The package passed its parity hop but not its own golden vectors: a failed check (exit 1), no zip."""
+
+
 @dataclass
 class PackageResult:
     path: Path | None           # the zip, or None when a parity hop failed
@@ -59,6 +64,7 @@ class PackageResult:
     report: object              # the export Report
     manifest: dict | None
     export_dir: Path | None     # kept for inspection when a hop failed
+    reason: str | None = None   # why no zip was written (exit_code 1)
 
 
 # ------------------------------------------------------------------------------------------------ small helpers
@@ -255,11 +261,14 @@ def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = N
             ios: int | str | None = None, imgsz: int | None = None, precision: str = "fp16",
             samples: int | None = None, overrides: dict | None = None, tolerances=None, force: bool = False,
             seed: int | None = None, progress=None, calib: int | None = None,
-            calib_images: str | Path | None = None, images: str | Path | None = None) -> PackageResult:
-    """Build BUNDLE.zip at `out`. Raises VitedgeError on bad input (nothing written); a failed parity hop gives
+            calib_images: str | Path | None = None, images: str | Path | None = None,
+            exporter: str = DEFAULT_EXPORTER) -> PackageResult:
+    """Build BUNDLE.zip at `out`: `vitedge package`. Returns the PackageResult (`path`, `exit_code`, the export
+    `report`, the `manifest`). Raises VitedgeError on bad input (nothing written); a failed parity hop gives
     exit_code 1, no zip, and the export folder kept at `out` + '.failed/' for inspection. `ios` None: 16, or what
     the precision needs (w8a8: 17, recorded in the manifest). `labels` (class names in index order) make the model
-    a classifier; `images` is the parity set of the export's ladder (as for `export`)."""
+    a classifier; `images` is the parity set of the export's ladder (as for `export`). `exporter`: the ONNX
+    exporter of the ladder's hub graph (the CoreML package itself is converted from the deploy-form)."""
     out = Path(out)
     if out.suffix != ".zip":
         raise VitedgeError(f"--out must name a .zip file; got {out}")
@@ -281,15 +290,22 @@ def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = N
                         out=work / "export", samples=samples or DEFAULT_SAMPLES, tolerances=tolerances,
                         overrides=overrides, seed=DEMO_SEED if seed is None else seed, progress=progress,
                         options={"input": "image", "ios": ios}, labels=labels, images=images,
-                        calib=calib, calib_images=calib_images)
+                        calib=calib, calib_images=calib_images, exporter=exporter)
         hop = report.hop("coreml")
+        why = None
         if report.exit_code != 0 or hop is None or hop.status != "passed":
-            failed_dir = out.with_name(out.name + ".failed")
-            shutil.rmtree(failed_dir, ignore_errors=True)
-            shutil.move(str(work / "export"), failed_dir)
-            return PackageResult(None, 1, report, None, failed_dir)
-        return _assemble(report, work / "export", out, checkpoint, overrides, labels, precision, tol, seed,
-                         progress)
+            bad = ", ".join(h.hop for h in report.failed_hops()) or "coreml"
+            why = f"parity hop {bad} did not pass"
+        else:
+            try:
+                return _assemble(report, work / "export", out, checkpoint, overrides, labels, precision, tol, seed,
+                                 progress)
+            except GoldenMismatch as e:
+                why = str(e)
+        failed_dir = out.with_name(out.name + ".failed")
+        shutil.rmtree(failed_dir, ignore_errors=True)
+        shutil.move(str(work / "export"), failed_dir)
+        return PackageResult(None, 1, report, None, failed_dir, why)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -306,7 +322,7 @@ def _assemble(report, export_dir: Path, out: Path, checkpoint, overrides, labels
     pixels, logits = golden_vectors(loaded.model, report.imgsz, mean, std, natural=compressed)
     golden_check = check_golden(mlpackage, pixels, logits, tol)
     if not golden_check["passed"]:
-        raise RuntimeError(f"the packaged model fails its own golden vectors: {'; '.join(golden_check['problems'])}")
+        raise GoldenMismatch(f"the packaged model fails its own golden vectors: {'; '.join(golden_check['problems'])}")
 
     root = name
     files: dict[str, bytes] = _tree_files(mlpackage, f"{root}/{mlpackage.name}")
@@ -358,6 +374,7 @@ def _assemble(report, export_dir: Path, out: Path, checkpoint, overrides, labels
         "parity_inputs": report.inputs,
         "compressed_inputs": report.compressed_inputs,
         "parity_reference": _round(report.reference),
+        "onnx_exporter": {"exporter": report.exporter, "exporter_fallback": report.exporter_fallback},
         "golden": {"description": "golden/golden.json", "verified": golden_check},
         "versions": report.versions,
         "files": {k[len(root) + 1:]: _sha256(v) for k, v in sorted(files.items())},

@@ -34,7 +34,8 @@ from .forms import DEMO_SEED, Loaded, build_deploy_form, build_train_form, model
 from .hops import Ladder, ane_check, check_images, class_names, parity_inputs_for, record_artifact
 from .hub import Hub, HubStore
 from .inputs import DEFAULT_SAMPLES, ParitySet
-from .onnx_export import DEFAULT_OPSET, OnnxExportError, check_onnx, check_opset, export_onnx, save_onnx, simplify_onnx
+from .onnx_export import (DEFAULT_EXPORTER, OnnxExportError, check_onnx, check_opset, default_opset, export_onnx_info,
+                          exporter_label, save_onnx, simplify_onnx)
 from .parity import FLOAT64_TOLERANCES, failed, profile_for, tolerances as make_tolerances, unverified
 from .progress import QUIET, Progress
 from .report import Hop, ReparamInfo, Report, versions
@@ -45,18 +46,20 @@ SKIPPED = "not run: an earlier step failed"
 
 
 def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = None, imgsz: int | None = None,
-           batch: int | None = None, dynamic_batch: bool = False, opset: int = DEFAULT_OPSET,
+           batch: int | None = None, dynamic_batch: bool = False, opset: int | None = None,
            precision: str | None = None, out: str | Path | None = None, reparam: bool = True, force: bool = False,
            attn_order: str = "auto", strict_schedule: bool = False, samples: int = DEFAULT_SAMPLES,
            tolerances: dict | list | None = None, require_verified: bool = False, overrides: dict | None = None,
            options: dict | None = None, seed: int = DEMO_SEED, progress: Progress | None = None,
            rewrites=True, require_ane: bool = False, hub: HubStore | None = None, images: str | Path | None = None,
            labels: str | Path | None = None, calib: int | None = None,
-           calib_images: str | Path | None = None) -> Report:
+           calib_images: str | Path | None = None, exporter: str = DEFAULT_EXPORTER) -> Report:
     """Export `model_or_name` to `targets` in folder `out` (default runs/NAME) and run the parity ladder.
 
     `rewrites`: the deploy-form's speed rewrites (True all, False none, or names; see `available_rewrites`).
     `require_ane`: a CoreML device hop fails when the model mostly runs off the Neural Engine (macOS).
+    `exporter`: the ONNX exporter, "torchscript" or "dynamo" (where dynamo cannot export the model, TorchScript is
+    used and `report.exporter_fallback` says why); `opset` None: the exporter's default (17 / 18).
     `hub`: a HubStore (hub.py); a Hub it holds replaces the train-form, deploy-form and ONNX steps with their
     verified results (the caller keys it by everything they depend on: `vitedge matrix`), else the one this run
     builds is put there once it passed.
@@ -88,7 +91,8 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
     if batch is not None and batch <= 0:
         raise VitedgeError(f"--batch must be positive; got {batch}")
     batch = None if dynamic_batch else (batch or 1)
-    check_opset(opset)
+    opset = default_opset(exporter) if opset is None else opset  # (default_opset checks the exporter's name)
+    check_opset(opset, exporter)
     tols = make_tolerances(tolerances, FLOAT64_TOLERANCES)
     if samples <= 0:
         raise VitedgeError(f"--samples must be positive; got {samples}")
@@ -118,7 +122,7 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
         with progress.step("reading the parity inputs"):
             pset = parity_inputs_for(loaded.model, imgsz, samples, images, labels)
         if reused is not None:
-            reused.check_fits(imgsz, pset)
+            reused.check_fits(imgsz, pset, exporter)
         else:
             with progress.step("re-parameterizing"):
                 deploy, deploy64 = build_deploy_form(loaded.model, imgsz, reparam, attn_order, strict_schedule,
@@ -130,12 +134,14 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
                         versions=versions(), command="export", targets=[p.name for p in plans],
                         overrides=loaded.overrides, samples=len(pset), inputs=pset.note,
                         images=None if images is None else str(images), labels=None if labels is None else str(labels),
-                        require_verified=require_verified, require_ane=require_ane)
+                        require_verified=require_verified, require_ane=require_ane, exporter=exporter,
+                        opset=opset)
         with outdir.OutputFolder(out, force, interrupts) as folder:
             build = _Build(report, plans, loaded, deploy, deploy64, folder.tmp, batch, opset, attn_order, reparam,
                            tols, progress, folder.checkpoint, pset, classes, hub, reused,
                            lambda: build_train_form(model_or_name, checkpoint, overrides, seed).model,
-                           n_calib=n_calib, calib_images=calib_images, images=images, labels_file=labels)
+                           n_calib=n_calib, calib_images=calib_images, images=images, labels_file=labels,
+                           exporter=exporter)
             build.run()
             report.finalize()
             report.out_dir = str(out)
@@ -149,9 +155,12 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
 
 
 def _metadata(loaded: Loaded, imgsz: int, batch: int | None, attn_order: str, info: ReparamInfo,
-              vers: dict, labels: list[str] | None = None) -> dict:
+              vers: dict, labels: list[str] | None = None, report: Report | None = None) -> dict:
     mean, std = input_stats(loaded.model)
     extra = {"labels": labels} if labels is not None else {}  # vitedge.labels: class names travel with the graph
+    # vitedge.exporter / vitedge.exporter_fallback: which exporter wrote the graph, and why not dynamo if it fell back
+    if report is not None:
+        extra.update(exporter=report.exporter, exporter_fallback=report.exporter_fallback)
     return {**extra, "model": loaded.name, "imgsz": imgsz, "batch": batch if batch else "dynamic", "mean": list(mean),
             "std": list(std), "input": "image: float32 NCHW, RGB, normalized with mean/std", "output": "logits",
             "weights": loaded.weights, "checkpoint_sha256": loaded.checkpoint_sha256, "overrides": loaded.overrides,
@@ -181,6 +190,7 @@ class _Build:
     store: HubStore | None = None       # where a hub this run verifies is put (export(hub=...))
     reused: Hub | None = None           # a verified hub: the steps up to the hub graph are not run again
     build_train: Callable[[], nn.Module] | None = None  # the train-form, when a reused hub's hop needs it
+    exporter: str = DEFAULT_EXPORTER    # the ONNX exporter asked for (report.exporter: the one that wrote it)
     raw: onnx.ModelProto | None = None  # the unsimplified graph, kept for the quarantine
     fp16_analysis: object = None        # exporter.fp16_ranges.Fp16Analysis, computed once if any target is fp16
     fp16_problem: str | None = None
@@ -205,9 +215,10 @@ class _Build:
         """The reused hub's hop records, its graph copied into the build folder, and its reference."""
         r, h = self.report, self.reused
         r.parity += h.hop_records()
+        r.exporter, r.exporter_fallback = h.export["exporter"], h.export["exporter_fallback"]
         self.raw = h.raw
         hub = self.tmp / f"{r.model}.onnx"
-        meta = _metadata(self.loaded, r.imgsz, self.batch, self.attn_order, r.reparam, r.versions, self.classes)
+        meta = _metadata(self.loaded, r.imgsz, self.batch, self.attn_order, r.reparam, r.versions, self.classes, r)
         if read_metadata(h.onnx_path).get("labels") != self.classes:  # class names belong to this export
             save_onnx(set_metadata(onnx.load(str(h.onnx_path)), meta), hub)
         else:
@@ -233,12 +244,17 @@ class _Build:
 
         # ONNX: the raw export, then the simplified hub graph every target builds from
         try:
-            with self.progress.step("exporting ONNX"):
-                self.raw = check_onnx(export_onnx(self.deploy, imgsz, self.batch, self.opset))
+            with self.progress.step("exporting ONNX"):  # (benchmarks/export_time.py reads the step names)
+                made = export_onnx_info(self.deploy, imgsz, self.batch, self.opset, self.exporter)
+                self.raw = check_onnx(made.model)
             del self.raw.graph.value_info[:]  # inferred shapes were for checking; saved graphs stay lean
         except OnnxExportError as e:
-            r.parity.append(failed("onnx", "torch.onnx (TorchScript)", str(e)))
+            r.parity.append(failed("onnx", exporter_label(self.exporter), str(e)))
             return None
+        r.exporter, r.exporter_fallback = made.exporter, made.fallback_reason
+        if made.fallback_reason:
+            self.progress.note(f"the dynamo exporter could not export {r.model}; exported with TorchScript "
+                               f"instead ({made.fallback_reason})")
         r.parity.append(ladder.onnx_hop("onnx", self.raw, fp32))
         try:
             with self.progress.step("simplifying ONNX (onnxsim)"):
@@ -246,7 +262,7 @@ class _Build:
         except OnnxExportError as e:
             r.parity.append(failed("onnx-simplified", "onnxsim", str(e)))
             return None
-        meta = _metadata(self.loaded, imgsz, self.batch, self.attn_order, r.reparam, r.versions, self.classes)
+        meta = _metadata(self.loaded, imgsz, self.batch, self.attn_order, r.reparam, r.versions, self.classes, r)
         hub = save_onnx(set_metadata(simp, meta), self.tmp / f"{r.model}.onnx")
         self.checkpoint("hub-graph")
         r.parity.append(ladder.onnx_hop("onnx-simplified", simp, fp32))
@@ -254,7 +270,8 @@ class _Build:
         if self.store is not None and all(h.status == "passed" for h in r.parity):  # never share a failed hub
             self.store.put(Hub(self.deploy, hub, self.raw, ladder.truth, self.inputs.note, copy.deepcopy(r.parity),
                                copy.deepcopy(r.reparam), self.attn_order, self.loaded.weights,
-                               self.loaded.checkpoint_sha256, dict(self.loaded.overrides)))
+                               self.loaded.checkpoint_sha256, dict(self.loaded.overrides),
+                               made.info()))
         return hub, meta, ladder
 
     def save_raw(self, folder: Path) -> None:

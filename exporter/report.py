@@ -90,6 +90,9 @@ class Hop:
     seconds: float | None = None  # wall time of the hop (lowering + running)
     ane_residency: dict | None = None  # --require-ane on a CoreML hop: passed / failed / inconclusive and why
     runner: dict | None = None    # what the runner says about how it ran (Runner.info(): compute units, ...)
+    # `vitedge parity` on an artifact carrying class names (vitedge.labels): its top-1 on the first parity inputs,
+    # [{"sample", "top1", "name", "reference", "reference_name"}] (exporter/classes.py); None otherwise.
+    predictions: list | None = None
     # Judged against float64 ground truth: per input set (natural / stress / user) {"samples", "metrics" (vs
     # float64), "reference_noise", "noise_ratio", "top1_accuracy", "top5_accuracy", "worst_sample", "problems"; with
     # labels also "top1_accuracy_ci95" (Wilson), "reference_top1_accuracy", "accuracy_drop"}; None where the hop
@@ -156,6 +159,9 @@ class Report:
     compressed_inputs: str | None = None
     out_dir: str | None = None                      # the export's output folder
     quarantine: str | None = None                   # folder (relative to out_dir) holding a failed run's artifacts
+    exporter: str | None = None                     # ONNX exporter that wrote the graph: torchscript | dynamo
+    exporter_fallback: str | None = None            # why dynamo, asked for, did not write it (None: no fallback)
+    opset: int | None = None                        # the ONNX graph's opset
     exit_code: int = EXIT_OK
     status: str = "passed"                          # "passed" | "failed"
 

@@ -1,17 +1,19 @@
 """`vitedge parity` as a Python API: the parity ladder on artifacts that already exist.
 
 Hops: deploy-form (a deploy checkpoint from `vitedge reparam`, else a fresh re-parameterization) and the artifact,
-each against the train-form's float64 ground truth on the parity set, by the per-sample noise rule (hops.py). What the artifact says about itself (ONNX metadata_props,
-a target's `read_metadata`) supplies the size, overrides and attention order it was exported with; flags given
-explicitly win. A compressed artifact (int8 QDQ graph, compressed CoreML package) is judged by its kind's
-profile on the natural samples that did not calibrate it (the calibration ids it recorded), as `export` does
-(exporter/compressed.py).
+each against the train-form's float64 ground truth on the parity set, by the per-sample noise rule (hops.py). What
+the artifact says about itself (ONNX metadata_props, a target's `read_metadata`) supplies the model, size,
+overrides, attention order and checkpoint hash it was exported with, and which ONNX exporter wrote it; flags given
+explicitly win (a different model or exporter is an error). A compressed artifact (int8 QDQ graph, compressed CoreML
+package) is judged by its kind's profile on the natural samples that did not calibrate it (the calibration ids it
+recorded), as `export` does (exporter/compressed.py).
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
 import onnx
 import torch.nn as nn
 
@@ -24,7 +26,10 @@ from .equivalence import verify_equivalence
 from .calibrate import COMPRESSED
 from .compressed import Judged, compressed_hop
 from .forms import DEMO_SEED, build_deploy_form, build_train_form, model_name, reparam_info, resolve_imgsz
+from .classes import labels_of, predictions
 from .hops import Ladder, ane_check, check_images, class_names, parity_inputs_for, record_artifact
+from .onnx_choice import check_exporter
+from .onnx_dynamo import graph_opset
 from .inputs import DEFAULT_SAMPLES
 from .localize import localize_torch
 from .parity import FLOAT64_TOLERANCES, noise_rule, profile_for, tolerances as make_tolerances, unverified
@@ -36,13 +41,13 @@ _SUFFIX_TARGET = {".onnx": "onnx", ".mlpackage": "coreml", ".mlmodel": "coreml",
                   ".plan": "tensorrt"}
 
 
-def parity(model_or_name, artifact: str | Path | None = None, *, checkpoint: str | Path | None = None,
+def parity(model_or_name=None, artifact: str | Path | None = None, *, checkpoint: str | Path | None = None,
            deploy_checkpoint: str | Path | None = None, target: str | None = None, imgsz: int | None = None,
            precision: str | None = None, attn_order: str | None = None, samples: int = DEFAULT_SAMPLES,
            tolerances: dict | list | None = None, require_verified: bool = False, overrides: dict | None = None,
            seed: int = DEMO_SEED, report_path: str | Path | None = None, mode: str | None = None,
            progress: Progress | None = None, require_ane: bool = False, images: str | Path | None = None,
-           labels: str | Path | None = None) -> Report:
+           labels: str | Path | None = None, exporter: str | None = None) -> Report:
     """The parity ladder for an existing artifact and/or a deploy-form checkpoint (`vitedge reparam`).
 
     Hops: deploy-form (the deploy checkpoint if given, else a fresh re-parameterization) and the artifact,
@@ -51,6 +56,11 @@ def parity(model_or_name, artifact: str | Path | None = None, *, checkpoint: str
     ("device" | "emulated") insists on how the artifact runs: otherwise the hop is unverified. `images` /
     `labels`: the user's image folder as the parity set, class names in index order (as for `export`); labels
     that differ from those the artifact carries are an error.
+
+    `model_or_name` None: the model the artifact's (or deploy checkpoint's) metadata names. `exporter`: the ONNX
+    exporter the artifact was written with, recorded in the report where its metadata does not say; one that
+    contradicts the metadata is an error. An artifact carrying class names (`vitedge.labels`) gets its top-1
+    class names on the first parity inputs in the report (`parity[].predictions`).
     """
     progress = progress or QUIET
     if mode not in (None, "device", "emulated"):
@@ -65,7 +75,7 @@ def parity(model_or_name, artifact: str | Path | None = None, *, checkpoint: str
     tname, art_model, meta = None, None, {}
     if artifact is not None:
         artifact = Path(artifact)
-        tname, art_model, meta = _read_artifact(artifact, target)
+        tname, art_model, meta = read_artifact(artifact, target)
         if precision is None:
             precision = meta.get("precision") or (_onnx_precision(art_model) if art_model is not None else None)
     deploy = None
@@ -76,23 +86,23 @@ def parity(model_or_name, artifact: str | Path | None = None, *, checkpoint: str
                 "overrides": dmeta["overrides"], "checkpoint_sha256": dmeta["checkpoint_sha256"],
                 "weights": "checkpoint" if dmeta["checkpoint_sha256"] else "untrained",
                 **meta}  # an artifact's own metadata wins
-    name = model_or_name if isinstance(model_or_name, str) else model_name(model_or_name)
     source = artifact if artifact is not None else deploy_checkpoint
+    if model_or_name is None:
+        if not meta.get("model"):
+            raise VitedgeError(f"{source} carries no vitedge metadata naming its model; pass --model NAME")
+        model_or_name = meta["model"]
+    name = model_or_name if isinstance(model_or_name, str) else model_name(model_or_name)
+    made_with = _exporter_of(source, tname, meta, exporter)
     if meta.get("model") and meta["model"] != name:
         raise VitedgeError(f"{source} holds {meta['model']}, not {name}; pass --model {meta['model']}")
-    if meta.get("weights") == "checkpoint" and checkpoint is None:
-        raise VitedgeError(f"{source} was exported from a checkpoint (sha256 {str(meta.get('checkpoint_sha256'))[:12]}"
-                           "...); pass the same --checkpoint")
+    check_checkpoint(source, meta, checkpoint)
     if overrides is None and isinstance(model_or_name, str):
         overrides = meta.get("overrides") or {}
     plan = resolve_targets(tname, precision)[0] if tname else None
 
     with progress.step("building the train-form model"):
         loaded = build_train_form(model_or_name, checkpoint, overrides, seed)
-    exported_from = meta.get("checkpoint_sha256")
-    if exported_from and loaded.checkpoint_sha256 and exported_from != loaded.checkpoint_sha256:
-        raise VitedgeError(f"--checkpoint (sha256 {loaded.checkpoint_sha256[:12]}...) is not the one {source} was "
-                           f"made from ({exported_from[:12]}...)")
+    check_checkpoint(source, meta, checkpoint, loaded.checkpoint_sha256)
     imgsz = resolve_imgsz(loaded.model, imgsz or meta.get("imgsz"))
     classes = class_names(labels, loaded.model, imgsz)
     _check_carried_labels(classes, meta.get("labels"), labels, source)
@@ -114,7 +124,9 @@ def parity(model_or_name, artifact: str | Path | None = None, *, checkpoint: str
                     versions=versions(), command="parity", targets=[tname] if tname else [],
                     overrides=loaded.overrides, samples=len(pset), inputs=pset.note,
                     images=None if images is None else str(images), labels=None if labels is None else str(labels),
-                    require_verified=require_verified, require_ane=require_ane)
+                    require_verified=require_verified, require_ane=require_ane, exporter=made_with,
+                    exporter_fallback=meta.get("exporter_fallback") if made_with else None,
+                    opset=graph_opset(art_model) if art_model is not None else None)
 
     ladder = Ladder.build(loaded.model, deploy, pset, progress)
     report.reference = ladder.reference()
@@ -127,7 +139,8 @@ def parity(model_or_name, artifact: str | Path | None = None, *, checkpoint: str
         report.parity.append(_compressed_artifact_hop(report, plan, artifact, art_model, meta, ladder, tols, mode,
                                                       progress))
     elif artifact is not None:
-        report.parity.append(_existing_artifact_hop(report, plan, artifact, art_model, ladder, tols, mode))
+        report.parity.append(_existing_artifact_hop(report, plan, artifact, art_model, ladder, tols, mode,
+                                                    labels_of(meta)))
     report.finalize()
     if report_path is not None:
         report.write(report_path)
@@ -157,7 +170,19 @@ def _artifact_target(path: Path, target: str | None) -> str:
     raise VitedgeError(f"cannot tell the target of {path} from its suffix; pass --target")
 
 
-def _read_artifact(path: Path, target: str | None) -> tuple[str, onnx.ModelProto | None, dict]:
+def check_checkpoint(source: Path, meta: dict, checkpoint, loaded_sha256: str | None = None) -> None:
+    """An artifact made from a checkpoint is checked against that checkpoint: none given is an error, and so is
+    one whose sha256 (`loaded_sha256`, once loaded) differs from the one its metadata records."""
+    if meta.get("weights") == "checkpoint" and checkpoint is None:
+        raise VitedgeError(f"{source} was exported from a checkpoint (sha256 {str(meta.get('checkpoint_sha256'))[:12]}"
+                           "...); pass the same --checkpoint")
+    exported_from = meta.get("checkpoint_sha256")
+    if exported_from and loaded_sha256 and exported_from != loaded_sha256:
+        raise VitedgeError(f"--checkpoint (sha256 {loaded_sha256[:12]}...) is not the one {source} was "
+                           f"made from ({exported_from[:12]}...)")
+
+
+def read_artifact(path: Path, target: str | None) -> tuple[str, onnx.ModelProto | None, dict]:
     """(target name, the ONNX model for .onnx artifacts, the metadata the artifact carries)."""
     if not path.exists():
         raise VitedgeError(f"artifact {path} not found; check the --artifact path")
@@ -216,8 +241,26 @@ def _localize_deploy_hop(hop: Hop, train: nn.Module, fresh: nn.Module, fresh64: 
         hop.reason = f"{hop.reason}; {detail}"
 
 
+def _exporter_of(source: Path, target: str | None, meta: dict, exporter: str | None) -> str | None:
+    """The ONNX exporter that wrote the artifact: its metadata's, else `exporter` as given (checked against the
+    metadata: the one that wrote it, or dynamo when the metadata records a fallback from it)."""
+    said = meta.get("exporter") if target in ("onnx", "tensorrt") else None
+    if exporter is None:
+        return said
+    check_exporter(exporter)
+    if target not in ("onnx", "tensorrt"):
+        raise VitedgeError(f"--exporter says which ONNX exporter wrote an ONNX graph (or the graph a TensorRT engine "
+                           f"was built from); {source} is not one: drop --exporter")
+    asked = "dynamo" if meta.get("exporter_fallback") else said
+    if said is not None and exporter not in (said, asked):
+        raise VitedgeError(f"{source} was exported with the {said} exporter (its vitedge.exporter metadata), not "
+                           f"{exporter}; drop --exporter or pass --exporter {said}")
+    return said or exporter
+
+
 def _existing_artifact_hop(report: Report, plan: TargetPlan, path: Path, art_model: onnx.ModelProto | None,
-                           ladder: Ladder, tols: dict, mode: str | None = None) -> Hop:
+                           ladder: Ladder, tols: dict, mode: str | None = None,
+                           labels: list[str] | None = None) -> Hop:
     hop_name = "onnx" if plan.name == "onnx" and plan.precision == "fp32" else plan.hop()
     tol = tols.get(plan.precision) if plan.precision else None
     art = Artifact(plan.name, path, plan.precision or "fp32")
@@ -229,7 +272,12 @@ def _existing_artifact_hop(report: Report, plan: TargetPlan, path: Path, art_mod
         if report.batch is None and runner.max_batch():
             report.batch = runner.max_batch()  # the artifact's static batch, when its metadata did not say
 
-    return ladder.artifact_hop(hop_name, plan.target, art, tol, mode, note_batch, require_ane=report.require_ane)
+    def name_classes(hop: Hop, runner: Runner) -> None:  # the artifact's class names, printed by the summary
+        if labels and hop.status != "unverified":
+            hop.predictions = predictions(runner, ladder.x, ladder.truth_for(runner).y64.astype(np.float32), labels)
+
+    return ladder.artifact_hop(hop_name, plan.target, art, tol, mode, note_batch, require_ane=report.require_ane,
+                               also=name_classes)
 
 
 def _calibration_ids(meta: dict) -> list:
@@ -256,7 +304,8 @@ def _compressed_artifact_hop(report: Report, plan: TargetPlan, path: Path, art_m
     ids = _calibration_ids(meta)
     with progress.step("choosing the samples the compressed hop is judged on"):
         judged = Judged.build(ladder.train, ladder.inputs, ids, truth=ladder.truth)
-    report.compressed_inputs = (f"{len(judged.x)} {' and '.join(sorted(set(judged.truth.sets)))} samples of the parity set ({report.inputs}), "
+    kinds = " and ".join(sorted(set(judged.truth.sets)))  # natural, and user with --images
+    report.compressed_inputs = (f"{len(judged.x)} {kinds} samples of the parity set ({report.inputs}), "
                                 f"without the {len(ids)} calibration ids the artifact records and their photos, in a "
                                 "seeded order, vs the train-form in float64")
     ane = ane_check if report.require_ane and plan.name == "coreml" else None

@@ -17,6 +17,8 @@ import json
 import sys
 from pathlib import Path
 
+from ..errors import VitedgeError
+
 COLUMNS = ("name", "family", "params", "gmacs", "default_imgsz", "accepted_sizes")
 HERE = Path(__file__).resolve().parent
 TABLE_FILE = HERE / "catalog.json"
@@ -98,6 +100,25 @@ def write_table(path: Path = TABLE_FILE) -> Path:
     path.write_text(json.dumps({"key": table_key(), "columns": list(COLUMNS), "rows": rows}, indent=1) + "\n")
     stored_table.cache_clear()
     return path
+
+
+def families() -> list[str]:
+    """The family names of the catalog's `family` column (`vitedge models --family NAME`)."""
+    return sorted({row["family"] for row in model_table()})
+
+
+def models(family: str | None = None) -> list[dict]:
+    """`vitedge models` as data (also `vitedge.models()` and `vitedge models --json`): one dict per registered
+    model, sorted by name, with the keys name, family, params (int), gmacs (float: multiply-accumulates of one
+    1x3xHxW eval forward at `default_imgsz`, matmul/conv/linear only), default_imgsz (int) and accepted_sizes
+    (str). `family` keeps that family's models only; an unknown one raises VitedgeError listing the families."""
+    rows = model_table()
+    if family is not None:
+        known = sorted({row["family"] for row in rows})
+        if family not in known:
+            raise VitedgeError(f"unknown family {family!r}; choose one of {', '.join(known)}")
+        rows = [row for row in rows if row["family"] == family]
+    return rows
 
 
 if __name__ == "__main__":  # python -m vitedge.models.catalog --write

@@ -124,6 +124,8 @@ def checkpoint_remaps() -> tuple[Remap, ...]:
 
 
 def get_spec(name: str) -> ModelSpec:
+    """The registry entry of `name`: family, constructor defaults, default size and the sizes it accepts (an
+    unknown name raises VitedgeError with the closest registered one)."""
     _ensure_loaded()
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
@@ -133,6 +135,7 @@ def get_spec(name: str) -> ModelSpec:
 
 
 def list_models(family: str | None = None) -> list[str]:
+    """Every registered model name, sorted (`family`: that family's only)."""
     _ensure_loaded()
     return sorted(n for n, s in _REGISTRY.items() if family is None or s.family == family)
 

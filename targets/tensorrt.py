@@ -421,6 +421,15 @@ class TensorRTTarget(Target):
                                                                                        memory=backend) as b:
             return compare_outputs(a.run(x), b.run(x)), None
 
+    def read_metadata(self, path: str | Path) -> dict:
+        """The export metadata the engine's sidecar (`NAME.engine.json`) records; {} without a readable one (an
+        engine built elsewhere)."""
+        try:
+            meta = json.loads(Path(f"{path}.json").read_text()).get("metadata")
+        except (OSError, ValueError, AttributeError):
+            return {}
+        return dict(meta) if isinstance(meta, dict) else {}
+
     def runner(self, artifact: Artifact, mode: str | None = None, **kw) -> Runner:
         ok, why = self.runnable()
         if not ok:

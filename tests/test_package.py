@@ -9,7 +9,8 @@ import zipfile
 import numpy as np
 import pytest
 
-from vitedge.exporter.package import package
+import vitedge
+from vitedge.exporter.package import PackageResult, package
 from vitedge.exporter.parity import compute_metrics
 from vitedge.exporter.report import Tolerance
 from vitedge.errors import VitedgeError
@@ -26,8 +27,8 @@ def bundle(tmp_path_factory):
     root = tmp_path_factory.mktemp("package")
     labels = root / "labels.txt"
     labels.write_text("\n".join(LABELS) + "\n")
-    res = package(MODEL, root / "a.zip", labels=labels, samples=8, overrides=OVERRIDES, imgsz=64)
-    assert res.exit_code == 0, [(h.hop, h.reason) for h in res.report.parity]
+    res = vitedge.package(MODEL, root / "a.zip", labels=labels, samples=8, overrides=OVERRIDES, imgsz=64)
+    assert isinstance(res, PackageResult) and res.exit_code == 0, [(h.hop, h.reason) for h in res.report.parity]
     unpacked = root / "unpacked"
     with zipfile.ZipFile(res.path) as zf:
         zf.extractall(unpacked)
@@ -57,6 +58,7 @@ def test_manifest_says_what_was_packaged(bundle):
     assert coreml["status"] == "passed" and coreml["mode"] == "emulated"
     assert all(h["mode"] != "device" for h in m["parity"] if h["hop"] == "coreml")  # no macOS here
     assert m["versions"]["coremltools"] and m["precision_policy"]["rules"]
+    assert m["onnx_exporter"] == {"exporter": "torchscript", "exporter_fallback": None}  # the ladder's hub graph
     readme = (folder / "README.md").read_text()
     assert "import CoreML" in readme and "Demo weights" in readme and f"{MODEL}.mlpackage" in readme
     assert (folder / "labels.txt").read_text().split() == LABELS

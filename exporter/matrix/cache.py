@@ -1,8 +1,8 @@
 """The content-addressed matrix cache: keys, entries, and the plan-resolution memo. Imports no torch.
 
 A cell's key is the sha256 of a canonical JSON of everything that shapes its artifact and its verdict: the
-checkpoint's sha256 (or "untrained"), model, `set` overrides, size, batch, opset, rewrites, attention order,
-target, precision, target options (a labels file by its sha256), tolerances and parity set (samples), the
+checkpoint's sha256 (or "untrained"), model, `set` overrides, size, batch, opset, ONNX exporter, rewrites,
+attention order, target, precision, target options (a labels file by its sha256), tolerances and parity set (samples), the
 CoreML verification mode, the vitedge version and a digest of its source and package data (a development
 checkout changes without a version bump), Python, and the versions of the packages that shape the artifact (torch, numpy,
 onnx, onnxruntime, onnxsim, plus coremltools / tensorrt for their targets). A TensorRT key also holds the GPU
@@ -84,8 +84,8 @@ def _weights(cell: Cell, env: Env) -> dict:
 def hub_key(cell: Cell, env: Env) -> tuple[str, dict]:
     """The shared deploy-form + hub ONNX of a model at one size: everything before the target."""
     inputs = {"kind": "hub", **env.common(BASE_PACKAGES), **_weights(cell, env), "imgsz": cell.imgsz,
-              "batch": cell.batch, "opset": cell.opset, "rewrites": cell.rewrites, "attn_order": cell.attn_order,
-              "samples": cell.samples, "tolerance_fp32": cell.tolerances.get("fp32", {})}
+              "batch": cell.batch, "opset": cell.opset, "exporter": cell.exporter, "rewrites": cell.rewrites,
+              "attn_order": cell.attn_order, "samples": cell.samples, "tolerance_fp32": cell.tolerances.get("fp32", {})}
     return _digest(inputs), inputs
 
 
@@ -97,8 +97,8 @@ def cell_key(cell: Cell, env: Env, bench: bool = False) -> tuple[str, dict, str 
     if options.get("labels"):
         options["labels"] = {"sha256": env.file_sha(options["labels"])}
     inputs = {"kind": "cell", **env.common(packages), **_weights(cell, env), "imgsz": cell.imgsz,
-              "batch": cell.batch, "opset": cell.opset, "rewrites": cell.rewrites, "attn_order": cell.attn_order,
-              "target": cell.target, "precision": cell.precision, "options": options,
+              "batch": cell.batch, "opset": cell.opset, "exporter": cell.exporter, "rewrites": cell.rewrites,
+              "attn_order": cell.attn_order, "target": cell.target, "precision": cell.precision, "options": options,
               "tolerances": cell.tolerances, "samples": cell.samples, "coreml_mode": cell.coreml_mode,
               "bench": bool(bench)}
     uncacheable = None

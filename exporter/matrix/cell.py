@@ -68,7 +68,7 @@ def _export(c: Cell, out: Path, hub: Path | None):
     return export(c.model, c.target, checkpoint=c.checkpoint, imgsz=c.imgsz, batch=c.batch, opset=c.opset,
                   precision=c.precision, out=out, force=True, attn_order=c.attn_order, samples=c.samples,
                   tolerances=c.tolerances or None, overrides=c.overrides, options=c.options, progress=QUIET,
-                  rewrites=c.rewrites, **kw)
+                  rewrites=c.rewrites, exporter=c.exporter, **kw)
 
 
 def _latency(c: Cell, report, out: Path) -> dict:

@@ -23,7 +23,8 @@ from ..hub import Hub
 from ..report import Hop, ReparamInfo
 from .. import outdir
 
-FORMAT = "vitedge-hub/2"  # /2: the float64 ground truth replaced the float32 reference
+FORMAT = "vitedge-hub/3"  # /2: the float64 ground truth replaced the float32 reference; /3: hub.json records
+# how the ONNX was exported (`export`)
 META = "hub.json"
 
 
@@ -48,7 +49,8 @@ class FolderHub:
                        inputs=meta["inputs"],
                        hops=[Hop.from_dict(h) for h in meta["hops"]], reparam=ReparamInfo(**meta["reparam"]),
                        attn_order=meta["attn_order"], weights=meta["weights"],
-                       checkpoint_sha256=meta["checkpoint_sha256"], overrides=meta["overrides"])
+                       checkpoint_sha256=meta["checkpoint_sha256"], overrides=meta["overrides"],
+                       export=meta["export"])
         except Exception:  # noqa: BLE001  (a damaged hub is rebuilt, never trusted)
             shutil.rmtree(self.path, ignore_errors=True)
             return None
@@ -73,7 +75,7 @@ class FolderHub:
                     "labels": None if labels is None else [int(v) for v in labels],
                     "float32_threads": hub.truth.float32_threads, "inputs": hub.inputs,
                     "reparam": _plain(hub.reparam), "attn_order": hub.attn_order, "weights": hub.weights,
-                    "checkpoint_sha256": hub.checkpoint_sha256, "overrides": hub.overrides}
+                    "checkpoint_sha256": hub.checkpoint_sha256, "overrides": hub.overrides, "export": hub.export}
             (tmp / META).write_text(json.dumps(meta, indent=1, default=_json) + "\n")
             try:
                 os.rename(tmp, self.path)

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ...errors import VitedgeError
+from ..onnx_choice import DEFAULT_EXPORTER, DEFAULT_OPSET
 
 
 class PlanError(VitedgeError):
@@ -36,13 +37,14 @@ class Cell:
     overrides: dict = field(default_factory=dict)
     samples: int = 256
     batch: int = 1
-    opset: int = 17
+    opset: int = DEFAULT_OPSET
     rewrites: object = True         # True (all) | False (none) | [names]
     attn_order: str = "auto"
     tolerances: dict = field(default_factory=dict)  # {profile: {key: value}} overrides of the defaults
     options: dict = field(default_factory=dict)     # this target's options only (labels: absolute path)
     coreml_mode: str | None = None  # "device": only a real CoreML prediction (a Mac) verifies the cell
     tensorrt_version: str | None = None             # pins TensorRT cells' cache keys
+    exporter: str = DEFAULT_EXPORTER                # the ONNX exporter of the cell's hub graph
 
     @property
     def id(self) -> str:

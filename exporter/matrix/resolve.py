@@ -17,19 +17,23 @@ import re
 from pathlib import Path
 
 from ...errors import VitedgeError
+from ..onnx_choice import DEFAULT_EXPORTER, EXPORTERS, default_opset
 from .plan import Cell, PlanError, ResolvedPlan
 
 TOP_KEYS = ("models", "defaults", "targets", "precisions", "trt_arch")
 MODEL_AXES = ("name", "label", "checkpoint", "imgsz", "set", "targets", "precisions", "trt_arch")
-SETTINGS = ("samples", "tol", "batch", "opset", "rewrites", "attn_order", "coreml_mode", "tensorrt_version")
+SETTINGS = ("samples", "tol", "batch", "opset", "rewrites", "attn_order", "coreml_mode", "tensorrt_version",
+            "exporter")
 DEFAULT_AXES = ("imgsz", "set")
-CHOICES = {"attn_order": ("auto", "qk_first", "kv_first"), "coreml_mode": ("device", "emulated")}
+CHOICES = {"attn_order": ("auto", "qk_first", "kv_first"), "coreml_mode": ("device", "emulated"),
+           "exporter": EXPORTERS}
 _ARCH = re.compile(r"^sm_\d{2,3}[a-z]?$")
 _LABEL = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
-def resolve_plan(doc: dict, base_dir: str | Path) -> ResolvedPlan:
-    return _Resolver(doc, Path(base_dir).resolve()).run()
+def resolve_plan(doc: dict, base_dir: str | Path, exporter: str | None = None) -> ResolvedPlan:
+    """`exporter`: the ONNX exporter of cells whose plan entry (or `defaults`) names none (None: the default)."""
+    return _Resolver(doc, Path(base_dir).resolve(), exporter or DEFAULT_EXPORTER).run()
 
 
 def _unknown(where: str, key, allowed, hint: str = "") -> PlanError:
@@ -69,10 +73,10 @@ def _target(name: str):
 
 
 class _Resolver:
-    def __init__(self, doc: dict, base: Path):
+    def __init__(self, doc: dict, base: Path, exporter: str = DEFAULT_EXPORTER):
         from ...targets import ALIASES, TARGETS
 
-        self.doc, self.base, self.aliases = doc, base, ALIASES
+        self.doc, self.base, self.aliases, self.exporter = doc, base, ALIASES, exporter
         self.targets = {n: _target(n) for n in TARGETS}  # None: module not importable here
         self.option_names = tuple(dict.fromkeys(o for t in self.targets.values() if t for o in t.options))
         self.settings = SETTINGS + self.option_names
@@ -110,12 +114,9 @@ class _Resolver:
     def setting(self, where: str, key: str, v):
         if key == "samples" or key == "batch":
             return _positive(where, v)
-        if key == "opset":
-            from ..onnx_export import check_opset
-
+        if key == "opset":  # checked per cell, against the cell's exporter
             if not _is_int(v):
                 raise PlanError(f"{where} must be an integer ONNX opset; got {v!r}")
-            self.wrap(where, check_opset, v)
             return v
         if key == "tol":
             return self.tolerance_overrides(where, v)
@@ -305,6 +306,10 @@ class _Resolver:
         sizes = list(dict.fromkeys(sizes))
         rewrites = s.get("rewrites", True)
         self.wrap(f"{where}.rewrites", resolve_rewrites, model, rewrites)
+        exporter = s.get("exporter", self.exporter)
+        opset = s.get("opset", default_opset(exporter))
+        self.wrap(f"{where}.opset" if "opset" in m else ("defaults.opset" if "opset" in defaults else where),
+                  _check_opset, opset, exporter)
 
         pairs, skipped = [], []
         for t, p in targets:
@@ -337,7 +342,7 @@ class _Resolver:
                     cells.append(Cell(model=name, label=label, imgsz=z, target=t, precision=p, hop=hop, trt_arch=a,
                                       checkpoint=str(ckpt) if ckpt else None, overrides=dict(overrides),
                                       samples=s.get("samples", _default_samples()), batch=s.get("batch", 1),
-                                      opset=s.get("opset", _default_opset()), rewrites=rewrites,
+                                      opset=opset, exporter=exporter, rewrites=rewrites,
                                       attn_order=s.get("attn_order", "auto"), tolerances=s.get("tol", {}),
                                       options=options, coreml_mode=s.get("coreml_mode") if t == "coreml" else None,
                                       tensorrt_version=s.get("tensorrt_version") if t == "tensorrt" else None))
@@ -350,7 +355,7 @@ def _default_samples() -> int:
     return DEFAULT_SAMPLES
 
 
-def _default_opset() -> int:
-    from ..onnx_export import DEFAULT_OPSET
+def _check_opset(opset: int, exporter: str) -> None:
+    from ..onnx_export import check_opset
 
-    return DEFAULT_OPSET
+    check_opset(opset, exporter)

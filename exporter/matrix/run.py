@@ -19,6 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from ...errors import VitedgeError
+from ..onnx_choice import DEFAULT_EXPORTER, check_exporter
 from .cache import Cache, Env, _digest, cell_key, hub_key, toolchain_drift, trt_mismatch
 from .engines import Job, LocalPool, size_pool
 from .folders import TRACEBACK, current_key, materialize, unpack, write_error
@@ -34,20 +35,23 @@ _COST = {"onnx": 0, "tensorrt": 1, "coreml": 2}  # which cell of a group builds 
 
 def matrix(plan, *, out, workers: int | None = None, ray=None, rebuild: bool = False, dry_run: bool = False,
            bench: bool = False, cache=None, resource_timeout: float = DEFAULT_RESOURCE_TIMEOUT,
-           require_verified: bool = False, progress: bool = True) -> MatrixResult:
+           require_verified: bool = False, progress: bool = True, exporter: str | None = None) -> MatrixResult:
     """Run the export matrix `plan` (a YAML/TOML/JSON file, or the same structure as a dict) into `out`.
 
     `workers`: local pool size (default from the cores) or, with `ray`, the most cells in flight. `ray`: None
     or False (local pool), True (a local Ray instance, or the one this process is already connected to) or a
     cluster address. Returns the MatrixResult also written to OUT/matrix.json; `exit_code` 0 (every executed
     cell passed), 1 (a cell failed or crashed, or unverified with `require_verified`). Raises VitedgeError
-    (exit 2) on a bad plan or arguments, before anything is written.
+    (exit 2) on a bad plan or arguments, before anything is written. `exporter`: the ONNX exporter of the cells
+    whose plan entry (or `defaults`) names none (None: the default exporter).
     """
     t0 = time.monotonic()
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers <= 0):
         raise VitedgeError(f"--workers must be a positive integer; got {workers!r}")
     if not resource_timeout > 0:
         raise VitedgeError(f"--resource-timeout must be a positive number of seconds; got {resource_timeout!r}")
+    if exporter is not None:
+        check_exporter(exporter)
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise VitedgeError(f"--out {out} is a file; give a folder path")
@@ -57,7 +61,7 @@ def matrix(plan, *, out, workers: int | None = None, ray=None, rebuild: bool = F
         doc, base, plan_name = read_plan(plan), Path(plan).resolve().parent, str(plan)
     env = Env()
     store = Cache(cache if cache is not None else out / ".cache")
-    resolved, memo = _resolve(doc, base, env, store)
+    resolved, memo = _resolve(doc, base, env, store, exporter)
     keys = [cell_key(c, env, bench) for c in resolved.cells]
     result = MatrixResult(plan=plan_name, out=str(out), cache=str(store.root), engine="", skipped=resolved.skipped,
                           require_verified=require_verified, bench=bench, dry_run=dry_run, versions=env.versions)
@@ -85,14 +89,16 @@ def matrix(plan, *, out, workers: int | None = None, ray=None, rebuild: bool = F
     return result
 
 
-def _resolve(doc: dict, base: Path, env: Env, store: Cache) -> tuple[ResolvedPlan, str | None]:
+def _resolve(doc: dict, base: Path, env: Env, store: Cache, exporter: str | None = None
+             ) -> tuple[ResolvedPlan, str | None]:
     """(the resolved plan, the memo key to store it under, or None when it came from the memo)."""
-    memo = _digest({"plan": canonical(doc), "base": str(base), **env.common(sorted(env.versions))})
+    memo = _digest({"plan": canonical(doc), "base": str(base), "exporter": exporter or DEFAULT_EXPORTER,
+                    **env.common(sorted(env.versions))})
     cached = store.get_plan(memo)
     if cached is None:
         from .resolve import resolve_plan
 
-        return resolve_plan(doc, base), memo
+        return resolve_plan(doc, base, exporter), memo
     resolved = ResolvedPlan.from_dict(cached)
     for c in resolved.cells:  # files can vanish between runs: still exit 2 before any work
         for what, path in (("checkpoint", c.checkpoint), ("labels", c.options.get("labels"))):
