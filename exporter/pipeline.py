@@ -3,9 +3,8 @@
 validate everything -> build the train-form (checkpoint, or seeded trained-like demo weights) -> re-parameterize
 -> fp64 equivalence gate -> ONNX (raw) -> onnxsim -> each requested target, with a parity hop after each step,
 every hop against the train-form's float64 ground truth on the parity set (default, or --images) by the
-per-sample noise rule (hops.py). The output folder is one transaction
-(outdir.py): built in a temporary sibling and renamed into place in one step; a failed hop moves the artifacts
-to DIR/quarantine/. Bad input raises VitedgeError before anything is written. `parity()` on existing artifacts
+per-sample noise rule (hops.py). The output folder is one transaction (outdir.py): built in a temporary sibling
+and renamed into place in one step; a failed hop moves the artifacts to DIR/quarantine/. Bad input raises VitedgeError before anything is written. `parity()` on existing artifacts
 is verify.py. With `hub=` a verified deploy-form and hub ONNX are reused from, or left in, a store (hub.py).
 """
 from __future__ import annotations
@@ -158,8 +157,7 @@ def _metadata(loaded: Loaded, imgsz: int, batch: int | None, attn_order: str, in
               vers: dict, labels: list[str] | None = None, report: Report | None = None) -> dict:
     mean, std = input_stats(loaded.model)
     extra = {"labels": labels} if labels is not None else {}  # vitedge.labels: class names travel with the graph
-    # vitedge.exporter / vitedge.exporter_fallback: which exporter wrote the graph, and why not dynamo if it fell back
-    if report is not None:
+    if report is not None:  # vitedge.exporter / _fallback: which exporter wrote the graph (why not dynamo)
         extra.update(exporter=report.exporter, exporter_fallback=report.exporter_fallback)
     return {**extra, "model": loaded.name, "imgsz": imgsz, "batch": batch if batch else "dynamic", "mean": list(mean),
             "std": list(std), "input": "image: float32 NCHW, RGB, normalized with mean/std", "output": "logits",
@@ -197,7 +195,7 @@ class _Build:
     fp16_module: str | None = None
     n_calib: int | None = None          # --precision int8 | w8a8: calibration images to take
     calib_images: str | Path | None = None
-    images: str | Path | None = None    # --images: its images are split between calibration and judging
+    images: str | Path | None = None    # --images (split between calibration and judging) and --labels
     labels_file: str | Path | None = None
     calibration: object = None          # targets.calibration.Calibration, chosen once per run
     judged: Judged | None = None        # what compressed hops are judged on, built once per run
@@ -329,8 +327,7 @@ class _Build:
         return self.calibration
 
     def _judged(self, ladder: Ladder) -> Judged:
-        """The parity set's natural and user samples (none that calibrated) and their float64 truth (the ladder's,
-        subset), built once."""
+        """The parity set's natural and user samples (none that calibrated) and the ladder's truth on them, once."""
         if self.judged is None:
             r = self.report
             train = ladder.train if ladder.train is not None else self.build_train()
