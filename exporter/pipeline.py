@@ -34,7 +34,7 @@ from .hops import Ladder, ane_check, check_images, class_names, parity_inputs_fo
 from .hub import Hub, HubStore
 from .inputs import DEFAULT_SAMPLES, ParitySet
 from .onnx_export import (DEFAULT_EXPORTER, OnnxExportError, check_onnx, check_opset, default_opset, export_onnx_info,
-                          exporter_label, save_onnx, simplify_onnx)
+                          exporter_label, save_onnx, simplify_keeping_fusions)
 from .parity import FLOAT64_TOLERANCES, failed, profile_for, tolerances as make_tolerances, unverified
 from .progress import QUIET, Progress
 from .report import Hop, ReparamInfo, Report, versions
@@ -222,7 +222,7 @@ class _Build:
         else:
             shutil.copyfile(h.onnx_path, hub)
         self.checkpoint("hub-graph")
-        record_artifact(r, "onnx", hub, "fp32", root=self.tmp)
+        record_artifact(r, "onnx", hub, "fp32", {"simplify": h.export.get("simplify")}, root=self.tmp)
         r.reference = reference_block(h.truth, self.inputs.classes)
         return hub, meta, Ladder(None, self.deploy, self.inputs, h.truth, self.progress, self.build_train)
 
@@ -256,7 +256,7 @@ class _Build:
         r.parity.append(ladder.onnx_hop("onnx", self.raw, fp32))
         try:
             with self.progress.step("simplifying ONNX (onnxsim)"):
-                simp = simplify_onnx(self.raw)
+                simp, simp_info = simplify_keeping_fusions(self.raw)  # fused-op counts: artifact info
         except OnnxExportError as e:
             r.parity.append(failed("onnx-simplified", "onnxsim", str(e)))
             return None
@@ -264,12 +264,12 @@ class _Build:
         hub = save_onnx(set_metadata(simp, meta), self.tmp / f"{r.model}.onnx")
         self.checkpoint("hub-graph")
         r.parity.append(ladder.onnx_hop("onnx-simplified", simp, fp32))
-        record_artifact(r, "onnx", hub, "fp32", root=self.tmp)
+        record_artifact(r, "onnx", hub, "fp32", {"simplify": simp_info}, root=self.tmp)
         if self.store is not None and all(h.status == "passed" for h in r.parity):  # never share a failed hub
             self.store.put(Hub(self.deploy, hub, self.raw, ladder.truth, self.inputs.note, copy.deepcopy(r.parity),
                                copy.deepcopy(r.reparam), self.attn_order, self.loaded.weights,
                                self.loaded.checkpoint_sha256, dict(self.loaded.overrides),
-                               made.info()))
+                               {**made.info(), "simplify": simp_info}))
         return hub, meta, ladder
 
     def save_raw(self, folder: Path) -> None:

@@ -278,7 +278,7 @@ def test_export_reuses_a_stored_hub_and_never_stores_a_failed_one(tmp_path, monk
     def boom(*a, **k):
         raise AssertionError("rebuilt although the hub holds it")
 
-    for step in ("build_train_form", "build_deploy_form", "export_onnx_info", "simplify_onnx"):
+    for step in ("build_train_form", "build_deploy_form", "export_onnx_info", "simplify_keeping_fusions"):
         monkeypatch.setattr(pipeline, step, boom)
     second = pipeline.export("swiftformer_xs", "onnx", precision="fp16", out=tmp_path / "b", hub=store, **kw)
     assert second.exit_code == 0 and second.hop("onnx-fp16").status == "passed"
@@ -286,6 +286,8 @@ def test_export_reuses_a_stored_hub_and_never_stores_a_failed_one(tmp_path, monk
     assert [vars(h) for h in second.parity[:3]] == [vars(h) for h in first.parity]
     assert second.reparam.equivalence == first.reparam.equivalence and second.reparam.fp16 is not None
     assert second.artifacts["onnx"].sha256 == first.artifacts["onnx"].sha256
+    assert second.artifacts["onnx"].info == first.artifacts["onnx"].info  # fused-op counts travel with the hub
+    assert first.artifacts["onnx"].info["simplify"]["ort_fused_ops"]["written"]
     assert second.checkpoint_sha256 is None and second.weights == "untrained"
     assert (second.exporter, second.exporter_fallback, second.opset) == (first.exporter, None, first.opset)
     monkeypatch.undo()

@@ -101,6 +101,10 @@ def test_no_reparam_export_writes_the_fusable_graph(tmp_path):
     raw = _raw(make_trained_like(create_model("swiftformer_xs", **SWIFT), seed=0).eval(), 64)
     raw_counts, counts = fused_op_counts(raw), fused_op_counts(written)
     assert raw_counts.get("Gelu", 0) > 0 and counts.get("Gelu") == raw_counts["Gelu"], (raw_counts, counts)
+    # the artifact's info records the counts, as measured on the raw export and the file written
+    rec = report.artifacts["onnx"].info["simplify"]
+    assert rec["ort_fused_ops"] == {"raw": raw_counts, "written": counts}, rec
+    assert not lost_fusions(rec["ort_fused_ops"]["raw"], rec["ort_fused_ops"]["written"])
 
 
 # ---- the GELU repair on hand-built graphs -------------------------------------------------------------
