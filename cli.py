@@ -108,7 +108,8 @@ def _rewrites(value: str):
 def _add_parity_flags(p: argparse.ArgumentParser) -> None:
     # Building the parser imports no torch, so `vitedge --help` and usage errors stay instant.
     p.add_argument("--samples", type=_positive_int, default=None,
-                   help="parity inputs (default: the documented set, vitedge.exporter.inputs.DEFAULT_SAMPLES)")
+                   help="parity inputs (default: 256, fewer for models over 2 GMACs by a fixed rule on GMACs, "
+                        "reported as samples_rule)")
     p.add_argument("--tol", action="append", default=[], metavar="PROFILE.KEY=VALUE",
                    help="override a tolerance, e.g. --tol fp32.max_rel=2e-4 --tol fp16.psnr_db=30 (value none "
                         "disables a check); repeatable")
@@ -152,10 +153,9 @@ def _overrides(args) -> dict:
     return dict(args.overrides)
 
 
-def _samples(args) -> int:
-    from vitedge.exporter.inputs import DEFAULT_SAMPLES
-
-    return args.samples or DEFAULT_SAMPLES
+def _samples(args) -> int | None:
+    """--samples, or None: the API's default (the GMACs rule, exporter/parity_cost.py)."""
+    return args.samples
 
 
 # ---- models ---------------------------------------------------------------------------------------
@@ -519,7 +519,7 @@ def add_package(sub) -> None:
     p.add_argument("--imgsz", type=int, help="input size (default: the model's)")
     p.add_argument("--set", dest="overrides", action="append", type=_kv, default=[], metavar="KEY=VALUE",
                    help="constructor override, official keyword names (e.g. --set depth=2); repeatable")
-    p.add_argument("--samples", type=int, help="parity inputs for the ladder (default: the documented set)")
+    p.add_argument("--samples", type=_positive_int, help="parity inputs for the ladder (default: as for export)")
     p.add_argument("--tol", action="append", default=[], metavar="PROFILE.KEY=VALUE", help="tolerance override")
     p.add_argument("--out", required=True, help="the bundle to write (BUNDLE.zip)")
     p.add_argument("--force", action="store_true", help="replace an existing --out")

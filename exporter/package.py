@@ -41,7 +41,7 @@ from ..targets.coreml.runners import EmulatedCoreMLRunner
 from .calibrate import calibration_photos
 from .compressed import resolution_bounds
 from .forms import DEMO_SEED, build_train_form
-from .inputs import DEFAULT_SAMPLES, natural_inputs, parity_inputs
+from .inputs import natural_inputs, parity_inputs
 from .onnx_choice import DEFAULT_EXPORTER
 from .parity import compute_metrics, profile_for, tolerances as make_tolerances
 from .pipeline import export
@@ -287,7 +287,7 @@ def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = N
     work = Path(tempfile.mkdtemp(prefix=f".{out.stem}.pkg-", dir=out.parent))
     try:
         report = export(model_or_name, "coreml", checkpoint=checkpoint, imgsz=imgsz, precision=precision,
-                        out=work / "export", samples=samples or DEFAULT_SAMPLES, tolerances=tolerances,
+                        out=work / "export", samples=samples, tolerances=tolerances,
                         overrides=overrides, seed=DEMO_SEED if seed is None else seed, progress=progress,
                         options={"input": "image", "ios": ios}, labels=labels, images=images,
                         calib=calib, calib_images=calib_images, exporter=exporter)

@@ -32,9 +32,10 @@ from .equivalence import verify_equivalence
 from .forms import DEMO_SEED, Loaded, build_deploy_form, build_train_form, model_name, reparam_info, resolve_imgsz
 from .hops import Ladder, ane_check, check_images, class_names, parity_inputs_for, record_artifact
 from .hub import Hub, HubStore
-from .inputs import DEFAULT_SAMPLES, ParitySet
+from .inputs import ParitySet
 from .onnx_export import (DEFAULT_EXPORTER, OnnxExportError, check_onnx, check_opset, default_opset, export_onnx_info,
                           exporter_label, save_onnx, simplify_keeping_fusions)
+from .parity_cost import check_samples, choose_samples
 from .parity import FLOAT64_TOLERANCES, failed, profile_for, tolerances as make_tolerances, unverified
 from .progress import QUIET, Progress
 from .report import Hop, ReparamInfo, Report, versions
@@ -47,7 +48,7 @@ SKIPPED = "not run: an earlier step failed"
 def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = None, imgsz: int | None = None,
            batch: int | None = None, dynamic_batch: bool = False, opset: int | None = None,
            precision: str | None = None, out: str | Path | None = None, reparam: bool = True, force: bool = False,
-           attn_order: str = "auto", strict_schedule: bool = False, samples: int = DEFAULT_SAMPLES,
+           attn_order: str = "auto", strict_schedule: bool = False, samples: int | None = None,
            tolerances: dict | list | None = None, require_verified: bool = False, overrides: dict | None = None,
            options: dict | None = None, seed: int = DEMO_SEED, progress: Progress | None = None,
            rewrites=True, require_ane: bool = False, hub: HubStore | None = None, images: str | Path | None = None,
@@ -93,8 +94,7 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
     opset = default_opset(exporter) if opset is None else opset  # (default_opset checks the exporter's name)
     check_opset(opset, exporter)
     tols = make_tolerances(tolerances, FLOAT64_TOLERANCES)
-    if samples <= 0:
-        raise VitedgeError(f"--samples must be positive; got {samples}")
+    check_samples(samples)
     check_images(images, labels)
     if not reparam and rewrites is not True:
         raise VitedgeError("--rewrites shapes the re-parameterized deploy-form; drop it or drop --no-reparam")
@@ -118,6 +118,7 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
                 loaded = build_train_form(model_or_name, checkpoint, overrides, seed)
             imgsz = resolve_imgsz(loaded.model, imgsz)
         classes = class_names(labels, loaded.model, imgsz)
+        samples, rule = choose_samples(samples, model_or_name, imgsz, loaded.overrides, loaded.model, images)
         with progress.step("reading the parity inputs"):
             pset = parity_inputs_for(loaded.model, imgsz, samples, images, labels)
         if reused is not None:
@@ -131,7 +132,7 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
         report = Report(model=loaded.name, imgsz=imgsz, batch=batch, weights=loaded.weights,
                         checkpoint_sha256=loaded.checkpoint_sha256, reparam=info,
                         versions=versions(), command="export", targets=[p.name for p in plans],
-                        overrides=loaded.overrides, samples=len(pset), inputs=pset.note,
+                        overrides=loaded.overrides, samples=len(pset), samples_rule=rule, inputs=pset.note,
                         images=None if images is None else str(images), labels=None if labels is None else str(labels),
                         require_verified=require_verified, require_ane=require_ane, exporter=exporter,
                         opset=opset)

@@ -145,6 +145,8 @@ class Report:
     targets: list = field(default_factory=list)     # requested targets
     overrides: dict = field(default_factory=dict)   # create_model overrides
     samples: int = 0
+    # How `samples` was chosen when none was asked for (exporter/parity_cost.py: the GMACs rule); None when given
+    samples_rule: str | None = None
     inputs: str = ""                                # which parity input set (vitedge.exporter.inputs)
     # The train-form (not a hop) on the parity set: float32 thread count, float32 noise vs float64 per set,
     # accuracy with labels (criteria.reference_block); None when no ladder ran.

@@ -30,8 +30,8 @@ from .classes import labels_of, predictions
 from .hops import Ladder, ane_check, check_images, class_names, parity_inputs_for, record_artifact
 from .onnx_choice import check_exporter
 from .onnx_dynamo import graph_opset
-from .inputs import DEFAULT_SAMPLES
 from .localize import localize_torch
+from .parity_cost import check_samples, choose_samples
 from .parity import FLOAT64_TOLERANCES, noise_rule, profile_for, tolerances as make_tolerances, unverified
 from .progress import QUIET, Progress
 from .report import Hop, Report, versions
@@ -43,7 +43,7 @@ _SUFFIX_TARGET = {".onnx": "onnx", ".mlpackage": "coreml", ".mlmodel": "coreml",
 
 def parity(model_or_name=None, artifact: str | Path | None = None, *, checkpoint: str | Path | None = None,
            deploy_checkpoint: str | Path | None = None, target: str | None = None, imgsz: int | None = None,
-           precision: str | None = None, attn_order: str | None = None, samples: int = DEFAULT_SAMPLES,
+           precision: str | None = None, attn_order: str | None = None, samples: int | None = None,
            tolerances: dict | list | None = None, require_verified: bool = False, overrides: dict | None = None,
            seed: int = DEMO_SEED, report_path: str | Path | None = None, mode: str | None = None,
            progress: Progress | None = None, require_ane: bool = False, images: str | Path | None = None,
@@ -68,8 +68,7 @@ def parity(model_or_name=None, artifact: str | Path | None = None, *, checkpoint
     if artifact is None and deploy_checkpoint is None:
         raise VitedgeError("vitedge parity needs --artifact PATH (and/or --deploy-checkpoint PATH)")
     check_precision(precision)
-    if samples <= 0:
-        raise VitedgeError(f"--samples must be positive; got {samples}")
+    check_samples(samples)
     tols = make_tolerances(tolerances, FLOAT64_TOLERANCES)
     check_images(images, labels)
     tname, art_model, meta = None, None, {}
@@ -106,6 +105,7 @@ def parity(model_or_name=None, artifact: str | Path | None = None, *, checkpoint
     imgsz = resolve_imgsz(loaded.model, imgsz or meta.get("imgsz"))
     classes = class_names(labels, loaded.model, imgsz)
     _check_carried_labels(classes, meta.get("labels"), labels, source)
+    samples, rule = choose_samples(samples, model_or_name, imgsz, loaded.overrides, loaded.model, images)
     with progress.step("reading the parity inputs"):
         pset = parity_inputs_for(loaded.model, imgsz, samples, images, labels)
     if deploy is not None and deploy.reparam_imgsz != imgsz:
@@ -122,7 +122,7 @@ def parity(model_or_name=None, artifact: str | Path | None = None, *, checkpoint
     report = Report(model=loaded.name, imgsz=imgsz, batch=batch if isinstance(batch, int) else None,
                     weights=loaded.weights, checkpoint_sha256=loaded.checkpoint_sha256, reparam=reparam_info(deploy),
                     versions=versions(), command="parity", targets=[tname] if tname else [],
-                    overrides=loaded.overrides, samples=len(pset), inputs=pset.note,
+                    overrides=loaded.overrides, samples=len(pset), samples_rule=rule, inputs=pset.note,
                     images=None if images is None else str(images), labels=None if labels is None else str(labels),
                     require_verified=require_verified, require_ane=require_ane, exporter=made_with,
                     exporter_fallback=meta.get("exporter_fallback") if made_with else None,

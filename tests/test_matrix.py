@@ -317,6 +317,7 @@ def test_cells_of_one_model_and_size_share_one_hub(tmp_path):
 def test_keys_hold_what_shapes_a_cell_and_foreign_builds_are_not_cached_under_them(tmp_path):
     from vitedge.exporter.matrix.cache import Env, cell_key, hub_key, toolchain_drift, trt_mismatch
     from vitedge.exporter.matrix.plan import Cell
+    from vitedge.exporter.parity_cost import SAMPLES_RULE
 
     env = Env(versions={"vitedge": "0.1.0", "torch": "2.13.0", "numpy": "2", "onnx": "1.23", "onnxruntime": "1.32",
                         "onnxsim": "0.8", "coremltools": "9.0", "tensorrt": None}, source="src")
@@ -330,6 +331,7 @@ def test_keys_hold_what_shapes_a_cell_and_foreign_builds_are_not_cached_under_th
     assert cell_key(onnx32, Env(versions={**env.versions, "onnx": "1.24"}, source="src"))[0] != key
     assert cell_key(onnx32, Env(versions=env.versions, source="edited"))[0] != key
     assert cell_key(onnx32, env, bench=True)[0] != key
+    assert inputs["samples"] == SAMPLES_RULE  # no planned count: the key names the rule that picks it (stable)
     assert hub_key(onnx32, env)[0] == hub_key(Cell(**{**onnx32.to_dict(), "precision": "fp16"}), env)[0]
 
     trt = Cell("swiftformer_xs", "xs", 224, "tensorrt", "fp16", "tensorrt", trt_arch="sm_80")

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..parity_cost import SAMPLES_RULE
 from ...targets.base import sha256_file
 from ..report import versions
 from .plan import Cell
@@ -85,7 +86,7 @@ def hub_key(cell: Cell, env: Env) -> tuple[str, dict]:
     """The shared deploy-form + hub ONNX of a model at one size: everything before the target."""
     inputs = {"kind": "hub", **env.common(BASE_PACKAGES), **_weights(cell, env), "imgsz": cell.imgsz,
               "batch": cell.batch, "opset": cell.opset, "exporter": cell.exporter, "rewrites": cell.rewrites,
-              "attn_order": cell.attn_order, "samples": cell.samples, "tolerance_fp32": cell.tolerances.get("fp32", {})}
+              "attn_order": cell.attn_order, "samples": _samples(cell), "tolerance_fp32": cell.tolerances.get("fp32", {})}
     return _digest(inputs), inputs
 
 
@@ -99,7 +100,7 @@ def cell_key(cell: Cell, env: Env, bench: bool = False) -> tuple[str, dict, str 
     inputs = {"kind": "cell", **env.common(packages), **_weights(cell, env), "imgsz": cell.imgsz,
               "batch": cell.batch, "opset": cell.opset, "exporter": cell.exporter, "rewrites": cell.rewrites,
               "attn_order": cell.attn_order, "target": cell.target, "precision": cell.precision, "options": options,
-              "tolerances": cell.tolerances, "samples": cell.samples, "coreml_mode": cell.coreml_mode,
+              "tolerances": cell.tolerances, "samples": _samples(cell), "coreml_mode": cell.coreml_mode,
               "bench": bool(bench)}
     uncacheable = None
     if cell.target == "tensorrt":
@@ -193,3 +194,8 @@ def _write_json(path: Path, obj) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(obj, indent=1, sort_keys=True, default=str) + "\n")
     os.replace(tmp, path)
+
+
+def _samples(cell: Cell):
+    """The parity sample count of the key: as planned, or the name of the rule that picks it from the model."""
+    return cell.samples if cell.samples is not None else SAMPLES_RULE

@@ -35,7 +35,7 @@ class Cell:
     trt_arch: str | None = None
     checkpoint: str | None = None   # absolute path
     overrides: dict = field(default_factory=dict)
-    samples: int = 256
+    samples: int | None = None      # None: export's GMACs rule (exporter/parity_cost.py)
     batch: int = 1
     opset: int = DEFAULT_OPSET
     rewrites: object = True         # True (all) | False (none) | [names]

@@ -341,18 +341,12 @@ class _Resolver:
                 for a in (archs or [None]) if t == "tensorrt" else [None]:
                     cells.append(Cell(model=name, label=label, imgsz=z, target=t, precision=p, hop=hop, trt_arch=a,
                                       checkpoint=str(ckpt) if ckpt else None, overrides=dict(overrides),
-                                      samples=s.get("samples", _default_samples()), batch=s.get("batch", 1),
+                                      samples=s.get("samples"), batch=s.get("batch", 1),
                                       opset=opset, exporter=exporter, rewrites=rewrites,
                                       attn_order=s.get("attn_order", "auto"), tolerances=s.get("tol", {}),
                                       options=options, coreml_mode=s.get("coreml_mode") if t == "coreml" else None,
                                       tensorrt_version=s.get("tensorrt_version") if t == "tensorrt" else None))
         return cells, skipped
-
-
-def _default_samples() -> int:
-    from ..inputs import DEFAULT_SAMPLES
-
-    return DEFAULT_SAMPLES
 
 
 def _check_opset(opset: int, exporter: str) -> None:
