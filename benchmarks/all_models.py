@@ -3,7 +3,8 @@ does the correct export pass, how far inside its allowance, and what is the smal
 
 Per model (smallest first, so a partial run covers the most models; the JSON is rewritten after each):
 - the export exactly as `vitedge export --model NAME --target onnx` runs it (default settings: the default
-  parity set of DEFAULT_SAMPLES inputs unless --samples), its exit code, wall time and sample count;
+  parity set, its size chosen by the GMACs rule (exporter/parity_cost.py) unless --samples), its exit code, wall
+  time and sample count;
 - the train-form's intrinsic float32 noise per input set (report.json `reference`), each hop's worst
   error / allowance (noise_ratio) and worst-sample error per set;
 - sensitivity: one output channel of the mid-network Conv/Gemm/MatMul weight of the exported ONNX scaled by 1.01
@@ -33,7 +34,7 @@ import onnx
 
 import _common as C
 from vitedge.exporter import hops
-from vitedge.exporter.inputs import DEFAULT_SAMPLES
+from vitedge.exporter.parity_cost import SAMPLES_RULE
 from vitedge.exporter.parity import FLOAT64_TOLERANCES, run_batched
 from vitedge.exporter.pipeline import export
 from vitedge.models import get_spec, list_models
@@ -86,7 +87,7 @@ def sets_summary(hop) -> dict:
             for s, d in (hop.sets or {}).items()}
 
 
-def measure(name: str, samples: int, work: Path, overrides: dict | None = None, imgsz: int | None = None) -> dict:
+def measure(name: str, samples: int | None, work: Path, overrides: dict | None = None, imgsz: int | None = None) -> dict:
     spec = get_spec(name)
     store: dict = {}
     t0 = time.perf_counter()
@@ -94,7 +95,7 @@ def measure(name: str, samples: int, work: Path, overrides: dict | None = None, 
         report = export(name, "onnx", out=work / name, samples=samples, overrides=overrides, imgsz=imgsz)
     wall = time.perf_counter() - t0
     out = {"model": name, "family": spec.family, "overrides": overrides or {}, "imgsz": report.imgsz,
-           "samples": report.samples,
+           "samples": report.samples, "samples_rule": report.samples_rule,
            "exit_code": report.exit_code, "status": report.status, "export_wall_s": round(wall, 1),
            "intrinsic_noise": {s: {"median": d["reference_noise_median"], "max": d["reference_noise"]}
                                for s, d in ((report.reference or {}).get("sets") or {}).items()},
@@ -143,12 +144,12 @@ def main() -> None:
     p = C.parser("all_models", __doc__)
     p.add_argument("--models", default=None, help="comma-separated model names (default: all registered)")
     p.add_argument("--samples", type=int, default=None,
-                   help=f"parity samples per model (default: the export default, {DEFAULT_SAMPLES}; --quick "
+                   help=f"parity samples per model (default: the export's, by the GMACs rule; --quick "
                         f"{QUICK_SAMPLES})")
     args = p.parse_args()
     names = args.models.split(",") if args.models else (list(QUICK_MODELS) if args.quick else list_models())
     names.sort(key=_cost)
-    samples = args.samples or (QUICK_SAMPLES if args.quick else DEFAULT_SAMPLES)
+    samples = args.samples or (QUICK_SAMPLES if args.quick else None)
     info = C.machine()
     C.banner("all_models", info, args.quick)
     started = time.time()
@@ -159,23 +160,24 @@ def main() -> None:
             r = (measure(name, samples, Path(tmp), C.REDUCED.get(name), QUICK_IMGSZ) if args.quick
                  else measure(name, samples, Path(tmp)))
             rows.append(r)
-            body = {"settings": {"target": "onnx", "samples": samples, "weights": "make_trained_like(seed=0)",
+            body = {"settings": {"target": "onnx", "samples": samples or f"export default ({SAMPLES_RULE})", "weights": "make_trained_like(seed=0)",
                                  "factors": list(FACTORS), "rule": {"noise_floor": FLOAT64_TOLERANCES["fp32"].noise_floor,
                                                                     "noise_k": FLOAT64_TOLERANCES["fp32"].noise_k}},
                     "models": rows, "complete": len(rows) == len(names)}
             C.write_results(path, "all_models", dict(info), args, body, started)  # survives an interrupted run
             w = r["worst_noise_ratio"]
             print(f"{name:20s} exit {r['exit_code']}  worst ratio natural {_fmt(w['natural'], '.2f')} stress "
-                  f"{_fmt(w['stress'], '.2f')}  smallest caught {r['smallest_caught']}  ({r['wall_s']} s)", flush=True)
-    print(f"\nall_models: {len(rows)} models, {samples} samples each; rule floor "
+                  f"{_fmt(w['stress'], '.2f')}  smallest caught {r['smallest_caught']}  ({r['samples']} samples, "
+                  f"{r['wall_s']} s)", flush=True)
+    print(f"\nall_models: {len(rows)} models, {samples or 'the GMACs rule (' + SAMPLES_RULE + ')'} samples each; rule floor "
           f"{FLOAT64_TOLERANCES['fp32'].noise_floor:g}, K {FLOAT64_TOLERANCES['fp32'].noise_k:g}")
     print(f"{'model':20s} {'exit':>4s} {'noise nat':>9s} {'noise str':>9s} {'ratio nat':>9s} {'ratio str':>9s} "
-          f"{'caught':>7s} {'wall s':>7s}")
+          f"{'caught':>7s} {'samples':>7s} {'wall s':>7s}")
     for r in rows:
         nz, w = r["intrinsic_noise"], r["worst_noise_ratio"]
         print(f"{r['model']:20s} {r['exit_code']:>4d} {_fmt(nz.get('natural', {}).get('median'), '9.1e')} "
               f"{_fmt(nz.get('stress', {}).get('median'), '9.1e')} {_fmt(w['natural'], '9.2f')} "
-              f"{_fmt(w['stress'], '9.2f')} {str(r['smallest_caught']):>7s} {r['wall_s']:7.1f}")
+              f"{_fmt(w['stress'], '9.2f')} {str(r['smallest_caught']):>7s} {r['samples']:>7d} {r['wall_s']:7.1f}")
     passed = sum(r["exit_code"] == 0 for r in rows)
     print(f"exit 0: {passed}/{len(rows)}; x1.01 caught in {sum(bool(r['planted'].get('x1.01', {}).get('caught')) for r in rows)}"
           f", x1.001 in {sum(bool(r['planted'].get('x1.001', {}).get('caught')) for r in rows)}")
