@@ -3,6 +3,7 @@
 options.py          --ios / --input / --labels values and checks (torch-free: the CLI reads IOS_TARGETS)
 convert.py          deploy-form -> torch.jit.trace -> coremltools -> a saved ML Program, and its report facts
 fixes.py            the coremltools patches, each with the coremltools version it is for (tests prove each is needed)
+validate_once.py    one MIL validation per pass pipeline instead of one per pass (conversion time, same program)
 mlpackage.py        the package on disk: deterministic bytes, its spec and user metadata
 runners.py          CoreML itself on macOS ("device"), the MIL interpreter elsewhere ("emulated")
 framework.py        CoreML.framework (macOS): loading, the compute plan, the Neural Engine residency check

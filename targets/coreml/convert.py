@@ -32,6 +32,7 @@ from . import fixes
 from .mil_interpreter import load_program, quiet_coremltools
 from .mlpackage import make_package_deterministic
 from .options import CoreMLOptions
+from .validate_once import validate_once
 
 PIXEL_SCALE = 1.0 / 255.0
 _DROPPED_METADATA = ("com.github.apple.coremltools.conversion_date",)  # changes daily: breaks reproducible bytes
@@ -172,7 +173,7 @@ def convert(deploy_model: nn.Module, spec: LowerSpec, opts: CoreMLOptions, path:
         precision = ct.transform.FP16ComputePrecision(op_selector=selector)
     else:
         precision = ct.precision.FLOAT32
-    with quiet_coremltools(), _no_progress_bars():
+    with quiet_coremltools(), _no_progress_bars(), validate_once():  # (validate_once: conversion time)
         ml = ct.convert(traced, inputs=inputs, outputs=outputs, convert_to="mlprogram",
                         minimum_deployment_target=getattr(ct.target, f"iOS{opts.ios}"),
                         compute_precision=precision, skip_model_load=True, **kwargs)
