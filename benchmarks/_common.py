@@ -30,7 +30,8 @@ import torch.nn as nn
 from vitedge.exporter import latency
 from vitedge.exporter.onnx_export import (DEFAULT_OPSET, INPUT_NAME, OUTPUT_NAME, check_onnx, export_onnx, node_counts,
                                           simplify_onnx)
-from vitedge.exporter.parity import compute_metrics, tolerances
+from vitedge.exporter.criteria import GroundTruth
+from vitedge.exporter.parity import FLOAT64_TOLERANCES, compute_metrics, ground_truth, judge, tolerances
 from vitedge.models.flops import model_macs
 from vitedge.targets.ort import OnnxRuntimeRunner
 
@@ -212,8 +213,18 @@ def total_nodes(model: onnx.ModelProto) -> dict:
     return {"total": int(sum(counts.values())), "by_op": counts}
 
 
-def parity_problems(reference: np.ndarray, candidate: np.ndarray) -> list[str]:
-    """The project's fp32 tolerance applied to one candidate's logits (empty = within tolerance)."""
+def ground_truth_on(train: nn.Module, x: np.ndarray) -> GroundTruth:
+    """The train-form's float64 ground truth (and per-sample float32 noise) on `x`, judged as one stress set: what
+    the pipeline judges every hop against (exporter/parity.py)."""
+    return ground_truth(train, np.ascontiguousarray(x, np.float32), ("stress",) * len(x))
+
+
+def parity_problems(reference, candidate: np.ndarray) -> list[str]:
+    """Empty when `candidate` passes. `reference` a GroundTruth: the pipeline's fp32 rule against float64 (the
+    per-sample noise rule, so a correct graph of a chaotic model passes); plain float32 logits: the fp32 metric
+    profile against them (comparing candidates that should agree, e.g. attention orders)."""
+    if isinstance(reference, GroundTruth):
+        return judge(reference, np.asarray(candidate), FLOAT64_TOLERANCES["fp32"])[2]
     return tolerances()["fp32"].violations(compute_metrics(reference, candidate))
 
 

@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from vitedge.exporter import onnx_export
-from vitedge.exporter.fusable_patterns import restore_gelu_halves
+from vitedge.targets.graph.gelu import fuse_erf_gelu, restore_gelu_halves
 from vitedge.exporter.onnx_export import check_onnx, export_onnx, run_onnxsim, simplify_keeping_fusions
 from vitedge.exporter.reparam import reparameterize
 from vitedge.models import create_model, make_trained_like
@@ -155,6 +155,40 @@ def test_restore_leaves_shared_gelu_outputs_alone():
     graph = _gelu_conv_graph(fold_half=True, extra_consumer=True)
     restored, n = restore_gelu_halves(graph)
     assert n == 0 and restored == graph
+
+
+def _half_first(graph: onnx.ModelProto) -> onnx.ModelProto:
+    """The same GELU written (x * 0.5) * (1 + erf(x / sqrt 2)), as the deploy-form exports it."""
+    g = copy.deepcopy(graph)
+    nodes = list(g.graph.node)
+    mul, half = [n for n in nodes if n.op_type == "Mul"]  # Mul(h, a) -> m, Mul(m, 0.5) -> g
+    pre = helper.make_node("Mul", ["h", "half"], ["h_half"])
+    mul.input[:] = ["h_half", "a"]
+    conv2 = nodes[-1]
+    conv2.input[0] = mul.output[0]
+    del g.graph.node[:]
+    g.graph.node.extend([n for n in nodes if n is not half][:4] + [pre, mul, conv2])
+    return g
+
+
+@pytest.mark.parametrize("form", ["half_last", "half_first"])
+def test_fuse_erf_gelu_is_one_exact_node(form):
+    graph = _gelu_conv_graph(fold_half=False)
+    graph = _half_first(graph) if form == "half_first" else graph
+    onnx.checker.check_model(graph, full_check=True)
+    fused, n = fuse_erf_gelu(graph)
+    assert n == 1 and [x.op_type for x in fused.graph.node] == ["Conv", "Gelu", "Conv"]
+    assert fused.graph.node[1].domain == "com.microsoft" and "Erf" in {x.op_type for x in graph.graph.node}
+    x = np.random.default_rng(3).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    a, b = OnnxRuntimeRunner(graph, threads=1).run(x), OnnxRuntimeRunner(fused, threads=1).run(x)
+    np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6 * float(np.abs(a).max()))
+
+
+def test_fuse_erf_gelu_leaves_shared_values_and_broken_patterns_alone():
+    shared = _gelu_conv_graph(fold_half=False, extra_consumer=True)  # the product also leaves the graph
+    assert fuse_erf_gelu(shared) == (shared, 0)
+    folded = _gelu_conv_graph(fold_half=True)  # no 0.5 at all: not a GELU, nothing to fuse
+    assert fuse_erf_gelu(folded)[1] == 0
 
 
 def test_last_rung_keeps_the_raw_graph_when_nothing_restores_the_fusions(monkeypatch):

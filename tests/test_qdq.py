@@ -78,7 +78,8 @@ def test_qdq_ops_sit_around_conv_gemm_matmul_only(name):
     q = quantized(name)
     model, fp32 = q.model, tf.onnx_fp32(name)
     types = {n.op_type for n in model.graph.node}
-    assert types - {n.op_type for n in fp32.graph.node} == {"QuantizeLinear", "DequantizeLinear"}
+    gelu = {"Gelu"} if q.info["gelu_fused"] else set()  # erf-GELUs as one node (gelu.fuse_erf_gelu)
+    assert types - {n.op_type for n in fp32.graph.node} == {"QuantizeLinear", "DequantizeLinear"} | gelu
     assert not {t for t in types if t.startswith("QLinear") or t.endswith("Integer")}  # QDQ format, not QOperator
     qnodes = {n for names in qdq.quantized_nodes(model).values() for n in names}
     assert q.info["quantized"].get("Conv", 0) > 0 and sum(q.info["quantized"].values()) == len(qnodes)
@@ -104,6 +105,20 @@ def test_qdq_ops_sit_around_conv_gemm_matmul_only(name):
             q_in = prod[n.input[0]].input[0]
             assert (any(u.name in qnodes for u in cons.get(n.output[0], []))
                     or (q_in in prod and prod[q_in].name in qnodes)), f"Q/DQ pair {n.name} touches no int8 node"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_int8_graph_keeps_onnx_runtimes_gelu_fusion(name):
+    """The QDQ graph runs every GELU of the fp32 graph as one fused kernel (ONNX Runtime's optimized form), in the
+    ONNX Runtime encoding; the TensorRT encoding keeps standard ONNX ops only."""
+    from vitedge.targets.ort_fusions import fused_op_counts
+
+    fp32_gelus = fused_op_counts(tf.onnx_fp32(name)).get("Gelu", 0)
+    assert fp32_gelus > 0 and quantized(name).info["gelu_fused"] == fp32_gelus
+    assert fused_op_counts(quantized(name).model).get("Gelu", 0) == fp32_gelus
+    x, ids = tf.calibration_images(name, 8)
+    trt = qdq.quantize_qdq(tf.onnx_fp32(name), x, calibration_ids=ids, encoding="tensorrt")
+    assert trt.info["gelu_fused"] == 0 and all(n.domain in ("", "ai.onnx") for n in trt.model.graph.node)
 
 
 @pytest.mark.parametrize("name", NAMES)
