@@ -14,7 +14,9 @@ Per model (smallest first, so a partial run covers the most models; the JSON is 
   l1-normalized over tokens right after, so scaling one channel's weights changes the output only through that
   channel's bias. A plant whose x1.01 moves the logits (ONNX Runtime, planted vs unplanted, first 16 inputs) by
   less than 2x the model's median float32 noise is recorded as `invisible` and the next weight along the graph
-  is planted instead; both factors use the node so chosen.
+  is planted instead; both factors use the node so chosen. Grouped (depthwise) Convs are passed over too (one
+  output channel is one k x k filter: see visible_position); `plant_effect_x1.01` records the chosen plant's
+  effect on the logits. `--update --models a,b` re-measures those models into the existing results file.
 The summary printed last: status, worst noise_ratio per set, noise medians, the smallest factor caught.
 Correctness figures only: wall times under load are indicative.
 
@@ -25,6 +27,7 @@ Correctness figures only: wall times under load are indicative.
 from __future__ import annotations
 
 import contextlib
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -64,21 +67,32 @@ def keep_ladder(store: dict):
         hops.Ladder.build = classmethod(build)
 
 
-def visible_position(graph: onnx.ModelProto, x: np.ndarray, noise: float) -> tuple[float, list[dict]]:
-    """The first weight from the middle of the graph on whose x1.01 plant the logits move by more than
-    2 x `noise` (module doc), as plant_channel_scale's `position`; and the plants passed over."""
-    n = len(weight_nodes(graph))
+def _grouped(node: onnx.NodeProto) -> bool:
+    return node.op_type == "Conv" and any(a.name == "group" and a.i > 1 for a in node.attribute)
+
+
+def visible_position(graph: onnx.ModelProto, x: np.ndarray, noise: float) -> tuple[float, list[dict], float]:
+    """The first dense weight from the middle of the graph on whose x1.01 plant the logits move by more than
+    2 x `noise` (module doc), as plant_channel_scale's `position`; the plants passed over; the chosen plant's
+    effect (max over the inputs of max|dy| / max|y|). Grouped (depthwise) Convs are passed over: one of their
+    output channels is a single k x k filter, whose 1 % change moves the logits of these models by 3-10x their
+    float32 noise, inside the spread of correct hops (all_models' first full run)."""
+    nodes = weight_nodes(graph)
+    n = len(nodes)
     y = run_batched(OnnxRuntimeRunner(graph), x)
     scale = np.abs(y).max(axis=1)
     skipped = []
     for k in range(n // 2, n):
+        if _grouped(nodes[k][0]):
+            skipped.append({"node": nodes[k][0].name, "why": "grouped (depthwise) Conv"})
+            continue
         position = (k + 0.5) / n
         bad, where = plant_channel_scale(graph, FACTORS[0], position)
         effect = float((np.abs(run_batched(OnnxRuntimeRunner(bad), x) - y).max(axis=1) / scale).max())
         if effect > 2 * noise:
-            return position, skipped
+            return position, skipped, effect
         skipped.append({"node": where.node, "channel": where.channel, "effect": effect})
-    return 0.5, skipped
+    return 0.5, skipped, float("nan")
 
 
 def sets_summary(hop) -> dict:
@@ -114,7 +128,8 @@ def measure(name: str, samples: int | None, work: Path, overrides: dict | None =
     graph = onnx.load(str(work / name / artifact.path))
     tol = FLOAT64_TOLERANCES["fp32"]
     noise = min(d["median"] for d in out["intrinsic_noise"].values())
-    position, out["invisible_plants"] = visible_position(graph, ladder.x[:EFFECT_SAMPLES], noise)
+    position, out["invisible_plants"], out["plant_effect_x1.01"] = visible_position(graph, ladder.x[:EFFECT_SAMPLES],
+                                                                                   noise)
     for f in FACTORS:
         bad, where = plant_channel_scale(graph, f, position)
         hop = ladder.judge("onnx", OnnxRuntimeRunner(bad), tol)
@@ -146,6 +161,8 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=None,
                    help=f"parity samples per model (default: the export's, by the GMACs rule; --quick "
                         f"{QUICK_SAMPLES})")
+    p.add_argument("--update", action="store_true",
+                   help="re-measure only --models and replace their rows in the existing results file")
     args = p.parse_args()
     names = args.models.split(",") if args.models else (list(QUICK_MODELS) if args.quick else list_models())
     names.sort(key=_cost)
@@ -153,8 +170,10 @@ def main() -> None:
     info = C.machine()
     C.banner("all_models", info, args.quick)
     started = time.time()
-    path = C.out_path("all_models", args)
-    rows = []
+    path = Path(C.out_path("all_models", args))
+    rows, kept = [], []
+    if args.update and path.is_file():  # the other models' rows stay as measured, in cost order
+        kept = [r for r in json.loads(path.read_text())["models"] if r["model"] not in names]
     with tempfile.TemporaryDirectory(prefix="vitedge-all-models-") as tmp:
         for name in names:
             r = (measure(name, samples, Path(tmp), C.REDUCED.get(name), QUICK_IMGSZ) if args.quick
@@ -163,24 +182,26 @@ def main() -> None:
             body = {"settings": {"target": "onnx", "samples": samples or f"export default ({SAMPLES_RULE})", "weights": "make_trained_like(seed=0)",
                                  "factors": list(FACTORS), "rule": {"noise_floor": FLOAT64_TOLERANCES["fp32"].noise_floor,
                                                                     "noise_k": FLOAT64_TOLERANCES["fp32"].noise_k}},
-                    "models": rows, "complete": len(rows) == len(names)}
+                    "models": sorted(kept + rows, key=lambda r: _cost(r["model"])),
+                    "complete": len(rows) == len(names) and (not args.update or len(kept + rows) == len(list_models()))}
             C.write_results(path, "all_models", dict(info), args, body, started)  # survives an interrupted run
             w = r["worst_noise_ratio"]
             print(f"{name:20s} exit {r['exit_code']}  worst ratio natural {_fmt(w['natural'], '.2f')} stress "
                   f"{_fmt(w['stress'], '.2f')}  smallest caught {r['smallest_caught']}  ({r['samples']} samples, "
                   f"{r['wall_s']} s)", flush=True)
-    print(f"\nall_models: {len(rows)} models, {samples or 'the GMACs rule (' + SAMPLES_RULE + ')'} samples each; rule floor "
+    allrows = sorted(kept + rows, key=lambda r: _cost(r["model"]))
+    print(f"\nall_models: {len(allrows)} models, {samples or 'the GMACs rule (' + SAMPLES_RULE + ')'} samples each; rule floor "
           f"{FLOAT64_TOLERANCES['fp32'].noise_floor:g}, K {FLOAT64_TOLERANCES['fp32'].noise_k:g}")
     print(f"{'model':20s} {'exit':>4s} {'noise nat':>9s} {'noise str':>9s} {'ratio nat':>9s} {'ratio str':>9s} "
           f"{'caught':>7s} {'samples':>7s} {'wall s':>7s}")
-    for r in rows:
+    for r in allrows:
         nz, w = r["intrinsic_noise"], r["worst_noise_ratio"]
         print(f"{r['model']:20s} {r['exit_code']:>4d} {_fmt(nz.get('natural', {}).get('median'), '9.1e')} "
               f"{_fmt(nz.get('stress', {}).get('median'), '9.1e')} {_fmt(w['natural'], '9.2f')} "
               f"{_fmt(w['stress'], '9.2f')} {str(r['smallest_caught']):>7s} {r['samples']:>7d} {r['wall_s']:7.1f}")
-    passed = sum(r["exit_code"] == 0 for r in rows)
-    print(f"exit 0: {passed}/{len(rows)}; x1.01 caught in {sum(bool(r['planted'].get('x1.01', {}).get('caught')) for r in rows)}"
-          f", x1.001 in {sum(bool(r['planted'].get('x1.001', {}).get('caught')) for r in rows)}")
+    passed = sum(r["exit_code"] == 0 for r in allrows)
+    print(f"exit 0: {passed}/{len(allrows)}; x1.01 caught in {sum(bool(r['planted'].get('x1.01', {}).get('caught')) for r in allrows)}"
+          f", x1.001 in {sum(bool(r['planted'].get('x1.001', {}).get('caught')) for r in allrows)}")
     print(f"results: {path}")
 
 
