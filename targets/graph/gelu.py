@@ -34,13 +34,7 @@ def restore_gelu_halves(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """
     model = copy_model(model)
     g = model.graph
-    consts = _constants(g)
-    producers = {o: n for n in g.node for o in n.output}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for n in g.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
-    outputs = {o.name for o in g.output}
+    consts, producers, consumers, outputs = _index(g)
     uses = {name: len(c) for name, c in consumers.items()}
     restored = 0
     for erf in [n for n in g.node if n.op_type == "Erf"]:
@@ -92,13 +86,7 @@ def fuse_erf_gelu(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     one node."""
     model = copy_model(model)
     g = model.graph
-    consts = _constants(g)
-    producers = {o: n for n in g.node for o in n.output}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for n in g.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
-    outputs = {o.name for o in g.output}
+    consts, producers, consumers, outputs = _index(g)
     dead, fused = set(), 0
     for erf in [n for n in g.node if n.op_type == "Erf"]:
         div = producers.get(erf.input[0])
@@ -135,6 +123,15 @@ def fuse_erf_gelu(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         if not any(o.domain == MS_DOMAIN for o in model.opset_import):
             model.opset_import.append(onnx.helper.make_opsetid(MS_DOMAIN, 1))
     return model, fused
+
+
+def _index(g: onnx.GraphProto) -> tuple[dict, dict, dict, set]:
+    """(constants by name, producer node by output, consumer nodes by input, graph output names)."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for n in g.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    return _constants(g), {o: n for n in g.node for o in n.output}, consumers, {o.name for o in g.output}
 
 
 def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
