@@ -11,8 +11,8 @@ from __future__ import annotations
 from ..errors import VitedgeError
 
 EXPORTERS = ("dynamo", "torchscript")
-# The exporter used when none is asked for. TorchScript until benchmarks/exporters.py has been run on a quiet
-# machine and the better one chosen (issue 20; README "ONNX exporters").
+# The exporter used when none is asked for: TorchScript, measured no slower than dynamo on every family and 2-5x
+# quicker to export (benchmarks/results/exporters.json; README "ONNX exporters").
 DEFAULT_EXPORTER = "torchscript"
 DEFAULT_OPSET = 17  # the TorchScript exporter's default opset
 MIN_OPSET = 13  # the oldest opset the tests exercise (per-axis ReduceSum inputs, Gemm broadcasting)
