@@ -90,6 +90,12 @@ class Judged:
             truth = GroundTruth(truth.y64[idx], truth.y32[idx], sets, labels)
         return cls(train, x, truth, tuple(pset.names[i] for i in idx))
 
+    def describe(self, parity_inputs: str, left_out: str) -> str:
+        """report.json's `compressed_inputs`: which samples were judged (`left_out`: what calibration removed)."""
+        kinds = " and ".join(sorted(set(self.truth.sets)))  # natural, and user with --images
+        return (f"{len(self.x)} {kinds} samples of the parity set ({parity_inputs}){left_out}, in a seeded order "
+                "(stress samples are not judged), against the train-form in float64")
+
     def truth_on(self, seen: np.ndarray, n: int) -> GroundTruth:
         """The truth for the first `n` samples as a runner really feeds them (an image input's 8-bit pixels)."""
         t = self.truth.head(n)

@@ -3,9 +3,10 @@
 validate everything -> build the train-form (checkpoint, or seeded trained-like demo weights) -> re-parameterize
 -> fp64 equivalence gate -> ONNX (raw) -> onnxsim -> each requested target, with a parity hop after each step,
 every hop against the train-form's float64 ground truth on the parity set (default, or --images) by the
-per-sample noise rule (hops.py). The output folder is one transaction (outdir.py): built in a temporary sibling
-and renamed into place in one step; a failed hop moves the artifacts to DIR/quarantine/. Bad input raises VitedgeError before anything is written. `parity()` on existing artifacts
-is verify.py. With `hub=` a verified deploy-form and hub ONNX are reused from, or left in, a store (hub.py).
+per-sample noise rule (hops.py). The output folder is one transaction (outdir.py): built in a temporary sibling,
+renamed into place in one step; a failed hop moves the artifacts to DIR/quarantine/. Bad input raises VitedgeError
+before anything is written. `parity()` on existing artifacts is verify.py. With `hub=` a verified deploy-form and
+hub ONNX are reused from, or left in, a store (hub.py).
 """
 from __future__ import annotations
 
@@ -336,11 +337,7 @@ class _Build:
                 calib = self._calibration()
                 self.judged = Judged.build(train, self.inputs, calib.ids if calib is not None else (),
                                            truth=ladder.truth)
-            apart = ", none that calibrated" if calib is not None else ""
-            kinds = " and ".join(sorted(set(self.judged.truth.sets)))  # natural, and user with --images
-            r.compressed_inputs = (f"{len(self.judged.x)} {kinds} samples of the parity set ({r.inputs})"
-                                   f"{apart}, in a seeded order (stress samples are not judged), against the "
-                                   "train-form in float64")
+            r.compressed_inputs = self.judged.describe(r.inputs, ", none that calibrated" if calib is not None else "")
         return self.judged
 
     def _int8_graph(self, plan: TargetPlan, hub: Path, ladder: Ladder, tol) -> Path:

@@ -304,9 +304,7 @@ def _compressed_artifact_hop(report: Report, plan: TargetPlan, path: Path, art_m
     ids = _calibration_ids(meta)
     with progress.step("choosing the samples the compressed hop is judged on"):
         judged = Judged.build(ladder.train, ladder.inputs, ids, truth=ladder.truth)
-    kinds = " and ".join(sorted(set(judged.truth.sets)))  # natural, and user with --images
-    report.compressed_inputs = (f"{len(judged.x)} {kinds} samples of the parity set ({report.inputs}), "
-                                f"without the {len(ids)} calibration ids the artifact records and their photos, in a "
-                                "seeded order, vs the train-form in float64")
+    report.compressed_inputs = judged.describe(report.inputs, f", without the {len(ids)} calibration ids the "
+                                               "artifact records and their photos")
     ane = ane_check if report.require_ane and plan.name == "coreml" else None
     return compressed_hop(hop_name, plan.target, art, tol, judged, ladder.deploy, progress, mode, also=ane)

@@ -43,7 +43,9 @@ def test_all_models_quick(tmp_path):
         assert all(0 < r <= 1 for r in m["worst_noise_ratio"].values())
         assert set(m["planted"]) == {"x1.01", "x1.001"}
         noise = min(d["median"] for d in m["intrinsic_noise"].values())
-        assert all(p["effect"] <= 2 * noise for p in m["invisible_plants"])  # passed over only when invisible
+        for p in m["invisible_plants"]:  # passed over only when invisible, or a grouped (depthwise) Conv
+            assert p.get("why") == "grouped (depthwise) Conv" or p["effect"] <= 2 * noise, p
+        assert m["plant_effect_x1.01"] > 2 * noise
     for m in data["models"]:  # reduced configs: x1.01 is caught and localized (tests/test_sensitivity.py: x1.001 too)
         assert m["planted"]["x1.01"]["caught"] and m["planted"]["x1.01"]["diverging_module"]
 

@@ -182,17 +182,17 @@ def test_corrupted_fold_fails_the_gate_before_any_export(tmp_path, monkeypatch):
 
 
 def test_corrupted_simplified_graph_in_export_is_quarantined_and_localized(tmp_path, monkeypatch):
-    simplify = pipeline.simplify_onnx
+    simplify = pipeline.simplify_keeping_fusions
     corrupted = {}
 
     def corrupt(model):
-        simp = simplify(model)
+        simp, info = simplify(model)
         init = next(i for i in simp.graph.initializer if i.name == "network.4.1.attn.to_key.weight")
         init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * -1.0, init.name))
         corrupted["name"] = init.name
-        return simp
+        return simp, info
 
-    monkeypatch.setattr(pipeline, "simplify_onnx", corrupt)
+    monkeypatch.setattr(pipeline, "simplify_keeping_fusions", corrupt)
     out = tmp_path / "run"
     report = export("swiftformer_xs", "onnx", imgsz=IMGSZ, out=out, samples=6, overrides=SWIFT)
     assert report.exit_code == 1
