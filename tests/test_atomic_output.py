@@ -28,6 +28,8 @@ from pathlib import Path
 import onnx
 import pytest
 
+from vitedge.tests._signals import sigint_default
+
 REPO = Path(__file__).resolve().parents[1]
 NAME = "swiftformer_xs"
 OUT = "artifacts"  # the --out folder's name inside each test's own parent folder
@@ -111,13 +113,13 @@ def start_paused(out: Path, at: str, marker: Path, *extra: str) -> subprocess.Po
     """Start the CLI so that it waits at the named point `at` (exporter/outdir.py) once it writes `marker`."""
     env = {**ENV, "VITEDGE_TEST_PAUSE_AT": at, "VITEDGE_TEST_PAUSE_FILE": str(marker)}
     return subprocess.Popen([sys.executable, "cli.py", *export_argv(out, *extra)], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
 
 
 def run_driver(out: Path, kill_at: str, *extra: str) -> subprocess.CompletedProcess:
     env = {**ENV, "VITEDGE_TEST_KILL_AT": kill_at, "VITEDGE_TEST_OUT_NAME": out.name}
     return subprocess.run([sys.executable, "-c", _DRIVER, *export_argv(out, *extra)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=TIMEOUT)
+                          capture_output=True, text=True, timeout=TIMEOUT, preexec_fn=sigint_default)
 
 
 def sha256(path: Path) -> str:

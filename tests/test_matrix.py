@@ -30,6 +30,7 @@ from vitedge.targets.base import sha256_file
 from vitedge.targets import TARGETS
 from vitedge.targets.ort import OnnxTarget
 from vitedge.tests._matrix import TINY, XS, built, plan_of, save_checkpoint, statuses, write_plan
+from vitedge.tests._signals import sigint_default
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -227,7 +228,8 @@ def test_failed_and_crashed_cells_do_not_stop_the_others(tmp_path):
 
 def _start(plan: Path, out: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "cli.py", "matrix", str(plan), "--out", str(out), "--workers", "1"],
-                            cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_default)
 
 
 def _signal_after(proc: subprocess.Popen, line_start: str, sig: int) -> int:
