@@ -7,9 +7,11 @@ Per model (smallest first, so a partial run covers the most models; the JSON is 
   time and sample count;
 - the train-form's intrinsic float32 noise per input set (report.json `reference`), each hop's worst
   error / allowance (noise_ratio) and worst-sample error per set;
+- each ONNX hop's feature probe (exporter/probe.py): the module, its worst noise_ratio per set;
 - sensitivity: one output channel of the mid-network Conv/Gemm/MatMul weight of the exported ONNX scaled by 1.01
   and by 1.001 (tests/_plant.py), each judged like `vitedge parity` judges an ONNX artifact (same parity set,
-  same ground truth: the export's own, reused, no second float64 run), with the module localization names.
+  same ground truth: the export's own, reused, no second float64 run; `Ladder.onnx_hop`: logits, feature probe,
+  localization), with the module localization names and `caught_by` (logits or feature probe).
   Some mid-network weights are numerically blind to a per-channel scale: SimA's q/k projections are
   l1-normalized over tokens right after, so scaling one channel's weights changes the output only through that
   channel's bias. A plant whose x1.01 moves the logits (ONNX Runtime, planted vs unplanted, first 16 inputs) by
@@ -101,6 +103,18 @@ def sets_summary(hop) -> dict:
             for s, d in (hop.sets or {}).items()}
 
 
+def probe_summary(hop) -> dict | None:
+    p = hop.probe or None
+    return p and {k: p.get(k) for k in ("status", "module", "samples", "noise_ratio", "sets", "why")}
+
+
+def _caught_by(hop) -> str | None:
+    if hop.status != "failed":
+        return None
+    logits = any((d.get("noise_ratio") or 0) > 1 for d in (hop.sets or {}).values())
+    return "logits" if logits else "feature probe" if (hop.probe or {}).get("status") == "failed" else "other"
+
+
 def measure(name: str, samples: int | None, work: Path, overrides: dict | None = None, imgsz: int | None = None) -> dict:
     spec = get_spec(name)
     store: dict = {}
@@ -113,13 +127,17 @@ def measure(name: str, samples: int | None, work: Path, overrides: dict | None =
            "exit_code": report.exit_code, "status": report.status, "export_wall_s": round(wall, 1),
            "intrinsic_noise": {s: {"median": d["reference_noise_median"], "max": d["reference_noise"]}
                                for s, d in ((report.reference or {}).get("sets") or {}).items()},
-           "hops": {h.hop: {"status": h.status, "reason": h.reason, "sets": sets_summary(h)} for h in report.parity},
+           "hops": {h.hop: {"status": h.status, "reason": h.reason, "sets": sets_summary(h), "probe": probe_summary(h)}
+                    for h in report.parity},
            "planted": {}, "smallest_caught": None}
     ratios = [d["noise_ratio"] for h in out["hops"].values() for d in h["sets"].values() if d["noise_ratio"]]
     out["worst_noise_ratio"] = {s: max((h["sets"][s]["noise_ratio"] for h in out["hops"].values()
                                         if s in h["sets"] and h["sets"][s]["noise_ratio"] is not None), default=None)
                                 for s in ("natural", "stress")}
     out["worst_noise_ratio_any"] = max(ratios, default=None)
+    probes = [h["probe"] for h in out["hops"].values() if h["probe"]]
+    out["worst_probe_ratio"] = max((p["noise_ratio"] for p in probes if p.get("noise_ratio") is not None), default=None)
+    out["probe_not_run"] = [p.get("why") for p in probes if p.get("status") == "not run"]
     ladder = store.get("ladder")
     artifact = report.artifacts.get("onnx")
     if ladder is None or artifact is None or report.exit_code != 0:
@@ -132,12 +150,10 @@ def measure(name: str, samples: int | None, work: Path, overrides: dict | None =
                                                                                    noise)
     for f in FACTORS:
         bad, where = plant_channel_scale(graph, f, position)
-        hop = ladder.judge("onnx", OnnxRuntimeRunner(bad), tol)
-        if hop.status == "failed":
-            ladder.localize_onnx(hop, bad)
+        hop = ladder.onnx_hop("onnx", bad, tol)  # as `vitedge parity` judges it: logits, feature probe, localization
         out["planted"][f"x{f}"] = {"caught": hop.status == "failed", "node": where.node, "op": where.op,
-                                   "channel": where.channel, "sets": sets_summary(hop),
-                                   "diverging_module": hop.diverging_module}
+                                   "channel": where.channel, "sets": sets_summary(hop), "probe": probe_summary(hop),
+                                   "caught_by": _caught_by(hop), "diverging_module": hop.diverging_module}
     caught = [f for f in FACTORS if out["planted"][f"x{f}"]["caught"]]
     out["smallest_caught"] = min(caught, key=lambda f: abs(f - 1)) if caught else None
     out["wall_s"] = round(time.perf_counter() - t0, 1)
@@ -193,12 +209,12 @@ def main() -> None:
     print(f"\nall_models: {len(allrows)} models, {samples or 'the GMACs rule (' + SAMPLES_RULE + ')'} samples each; rule floor "
           f"{FLOAT64_TOLERANCES['fp32'].noise_floor:g}, K {FLOAT64_TOLERANCES['fp32'].noise_k:g}")
     print(f"{'model':20s} {'exit':>4s} {'noise nat':>9s} {'noise str':>9s} {'ratio nat':>9s} {'ratio str':>9s} "
-          f"{'caught':>7s} {'samples':>7s} {'wall s':>7s}")
+          f"{'probe':>6s} {'caught':>7s} {'samples':>7s} {'wall s':>7s}")
     for r in allrows:
         nz, w = r["intrinsic_noise"], r["worst_noise_ratio"]
         print(f"{r['model']:20s} {r['exit_code']:>4d} {_fmt(nz.get('natural', {}).get('median'), '9.1e')} "
               f"{_fmt(nz.get('stress', {}).get('median'), '9.1e')} {_fmt(w['natural'], '9.2f')} "
-              f"{_fmt(w['stress'], '9.2f')} {str(r['smallest_caught']):>7s} {r['samples']:>7d} {r['wall_s']:7.1f}")
+              f"{_fmt(w['stress'], '9.2f')} {_fmt(r.get('worst_probe_ratio'), '6.2f')} {str(r['smallest_caught']):>7s} {r['samples']:>7d} {r['wall_s']:7.1f}")
     passed = sum(r["exit_code"] == 0 for r in allrows)
     print(f"exit 0: {passed}/{len(allrows)}; x1.01 caught in {sum(bool(r['planted'].get('x1.01', {}).get('caught')) for r in allrows)}"
           f", x1.001 in {sum(bool(r['planted'].get('x1.001', {}).get('caught')) for r in allrows)}")

@@ -31,6 +31,7 @@ from .criteria import GroundTruth, reference_block
 from .inputs import ParitySet
 from .localize import localize_onnx
 from .onnx_export import node_counts
+from .probe import PROBE_SAMPLES, deploy_reference, judge_probe, onnx_tensor, probe_point
 from .parity import REFERENCE_THREADS, check_hop, failed, ground_truth, noise_rule, unverified
 from .progress import Progress
 from .report import ArtifactEntry, Hop, Report, Tolerance
@@ -87,6 +88,7 @@ class Ladder:
     progress: Progress
     build_train: Callable[[], nn.Module] | None = None
     _truths: dict = field(default_factory=dict)  # ground truth on the inputs a runner really sees, by content
+    _probe_refs: dict = field(default_factory=dict)  # deploy-form module -> (float64, float32) probe outputs
 
     @classmethod
     def build(cls, train: nn.Module, deploy: nn.Module, inputs: ParitySet, progress: Progress) -> "Ladder":
@@ -139,9 +141,45 @@ class Ladder:
     def onnx_hop(self, hop_name: str, model: onnx.ModelProto, tol: Tolerance) -> Hop:
         """ONNX Runtime on an in-memory graph; a failure is localized to the first diverging module."""
         hop = self.judge(hop_name, OnnxRuntimeRunner(model), tol, f"{hop_name} hop (ONNX Runtime)")
+        self.check_onnx(hop, model)
+        return hop
+
+    def check_onnx(self, hop: Hop, model: onnx.ModelProto) -> None:
+        """After an ONNX graph's hop: a passing one is probed (exporter/probe.py), a failed one localized."""
+        if hop.status == "passed":
+            self.probe_onnx(hop, model)
         if hop.status == "failed":
             self.localize_onnx(hop, model)
-        return hop
+
+    def probe_onnx(self, hop: Hop, model: onnx.ModelProto) -> None:
+        """The feature probe of an ONNX hop under the noise rule; a broken probe fails the hop."""
+        rule = noise_rule(hop.tolerance)
+        if rule is None:
+            return
+        x = self.x[:min(PROBE_SAMPLES, hop.samples or len(self.x))]
+        with self.progress.step(f"{hop.hop} feature probe"):
+            try:
+                point = probe_point(model, self.deploy, x)
+                if point is None:
+                    hop.probe = {"status": "not run", "why": "no deploy-form module output maps to a feature map "
+                                                             "in this graph"}
+                    return
+                module, tensor = point
+                if module not in self._probe_refs:
+                    self._probe_refs[module] = deploy_reference(self.deploy, module, x)
+                y64, y32 = self._probe_refs[module]
+                cand = onnx_tensor(model, tensor, x)
+            except Exception as e:  # the logits verdict stands; the probe says plainly that it did not run
+                hop.probe = {"status": "not run", "why": f"{type(e).__name__}: {e}"}
+                return
+        if cand.size != y64.size:
+            hop.probe = {"status": "not run", "module": module, "tensor": tensor,
+                         "why": f"ONNX tensor shape {cand.shape} differs from the module output {y64.shape}"}
+            return
+        probe = judge_probe(module, tensor, cand, y64, y32, self.inputs.sets[:len(x)], rule)
+        hop.probe = {"status": "passed" if probe.passed else "failed", **probe.as_dict()}
+        if not probe.passed:
+            hop.status, hop.reason = "failed", probe.describe()
 
     def artifact_hop(self, hop_name: str, target: Target, artifact: Artifact, tol: Tolerance | None,
                      mode: str | None = None, on_runner: Callable[[Runner], None] | None = None,
@@ -162,8 +200,8 @@ class Ladder:
                          also=_all_of(ane_check if require_ane and target.name == "coreml" else None, also))
         if mode and hop.mode != mode:
             return unverified(hop_name, hop.backend, _mode_mismatch(mode, target, hop.mode), tol)
-        if hop.status == "failed" and Path(artifact.path).suffix == ".onnx":
-            self.localize_onnx(hop, onnx.load(str(artifact.path)))
+        if Path(artifact.path).suffix == ".onnx" and hop.status in ("passed", "failed"):
+            self.check_onnx(hop, onnx.load(str(artifact.path)))
         return hop
 
     def localize_samples(self, hop: Hop) -> np.ndarray:

@@ -98,6 +98,9 @@ class Hop:
     # labels also "top1_accuracy_ci95" (Wilson), "reference_top1_accuracy", "accuracy_drop"}; None where the hop
     # did not run.
     sets: dict | None = None
+    # ONNX hops under the noise rule: the feature probe (exporter/probe.py) {"status" (passed / failed / not run),
+    # "module", "tensor", "samples", "noise_ratio", "worst_sample", "sets", "why"}; None where it does not apply.
+    probe: dict | None = None
 
     @classmethod
     def from_dict(cls, d: dict) -> "Hop":

@@ -70,6 +70,8 @@ def test_cli_passes_the_correct_export_and_fails_a_planted_channel_naming_its_mo
     for h in report.parity:  # passed with margin, on both sets, against float64
         assert set(h.sets) == {"natural", "stress"} and all(0 < s["noise_ratio"] <= 0.5 for s in h.sets.values()), \
             (h.hop, h.sets)
+    for h in report.parity[1:]:  # the ONNX hops' feature probe ran on the final feature map and passed
+        assert h.probe["status"] == "passed" and h.probe["module"] and h.probe["noise_ratio"] <= 1, (h.hop, h.probe)
     graph = onnx.load(str(out / f"{name}.onnx"))
     deploy, _ = build_deploy_form(build_train_form(name, overrides=overrides).model, imgsz)
     capsys.readouterr()
@@ -123,4 +125,6 @@ def test_ill_conditioned_but_correct_export_passes(tmp_path):
     # the float32 train-form itself is farther from float64 than the old fixed tolerance allowed an artifact
     assert max(s["reference_noise"] for s in ref.values()) > DEFAULT_TOLERANCES["fp32"].max_rel
     assert all(h.status == "passed" and all(s["noise_ratio"] <= 1 for s in h.sets.values()) for h in report.parity)
+    # the feature probe follows each sample's own noise too: it ran on the chaotic model and passed
+    assert all(h.probe["status"] == "passed" for h in report.parity[1:]), [h.probe for h in report.parity]
     assert np.isfinite(report.hop("onnx-simplified").metrics.max_rel)
