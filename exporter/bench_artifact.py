@@ -11,12 +11,17 @@
 Parity runs first when the artifact's vitedge metadata names its model (vitedge wrote it): the train-form is
 rebuilt from the metadata (model, overrides, size; an artifact made from a checkpoint needs that `checkpoint`,
 checked by sha256) and every backend is checked as `vitedge bench` checks its own, a failed one not timed.
-Otherwise parity is not run and the report says why (`artifact.parity`).
+Otherwise parity is not run and the report says why (`artifact.parity`). A compressed artifact (int8 QDQ graph,
+w8 / palette / w8a8 package: `vitedge.precision`) is judged as `export` and `parity` judge it: by its kind's
+profile, on the natural samples of the parity set that did not calibrate it (the ids it records), against float64
+(exporter/compressed.py); never by the float32 noise rule, and never on stress samples (`artifact.compressed_inputs`
+says which were judged).
 """
 from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -30,11 +35,12 @@ from ..targets.ort import OnnxRuntimeRunner
 from .bench import PARITY_SAMPLES, check_parity, check_settings, gate, machine_info, time_backends
 from .bench_report import BackendResult, BenchReport
 from .classes import labels_of, predictions
+from .compressed import Judged, judge_compressed
 from .forms import build_train_form, resolve_imgsz
 from .hops import parity_inputs_for
 from .inputs import parity_inputs
-from .parity import ground_truth
-from .verify import check_checkpoint, read_artifact
+from .parity import FLOAT64_TOLERANCES, PROFILE_OF, ground_truth, profile_for, tolerances
+from .verify import check_checkpoint, read_artifact, recorded_calibration_ids
 
 KINDS = {"onnx": "onnx", "tensorrt": "engine", "coreml": "mlpackage"}
 DEFAULT_PROVIDERS = ("cpu",)
@@ -140,7 +146,9 @@ class _Plan:
         self.x: np.ndarray | None = None    # its inputs (normalized NCHW)
         self.xb: np.ndarray | None = None   # the batch that is timed
         precision = meta.get("precision")
-        self.precision = precision if precision in ("fp32", "fp16") else None  # the parity tolerance profile
+        # the parity tolerance profile: fp32 / fp16, or a compressed kind's (judged on `judged`)
+        self.precision = precision if precision in ("fp32", "fp16") or precision in PROFILE_OF else None
+        self.judged: Judged | None = None   # a compressed artifact's judged samples (natural, not calibration)
 
 
 def bench_artifact(path: str | Path, *, providers=None, checkpoint: str | Path | None = None,
@@ -196,6 +204,10 @@ def bench_artifact(path: str | Path, *, providers=None, checkpoint: str | Path |
     results, runners = [], {}
     with contextlib.ExitStack() as stack:
         truth = _ground_truth(plan)
+        if truth is not None and plan.precision in PROFILE_OF:
+            plan.judged = Judged.build(plan.train, plan.inputs, recorded_calibration_ids(plan.meta), truth=truth)
+            report.artifact["compressed_inputs"] = plan.judged.describe(
+                f"{PARITY_SAMPLES} samples", ", without the calibration ids the artifact records")
         for name, make in plan.backends.items():
             t0 = time.perf_counter()
             try:
@@ -207,7 +219,7 @@ def bench_artifact(path: str | Path, *, providers=None, checkpoint: str | Path |
             if plan.train is None:
                 res.reason = f"parity not run: {plan.no_parity}"
             else:
-                check_parity(res, runner, plan.inputs, truth, plan.precision)
+                _check(plan, res, runner, truth)
                 if labels and res.status == "ok":
                     res.predictions = predictions(runner, plan.x, truth.y64.astype(np.float32), labels)
             results.append(res)
@@ -217,6 +229,24 @@ def bench_artifact(path: str | Path, *, providers=None, checkpoint: str | Path |
     if phone is not None:
         report.device = _on_phone(plan, phone, team_id, min_iters, log, device_runner)
     return gate(report, base_p50, max_regression)
+
+
+def _check(plan: _Plan, res: BackendResult, runner: Runner, truth) -> None:
+    """Parity of one backend before it is timed: a compressed artifact by its kind's profile on the judged samples,
+    any other as `vitedge bench` checks its own backends."""
+    if plan.judged is None:
+        check_parity(res, runner, plan.inputs, truth, plan.precision)
+        return
+    try:
+        hop = judge_compressed(res.backend, runner, plan.judged,
+                               tolerances(None, FLOAT64_TOLERANCES)[profile_for(plan.precision)])
+    except Exception as e:  # a backend that crashes on the parity inputs has failed parity
+        res.status, res.reason = "failed", f"parity failed: {type(e).__name__}: {e}"
+        return
+    res.parity = asdict(hop.metrics) if hop.metrics is not None else None
+    res.parity_sets = hop.sets
+    if hop.status != "passed":
+        res.status, res.reason = "failed", f"parity failed: {hop.reason}"
 
 
 def _parity_source(plan: _Plan, checkpoint, imgsz: int | None) -> None:

@@ -112,6 +112,18 @@ def resolution_bounds(tol: Tolerance, n: int, labelled: int) -> Tolerance:
     return out
 
 
+def judge_compressed(hop_name: str, runner: Runner, judged: Judged, tol: Tolerance) -> Hop:
+    """An open runner's compressed hop on the judged samples (as many as the runner runs), by the kind's profile
+    with the resolution bounds; `vitedge bench --artifact` judges a compressed artifact with this too."""
+    n = min(len(judged.x), runner.max_samples or len(judged.x))
+    x = judged.x[:n]
+    seen = runner.reference_inputs(x)
+    truth = judged.truth.head(n) if seen is x else judged.truth_on(seen, n)
+    labelled = 0 if truth.labels is None else int((truth.labels >= 0).sum())
+    return check_hop(hop_name, runner, x, None, resolution_bounds(tol, n, labelled), truth=truth,
+                     names=judged.names[:n])
+
+
 def compressed_hop(hop_name: str, target: Target, artifact: Artifact, tol: Tolerance, judged: Judged,
                    deploy: nn.Module, progress: Progress, mode: str | None = None,
                    also: Callable[[Hop, Runner], None] | None = None) -> Hop:
@@ -121,13 +133,7 @@ def compressed_hop(hop_name: str, target: Target, artifact: Artifact, tol: Toler
     if isinstance(runner, Hop):
         return runner
     with runner, progress.step(f"{hop_name} hop ({runner.backend})"):
-        n = min(len(judged.x), runner.max_samples or len(judged.x))
-        x = judged.x[:n]
-        seen = runner.reference_inputs(x)
-        truth = judged.truth.head(n) if seen is x else judged.truth_on(seen, n)
-        labelled = 0 if truth.labels is None else int((truth.labels >= 0).sum())
-        hop = check_hop(hop_name, runner, x, None, resolution_bounds(tol, n, labelled), truth=truth,
-                        names=judged.names[:n])
+        hop = judge_compressed(hop_name, runner, judged, tol)
         hop.runner = runner.info() or None
         if also is not None:
             also(hop, runner)

@@ -280,7 +280,7 @@ def _existing_artifact_hop(report: Report, plan: TargetPlan, path: Path, art_mod
                                also=name_classes)
 
 
-def _calibration_ids(meta: dict) -> list:
+def recorded_calibration_ids(meta: dict) -> list:
     """The calibration ids an artifact recorded: an int8 graph's `vitedge.int8` entry, a CoreML package's
     `compression` entry; [] for weight-only kinds."""
     for key, sub in (("int8", "calibration"), ("compression", None)):
@@ -301,7 +301,7 @@ def _compressed_artifact_hop(report: Report, plan: TargetPlan, path: Path, art_m
     record_artifact(report, hop_name, path, art.precision, model=art_model)
     if plan.target is None:
         return unverified(hop_name, plan.name, plan.missing, tol)
-    ids = _calibration_ids(meta)
+    ids = recorded_calibration_ids(meta)
     with progress.step("choosing the samples the compressed hop is judged on"):
         judged = Judged.build(ladder.train, ladder.inputs, ids, truth=ladder.truth)
     report.compressed_inputs = judged.describe(report.inputs, f", without the {len(ids)} calibration ids the "

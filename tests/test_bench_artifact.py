@@ -170,3 +170,31 @@ def test_a_coreml_package_off_macos_and_on_a_tethered_iphone(package, monkeypatc
         assert sent[-1] == (package, phone, "ABCDE12345", 3) and res["predict_ms"]["iters"] == 3
         assert res["parity"]["status"] == status and res["parity"]["mode"] == "device" and r.exit_code == code
 
+
+
+def test_an_int8_artifact_is_judged_by_its_profile_on_natural_images_then_timed(tmp_path):
+    """A compressed artifact is never judged by the float32 noise rule (quantization error is far above it) nor on
+    stress samples: bench --artifact uses the kind's profile on the natural samples that did not calibrate it, as
+    export and parity do, and times it once that passes; a corrupted scale still fails it."""
+    from vitedge.tests import trained_fixtures as tf
+
+    entry = tf.manifest()["models"]["swiftformer_digits"]
+    args = {"checkpoint": tf.FIXTURES / entry["checkpoint"], "overrides": entry["overrides"], "imgsz": entry["imgsz"]}
+    report = vitedge.export(entry["model"], "onnx", precision="int8", out=tmp_path / "run", samples=8, **args)
+    assert report.exit_code == 0, [(h.hop, h.reason) for h in report.parity]
+    path = tmp_path / "run" / report.artifacts["onnx-int8"].path
+    r = vitedge.bench(artifact=path, checkpoint=args["checkpoint"], min_iters=3, warmup_s=0.0, max_s=0.0)
+    res = r.results[0]
+    assert r.artifact["parity"] == "run" and "natural samples" in r.artifact["compressed_inputs"]
+    assert res.status == "ok" and res.valid and res.latency is not None, res.reason
+    assert set(res.parity_sets) == {"natural"}  # stress samples are not judged for a compressed artifact
+    assert res.parity["cosine"] >= 0.95 and res.parity["max_rel"] > 1e-4  # int8 error, far above float32 noise
+
+    graph = onnx.load(str(path))  # the stem conv's int8 weight scales x4: the profile fails it, it is not timed
+    scales = [i for i in graph.graph.initializer if i.name.endswith("_scale") and len(i.dims) == 1 and i.dims[0] > 1]
+    scale = scales[0]
+    scale.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(scale) * 4, scale.name))
+    onnx.save(graph, str(tmp_path / "bad.int8.onnx"))
+    bad = vitedge.bench(artifact=tmp_path / "bad.int8.onnx", checkpoint=args["checkpoint"], min_iters=3,
+                        warmup_s=0.0, max_s=0.0).results[0]
+    assert bad.status == "failed" and bad.latency is None and "parity failed" in bad.reason
