@@ -186,9 +186,10 @@ def test_a_corrupted_int8_scale_fails_and_names_the_module(work):
     graph = onnx.load(str(good))
     inits = {i.name: i for i in graph.graph.initializer}
     consumers = {i: n for n in graph.graph.node for i in n.input}
-    # the stem conv's int8 weights (patch_embed.0: every later module sees its output)
+    # the first int8 conv's weights (patch_embed.2: the stem before it stays float, qdq.IMAGE_CONV_RULE; every
+    # later module sees its output)
     dq = next(n for n in graph.graph.node if n.op_type == "DequantizeLinear"
-              and n.input[0] == "patch_embed.0.weight_quantized" and consumers[n.output[0]].op_type == "Conv")
+              and n.input[0] == "patch_embed.2.weight_quantized" and consumers[n.output[0]].op_type == "Conv")
     scale = inits[dq.input[1]]
     scale.CopyFrom(numpy_helper.from_array(-numpy_helper.to_array(scale), scale.name))
     bad = work / "corrupt-int8.onnx"

@@ -147,6 +147,25 @@ def test_float_islands_stay_float(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_the_conv_reading_the_image_stays_float_and_only_it(name):
+    """IMAGE_CONV_RULE: each group-1 Conv whose weight reads <= 4 channels (the stem) stays float, with its reason;
+    every other Conv outside the policy's islands (those reading feature maps, depthwise ones too) runs int8."""
+    q = quantized(name)
+    fp32 = tf.onnx_fp32(name)
+    inits = {i.name: i for i in fp32.graph.initializer}
+    stems = [n.name for n in fp32.graph.node if n.op_type == "Conv" and inits[n.input[1]].dims[1] <= 4
+             and next((a.i for a in n.attribute if a.name == "group"), 1) == 1]
+    islands = q.info["float_islands"]["nodes"]
+    assert stems and all(islands.get(s) == qdq.IMAGE_CONV_RULE for s in stems), (stems, islands)
+    assert "image" in q.info["float_islands"]["by_rule"][qdq.IMAGE_CONV_RULE]["why"]
+    assert [n for n, r in islands.items() if r == qdq.IMAGE_CONV_RULE] == stems
+    qconv = set(qdq.quantized_nodes(q.model)["Conv"])
+    assert not qconv & set(stems)
+    convs = [n.name for n in q.model.graph.node if n.op_type == "Conv" and n.name not in islands]
+    assert convs and set(convs) <= qconv
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_int8_accuracy_is_within_half_a_point_of_fp32(name):
     x, _ = tf.heldout(name)
     v = verdict(name, tf.ort_logits(quantized(name).model, x))

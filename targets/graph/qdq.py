@@ -9,6 +9,11 @@ and why, and which samples calibrated:
    softmax, SLA/SimA normalizers, tiny epsilons; the same `PrecisionPolicy.onnx_fp32_islands` the fp16 graph keeps
    in fp32) and passed to the quantizer as `nodes_to_exclude`: SLA's `q . sum_j k_j` and `q (k^T v)` MatMuls, whose
    operands grow with the token count, stay float.
+   Besides, a group-1 Conv that reads at most IMAGE_CHANNELS channels (the stem reading the image) stays float
+   for speed (IMAGE_CONV_RULE): its reduction (3 x k x k) is too short for the int8 kernels to gain on, while
+   the image itself would have to be quantized first. Measured here, interleaved, 1 thread: swiftformer_xs int8
+   1.20x -> 1.24-1.28x of fp32 with its 3x3 stem float; slab_deit_tiny 1.737x vs 1.729x (its 16x16 patch
+   embedding: no difference); keeping stage convs or depthwise convs float instead only made it slower.
 3. `quantize_static` in QDQ format: only `Conv`, `Gemm` and `MatMul` (DEFAULT_OP_TYPES), weights int8 symmetric
    per output channel, activations uint8 asymmetric per tensor (U8S8: the fast path of ONNX Runtime's x86 kernels
    with AVX-512 VNNI / AVX2; measured here, Conv/Gemm/MatMul-only U8S8 runs swiftformer_xs 1.36x faster than fp32
@@ -57,6 +62,24 @@ CALIBRATION = "minmax"
 ENCODINGS = {"onnxruntime": ("QUInt8", False, True), "tensorrt": ("QInt8", True, False)}
 DYNAMIC_BATCH = 16  # calibration batch when the graph's batch axis is dynamic
 Q_OPS = ("QuantizeLinear", "DequantizeLinear")
+IMAGE_CHANNELS = 4  # RGB(A): a Conv reading this few channels reads the image
+IMAGE_CONV_RULE = "int8_image_conv"
+IMAGE_CONV_WHY = (f"a group-1 Conv reading <= {IMAGE_CHANNELS} channels (the stem reading the image): its reduction "
+                  "is too short for int8 kernels to gain on and the image would need quantizing first (speed)")
+
+
+def image_convs(model: onnx.ModelProto) -> dict[str, str]:
+    """{node name: IMAGE_CONV_RULE} for every group-1 Conv whose weight reads <= IMAGE_CHANNELS input channels."""
+    inits = {i.name: i for i in model.graph.initializer}
+    out = {}
+    for n in model.graph.node:
+        if n.op_type != "Conv" or len(n.input) < 2 or n.input[1] not in inits:
+            continue
+        group = next((a.i for a in n.attribute if a.name == "group"), 1)
+        w = inits[n.input[1]]
+        if group == 1 and len(w.dims) == 4 and w.dims[1] <= IMAGE_CHANNELS:
+            out[n.name] = IMAGE_CONV_RULE
+    return out
 
 
 @dataclass
@@ -147,7 +170,7 @@ def quantize_qdq(fp32: onnx.ModelProto, calibration: np.ndarray, *, calibration_
         if encoding == "onnxruntime":  # GELUs stay one fused node between the Q/DQ pairs (gelu.fuse_erf_gelu)
             model, gelus = fuse_erf_gelu(model)
         name_nodes(model)
-        islands = policy.onnx_fp32_islands(model)
+        islands = {**image_convs(model), **policy.onnx_fp32_islands(model)}
         out = tmp / "int8.onnx"
         quantize_static(
             model, out, _reader(name, _batches(x, batch)), quant_format=QuantFormat.QDQ,
@@ -187,7 +210,7 @@ def quantized_nodes(qdq: onnx.ModelProto, op_types: Iterable[str] = DEFAULT_OP_T
 def _info(pre: onnx.ModelProto, qdq: onnx.ModelProto, islands: dict, policy, op_types: tuple, preprocess: bool) -> dict:
     quantized = quantized_nodes(qdq, op_types)
     qnames = {n for names in quantized.values() for n in names}
-    why = {r.name: r.why for r in policy.rules}
+    why = {IMAGE_CONV_RULE: IMAGE_CONV_WHY, **{r.name: r.why for r in policy.rules}}
     island_ops = Counter()
     for node in pre.graph.node:
         if node.name in islands:
@@ -211,4 +234,4 @@ def _info(pre: onnx.ModelProto, qdq: onnx.ModelProto, islands: dict, policy, op_
     }
 
 
-__all__ = ["DEFAULT_OP_TYPES", "ENCODINGS", "QdqModel", "quantize_qdq", "quantized_nodes"]
+__all__ = ["DEFAULT_OP_TYPES", "IMAGE_CONV_RULE", "image_convs", "ENCODINGS", "QdqModel", "quantize_qdq", "quantized_nodes"]
