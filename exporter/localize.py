@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 import onnx
@@ -51,8 +52,10 @@ def _first_tensor(out):
 
 
 @torch.no_grad()
-def capture_modules(model: nn.Module, x: torch.Tensor) -> tuple[list[str], dict[str, torch.Tensor]]:
-    """Run `model(x)` with hooks on every submodule: (paths in completion order, output per path).
+def capture_modules(model: nn.Module, x: torch.Tensor,
+                    keep: Callable[[torch.Tensor], Any] | None = None) -> tuple[list[str], dict[str, Any]]:
+    """Run `model(x)` with hooks on every submodule: (paths in completion order, output per path; `keep(output)`
+    instead where given, e.g. its shape).
 
     Modules that ran more than once are dropped."""
     order: list[str] = []
@@ -68,7 +71,8 @@ def capture_modules(model: nn.Module, x: torch.Tensor) -> tuple[list[str], dict[
             t = _first_tensor(out)
             if t is not None and calls[path] == 1:
                 order.append(path)
-                store[path] = t.detach().clone()  # clone: later in-place ops must not alter it
+                # clone: later in-place ops must not alter it
+                store[path] = keep(t) if keep is not None else t.detach().clone()
         handles.append(m.register_forward_hook(hook))
     try:
         model.eval()(x)

@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 
 from .criteria import NoiseRule
-from .localize import _first_tensor, _with_outputs, module_outputs, param_owners
+from .localize import _first_tensor, _with_outputs, capture_modules, module_outputs, param_owners
 
 PROBE_SAMPLES = 16
 
@@ -56,31 +56,6 @@ class Probe:
                 f"{self.noise_ratio:.3g} > 1 on parity sample {self.worst_sample}; the logits pool it away)")
 
 
-@torch.no_grad()
-def _module_shapes(model: nn.Module, x: torch.Tensor) -> list[tuple[str, tuple]]:
-    """(path, output shape) of every submodule in completion order; modules that ran more than once dropped."""
-    seen: dict[str, tuple] = {}
-    calls: dict[str, int] = {}
-    handles = []
-    for path, m in model.named_modules():
-        if not path:
-            continue
-
-        def hook(_m, _inp, out, path=path):
-            calls[path] = calls.get(path, 0) + 1
-            t = _first_tensor(out)
-            if t is not None:
-                seen.pop(path, None)
-                seen[path] = tuple(t.shape)
-        handles.append(m.register_forward_hook(hook))
-    try:
-        model(x)
-    finally:
-        for h in handles:
-            h.remove()
-    return [(p, s) for p, s in seen.items() if calls.get(p) == 1]
-
-
 def _is_map(shape: tuple) -> bool:
     """A batched output with more than one position: (B, N, C) with N > 1, (B, C, H, W) with H x W > 1, ... (not
     a pooled vector or a lone class token, (B, 1, C))."""
@@ -92,8 +67,10 @@ def probe_point(onnx_model: onnx.ModelProto, deploy: nn.Module, x1: np.ndarray) 
     """(module path, ONNX tensor) of the probe (module doc), or None where no module maps to a feature map."""
     paths = {p for p, _ in deploy.named_modules() if p}
     mapping = module_outputs(onnx_model, paths, param_owners(deploy))
-    shapes = _module_shapes(deploy, torch.from_numpy(np.ascontiguousarray(x1[:1], np.float32)))
-    maps = [p for p, s in shapes if p in mapping and _is_map(s) and p.count(".") <= 1]
+    with torch.no_grad():
+        order, shapes = capture_modules(deploy, torch.from_numpy(np.ascontiguousarray(x1[:1], np.float32)),
+                                        keep=lambda t: tuple(t.shape))
+    maps = [p for p in order if p in mapping and _is_map(shapes[p]) and p.count(".") <= 1]
     return (maps[-1], mapping[maps[-1]]) if maps else None
 
 
