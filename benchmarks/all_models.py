@@ -14,9 +14,9 @@ Per model (smallest first, so a partial run covers the most models; the JSON is 
   localization), with the module localization names and `caught_by` (logits or feature probe).
   Some mid-network weights are numerically blind to a per-channel scale: SimA's q/k projections are
   l1-normalized over tokens right after, so scaling one channel's weights changes the output only through that
-  channel's bias. A plant whose x1.01 moves the logits (ONNX Runtime, planted vs unplanted, first 16 inputs) by
-  less than 2x the model's median float32 noise is recorded as `invisible` and the next weight along the graph
-  is planted instead; both factors use the node so chosen. Grouped (depthwise) Convs are passed over too (one
+  channel's bias. A plant whose x1.01 moves neither the logits (ONNX Runtime, planted vs unplanted, first 16
+  inputs) by more than 2x the model's median float32 noise nor the feature probe's tensor by more than 2x the
+  float32 noise there is recorded as `invisible` and the next weight along the graph is planted instead; both factors use the node so chosen. Grouped (depthwise) Convs are passed over too (one
   output channel is one k x k filter: see visible_position); `plant_effect_x1.01` records the chosen plant's
   effect on the logits. `--update --models a,b` re-measures those models into the existing results file.
 The summary printed last: status, worst noise_ratio per set, noise medians, the smallest factor caught.
@@ -40,7 +40,9 @@ import onnx
 import _common as C
 from vitedge.exporter import hops
 from vitedge.exporter.parity_cost import SAMPLES_RULE
+from vitedge.exporter.criteria import sample_errors
 from vitedge.exporter.parity import FLOAT64_TOLERANCES, run_batched
+from vitedge.exporter.probe import deploy_reference, onnx_tensor, probe_point
 from vitedge.exporter.pipeline import export
 from vitedge.models import get_spec, list_models
 from vitedge.targets.ort import OnnxRuntimeRunner
@@ -73,16 +75,26 @@ def _grouped(node: onnx.NodeProto) -> bool:
     return node.op_type == "Conv" and any(a.name == "group" and a.i > 1 for a in node.attribute)
 
 
-def visible_position(graph: onnx.ModelProto, x: np.ndarray, noise: float) -> tuple[float, list[dict], float]:
-    """The first dense weight from the middle of the graph on whose x1.01 plant the logits move by more than
-    2 x `noise` (module doc), as plant_channel_scale's `position`; the plants passed over; the chosen plant's
-    effect (max over the inputs of max|dy| / max|y|). Grouped (depthwise) Convs are passed over: one of their
-    output channels is a single k x k filter, whose 1 % change moves the logits of these models by 3-10x their
-    float32 noise, inside the spread of correct hops (all_models' first full run)."""
+def visible_position(graph: onnx.ModelProto, ladder, noise: float) -> tuple[float, list[dict], float]:
+    """The first dense weight from the middle of the graph whose x1.01 plant changes what the ladder looks at by
+    more than 2 x the float32 noise there: the logits (vs `noise`) or the feature probe's tensor (vs the
+    deploy-form's float32 noise at that module, exporter/probe.py), as plant_channel_scale's `position`; the
+    plants passed over; the chosen plant's effect on the logits (max over the inputs of max|dy| / max|y|).
+    Grouped (depthwise) Convs are passed over: one of their output channels is a single k x k filter, whose 1 %
+    change moves the logits of these models by 3-10x their float32 noise, inside the spread of correct hops (all_models'
+    first full run). A plant blind at both places (SimA's l1-normalized q/k channels) is `invisible`; one that
+    moves only the feature map (a mid-network SimA-XCiT MLP channel, pooled away before the logits) is planted:
+    that is what the probe is for."""
+    x = ladder.x[:EFFECT_SAMPLES]
     nodes = weight_nodes(graph)
     n = len(nodes)
     y = run_batched(OnnxRuntimeRunner(graph), x)
     scale = np.abs(y).max(axis=1)
+    point = probe_point(graph, ladder.deploy, x)
+    if point is not None:
+        y64, y32 = deploy_reference(ladder.deploy, point[0], x)
+        f0 = onnx_tensor(graph, point[1], x)
+        f_noise = float(np.median(sample_errors(y64, y32)))
     skipped = []
     for k in range(n // 2, n):
         if _grouped(nodes[k][0]):
@@ -91,9 +103,10 @@ def visible_position(graph: onnx.ModelProto, x: np.ndarray, noise: float) -> tup
         position = (k + 0.5) / n
         bad, where = plant_channel_scale(graph, FACTORS[0], position)
         effect = float((np.abs(run_batched(OnnxRuntimeRunner(bad), x) - y).max(axis=1) / scale).max())
-        if effect > 2 * noise:
+        f_effect = (float(sample_errors(f0, onnx_tensor(bad, point[1], x)).max()) if point is not None else 0.0)
+        if effect > 2 * noise or (point is not None and f_effect > 2 * f_noise):
             return position, skipped, effect
-        skipped.append({"node": where.node, "channel": where.channel, "effect": effect})
+        skipped.append({"node": where.node, "channel": where.channel, "effect": effect, "feature_effect": f_effect})
     return 0.5, skipped, float("nan")
 
 
@@ -146,8 +159,7 @@ def measure(name: str, samples: int | None, work: Path, overrides: dict | None =
     graph = onnx.load(str(work / name / artifact.path))
     tol = FLOAT64_TOLERANCES["fp32"]
     noise = min(d["median"] for d in out["intrinsic_noise"].values())
-    position, out["invisible_plants"], out["plant_effect_x1.01"] = visible_position(graph, ladder.x[:EFFECT_SAMPLES],
-                                                                                   noise)
+    position, out["invisible_plants"], out["plant_effect_x1.01"] = visible_position(graph, ladder, noise)
     for f in FACTORS:
         bad, where = plant_channel_scale(graph, f, position)
         hop = ladder.onnx_hop("onnx", bad, tol)  # as `vitedge parity` judges it: logits, feature probe, localization
