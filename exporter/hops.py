@@ -88,7 +88,7 @@ class Ladder:
     progress: Progress
     build_train: Callable[[], nn.Module] | None = None
     _truths: dict = field(default_factory=dict)  # ground truth on the inputs a runner really sees, by content
-    _probe_refs: dict = field(default_factory=dict)  # deploy-form module -> (float64, float32) probe outputs
+    _probe_refs: dict = field(default_factory=dict)  # (module, samples) -> (float64, float32) probe outputs
 
     @classmethod
     def build(cls, train: nn.Module, deploy: nn.Module, inputs: ParitySet, progress: Progress) -> "Ladder":
@@ -165,9 +165,10 @@ class Ladder:
                                                              "in this graph"}
                     return
                 module, tensor = point
-                if module not in self._probe_refs:
-                    self._probe_refs[module] = deploy_reference(self.deploy, module, x)
-                y64, y32 = self._probe_refs[module]
+                key = (module, len(x))  # hops that run fewer samples probe fewer
+                if key not in self._probe_refs:
+                    self._probe_refs[key] = deploy_reference(self.deploy, module, x)
+                y64, y32 = self._probe_refs[key]
                 cand = onnx_tensor(model, tensor, x)
             except Exception as e:  # the logits verdict stands; the probe says plainly that it did not run
                 hop.probe = {"status": "not run", "why": f"{type(e).__name__}: {e}"}
