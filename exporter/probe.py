@@ -31,6 +31,7 @@ import torch.nn as nn
 
 from .criteria import NoiseRule
 from .localize import _first_tensor, _with_outputs, capture_modules, module_outputs, param_owners
+from .parity import run_batched
 
 PROBE_SAMPLES = 16
 
@@ -96,21 +97,27 @@ def deploy_reference(deploy: nn.Module, path: str, x: np.ndarray) -> tuple[np.nd
     return y64, y32
 
 
+class _TensorOf:
+    """A runner view whose output is one tensor of its graph, so run_batched's chunking and static-batch padding
+    apply unchanged."""
+
+    def __init__(self, runner, tensor: str):
+        self.runner, self.tensor = runner, tensor
+
+    def max_batch(self) -> int | None:
+        return self.runner.max_batch()
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        return self.runner.run_all(x)[self.tensor]
+
+
 def onnx_tensor(onnx_model: onnx.ModelProto, tensor: str, x: np.ndarray) -> np.ndarray:
-    """The value of `tensor` in `onnx_model` on `x` (ONNX Runtime, CPU; a static batch is run batch by batch)."""
+    """The value of `tensor` in `onnx_model` on `x` (ONNX Runtime, CPU), float64."""
     from ..targets.ort import OnnxRuntimeRunner
 
     runner = OnnxRuntimeRunner(_with_outputs(onnx_model, [tensor]))
     try:
-        step = runner.max_batch() or len(x)
-        outs = []
-        for i in range(0, len(x), step):
-            chunk = x[i:i + step]
-            pad = step - len(chunk)
-            if pad:
-                chunk = np.concatenate([chunk, np.repeat(chunk[-1:], pad, axis=0)])
-            outs.append(np.asarray(runner.run_all(chunk)[tensor], np.float64)[:len(x) - i])
-        return np.concatenate(outs)
+        return np.asarray(run_batched(_TensorOf(runner, tensor), x), np.float64)
     finally:
         runner.close()
 
