@@ -74,7 +74,8 @@ def test_module_is_graph_level_only():
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_qdq_ops_sit_around_conv_gemm_matmul_only(name):
+def test_qdq_ops_sit_around_the_quantized_op_types_only(name):
+    """Conv/Gemm/MatMul, and Add/Mul where all inputs and the output are int8 (qdq.ELEMENTWISE_OP_TYPES)."""
     q = quantized(name)
     model, fp32 = q.model, tf.onnx_fp32(name)
     types = {n.op_type for n in model.graph.node}
@@ -92,11 +93,13 @@ def test_qdq_ops_sit_around_conv_gemm_matmul_only(name):
             assert zp.dtype == np.uint8  # activations: uint8 (U8S8)
         if n.op_type != "DequantizeLinear":
             continue
-        if n.input[0] in inits:  # a weight (int8, per output channel) or a bias (int32), read by an int8 node
-            users = cons[n.output[0]]
+        if n.input[0] in inits:  # a weight (int8, per output channel) or a bias (int32), read by an int8 node;
+            users = cons[n.output[0]]  # a constant an int8 Add/Mul reads is quantized as an activation (uint8)
             assert all(u.name in qnodes for u in users)
             slot = list(users[0].input).index(n.output[0])
             expected = onnx.TensorProto.INT32 if slot == 2 else onnx.TensorProto.INT8
+            if users[0].op_type in qdq.ELEMENTWISE_OP_TYPES:
+                expected = onnx.TensorProto.UINT8
             assert inits[n.input[0]].data_type == expected
             if users[0].op_type == "Conv" and slot == 1:
                 w = numpy_helper.to_array(inits[n.input[0]])
@@ -143,7 +146,8 @@ def test_float_islands_stay_float(name):
         # SLA: the k^T v, q (k^T v) and q . sum k MatMuls (two activations each) are islands, all 3 per block
         excluded = q.info["float_islands"]["excluded_quantizable"]
         blocks = tf.manifest()["models"][name]["overrides"]["depth"]
-        assert len([e for e in excluded if "attn" in e]) == 3 * blocks
+        ops = {n.name: n.op_type for n in model.graph.node}
+        assert len([e for e in excluded if "attn" in e and ops[e] == "MatMul"]) == 3 * blocks
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -14,11 +14,16 @@ and why, and which samples calibrated:
    the image itself would have to be quantized first. Measured here, interleaved, 1 thread: swiftformer_xs int8
    1.20x -> 1.24-1.28x of fp32 with its 3x3 stem float; slab_deit_tiny 1.737x vs 1.729x (its 16x16 patch
    embedding: no difference); keeping stage convs or depthwise convs float instead only made it slower.
-3. `quantize_static` in QDQ format: only `Conv`, `Gemm` and `MatMul` (DEFAULT_OP_TYPES), weights int8 symmetric
-   per output channel, activations uint8 asymmetric per tensor (U8S8: the fast path of ONNX Runtime's x86 kernels
-   with AVX-512 VNNI / AVX2; measured here, Conv/Gemm/MatMul-only U8S8 runs swiftformer_xs 1.36x faster than fp32
-   while quantizing every op type (S8S8) runs it 1.7x slower: Q/DQ around every elementwise op costs more than
-   int8 GEMMs save). Calibration: MinMax over the given samples (see CALIBRATION for why).
+3. `quantize_static` in QDQ format: only GEMM-like ops (`Conv`, `Gemm`, `MatMul`) and, in the ONNX Runtime
+   encoding, the elementwise `Add` and `Mul` between them (ENCODINGS' op types); weights int8 symmetric per output
+   channel, activations uint8 asymmetric per tensor (U8S8: the fast path of ONNX Runtime's x86 kernels with
+   AVX-512 VNNI / AVX2). Quantizing every op type (S8S8) ran swiftformer_xs 1.7x slower than fp32: Q/DQ around
+   Gelu, Div, Sqrt and the reductions costs more than int8 saves. Add and Mul are the exception: ONNX Runtime runs
+   them as QLinearAdd / QLinearMul, so a residual Add or an attention product between two int8 Convs stays int8
+   instead of leaving it through DequantizeLinear and re-entering through QuantizeLinear. Interleaved, 1 thread,
+   224 px, against Conv/Gemm/MatMul only: swiftformer_xs 1.26x -> 1.38x of fp32, slab_deit_tiny 1.64x -> 1.77x,
+   sima_nano_12_p16 1.24x -> 1.32x (benchmarks/quantization.py measures the shipped choice). Calibration: MinMax
+   over the given samples (see CALIBRATION for why).
 
 Two encodings of the same quantization (same calibration, same nodes, same int8 weights), ENCODINGS:
 - "onnxruntime" (`NAME.int8.onnx`): activations uint8 asymmetric, as above, and every erf-GELU written as one
@@ -52,14 +57,19 @@ from ..calibration import calibration_record
 from .gelu import fuse_erf_gelu
 from .precision import default_policy, name_nodes
 
-DEFAULT_OP_TYPES = ("Conv", "Gemm", "MatMul")
+GEMM_OP_TYPES = ("Conv", "Gemm", "MatMul")
+ELEMENTWISE_OP_TYPES = ("Add", "Mul")  # quantized only with all data inputs and the output int8 (QLinearAdd/Mul)
+DEFAULT_OP_TYPES = GEMM_OP_TYPES + ELEMENTWISE_OP_TYPES
 METHODS = ("minmax", "percentile", "entropy")
 # MinMax: with the few dozen calibration images a user gives, the extreme values are what the model really
 # produces, and the histogram methods measured no better on the trained fixtures (docs/quantization_spike.md):
 # Percentile clipped real activations, Entropy was slower for the same accuracy.
 CALIBRATION = "minmax"
-# encoding -> (activation type, symmetric activations, biases quantized to int32)
-ENCODINGS = {"onnxruntime": ("QUInt8", False, True), "tensorrt": ("QInt8", True, False)}
+# encoding -> (activation type, symmetric activations, biases quantized to int32, op types quantized). The TensorRT
+# encoding keeps the GEMM-like ops only: that is the graph TensorRT's explicit-quantization guide starts from, and
+# without a GPU here nothing else about it can be measured.
+ENCODINGS = {"onnxruntime": ("QUInt8", False, True, DEFAULT_OP_TYPES),
+             "tensorrt": ("QInt8", True, False, GEMM_OP_TYPES)}
 DYNAMIC_BATCH = 16  # calibration batch when the graph's batch axis is dynamic
 Q_OPS = ("QuantizeLinear", "DequantizeLinear")
 IMAGE_CHANNELS = 4  # RGB(A): a Conv reading this few channels reads the image
@@ -135,11 +145,12 @@ def _preprocess(model: onnx.ModelProto, tmp: Path) -> onnx.ModelProto:
 
 
 def quantize_qdq(fp32: onnx.ModelProto, calibration: np.ndarray, *, calibration_ids: Iterable | None = None,
-                 policy=None, op_types: Iterable[str] = DEFAULT_OP_TYPES, method: str = CALIBRATION,
+                 policy=None, op_types: Iterable[str] | None = None, method: str = CALIBRATION,
                  preprocess: bool = True, encoding: str = "onnxruntime") -> QdqModel:
     """The static QDQ int8 model of `fp32` (see the module doc). `calibration`: float32 NCHW samples the graph takes
     (normalized images), never the ones it is evaluated on; `calibration_ids` names them for the record.
-    `encoding`: "onnxruntime" or "tensorrt" (ENCODINGS)."""
+    `encoding`: "onnxruntime" or "tensorrt" (ENCODINGS); `op_types`: the op types to quantize (default: the
+    encoding's)."""
     from onnxruntime import __version__ as ort_version
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
@@ -156,8 +167,8 @@ def quantize_qdq(fp32: onnx.ModelProto, calibration: np.ndarray, *, calibration_
     if tuple(x.shape[1:]) != tuple(r if r else s for r, s in zip(rest, x.shape[1:])):
         raise VitedgeError(f"calibration samples have shape {x.shape[1:]}, the graph takes {rest}")
     policy = policy or default_policy()
-    op_types = tuple(op_types)
-    act_type, act_symmetric, quantize_bias = ENCODINGS[encoding]
+    act_type, act_symmetric, quantize_bias, encoding_ops = ENCODINGS[encoding]
+    op_types = tuple(encoding_ops if op_types is None else op_types)
     calib_method = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile,
                     "entropy": CalibrationMethod.Entropy}[method]
     with tempfile.TemporaryDirectory(prefix="vitedge-qdq-") as tmp:
@@ -198,11 +209,23 @@ def quantize_qdq(fp32: onnx.ModelProto, calibration: np.ndarray, *, calibration_
 
 
 def quantized_nodes(qdq: onnx.ModelProto, op_types: Iterable[str] = DEFAULT_OP_TYPES) -> dict[str, list[str]]:
-    """{op type: node names} of the `op_types` nodes that read a DequantizeLinear output (run in int8)."""
+    """{op type: node names} of the `op_types` nodes that run in int8: a GEMM-like node reading a DequantizeLinear
+    output; an elementwise node (ELEMENTWISE_OP_TYPES) whose every input is a DequantizeLinear output and whose
+    output goes to QuantizeLinear only (a float Add may read a dequantized Conv output without being quantized)."""
     dq_out = {o for n in qdq.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    q_in: dict[str, set[str]] = {}
+    for n in qdq.graph.node:
+        for i in n.input:
+            q_in.setdefault(i, set()).add(n.op_type)
     out: dict[str, list[str]] = {}
     for n in qdq.graph.node:
-        if n.op_type in op_types and any(i in dq_out for i in n.input):
+        if n.op_type not in op_types:
+            continue
+        if n.op_type in ELEMENTWISE_OP_TYPES:
+            int8 = all(i in dq_out for i in n.input) and q_in.get(n.output[0]) == {"QuantizeLinear"}
+        else:
+            int8 = any(i in dq_out for i in n.input)
+        if int8:
             out.setdefault(n.op_type, []).append(n.name)
     return out
 
@@ -229,9 +252,9 @@ def _info(pre: onnx.ModelProto, qdq: onnx.ModelProto, islands: dict, policy, op_
                                       for rule in sorted(set(islands.values()))},
                           "excluded_quantizable": sorted(n.name for n in candidates if n.name in islands)},
         "float_op_types": {"why": f"only {', '.join(op_types)} run int8: Q/DQ around other ops costs more than it "
-                                  "saves on ONNX Runtime CPU", "ops": dict(sorted(others.items()))},
+                                  "saves on ONNX Runtime CPU (Add/Mul: where every input and the output are int8)", "ops": dict(sorted(others.items()))},
         "not_quantized": unquantized,
     }
 
 
-__all__ = ["DEFAULT_OP_TYPES", "IMAGE_CONV_RULE", "image_convs", "ENCODINGS", "QdqModel", "quantize_qdq", "quantized_nodes"]
+__all__ = ["DEFAULT_OP_TYPES", "ELEMENTWISE_OP_TYPES", "GEMM_OP_TYPES", "IMAGE_CONV_RULE", "image_convs", "ENCODINGS", "QdqModel", "quantize_qdq", "quantized_nodes"]
