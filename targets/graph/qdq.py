@@ -25,7 +25,8 @@ and why, and which samples calibrated:
    sima_nano_12_p16 1.24x -> 1.32x (benchmarks/quantization.py measures the shipped choice). Calibration: MinMax
    over the given samples (see CALIBRATION for why).
 
-Two encodings of the same quantization (same calibration, same nodes, same int8 weights), ENCODINGS:
+Two encodings of one quantization (same calibration, same int8 weights of the Conv/Gemm/MatMul nodes; the ONNX
+Runtime encoding also runs Add, Mul and GELU in int8, which TensorRT fuses on its own), ENCODINGS:
 - "onnxruntime" (`NAME.int8.onnx`): activations uint8 asymmetric, as above, and every erf-GELU written as one
   `com.microsoft.Gelu` node before quantizing (gelu.fuse_erf_gelu says why: without it the QDQ graph loses ONNX
   Runtime's GELU fusion and swiftformer_xs's int8 graph ran 0.86x of fp32; with it 1.18x, one-off measurement),
