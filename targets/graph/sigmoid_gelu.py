@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .gelu import MS_DOMAIN, copy_model
+from .gelu import MS_DOMAIN, _index, copy_model
 
 K = 1.702  # Hendrycks & Gimpel's sigmoid approximation of the normal CDF: Phi(x) ~ sigmoid(1.702 x)
 MAX_ABS_ERROR = 0.0204  # max_abs_error() = 0.020335
@@ -72,12 +72,7 @@ def fold_sigmoid_gain(qdq: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     (its Sigmoid's input is not a Q -> DQ pair) is left as it is. Returns (model, folded)."""
     model = copy_model(qdq)
     g = model.graph
-    producers = {o: n for n in g.node for o in n.output}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for n in g.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
-    inits = {i.name: i for i in g.initializer}
+    consts, producers, consumers, _ = _index(g)
     by_name = {n.name: n for n in g.node}
     dead: set[str] = set()
     folded = 0
@@ -87,11 +82,11 @@ def fold_sigmoid_gain(qdq: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         q_b = producers.get(dq_b.input[0]) if dq_b is not None and dq_b.op_type == "DequantizeLinear" else None
         dq_x = producers.get(kx.input[0])
         if (q_b is None or q_b.op_type != "QuantizeLinear" or q_b.input[0] != kx.output[0]
-                or dq_x is None or dq_x.op_type != "DequantizeLinear" or dq_x.input[1] not in inits
+                or dq_x is None or dq_x.op_type != "DequantizeLinear" or dq_x.input[1] not in consts
                 or len(consumers.get(q_b.output[0], [])) != 1 or len(consumers.get(kx.output[0], [])) != 1
                 or len(consumers.get(dq_b.output[0], [])) != 1):
             continue
-        scale = numpy_helper.to_array(inits[dq_x.input[1]])
+        scale = consts[dq_x.input[1]]
         if scale.size != 1:  # per-channel activations: not what the quantizer writes; leave it
             continue
         s_name = f"{sig.name}_input_scale"
