@@ -115,6 +115,10 @@ def _add_parity_flags(p: argparse.ArgumentParser) -> None:
                         "disables a check); repeatable")
     p.add_argument("--require-verified", action="store_true",
                    help="exit 1 if any hop of a requested target is unverified (could not run here)")
+    p.add_argument("--no-truth-cache", action="store_true",
+                   help="compute the float64 ground truth again instead of reading it from the cache "
+                        "(~/.cache/vitedge/truth, or $VITEDGE_CACHE_DIR/truth; keyed by weights, model code, inputs "
+                        "and toolchain), and do not store it; also $VITEDGE_TRUTH_CACHE=off")
     p.add_argument("--require-ane", action="store_true",
                    help="coreml on macOS: fail the hop when under half of the model's estimated cost prefers the "
                         "Neural Engine (CoreML's compute plan); inconclusive where no Neural Engine exists")
@@ -240,7 +244,7 @@ def cmd_export(args) -> int:
                     overrides=_overrides(args), options={k: getattr(args, k) for k in TARGET_OPTIONS},
                     progress=args.progress, rewrites=args.rewrites, require_ane=args.require_ane,
                     images=args.images, labels=args.labels, calib=args.calib, calib_images=args.calib_images,
-                    **_exporter(args))
+                    truth_cache=not args.no_truth_cache, **_exporter(args))
     print(format_summary(report, os.path.join(report.out_dir, "report.json")))
     return report.exit_code
 
@@ -278,7 +282,7 @@ def cmd_parity(args) -> int:
                     samples=_samples(args), tolerances=args.tol, require_verified=args.require_verified,
                     overrides=_overrides(args) or None, report_path=args.report, mode=args.mode,
                     progress=args.progress, require_ane=args.require_ane, images=args.images, labels=args.labels,
-                    **_exporter(args))
+                    truth_cache=not args.no_truth_cache, **_exporter(args))
     print(format_summary(report, args.report))
     return report.exit_code
 

@@ -112,8 +112,13 @@ class GroundTruth:
 
     def head(self, n: int) -> "GroundTruth":
         """The first `n` samples (a runner that only runs a documented subset)."""
-        return GroundTruth(self.y64[:n], self.y32[:n], self.sets[:n], None if self.labels is None
-                           else self.labels[:n], self.float32_threads)
+        return self.take(np.arange(min(n, len(self.y64))))
+
+    def take(self, idx: np.ndarray) -> "GroundTruth":
+        """The samples at `idx`, in that order."""
+        idx = np.asarray(idx, dtype=np.int64)
+        return GroundTruth(self.y64[idx], self.y32[idx], tuple(self.sets[i] for i in idx),
+                           None if self.labels is None else self.labels[idx], self.float32_threads)
 
 
 def accuracy(logits: np.ndarray, labels: np.ndarray | None, k: int) -> float | None:

@@ -32,13 +32,21 @@ from .inputs import ParitySet
 from .localize import localize_onnx
 from .onnx_export import node_counts
 from .probe import PROBE_SAMPLES, deploy_reference, judge_probe, onnx_tensor, probe_point
-from .parity import REFERENCE_THREADS, check_hop, failed, ground_truth, noise_rule, unverified
+from .parity import REFERENCE_THREADS, check_hop, failed, noise_rule, unverified
 from .progress import Progress
 from .report import ArtifactEntry, Hop, Report, Tolerance
 from .target_plans import artifact_key
+from .truth_cache import cached_ground_truth
 
 PARITY_SEED = 0          # the parity input set's seed (README "Parity inputs")
 LOCALIZE_SAMPLES = 4     # inputs used to localize a failed hop (its worst samples first)
+# `vitedge export` runs its deploy-form and raw onnx hops on this many parity inputs (every input set in
+# proportion): the onnx-simplified hop runs the same deploy-form graph on all of them, and the float64 gate has
+# proved the folds. The raw hop runs on all of them again when the simplified one fails (did onnxsim do it?).
+PRE_HUB_SAMPLES = 64
+DEPLOY_SUBSET = "the onnx-simplified hop runs the exported deploy-form on every input"
+RAW_SUBSET = ("the onnx-simplified hop runs this graph, simplified, on every input (this one runs all of them when "
+              "that one fails)")
 
 
 def parity_inputs_for(model: nn.Module, imgsz: int, samples: int, images: str | Path | None = None,
@@ -87,15 +95,21 @@ class Ladder:
     truth: GroundTruth
     progress: Progress
     build_train: Callable[[], nn.Module] | None = None
+    use_cache: bool = True              # the disk cache of ground truths (truth_cache.py)
+    cache: dict | None = None           # what the cache did for `truth` (report.json reference.cache)
     _truths: dict = field(default_factory=dict)  # ground truth on the inputs a runner really sees, by content
     _probe_refs: dict = field(default_factory=dict)  # (module, samples) -> (float64, float32) probe outputs
 
     @classmethod
-    def build(cls, train: nn.Module, deploy: nn.Module, inputs: ParitySet, progress: Progress) -> "Ladder":
+    def build(cls, train: nn.Module, deploy: nn.Module, inputs: ParitySet, progress: Progress,
+              use_cache: bool = True) -> "Ladder":
         with progress.step(f"train-form ground truth on {len(inputs)} parity inputs (float64; float32 on "
                            f"{REFERENCE_THREADS} threads)"):
-            truth = ground_truth(train, inputs.numpy(), inputs.sets, inputs.labels_array())
-        return cls(train, deploy, inputs, truth, progress)
+            truth, cache = cached_ground_truth(train, inputs.numpy(), inputs.sets, inputs.labels_array(),
+                                               use_cache=use_cache)
+        if cache["status"] == "hit":
+            progress.note(f"ground truth read from the cache ({cache['path']})")
+        return cls(train, deploy, inputs, truth, progress, use_cache=use_cache, cache=cache)
 
     @property
     def x(self) -> np.ndarray:
@@ -103,7 +117,7 @@ class Ladder:
 
     def reference(self) -> dict:
         """report.json's `reference` block: the train-form's own float32 noise and accuracy."""
-        return reference_block(self.truth, self.inputs.classes)
+        return {**reference_block(self.truth, self.inputs.classes), "cache": self.cache}
 
     def truth_for(self, runner: Runner) -> GroundTruth:
         """The ground truth on the inputs `runner` really feeds its artifact (Runner.reference_inputs)."""
@@ -119,30 +133,51 @@ class Ladder:
                     self.train = self.build_train()
             n, labels = len(seen), self.inputs.labels_array()
             with self.progress.step(f"train-form ground truth on the inputs {runner.backend} sees"):
-                self._truths[key] = ground_truth(self.train, seen, self.inputs.sets[:n],
-                                                 None if labels is None else labels[:n])
+                self._truths[key] = cached_ground_truth(self.train, seen, self.inputs.sets[:n],
+                                                        None if labels is None else labels[:n],
+                                                        use_cache=self.use_cache)[0]
         return self._truths[key]
 
     def judge(self, hop_name: str, runner: Runner, tol: Tolerance | None, step: str | None = None,
-              also: Callable[[Hop, Runner], None] | None = None) -> Hop:
+              also: Callable[[Hop, Runner], None] | None = None, subset: tuple[int, str] | None = None) -> Hop:
         """Run the hop on `runner`, record what the runner says about the run (and `also` check what needs the
-        runner still open), release the runner."""
+        runner still open), release the runner. `subset` (n, why): run only n samples, each input set's first
+        ones in proportion to its share (subset_indices), saying why in `Hop.subset`."""
+        idx = subset_indices(self.inputs.sets, subset[0]) if subset else None
+        x, names, truth = self.x, self.inputs.names, None
         with runner, self.progress.step(step or f"{hop_name} hop ({runner.backend})"):
-            hop = check_hop(hop_name, runner, self.x, None, tol, truth=self.truth_for(runner),
-                            names=self.inputs.names)
+            truth = self.truth_for(runner)
+            if idx is not None:
+                x, truth = x[idx], truth.take(idx)
+                names = None if names is None else tuple(names[i] for i in idx)
+            hop = check_hop(hop_name, runner, x, None, tol, truth=truth, names=names)
             hop.runner = runner.info() or None
             if also is not None:
                 also(hop, runner)
+        if idx is not None:
+            for d in (hop.sets or {}).values():  # worst samples name positions in the whole parity set
+                if d.get("worst_sample"):
+                    d["worst_sample"]["index"] = int(idx[d["worst_sample"]["index"]])
+            counts = ", ".join(f"{int(np.sum(np.asarray(truth.sets) == s))} {s}" for s in truth.present())
+            hop.subset = f"the first {counts} of the {len(self.x)} parity inputs: {subset[1]}"
         return hop
 
-    def deploy_hop(self, deploy: nn.Module, tol: Tolerance) -> Hop:
-        return self.judge("deploy-form", deploy_form_runner(deploy), tol, "deploy-form hop")
+    def deploy_hop(self, deploy: nn.Module, tol: Tolerance, subset: tuple[int, str] | None = None) -> Hop:
+        return self.judge("deploy-form", deploy_form_runner(deploy), tol, "deploy-form hop", subset=subset)
 
-    def onnx_hop(self, hop_name: str, model: onnx.ModelProto, tol: Tolerance) -> Hop:
+    def onnx_hop(self, hop_name: str, model: onnx.ModelProto, tol: Tolerance,
+                 subset: tuple[int, str] | None = None) -> Hop:
         """ONNX Runtime on an in-memory graph; a failure is localized to the first diverging module."""
-        hop = self.judge(hop_name, OnnxRuntimeRunner(model), tol, f"{hop_name} hop (ONNX Runtime)")
+        hop = self.judge(hop_name, OnnxRuntimeRunner(model), tol, f"{hop_name} hop (ONNX Runtime)", subset=subset)
         self.check_onnx(hop, model)
         return hop
+
+    def widen_raw_hop(self, parity: list[Hop], raw: onnx.ModelProto, tol: Tolerance) -> None:
+        """After a failed onnx-simplified hop: the raw onnx hop, run on a subset and passed, runs again on every
+        input (in place in `parity`), so that the report tells whether onnxsim broke the graph."""
+        at = next(i for i, h in enumerate(parity) if h.hop == "onnx")
+        if parity[-1].status == "failed" and parity[at].status == "passed" and parity[at].subset:
+            parity[at] = self.onnx_hop("onnx", raw, tol)
 
     def check_onnx(self, hop: Hop, model: onnx.ModelProto) -> None:
         """After an ONNX graph's hop: a passing one is probed (exporter/probe.py), a failed one localized."""
@@ -228,6 +263,20 @@ class Ladder:
         else:
             hop.reason = (f"{hop.reason}; no module's output diverges beyond the tolerance and its own float32 noise: "
                           "accumulated rounding rather than one broken op")
+
+
+def subset_indices(sets: tuple[str, ...], n: int) -> np.ndarray | None:
+    """Indices of n samples: each input set's first ones, in proportion to the set's share (at least one of each),
+    in parity-set order; None when n covers the whole set."""
+    total = len(sets)
+    if n >= total:
+        return None
+    by_set: dict[str, list[int]] = {}
+    for i, s in enumerate(sets):
+        by_set.setdefault(s, []).append(i)
+    picked = [i for members in by_set.values()
+              for i in members[:max(1, round(n * len(members) / total))]]
+    return np.array(sorted(picked), dtype=np.int64)
 
 
 def open_runner(hop_name: str, target: Target, artifact: Artifact, tol: Tolerance | None,

@@ -266,8 +266,42 @@ def ground_truth(model, x, sets: tuple[str, ...], labels=None, batch: int = GROU
 
 
 def _in_dtype(model, dtype):
-    """`model` itself when it already is an eval model in `dtype`, else an eval copy in `dtype`."""
+    """`model` itself when it already is an eval model in `dtype`, else an eval copy in `dtype`; a float64 copy
+    runs its depthwise convolutions as shifted multiply-adds (float64_depthwise)."""
+    import torch
+
     tensors = [t for t in list(model.parameters()) + list(model.buffers()) if t.is_floating_point()]
     if not model.training and all(t.dtype == dtype for t in tensors):
         return model
-    return copy.deepcopy(model).to(dtype).eval()
+    m = copy.deepcopy(model).to(dtype).eval()
+    return float64_depthwise(m) if dtype == torch.float64 else m
+
+
+def float64_depthwise(model):
+    """`model` (float64, modified in place) with each depthwise Conv2d run as k*k shifted multiply-adds: torch's
+    float64 convolution has no fast kernel and loops over groups (a third of SLAB-DeiT-T's and SimA-Nano's float64
+    forward). Same sums in another order: the outputs move by float64 rounding (~1e-16 relative), a billion times
+    below the float32 noise they measure."""
+    import torch.nn as nn
+
+    for m in model.modules():
+        if (type(m) is nn.Conv2d and m.groups > 1 and m.groups == m.in_channels == m.out_channels
+                and m.padding_mode == "zeros" and not isinstance(m.padding, str)):
+            m._conv_forward = _depthwise_forward.__get__(m)
+    return model
+
+
+def _depthwise_forward(self, x, weight, bias):
+    import torch.nn.functional as F
+
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = weight.shape[-2:], self.stride, self.padding, self.dilation
+    xp = F.pad(x, (pw, pw, ph, ph))
+    h = (x.shape[2] + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    w = (x.shape[3] + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    out = None
+    for i in range(kh):
+        for j in range(kw):
+            tap = xp[:, :, i * dh: i * dh + sh * (h - 1) + 1: sh, j * dw: j * dw + sw * (w - 1) + 1: sw]
+            term = tap * weight[:, 0, i, j].view(1, -1, 1, 1)
+            out = term if out is None else out.add_(term)
+    return out if bias is None else out.add_(bias.view(1, -1, 1, 1))

@@ -5,9 +5,8 @@ validate everything -> build the train-form (checkpoint, or seeded trained-like 
 every hop against the train-form's float64 ground truth on the parity set (default, or --images) by the
 per-sample noise rule (hops.py). The output folder is one transaction (outdir.py): built in a temporary sibling,
 renamed into place in one step; a failed hop moves the artifacts to DIR/quarantine/. Bad input raises VitedgeError
-before anything is written. `parity()` on existing artifacts is verify.py. With `hub=` a verified deploy-form and
-hub ONNX are reused from, or left in, a store (hub.py).
-"""
+before anything is written. `parity()` is verify.py. `hub=`: a verified deploy-form and hub ONNX reused from, or
+left in, a store (hub.py)."""
 from __future__ import annotations
 
 import copy
@@ -31,7 +30,8 @@ from .compressed import QDQ_HOP, Judged, compressed_hop, write_qdq
 from .criteria import reference_block
 from .equivalence import verify_equivalence
 from .forms import DEMO_SEED, Loaded, build_deploy_form, build_train_form, model_name, reparam_info, resolve_imgsz
-from .hops import Ladder, ane_check, check_images, class_names, parity_inputs_for, record_artifact
+from .hops import (DEPLOY_SUBSET, PRE_HUB_SAMPLES, RAW_SUBSET, Ladder, ane_check, check_images, class_names,
+                   parity_inputs_for, record_artifact)
 from .hub import Hub, HubStore
 from .inputs import ParitySet
 from .onnx_export import (DEFAULT_EXPORTER, OnnxExportError, check_onnx, check_opset, default_opset, export_onnx_info,
@@ -54,7 +54,8 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
            options: dict | None = None, seed: int = DEMO_SEED, progress: Progress | None = None,
            rewrites=True, require_ane: bool = False, hub: HubStore | None = None, images: str | Path | None = None,
            labels: str | Path | None = None, calib: int | None = None,
-           calib_images: str | Path | None = None, exporter: str = DEFAULT_EXPORTER) -> Report:
+           calib_images: str | Path | None = None, exporter: str = DEFAULT_EXPORTER,
+           truth_cache: bool = True) -> Report:
     """Export `model_or_name` to `targets` in folder `out` (default runs/NAME) and run the parity ladder.
 
     `rewrites`: the deploy-form's speed rewrites (True all, False none, or names; see `available_rewrites`).
@@ -70,7 +71,7 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
     as `options["labels"]`.
     `calib` / `calib_images`: --precision int8 | w8a8: how many calibration images (default 64) and, optionally,
     the folder they come from (else views of the shipped photos the compressed hops are not judged on; see
-    exporter/calibrate.py).
+    exporter/calibrate.py). `truth_cache`: use the disk cache of float64 ground truths (exporter/truth_cache.py).
 
     Returns the Report also written to OUT/report.json; `report.exit_code` is 0 (all executed hops
     passed), 1 (a hop failed: artifacts in OUT/quarantine/). Raises VitedgeError (exit 2) on bad input,
@@ -142,7 +143,7 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
                            tols, progress, folder.checkpoint, pset, classes, hub, reused,
                            lambda: build_train_form(model_or_name, checkpoint, overrides, seed).model,
                            n_calib=n_calib, calib_images=calib_images, images=images, labels_file=labels,
-                           exporter=exporter)
+                           exporter=exporter, truth_cache=truth_cache)
             build.run()
             report.finalize()
             report.out_dir = str(out)
@@ -201,6 +202,7 @@ class _Build:
     labels_file: str | Path | None = None
     calibration: object = None          # targets.calibration.Calibration, chosen once per run
     judged: Judged | None = None        # what compressed hops are judged on, built once per run
+    truth_cache: bool = True            # the disk cache of ground truths (truth_cache.py)
 
     def run(self) -> None:
         ready = self._reuse_hub() if self.reused is not None else self._build_hub()
@@ -225,7 +227,7 @@ class _Build:
             shutil.copyfile(h.onnx_path, hub)
         self.checkpoint("hub-graph")
         record_artifact(r, "onnx", hub, "fp32", {"simplify": h.export.get("simplify")}, root=self.tmp)
-        r.reference = reference_block(h.truth, self.inputs.classes)
+        r.reference = {**reference_block(h.truth, self.inputs.classes), "cache": None}  # the hub's own truth
         return hub, meta, Ladder(None, self.deploy, self.inputs, h.truth, self.progress, self.build_train)
 
     def _build_hub(self) -> tuple[Path, dict, Ladder] | None:
@@ -234,9 +236,9 @@ class _Build:
         r, fp32, imgsz = self.report, self.tols["fp32"], self.report.imgsz
         if self.reparam and not self._gate():
             return None
-        ladder = Ladder.build(self.loaded.model, self.deploy, self.inputs, self.progress)
+        ladder = Ladder.build(self.loaded.model, self.deploy, self.inputs, self.progress, self.truth_cache)
         r.reference = ladder.reference()
-        hop = ladder.deploy_hop(self.deploy, fp32)
+        hop = ladder.deploy_hop(self.deploy, fp32, (PRE_HUB_SAMPLES, DEPLOY_SUBSET))
         if hop.status == "failed" and self.reparam:  # the fp64 gate passed: float32 arithmetic, not a wrong fold
             hop.reason += ("; the float64 equivalence gate passed: float32 rounding in the deploy-form exceeds its "
                            "allowance")
@@ -253,9 +255,8 @@ class _Build:
             return None
         r.exporter, r.exporter_fallback = made.exporter, made.fallback_reason
         if made.fallback_reason:
-            self.progress.note(f"the dynamo exporter could not export {r.model}; exported with TorchScript "
-                               f"instead ({made.fallback_reason})")
-        r.parity.append(ladder.onnx_hop("onnx", self.raw, fp32))
+            self.progress.note(f"dynamo could not export {r.model}; TorchScript did ({made.fallback_reason})")
+        r.parity.append(ladder.onnx_hop("onnx", self.raw, fp32, (PRE_HUB_SAMPLES, RAW_SUBSET)))
         try:
             with self.progress.step("simplifying ONNX (onnxsim)"):
                 simp, simp_info = simplify_keeping_fusions(self.raw)  # fused-op counts: artifact info
@@ -266,6 +267,7 @@ class _Build:
         hub = save_onnx(set_metadata(simp, meta), self.tmp / f"{r.model}.onnx")
         self.checkpoint("hub-graph")
         r.parity.append(ladder.onnx_hop("onnx-simplified", simp, fp32))
+        ladder.widen_raw_hop(r.parity, self.raw, fp32)
         record_artifact(r, "onnx", hub, "fp32", {"simplify": simp_info}, root=self.tmp)
         if self.store is not None and all(h.status == "passed" for h in r.parity):  # never share a failed hub
             self.store.put(Hub(self.deploy, hub, self.raw, ladder.truth, self.inputs.note, copy.deepcopy(r.parity),

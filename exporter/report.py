@@ -101,6 +101,9 @@ class Hop:
     # ONNX hops under the noise rule: the feature probe (exporter/probe.py) {"status" (passed / failed / not run),
     # "module", "tensor", "samples", "noise_ratio", "worst_sample", "sets", "why"}; None where it does not apply.
     probe: dict | None = None
+    # A hop run on part of the parity set because a later hop runs the same graph on all of it (the deploy-form and
+    # raw onnx hops of `vitedge export`): which part, and why; None where the hop ran every sample it could.
+    subset: str | None = None
 
     @classmethod
     def from_dict(cls, d: dict) -> "Hop":

@@ -47,7 +47,7 @@ def parity(model_or_name=None, artifact: str | Path | None = None, *, checkpoint
            tolerances: dict | list | None = None, require_verified: bool = False, overrides: dict | None = None,
            seed: int = DEMO_SEED, report_path: str | Path | None = None, mode: str | None = None,
            progress: Progress | None = None, require_ane: bool = False, images: str | Path | None = None,
-           labels: str | Path | None = None, exporter: str | None = None) -> Report:
+           labels: str | Path | None = None, exporter: str | None = None, truth_cache: bool = True) -> Report:
     """The parity ladder for an existing artifact and/or a deploy-form checkpoint (`vitedge reparam`).
 
     Hops: deploy-form (the deploy checkpoint if given, else a fresh re-parameterization) and the artifact,
@@ -60,7 +60,8 @@ def parity(model_or_name=None, artifact: str | Path | None = None, *, checkpoint
     `model_or_name` None: the model the artifact's (or deploy checkpoint's) metadata names. `exporter`: the ONNX
     exporter the artifact was written with, recorded in the report where its metadata does not say; one that
     contradicts the metadata is an error. An artifact carrying class names (`vitedge.labels`) gets its top-1
-    class names on the first parity inputs in the report (`parity[].predictions`).
+    class names on the first parity inputs in the report (`parity[].predictions`). `truth_cache`: read and keep the
+    float64 ground truth in the disk cache (exporter/truth_cache.py).
     """
     progress = progress or QUIET
     if mode not in (None, "device", "emulated"):
@@ -128,7 +129,7 @@ def parity(model_or_name=None, artifact: str | Path | None = None, *, checkpoint
                     exporter_fallback=meta.get("exporter_fallback") if made_with else None,
                     opset=graph_opset(art_model) if art_model is not None else None)
 
-    ladder = Ladder.build(loaded.model, deploy, pset, progress)
+    ladder = Ladder.build(loaded.model, deploy, pset, progress, truth_cache)
     report.reference = ladder.reference()
     hop = ladder.deploy_hop(deploy, tols["fp32"])
     if hop.status == "failed":

@@ -1,7 +1,10 @@
 """Shared test fixtures: the official golden fixtures and small helpers."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,12 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 # Many tiny float64 ops: one intra-op thread is several times faster than two on small CI machines.
 torch.set_num_threads(1)
+# The float64 ground-truth cache (exporter/truth_cache.py) in a folder of this test session's own, shared by the CLI
+# subprocesses it starts: tests never read a developer's cache or leave entries in it.
+_CACHE = tempfile.mkdtemp(prefix="vitedge-test-cache-")
+os.environ["VITEDGE_CACHE_DIR"] = _CACHE
+os.environ.pop("VITEDGE_TRUTH_CACHE", None)
+atexit.register(shutil.rmtree, _CACHE, True)
 
 GOLDEN = Path(os.environ.get("VITEDGE_GOLDEN", REPO.parent / "shared" / "golden"))
 
