@@ -320,3 +320,19 @@ def test_compressed_profiles_quick(runs):
             assert c["passed"] != c["planted"], (c["case"], c["set"], c["problems"])
     for entry in data["summary"].values():
         assert entry["correct_failed"] == [] and entry["planted_passed"] == []
+
+
+def test_export_all_time_quick(tmp_path):
+    # every registered model's default export, timed in a fresh process each (here: two reduced configs)
+    out = tmp_path / "e.json"
+    r = subprocess.run([sys.executable, str(BENCH / "export_all_time.py"), "--quick", "--out", str(out)], cwd=BENCH,
+                       capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["script"] == "export_all_time" and data["complete"] and MACHINE_KEYS <= set(data["machine"])
+    assert {m["model"] for m in data["models"]} == {"swiftformer_xs", "sima_nano_12_p16"}
+    for m in data["models"]:
+        assert m["exit_code"] == 0 and m["status"] == "passed" and m["samples"] == 8 and m["cache"] == "stored"
+        assert m["wall_s"] > 0 and m["load_before"] and set(m["hops"]) == {"deploy-form", "onnx", "onnx-simplified"}
+    tail = _tail_after([ln for ln in r.stdout.splitlines() if ln.strip()], "slowest exports")
+    assert tail[-1] == "within 300 s and exit 0: 2/2"

@@ -1,0 +1,98 @@
+"""Wall time of `vitedge export --model NAME --target onnx` with default settings, for every registered model.
+
+Issue 17's target: every registered model exports with default settings in <= 5 minutes on the 2-core development
+machine. Each export runs as a user runs it: a fresh process, the default parity set (its size by the GMACs rule,
+exporter/parity_cost.py), and an empty float64 ground-truth cache (a first export of those weights: the cache would
+only make a re-export faster). Smallest model first; the JSON is rewritten after each model, with the 1-min load
+average before and after every export, the parity sample count, exit code and each pipeline step's seconds (from
+the progress lines). The summary printed last: the slowest exports and how many are within the target.
+
+    python benchmarks/export_all_time.py [--quick] [--models a,b] [--update] [--out FILE]
+
+--quick: two reduced configs at 64 px with 8 samples (the smoke test), not a result to quote.
+--update: re-measure only --models and keep the other rows of the existing results file.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import _common as C
+from vitedge.models import get_spec, list_models
+
+TARGET_S = 300.0
+QUICK_MODELS = ("swiftformer_xs", "sima_nano_12_p16")
+QUICK_ARGS = ["--imgsz", "64", "--samples", "8"]
+STEP_RE = re.compile(r"^\s+(.+): ([0-9.]+) s$")  # a finished progress step, as the CLI prints it on stderr
+
+
+def _set_flags(overrides: dict) -> list[str]:
+    return [a for k, v in overrides.items() for a in ("--set", f"{k}={json.dumps(v).replace(' ', '')}")]
+
+
+def export_once(name: str, tmp: Path, quick: bool) -> dict:
+    """One `vitedge export --model NAME --target onnx` in a fresh process with an empty ground-truth cache."""
+    out, cache = tmp / name, tmp / f"cache-{name}"
+    argv = [sys.executable, "-m", "vitedge.cli", "export", "--model", name, "--target", "onnx", "--out", str(out)]
+    if quick:
+        argv += QUICK_ARGS + _set_flags(C.REDUCED[name])
+    env = {**os.environ, "VITEDGE_CACHE_DIR": str(cache)}
+    env.pop("VITEDGE_TRUTH_CACHE", None)
+    load_before = C.load_average()
+    t0 = time.perf_counter()
+    p = subprocess.run(argv, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t0
+    report = json.loads((out / "report.json").read_text()) if (out / "report.json").is_file() else {}
+    steps = [(m.group(1), float(m.group(2))) for m in map(STEP_RE.match, p.stderr.splitlines()) if m]
+    return {"model": name, "exit_code": p.returncode, "wall_s": round(wall, 1), "load_before": load_before,
+            "load_after": C.load_average(), "samples": report.get("samples"), "samples_rule": report.get("samples_rule"),
+            "status": report.get("status"), "cache": ((report.get("reference") or {}).get("cache") or {}).get("status"),
+            "hops": {h["hop"]: {"status": h["status"], "samples": h["samples"], "seconds": h["seconds"]}
+                     for h in report.get("parity", [])},
+            "steps_s": steps, "error": None if p.returncode in (0, 1) else p.stderr.strip().splitlines()[-1:]}
+
+
+def main() -> None:
+    p = C.parser("export_all_time", __doc__)
+    p.add_argument("--models", default=None, help="comma-separated model names (default: all registered)")
+    p.add_argument("--update", action="store_true", help="re-measure --models only; keep the other rows")
+    args = p.parse_args()
+    names = args.models.split(",") if args.models else list(QUICK_MODELS if args.quick else list_models())
+    names.sort(key=lambda n: C.gflop(n, 64, C.REDUCED[n]) if args.quick else C.gflop(n, get_spec(n).default_imgsz))
+    info = C.machine()
+    C.banner("export_all_time", info, args.quick)
+    started = time.time()
+    path = Path(C.out_path("export_all_time", args))
+    kept = []
+    if args.update and path.is_file():
+        kept = [r for r in json.loads(path.read_text())["models"] if r["model"] not in names]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="vitedge-export-all-") as tmp:
+        for name in names:
+            r = export_once(name, Path(tmp), args.quick)
+            rows.append(r)
+            every = sorted(kept + rows, key=lambda r: r["wall_s"])
+            body = {"settings": {"command": "vitedge export --model NAME --target onnx --out DIR" +
+                                 (" " + " ".join(QUICK_ARGS) + " --set (reduced config)" if args.quick else ""),
+                                 "truth_cache": "empty (cold) per export", "target_s": TARGET_S},
+                    "models": every, "complete": len(every) == (len(names) if args.quick else len(list_models()))}
+            C.write_results(path, "export_all_time", dict(info), args, body, started)  # survives an interruption
+            print(f"{name:20s} exit {r['exit_code']}  {r['wall_s']:7.1f} s  {r['samples']} samples  "
+                  f"(1-min load {r['load_before'][:1]} -> {r['load_after'][:1]})", flush=True)
+    every = sorted(kept + rows, key=lambda r: -r["wall_s"])
+    print(f"\nresults: {path} (1-min load average beside every export)")
+    print(f"\nslowest exports (default settings, cold ground-truth cache; target {TARGET_S:.0f} s):")
+    for r in every[:5]:
+        print(f"  {r['model']:20s} {r['wall_s']:7.1f} s  exit {r['exit_code']}  {r['samples']} samples")
+    within = sum(r["wall_s"] <= TARGET_S and r["exit_code"] == 0 for r in every)
+    print(f"within {TARGET_S:.0f} s and exit 0: {within}/{len(every)}")
+
+
+if __name__ == "__main__":
+    main()
