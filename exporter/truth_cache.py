@@ -94,8 +94,8 @@ def truth_key(model, x: np.ndarray, batch: int = GROUND_TRUTH_BATCH, threads: in
     """What the ground truth of `model` on `x` depends on (canonical, JSON-able); `key_digest` names it."""
     import torch
 
-    from .matrix.cache import source_digest
     from .report import versions
+    from .source_digest import source_digest
 
     v = versions()
     return {"schema": SCHEMA, "structure": hashlib.sha256(repr(model).encode()).hexdigest(),

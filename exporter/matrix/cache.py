@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..parity_cost import SAMPLES_RULE
+from ..source_digest import source_digest
 from ...targets.base import sha256_file
 from ..report import versions
 from .plan import Cell
@@ -35,26 +36,10 @@ from .plan import Cell
 SCHEMA = 1
 BASE_PACKAGES = ("torch", "numpy", "onnx", "onnxruntime", "onnxsim")
 TARGET_PACKAGES = {"onnx": (), "coreml": ("coremltools",), "tensorrt": ("tensorrt",)}
-_SOURCE_SKIP = {"tests", "benchmarks", "scripts", "examples", "docs", "runs", "build"}
-_PACKAGE_DATA = ("exporter/photos",)
 
 
 def _digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
-
-
-def source_digest() -> str:
-    """sha256 over vitedge's own .py files (not tests or benchmarks) and the package data that shapes verdicts
-    (the natural parity set's photos): a change to either is a new toolchain."""
-    root = Path(__file__).resolve().parents[2]
-    h = hashlib.sha256()
-    data = [p for d in _PACKAGE_DATA if (root / d).is_dir() for p in (root / d).rglob("*") if p.is_file()]
-    for p in sorted([*root.rglob("*.py"), *data]):
-        rel = p.relative_to(root)
-        if rel.parts[0] in _SOURCE_SKIP or any(part.startswith(".") for part in rel.parts):
-            continue
-        h.update(str(rel).encode() + b"\0" + p.read_bytes())
-    return h.hexdigest()
 
 
 @dataclass
