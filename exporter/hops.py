@@ -144,7 +144,7 @@ class Ladder:
         runner still open), release the runner. `subset` (n, why): run only n samples, each input set's first
         ones in proportion to its share (subset_indices), saying why in `Hop.subset`."""
         idx = subset_indices(self.inputs.sets, subset[0]) if subset else None
-        x, names, truth = self.x, self.inputs.names, None
+        x, names = self.x, self.inputs.names
         with runner, self.progress.step(step or f"{hop_name} hop ({runner.backend})"):
             truth = self.truth_for(runner)
             if idx is not None:

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from .criteria import GroundTruth
+from .digests import json_digest
 from .parity import GROUND_TRUTH_BATCH, REFERENCE_THREADS, ground_truth
 
 SCHEMA = 1
@@ -91,11 +92,11 @@ def _weights_digest(model) -> str:
 
 
 def truth_key(model, x: np.ndarray, batch: int = GROUND_TRUTH_BATCH, threads: int = REFERENCE_THREADS) -> dict:
-    """What the ground truth of `model` on `x` depends on (canonical, JSON-able); `key_digest` names it."""
+    """What the ground truth of `model` on `x` depends on (canonical, JSON-able); its `json_digest` names it."""
     import torch
 
+    from .digests import source_digest
     from .report import versions
-    from .source_digest import source_digest
 
     v = versions()
     return {"schema": SCHEMA, "structure": hashlib.sha256(repr(model).encode()).hexdigest(),
@@ -104,10 +105,6 @@ def truth_key(model, x: np.ndarray, batch: int = GROUND_TRUTH_BATCH, threads: in
             "shape": list(np.shape(x)), "batch": int(batch), "float32_threads": int(threads),
             "torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(), "machine": platform.machine(),
             "numpy": v.get("numpy"), "vitedge": v.get("vitedge"), "vitedge_source": source_digest()}
-
-
-def key_digest(key: dict) -> str:
-    return hashlib.sha256(json.dumps(key, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _load(path: Path, key: dict, rows: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -150,7 +147,7 @@ def cached_ground_truth(model, x, sets: tuple[str, ...], labels=None, use_cache:
     if why is not None:
         return ground_truth(model, x, sets, labels, **kw), {"status": "uncacheable", "why": why}
     key = truth_key(model, x, kw.get("batch", GROUND_TRUTH_BATCH), kw.get("threads", REFERENCE_THREADS))
-    digest = key_digest(key)
+    digest = json_digest(key)
     folder = cache_dir()
     path = folder / f"{digest}.npz"
     hit = _load(path, key, len(x)) if path.is_file() else None

@@ -18,7 +18,6 @@ Only entries whose status is "passed" are ever looked up: a failed cell is never
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -28,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..parity_cost import SAMPLES_RULE
-from ..source_digest import source_digest
+from ..digests import json_digest, source_digest
 from ...targets.base import sha256_file
 from ..report import versions
 from .plan import Cell
@@ -36,10 +35,6 @@ from .plan import Cell
 SCHEMA = 1
 BASE_PACKAGES = ("torch", "numpy", "onnx", "onnxruntime", "onnxsim")
 TARGET_PACKAGES = {"onnx": (), "coreml": ("coremltools",), "tensorrt": ("tensorrt",)}
-
-
-def _digest(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
 
 
 @dataclass
@@ -72,7 +67,7 @@ def hub_key(cell: Cell, env: Env) -> tuple[str, dict]:
     inputs = {"kind": "hub", **env.common(BASE_PACKAGES), **_weights(cell, env), "imgsz": cell.imgsz,
               "batch": cell.batch, "opset": cell.opset, "exporter": cell.exporter, "rewrites": cell.rewrites,
               "attn_order": cell.attn_order, "samples": _samples(cell), "tolerance_fp32": cell.tolerances.get("fp32", {})}
-    return _digest(inputs), inputs
+    return json_digest(inputs), inputs
 
 
 def cell_key(cell: Cell, env: Env, bench: bool = False) -> tuple[str, dict, str | None]:
@@ -95,7 +90,7 @@ def cell_key(cell: Cell, env: Env, bench: bool = False) -> tuple[str, dict, str 
         if trt["arch"] is None or trt["tensorrt"] is None:
             uncacheable = ("TensorRT cell without a pinned GPU architecture (trt_arch) and TensorRT version "
                            "(tensorrt_version, or tensorrt installed where the matrix runs): not cached")
-    return _digest(inputs), inputs, uncacheable
+    return json_digest(inputs), inputs, uncacheable
 
 
 def trt_mismatch(cell: Cell, inputs: dict, report: dict | None) -> str | None:

@@ -19,8 +19,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from ...errors import VitedgeError
+from ..digests import json_digest
 from ..onnx_choice import DEFAULT_EXPORTER, check_exporter
-from .cache import Cache, Env, _digest, cell_key, hub_key, toolchain_drift, trt_mismatch
+from .cache import Cache, Env, cell_key, hub_key, toolchain_drift, trt_mismatch
 from .engines import Job, LocalPool, size_pool
 from .folders import TRACEBACK, current_key, materialize, unpack, write_error
 from .plan import PlanError, ResolvedPlan, canonical, read_plan
@@ -92,8 +93,8 @@ def matrix(plan, *, out, workers: int | None = None, ray=None, rebuild: bool = F
 def _resolve(doc: dict, base: Path, env: Env, store: Cache, exporter: str | None = None
              ) -> tuple[ResolvedPlan, str | None]:
     """(the resolved plan, the memo key to store it under, or None when it came from the memo)."""
-    memo = _digest({"plan": canonical(doc), "base": str(base), "exporter": exporter or DEFAULT_EXPORTER,
-                    **env.common(sorted(env.versions))})
+    memo = json_digest({"plan": canonical(doc), "base": str(base), "exporter": exporter or DEFAULT_EXPORTER,
+                        **env.common(sorted(env.versions))})
     cached = store.get_plan(memo)
     if cached is None:
         from .resolve import resolve_plan

@@ -1,13 +1,20 @@
-"""A digest of vitedge's own source: what the caches key a toolchain by (the matrix cache, exporter/matrix/cache.py,
-and the ground-truth cache, exporter/truth_cache.py), since a development checkout changes without a version bump.
+"""The digests the caches key by (the matrix cache, exporter/matrix/cache.py, and the ground-truth cache,
+exporter/truth_cache.py): of a canonical JSON document, and of vitedge's own source (a development checkout
+changes without a version bump).
 """
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 _SOURCE_SKIP = {"tests", "benchmarks", "scripts", "examples", "docs", "runs", "build"}
 _PACKAGE_DATA = ("exporter/photos",)
+
+
+def json_digest(obj) -> str:
+    """sha256 of `obj` as canonical JSON (sorted keys, no spaces; what JSON cannot hold, as str)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
 
 
 def source_digest() -> str:
