@@ -1,9 +1,10 @@
 """The deploy-form and raw onnx hops of `vitedge export` run on PRE_HUB_SAMPLES of the parity set (each input set
 in proportion), the onnx-simplified hop on all of it; a failed simplified hop re-runs the raw one on every input.
-A planted 1 % error in one channel is caught by the subset hops as by the full ones."""
+A planted 1 % and 0.1 % error in one channel is caught by the subset hops as by the full ones."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from vitedge.exporter import pipeline
 from vitedge.exporter.hops import PRE_HUB_SAMPLES, parity_inputs_for, subset_indices
@@ -39,12 +40,13 @@ def test_export_runs_the_pre_hub_hops_on_a_subset(tmp_path):
     assert full.samples == N and full.subset is None
 
 
-def test_a_planted_error_in_the_raw_graph_fails_the_subset_hop(tmp_path, monkeypatch):
+@pytest.mark.parametrize("factor", [1.01, 1.001])
+def test_a_planted_error_in_the_raw_graph_fails_the_subset_hop(tmp_path, monkeypatch, factor):
     make = pipeline.export_onnx_info
 
     def planted(*a, **kw):
         made = make(*a, **kw)
-        made.model = plant_channel_scale(made.model, 1.01)[0]  # 1 % in one output channel, mid-network
+        made.model = plant_channel_scale(made.model, factor)[0]  # 1 % / 0.1 % in one output channel, mid-network
         return made
 
     monkeypatch.setattr(pipeline, "export_onnx_info", planted)
