@@ -14,6 +14,7 @@ import json
 import math
 import os
 import platform
+import random
 import subprocess
 import sys
 import time
@@ -113,7 +114,8 @@ def time_rounds(fns: dict[str, Callable[[], object]], min_rounds: int, max_s: fl
     return latency.time_interleaved(fns, warmup_s=min(0.2, max_s), min_iters=min_rounds, max_s=max_s)
 
 
-def time_blocks(fns: dict[str, Callable[[], object]], rounds: int, block_s: float) -> dict[str, list[float]]:
+def time_blocks(fns: dict[str, Callable[[], object]], rounds: int, block_s: float,
+                seed: int = 0) -> dict[str, list[float]]:
     """Interleaved *blocks*: per round, each candidate runs back to back for at least `block_s` (and at least
     two calls); the median of the block's second half is that round's time (paired across candidates).
 
@@ -121,8 +123,12 @@ def time_blocks(fns: dict[str, Callable[[], object]], rounds: int, block_s: floa
     alternating sessions call by call makes them compete for the cores (measured: benchmarks/README.md, method
     notes)."""
     out: dict[str, list[float]] = {k: [] for k in fns}
+    rng = random.Random(seed)
     for _ in range(rounds):
-        for k, f in fns.items():
+        order = list(fns)
+        rng.shuffle(order)  # as latency.time_interleaved: where a candidate falls in the order shifts its time
+        for k in order:
+            f = fns[k]
             ts, end = [], time.perf_counter() + block_s
             while len(ts) < 2 or time.perf_counter() < end:
                 t0 = time.perf_counter()
@@ -143,11 +149,13 @@ def time_until_precise(fns: dict[str, Callable[[], object]], pairs: list[tuple[s
     towards a threshold; it spends rounds where the machine is noisy instead of reporting an interval too
     wide to say anything."""
     def rounds(n: int, warmup_s: float) -> dict[str, list[float]]:
+        done = len(next(iter(times.values()))) if times else 0  # a new order sequence for every batch of rounds
         if block_s > 0:
-            return time_blocks(fns, n, block_s)  # the first half of every block is its own warm-up
-        return latency.time_interleaved(fns, warmup_s=warmup_s, min_iters=n, max_s=0.0)
+            return time_blocks(fns, n, block_s, seed=done)  # the first half of every block is its own warm-up
+        return latency.time_interleaved(fns, warmup_s=warmup_s, min_iters=n, max_s=0.0, seed=done)
 
     start = time.perf_counter()
+    times: dict[str, list[float]] = {}
     times = rounds(min_rounds, min(0.2, max_s))
     while time.perf_counter() - start < max(max_s, min_s):
         widths = [_rel_width(speedup(times[base], times[new])) for new, base in pairs]
@@ -206,6 +214,32 @@ def onnx_token_model(module: nn.Module, example: torch.Tensor) -> onnx.ModelProt
 def ort(model: onnx.ModelProto, threads: int, spinning: bool | None = None) -> OnnxRuntimeRunner:
     """ONNX Runtime CPU session; threads=0 lets ORT use every core; spinning None = ORT's default (on)."""
     return OnnxRuntimeRunner(model, threads=threads, spinning=spinning)
+
+
+class Alternating:
+    """Several sessions of one graph behind one `run`, used in turn, call by call: a candidate's time is then an
+    average over where its sessions landed in memory rather than one placement's luck."""
+
+    def __init__(self, runners: list):
+        self.runners, self.calls = runners, 0
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        self.calls += 1
+        return self.runners[self.calls % len(self.runners)].run(x)
+
+
+def ort_sessions(graphs: dict[str, onnx.ModelProto], threads: int, spinning: bool | None = None, seed: int = 0,
+                 copies: int = 1) -> dict[str, OnnxRuntimeRunner | Alternating]:
+    """`ort` for each graph (`copies` sessions of each behind an `Alternating`), created in a seeded random order
+    and returned in the given key order. Identical sessions of one graph differ by up to ~1.5 % in speed (A/A tests
+    here: benchmarks/README.md, method notes), by when and where they were created; shuffling the creation order
+    and alternating copies keeps that from favouring one candidate."""
+    order = [(k, i) for k in graphs for i in range(copies)]
+    random.Random(seed).shuffle(order)
+    made: dict[str, list] = {k: [] for k in graphs}
+    for k, _ in order:
+        made[k].append(ort(graphs[k], threads, spinning))
+    return {k: v[0] if copies == 1 else Alternating(v) for k, v in made.items()}
 
 
 def total_nodes(model: onnx.ModelProto) -> dict:

@@ -6,6 +6,7 @@ Pure measurement code: no model or backend knowledge (the harness in bench.py dr
 from __future__ import annotations
 
 import math
+import random
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
@@ -88,11 +89,15 @@ def time_loop(fn: Callable[[], object], warmup_s: float = 0.5, min_iters: int = 
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], warmup_s: float = 0.5, min_iters: int = 50,
-                     max_s: float = 10.0, clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
-    """Time several callables in rounds (A, B, C, A, B, C, ...) so drift and noise hit all alike.
+                     max_s: float = 10.0, clock: Callable[[], float] = time.perf_counter,
+                     seed: int = 0) -> dict[str, list[float]]:
+    """Time several callables in rounds so drift and noise hit all alike, each round in a fresh (seeded) random
+    order: where a call falls in the order shifts its time (an A/A test of four ONNX Runtime sessions of one graph
+    here: 1-2.4 % between identical sessions in a fixed order), enough to fake a speed-up between candidates.
 
     Returns per-name timings of equal length; index i of each list is from the same round (paired)."""
     names = list(fns)
+    rng = random.Random(seed)
     start = clock()
     for n in names:
         fns[n]()
@@ -103,7 +108,9 @@ def time_interleaved(fns: dict[str, Callable[[], object]], warmup_s: float = 0.5
     t_end = clock() + max_s
     rounds = 0
     while rounds < min_iters or clock() < t_end:
-        for n in names:
+        order = names[:]
+        rng.shuffle(order)
+        for n in order:
             t0 = clock()
             fns[n]()
             out[n].append(clock() - t0)

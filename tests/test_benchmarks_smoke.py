@@ -17,7 +17,7 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 SCRIPTS = ("attention_order", "export_time", "deploy_speed", "exporters", "matrix_scale", "resolution_scaling",
-           "quantization", "compressed_profiles")
+           "quantization", "compressed_profiles", "rewrite_ablation")
 TIMEOUT_S = 600  # a generous ceiling for a busy shared machine; on a quiet one each takes about a minute
 CI_RE = re.compile(r"\d+\.\d+x \(95% CI \d+\.\d+-\d+\.\d+, \d+ pairs\)")
 MACHINE_KEYS = {"cpu", "cores", "date", "load_start", "load_end", "load_note"}
@@ -164,6 +164,22 @@ def test_exporters_quick(runs):
         cell = m["cells"][0]
         assert set(cell["latency"]) == {f"{e}-{f}" for e in ("dynamo", "torchscript") for f in ("raw", "simplified")}
         assert cell["baseline"].startswith("torchscript") and "torchscript-best/dynamo-best" in cell["speedups"]
+
+
+def test_rewrite_ablation_quick(runs):
+    lines, data = _result(runs, "rewrite_ablation")
+    tail = _tail_after(lines, "ratios (latency of all but one rewrite")
+    assert {m["model"] for m in data["models"]} == {"swiftformer_xs", "slab_deit_tiny", "sima_nano_12_p16"}
+    for m in data["models"]:
+        assert m["parity_failed"] == {} and m["rounds"] >= 5
+        # one ratio per rewrite of the family, each printed with its CI
+        assert set(m["speedups"]) == {f"all/all-but-{r}" for r in m["rewrites"]} and len(m["rewrites"]) >= 2
+        assert sum(f"{m['model']} (reduced) all/all-but-" in ln and bool(CI_RE.search(ln)) for ln in tail) == len(
+            m["rewrites"])
+    swift = next(m for m in data["models"] if m["model"] == "swiftformer_xs")
+    # the ONNX-form rewrite is real: without it the attention's norms go back to ReduceSum + Sqrt
+    assert swift["nodes"]["all"]["by_op"].get("ReduceL2", 0) > 0
+    assert swift["nodes"]["all-but-l2_normalize_reduce_l2"]["by_op"].get("ReduceL2", 0) == 0
 
 
 def test_matrix_scale_quick(runs):

@@ -69,7 +69,12 @@ def test_interleaved_rounds_are_paired():
     out = time_interleaved({"a": mk("a", 0.002), "b": mk("b", 0.001)}, warmup_s=0.0, min_iters=10, max_s=0.0,
                            clock=clock)
     assert len(out["a"]) == len(out["b"]) == 10
-    assert order[-4:] == ["a", "b", "a", "b"]
+    rounds = [tuple(order[i:i + 2]) for i in range(len(order) - 20, len(order), 2)]
+    assert all(sorted(r) == ["a", "b"] for r in rounds)  # every round runs each candidate once ...
+    assert {("a", "b"), ("b", "a")} <= set(rounds)  # ... in an order that changes from round to round
+    order.clear()
+    time_interleaved({"a": mk("a", 0.002), "b": mk("b", 0.001)}, warmup_s=0.0, min_iters=10, max_s=0.0, clock=clock)
+    assert [tuple(order[i:i + 2]) for i in range(len(order) - 20, len(order), 2)] == rounds  # seeded: repeatable
     r = paired_ratio(out["a"], out["b"])
     assert r["ratio"] == pytest.approx(2.0)
     assert r["ci"][0] <= 2.0 <= r["ci"][1] + 1e-12

@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 # One small config per fold plan (the families' own test configs), and the rewrites each plan declares.
 FAMILIES = {
     "swiftformer_xs": (dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10), 64,
-                       ("tokens_channels_first", "l2_normalize_rsqrt", "erf_gelu_fusable")),
+                       ("tokens_channels_first", "l2_normalize_rsqrt", "erf_gelu_fusable",
+                        "l2_normalize_reduce_l2")),
     "slab_deit_tiny": (dict(embed_dim=64, depth=2, num_heads=2, num_classes=10), 224,
                        ("tokens_channels_first", "erf_gelu_fusable")),
     "prepbn_deit_tiny": (dict(embed_dim=64, depth=2, num_heads=2, num_classes=10), 224,

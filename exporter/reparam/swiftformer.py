@@ -12,6 +12,10 @@ Deploy-speed rewrites (each exact, each switchable: `reparameterize(..., rewrite
   the global query is a reduction plus a broadcast multiply (one change: the attention's layout);
 - `l2_normalize_rsqrt`: inside that channels-first attention, l2-normalize as `x * rsqrt(max(sum(x^2), eps^2))`
   (exactly F.normalize's `x / max(||x||, eps)`, with no ReduceL2/Expand/Div);
+- `l2_normalize_reduce_l2`: l2-normalize as `x * (1 / max(||x||, eps))` (F.normalize's formula; ONNX: ReduceL2,
+  Clip, Reciprocal, Mul: no tensor of squares, a multiply instead of a divide); it takes precedence over
+  `l2_normalize_rsqrt` except while torch.jit.trace records the CoreML lowering, which keeps the rsqrt form
+  (`_AneFriendly` in targets/coreml/convert.py: the form chosen for the Neural Engine);
 - `erf_gelu_fusable`: erf-GELU written in the form ONNX Runtime fuses into one Gelu op.
 With none, the encoders keep the official token layout and attention module (folds only, for ablation).
 """
@@ -22,7 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...models.layers import EfficientAdditiveAttention
-from ...models.layers.normalize import l2_normalize_rsqrt
+from ...models.layers.normalize import l2_normalize_reduce_l2, l2_normalize_rsqrt
 from ...models.swiftformer import ConvEncoder, Embedding, SwiftFormer, SwiftFormerEncoder
 from .engine import FoldContext, register_plan
 from .primitives import (ChannelAffine, ErfGELU, affine_before, bn_affine, fuse_conv_bn, linear_to_conv1x1,
@@ -30,6 +34,15 @@ from .primitives import (ChannelAffine, ErfGELU, affine_before, bn_affine, fuse_
 
 __all__ = ["ConvBlock", "ConvMlp", "AdditiveAttention2d", "AdditiveAttentionTokens", "EncoderBlock",
            "SwiftFormerDeploy"]
+
+
+def l2_normalize(x: torch.Tensor, dim, eps: float, rsqrt: bool, reduce_l2: bool) -> torch.Tensor:
+    """F.normalize(x, dim=dim, eps=eps) in the form the switched-on rewrites choose (see the module docstring)."""
+    if reduce_l2 and (torch.onnx.is_in_onnx_export() or not torch.jit.is_tracing()):
+        return l2_normalize_reduce_l2(x, dim, eps)
+    if rsqrt or reduce_l2:
+        return l2_normalize_rsqrt(x, dim, eps)
+    return F.normalize(x, dim=dim, eps=eps)
 
 
 def _gelu(ctx: FoldContext) -> nn.Module:
@@ -67,14 +80,14 @@ class AdditiveAttention2d(nn.Module):
     """
 
     def __init__(self, to_query: nn.Conv2d, to_key: nn.Conv2d, w_g: nn.Conv2d, Proj: nn.Conv2d,
-                 final: nn.Conv2d, eps: float = 1e-12, rsqrt: bool = True):
+                 final: nn.Conv2d, eps: float = 1e-12, rsqrt: bool = True, reduce_l2: bool = False):
         super().__init__()
         self.to_query, self.to_key, self.w_g, self.Proj, self.final = to_query, to_key, w_g, Proj, final
         self.eps = eps
-        self.rsqrt = rsqrt
+        self.rsqrt, self.reduce_l2 = rsqrt, reduce_l2
 
     def norm(self, x: torch.Tensor, dim, eps: float) -> torch.Tensor:
-        return l2_normalize_rsqrt(x, dim, eps) if self.rsqrt else F.normalize(x, dim=dim, eps=eps)
+        return l2_normalize(x, dim, eps, self.rsqrt, self.reduce_l2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q = self.norm(self.to_query(x), 1, self.eps)
@@ -85,19 +98,24 @@ class AdditiveAttention2d(nn.Module):
 
 
 class AdditiveAttentionTokens(EfficientAdditiveAttention):
-    """The official token-layout attention (B, N, C) with its scale folded into `w_g` and l2-normalize as
-    `l2_normalize_rsqrt` (the rewrite of that name without `tokens_channels_first`)."""
+    """The official token-layout attention (B, N, C) with its scale folded into `w_g` and l2-normalize in the form
+    of the normalize rewrites switched on (`l2_normalize_rsqrt`, `l2_normalize_reduce_l2`) without
+    `tokens_channels_first`."""
 
-    def __init__(self, attn: EfficientAdditiveAttention):
+    def __init__(self, attn: EfficientAdditiveAttention, rsqrt: bool = True, reduce_l2: bool = False):
         nn.Module.__init__(self)
         self.to_query, self.to_key, self.w_g, self.Proj, self.final = (attn.to_query, attn.to_key, attn.w_g,
                                                                       attn.Proj, attn.final)
         self.scale_factor = attn.scale_factor
+        self.rsqrt, self.reduce_l2 = rsqrt, reduce_l2
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        query = l2_normalize_rsqrt(self.to_query(x), -1)
-        key = l2_normalize_rsqrt(self.to_key(x), -1)
-        a = l2_normalize_rsqrt((query @ self.w_g) * self.scale_factor, 1)
+        def norm(t: torch.Tensor, dim: int) -> torch.Tensor:
+            return l2_normalize(t, dim, 1e-12, self.rsqrt, self.reduce_l2)
+
+        query = norm(self.to_query(x), -1)
+        key = norm(self.to_key(x), -1)
+        a = norm((query @ self.w_g) * self.scale_factor, 1)
         g = torch.sum(a * query, dim=1, keepdim=True)
         return self.final(self.Proj(g * key) + query)
 
@@ -160,16 +178,17 @@ def _fold_conv_block(blk: ConvEncoder, ctx: FoldContext) -> ConvBlock:
 def _fold_attention(attn: EfficientAdditiveAttention, final: nn.Linear, ctx: FoldContext) -> nn.Module:
     w_g = attn.w_g * attn.scale_factor
     ctx.fold("attn_scale->w_g")
+    rsqrt, reduce_l2 = ctx.use("l2_normalize_rsqrt"), ctx.use("l2_normalize_reduce_l2")
     if not ctx.use("tokens_channels_first"):
         attn.final = final
         attn.w_g.copy_(w_g)
         attn.scale_factor = 1.0
-        return AdditiveAttentionTokens(attn) if ctx.use("l2_normalize_rsqrt") else attn
+        return AdditiveAttentionTokens(attn, rsqrt, reduce_l2) if rsqrt or reduce_l2 else attn
     g = nn.Conv2d(w_g.shape[0], 1, 1, bias=False).to(w_g)
     g.weight.copy_(w_g.t().reshape(1, -1, 1, 1))
     conv = linear_to_conv1x1
     return AdditiveAttention2d(conv(attn.to_query), conv(attn.to_key), g, conv(attn.Proj), conv(final),
-                               rsqrt=ctx.use("l2_normalize_rsqrt"))
+                               rsqrt=rsqrt, reduce_l2=reduce_l2)
 
 
 def _fold_encoder(blk: SwiftFormerEncoder, ctx: FoldContext) -> EncoderBlock:
@@ -202,7 +221,8 @@ def _fold_head(model: SwiftFormer, ctx: FoldContext) -> nn.Module:
     return affine_before(avg, a, b)
 
 
-@register_plan(SwiftFormer, rewrites=("tokens_channels_first", "l2_normalize_rsqrt", "erf_gelu_fusable"))
+@register_plan(SwiftFormer, rewrites=("tokens_channels_first", "l2_normalize_rsqrt", "erf_gelu_fusable",
+                                      "l2_normalize_reduce_l2"))
 def plan_swiftformer(model: SwiftFormer, ctx: FoldContext) -> SwiftFormerDeploy:
     pe = model.patch_embed
     stem = nn.Sequential(_conv_bn(pe[0], pe[1], ctx), pe[2], _conv_bn(pe[3], pe[4], ctx), pe[5])

@@ -1,0 +1,92 @@
+"""What each deploy-form rewrite is worth: the deploy-form with all of its family's rewrites against the same
+deploy-form with all but one, for every rewrite, on ONNX Runtime (1 thread, batch 1).
+
+Every graph goes through vitedge's own ONNX path (TorchScript export, checker, the fusion-keeping simplifier), as
+`vitedge export` writes it; each is checked against the train-form's float64 ground truth (the pipeline's fp32
+rule) before it is timed. The graphs of one model are timed interleaved in one run until every ratio's 95 % CI
+is --ci-width wide (or --max-s-per-model has passed). Ratio "all / all-but-X" > 1: rewrite X makes the graph
+faster by that factor, given the others. Printed last: the ratios with their CIs.
+
+    python benchmarks/rewrite_ablation.py [--quick] [--models a,b] [--out FILE]
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+import _common as C
+from vitedge.exporter.inputs import parity_inputs
+from vitedge.exporter.reparam import available_rewrites, reparameterize
+from vitedge.models import create_model, get_spec, list_models, make_trained_like
+
+MODELS = ("swiftformer_xs", "slab_deit_tiny", "sima_nano_12_p16")
+SAMPLES = 8  # parity inputs per graph: a sanity check of each variant, not the export's verdict
+COPIES = 3  # sessions per graph, used in turn (C.ort_sessions: identical sessions differ by up to ~1.5 %)
+
+
+def measure_model(name: str, overrides: dict, config: str, imgsz: int, timing: dict) -> dict:
+    train = make_trained_like(create_model(name, **overrides), seed=0).eval()
+    rewrites = available_rewrites(train)
+    variants = {"all": list(rewrites), **{f"all-but-{r}": [x for x in rewrites if x != r] for r in rewrites}}
+    x = parity_inputs(SAMPLES, imgsz, seed=0).numpy()
+    truth = C.ground_truth_on(train, x)
+    graphs = {k: C.onnx_image_model(reparameterize(train, imgsz, rewrites=v), imgsz, 1) for k, v in variants.items()}
+    sessions = C.ort_sessions(graphs, threads=1, copies=COPIES)
+    parity = {k: C.parity_problems(truth, np.concatenate([s.run(x[i:i + 1]) for i in range(len(x))]))
+              for k, s in sessions.items()}
+    nodes = {k: C.total_nodes(g) for k, g in graphs.items()}
+    passed = [k for k in graphs if not parity[k]]
+    xi = x[:1]
+    fns = {k: (lambda r=sessions[k]: r.run(xi)) for k in passed}
+    pairs = [("all", k) for k in passed if k != "all"] if "all" in passed else []
+    t0 = time.perf_counter()
+    times = C.time_until_precise(fns, pairs, timing["min_rounds"], timing["max_s"], timing["ci_width"],
+                                 min_s=timing["min_s"])
+    return {"model": name, "config": config, "overrides": overrides, "imgsz": imgsz, "rewrites": list(rewrites),
+            "variants": variants, "nodes": nodes, "parity_failed": {k: v for k, v in parity.items() if v},
+            "seconds": round(time.perf_counter() - t0, 1), "rounds": len(next(iter(times.values()), [])),
+            "latency": {k: C.stats(v) for k, v in times.items()},
+            "speedups": {f"all/{k}": C.speedup(times[k], times["all"]) for _, k in pairs}}
+
+
+def main(argv=None) -> int:
+    ap = C.parser("rewrite_ablation", __doc__)
+    ap.add_argument("--models", default=None, help=f"comma list (default: {','.join(MODELS)})")
+    ap.add_argument("--ci-width", type=float, default=0.02,
+                    help="stop a model once every ratio's 95%% CI is this wide (relative)")
+    ap.add_argument("--max-s-per-model", type=float, default=120.0)
+    args = ap.parse_args(argv)
+    started = time.time()
+    torch.set_num_threads(1)
+    info = C.machine()
+    C.banner("rewrite_ablation", info, args.quick)
+    wanted = args.models.split(",") if args.models else list(MODELS)
+    if args.quick:
+        timing = {"min_rounds": 5, "max_s": 0.5, "min_s": 0.0, "ci_width": 1.0}
+        plan = [(n, C.REDUCED[n], "reduced", 64 if n != "slab_deit_tiny" else 224) for n in wanted if n in C.REDUCED]
+    else:
+        timing = {"min_rounds": 20, "max_s": args.max_s_per_model, "min_s": 10.0, "ci_width": args.ci_width}
+        plan = [(n, {}, "real", get_spec(n).default_imgsz) for n in wanted if n in list_models()]
+    missing = [n for n in wanted if n not in list_models()]
+    results = []
+    for n, ov, cfg, s in plan:
+        print(f"  {n} ({cfg}, {s} px) ...", flush=True)
+        results.append(measure_model(n, ov, cfg, s, timing))
+    body = {"settings": {"threads": 1, "batch": 1, "samples": SAMPLES, **timing}, "missing": missing,
+            "models": results}
+    path = C.write_results(C.out_path("rewrite_ablation", args), "rewrite_ablation", info, args, body, started)
+    print(f"\nresults: {path}\n{info['load_note']}")
+    for r in results:
+        for k, why in r["parity_failed"].items():
+            print(f"  {r['model']} {k}: failed parity, not timed: {'; '.join(why)}")
+    print("\nratios (latency of all but one rewrite / latency of all, > 1 = that rewrite makes the graph faster):")
+    for r in results:
+        for key, q in r["speedups"].items():
+            print(f"  {r['model']} ({r['config']}) {key}: {C.fmt_ratio(q)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
