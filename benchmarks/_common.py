@@ -148,15 +148,14 @@ def time_until_precise(fns: dict[str, Callable[[], object]], pairs: list[tuple[s
     The stopping rule looks at the interval's width only, never at where it lies, so it cannot steer a ratio
     towards a threshold; it spends rounds where the machine is noisy instead of reporting an interval too
     wide to say anything."""
-    def rounds(n: int, warmup_s: float) -> dict[str, list[float]]:
-        done = len(next(iter(times.values()))) if times else 0  # a new order sequence for every batch of rounds
+    def rounds(n: int, warmup_s: float, seed: int) -> dict[str, list[float]]:
+        # `seed`: the rounds done so far, so that every batch of rounds gets orders of its own
         if block_s > 0:
-            return time_blocks(fns, n, block_s, seed=done)  # the first half of every block is its own warm-up
-        return latency.time_interleaved(fns, warmup_s=warmup_s, min_iters=n, max_s=0.0, seed=done)
+            return time_blocks(fns, n, block_s, seed=seed)  # the first half of every block is its own warm-up
+        return latency.time_interleaved(fns, warmup_s=warmup_s, min_iters=n, max_s=0.0, seed=seed)
 
     start = time.perf_counter()
-    times: dict[str, list[float]] = {}
-    times = rounds(min_rounds, min(0.2, max_s))
+    times = rounds(min_rounds, min(0.2, max_s), 0)
     while time.perf_counter() - start < max(max_s, min_s):
         widths = [_rel_width(speedup(times[base], times[new])) for new, base in pairs]
         if all(w <= ci_width for w in widths) and time.perf_counter() - start >= min_s:
@@ -164,7 +163,7 @@ def time_until_precise(fns: dict[str, Callable[[], object]], pairs: list[tuple[s
         # grow by half each time (few bootstrap checks), but not far past the time budget
         done, elapsed = len(next(iter(times.values()))), time.perf_counter() - start
         n = max(1, min(max(min_rounds, done // 2), math.ceil((max(max_s, min_s) - elapsed) * done / elapsed)))
-        for k, v in rounds(n, 0.0).items():
+        for k, v in rounds(n, 0.0, done).items():
             times[k] += v
     return times
 
