@@ -230,7 +230,7 @@ class Alternating:
 def ort_sessions(graphs: dict[str, onnx.ModelProto], threads: int, spinning: bool | None = None, seed: int = 0,
                  copies: int = 1) -> dict[str, OnnxRuntimeRunner | Alternating]:
     """`ort` for each graph (`copies` sessions of each behind an `Alternating`), created in a seeded random order
-    and returned in the given key order. Identical sessions of one graph differ by up to ~1.5 % in speed (A/A tests
+    and returned in the given key order. Identical sessions of one graph differed by up to 2.6 % in speed (A/A tests
     here: benchmarks/README.md, method notes), by when and where they were created; shuffling the creation order
     and alternating copies keeps that from favouring one candidate."""
     order = [(k, i) for k in graphs for i in range(copies)]

@@ -93,7 +93,7 @@ def time_interleaved(fns: dict[str, Callable[[], object]], warmup_s: float = 0.5
                      seed: int = 0) -> dict[str, list[float]]:
     """Time several callables in rounds so drift and noise hit all alike, each round in a fresh (seeded) random
     order: where a call falls in the order shifts its time (an A/A test of four ONNX Runtime sessions of one graph
-    here: 1-2.4 % between identical sessions in a fixed order), enough to fake a speed-up between candidates.
+    here: 1.2-2.1 % between identical sessions in a fixed order), enough to fake a speed-up between candidates.
 
     Returns per-name timings of equal length; index i of each list is from the same round (paired)."""
     names = list(fns)
