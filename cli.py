@@ -839,7 +839,9 @@ def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0 passed, 1 a hop failed (or a regression, or a matrix cell failed), 2 bad usage or input,
     3 an internal error (its traceback saved to a file), 130 interrupted."""
     from vitedge.errors import VitedgeError
+    from vitedge.exporter.allocator import keep_freed_memory
 
+    keep_freed_memory()  # this process is vitedge's own: freed activations are reused, not page-faulted back
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return _run(argv)

