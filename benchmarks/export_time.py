@@ -2,9 +2,10 @@
 
 1. **The main job**, exactly as the README runs it (`vitedge export --model swiftformer_xs --target
    onnx,coreml --out DIR`, default settings, 256 parity inputs), in a fresh process per run, median of
-   `--main-repeats` (3) runs with the 1-min load average recorded beside each, twice, interleaved: **cold**
-   (an empty float64 ground-truth cache: a first export of these weights) and **warm** (the cache primed by one
-   uncounted run: a re-export, the CI case; exporter/truth_cache.py). Each run is split into phases:
+   `--main-repeats` (3) runs with the 1-min load average beside each, three series interleaved: **cold** (an
+   empty float64 ground-truth cache: a first export of these weights), **warm** (the cache primed by one uncounted
+   run: a re-export, the CI case; exporter/truth_cache.py) and cold with glibc's default allocator
+   (VITEDGE_KEEP_FREED_MEMORY=0; its ratio to cold prints last). Each run is split into phases:
    the pipeline's own progress steps (train-form build, re-parameterization, float64 gate, reference runs,
    every hop, ONNX export, onnxsim, lowering) plus sub-phases timed by wrapping the functions that do them
    (demo weights, parity inputs, torch.jit.trace, CoreML conversion, MIL program load and interpreter run,
@@ -24,6 +25,7 @@ import functools
 import io
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -32,6 +34,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from vitedge.exporter.allocator import ENV as KEEP_FREED_ENV
 from vitedge.exporter.progress import Progress  # light: the child process times the heavy imports
 
 MODELS = ("swiftformer_xs", "slab_deit_tiny", "sima_nano_12_p16")  # one small model per family
@@ -159,12 +162,12 @@ from vitedge.exporter.target_plans import resolve_targets  # noqa: E402
 from vitedge.models import list_models  # noqa: E402
 
 
-def _main_job_run(label: str, i: int, quick: bool, tmp: Path, cache_dir: Path) -> dict:
+def _main_job_run(label: str, i: int, quick: bool, tmp: Path, cache_dir: Path, env_extra: dict | None = None) -> dict:
     """One fresh process running the README's main job with the ground-truth cache in `cache_dir`."""
     out_dir, rec = tmp / f"main-{label}{i}", tmp / f"main-{label}{i}.json"
     argv = MAIN_JOB + ["--out", str(out_dir)] + (MAIN_JOB_QUICK if quick else [])
-    env = {**os.environ, "VITEDGE_CACHE_DIR": str(cache_dir)}
-    env.pop("VITEDGE_TRUTH_CACHE", None)
+    env = {k: v for k, v in os.environ.items() if k not in ("VITEDGE_TRUTH_CACHE", KEEP_FREED_ENV)}  # defaults
+    env.update({"VITEDGE_CACHE_DIR": str(cache_dir), **(env_extra or {})})
     load_before = C.load_average()  # the 1-min load average, beside every run
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", str(rec), "--", *argv],
@@ -180,18 +183,24 @@ def _main_job_run(label: str, i: int, quick: bool, tmp: Path, cache_dir: Path) -
     return r
 
 
-def run_main_job(quick: bool, repeats: int, tmp: Path) -> tuple[dict, dict]:
+def run_main_job(quick: bool, repeats: int, tmp: Path) -> tuple[dict, dict, dict]:
     """The README's main job in fresh processes, `repeats` cold runs (an empty ground-truth cache: a first export)
     interleaved with `repeats` warm ones (the cache primed by one uncounted run: a re-export of the same weights,
-    the CI case); wall time, phases and load average per run. Returns (cold, warm)."""
+    the CI case) and `repeats` cold ones with glibc's default allocator ($VITEDGE_KEEP_FREED_MEMORY=0: what
+    exporter/allocator.py is worth), each round in a seeded random order; wall time, phases and load average per
+    run. Returns (cold, warm, cold with the default allocator)."""
     warm_dir = tmp / "cache-warm"
     print("  priming the warm runs' ground-truth cache (not counted)", flush=True)
     _main_job_run("priming", 0, quick, tmp, warm_dir)
-    cold, warm = [], []
+    series = {"cold": [], "warm": [], "cold-default-malloc": []}
+    order = random.Random(0)
     for i in range(repeats):
-        cold.append(_main_job_run("cold", i, quick, tmp, tmp / f"cache-cold{i}"))
-        warm.append(_main_job_run("warm", i, quick, tmp, warm_dir))
-    return _summary(cold, quick, "cold"), _summary(warm, quick, "warm")
+        for label in order.sample(list(series), len(series)):
+            cache = warm_dir if label == "warm" else tmp / f"cache-{label}{i}"
+            extra = {KEEP_FREED_ENV: "0"} if label == "cold-default-malloc" else None
+            series[label].append(_main_job_run(label, i, quick, tmp, cache, extra))
+    return tuple({**_summary(runs, quick, "warm" if k == "warm" else "cold"),
+                  "allocator": "glibc default" if k == "cold-default-malloc" else "vitedge"} for k, runs in series.items())
 
 
 def _summary(runs: list[dict], quick: bool, cache: str) -> dict:
@@ -220,8 +229,9 @@ def _summary(runs: list[dict], quick: bool, cache: str) -> dict:
 def print_main_job(m: dict) -> None:
     runs = ", ".join(f"{r['wall_s']:.1f} s at 1-min load {r['load_before'][0] if r['load_before'] else '?'}"
                      for r in m["runs"])
-    print(f"\nmain job, {m['truth_cache']} ground-truth cache: {m['command']}: median {m['wall_median_s']:.2f} s over "
-          f"{len(m['runs'])} fresh processes ({runs})")
+    alloc = "" if m["allocator"] == "vitedge" else f", {m['allocator']} allocator"
+    print(f"\nmain job, {m['truth_cache']} ground-truth cache{alloc}: {m['command']}: median {m['wall_median_s']:.2f} "
+          f"s over {len(m['runs'])} fresh processes ({runs})")
     for p in m["phases"]:
         indent = "    of which " if p["kind"] == "sub-phase" else "  "
         share = 100 * p["median_s"] / m["wall_median_s"] if m["wall_median_s"] else 0
@@ -340,9 +350,10 @@ def main(argv=None) -> int:
     info = C.machine()
     C.banner("export_time", info, args.quick)
     with tempfile.TemporaryDirectory(prefix="vitedge-export-time-") as tmp:
-        main_job, main_job_warm = run_main_job(args.quick, main_repeats, Path(tmp))
-        print_main_job(main_job)
-        print_main_job(main_job_warm)
+        main_job, main_job_warm, main_job_default_malloc = jobs = run_main_job(args.quick, main_repeats, Path(tmp))
+        for m in jobs:
+            print_main_job(m)
+        allocator = latency.paired_ratio(*([r["wall_s"] for r in m["runs"]] for m in (jobs[2], jobs[0])))
         models_cmd = time_models_command()
         print(f"\nvitedge models: median {models_cmd['median_s']:.2f} s over 3 fresh processes "
               f"({', '.join(f'{w:.2f}' for w in models_cmd['walls_s'])} s; {models_cmd['rows']} models)", flush=True)
@@ -361,18 +372,21 @@ def main(argv=None) -> int:
         missing = {m: "not registered" for m in wanted if m not in models}
         print(f"\nper target ({samples} parity samples, {args.repeats} interleaved rounds):", flush=True)
         if not args.quick:
-            # Pay the process-wide imports (coremltools, onnxsim, the MIL interpreter) once, on a tiny model.
-            # (--quick skips this: its first round includes them.)
-            warm = [[] for _ in runs]
-            for (label, t, p), rec in zip(runs, warm):
-                pipeline_call("swiftformer_xs", t, p, C.REDUCED["swiftformer_xs"], 64, 1, Path(tmp), rec)()
+            # Pay the process-wide imports (coremltools, onnxsim, the MIL interpreter) once, on a tiny model
+            # (--quick skips this: its first round includes them).
+            for label, t, p in runs:
+                pipeline_call("swiftformer_xs", t, p, C.REDUCED["swiftformer_xs"], 64, 1, Path(tmp), [])()
         results = [measure_model(m, runs, args.quick, samples, args.repeats, Path(tmp)) for m in models]
     body = {"settings": {"samples": samples, "pipeline_default_samples": 256, "repeats": args.repeats,
                          "main_repeats": main_repeats, "torch_threads": args.threads, "runs": [r[0] for r in runs]},
-            "main_job": main_job, "main_job_warm": main_job_warm, "models_command": models_cmd,
+            "main_job": main_job, "main_job_warm": main_job_warm,
+            "main_job_default_malloc": main_job_default_malloc, "allocator_ratio": allocator,
+            "models_command": models_cmd,
             "unavailable": unavailable, "missing": missing, "models": results}
     path = C.write_results(C.out_path("export_time", args), "export_time", info, args, body, started)
     print(f"\nresults: {path}\n{info['load_note']}")
+    print(f"\nmain job, cold: glibc's default allocator / the command's own setting (exporter/allocator.py): "
+          f"{C.fmt_ratio(allocator)}")
     print(f"\nratios (pipeline wall time relative to the onnx fp32 pipeline, {samples} parity samples):")
     for label, why in unavailable.items():
         print(f"  {label}: unavailable ({why})")

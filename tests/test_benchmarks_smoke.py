@@ -100,6 +100,11 @@ def test_export_time_quick(runs):
     # the README's main job, phase by phase, in fresh processes with the load average beside every run
     job = data["main_job"]
     assert job["command"].startswith("vitedge export --model swiftformer_xs --target onnx,coreml")
+    # the allocator's worth: the same cold job with glibc's default allocator, its ratio printed before the last
+    assert data["main_job_default_malloc"]["allocator"] == "glibc default" and job["allocator"] == "vitedge"
+    assert all(r["exit_code"] == 0 for r in data["main_job_default_malloc"]["runs"])
+    assert data["allocator_ratio"]["pairs"] == len(job["runs"])
+    assert any(ln.startswith("main job, cold: glibc's default allocator") and CI_RE.search(ln) for ln in lines)
     assert len(job["runs"]) >= 1 and all(r["exit_code"] == 0 and r["load_before"] for r in job["runs"])
     phases = {p["phase"]: p for p in job["phases"]}
     assert {"equivalence gate (float64)", "exporting ONNX", "simplifying ONNX (onnxsim)"} <= set(phases)
