@@ -313,6 +313,17 @@ def write_results(path: Path, script: str, info: dict, args: argparse.Namespace,
     return path
 
 
+def begin(script: str, quick: bool, threads: int | None = 1) -> tuple[float, dict]:
+    """Every script's opening: its start time, torch's intra-op threads (`threads`; None leaves them), the machine
+    and its load (`machine`), printed as the first line (`banner`). Returns (started, machine info)."""
+    started = time.time()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    info = machine()
+    banner(script, info, quick)
+    return started, info
+
+
 def banner(script: str, info: dict, quick: bool) -> None:
     print(f"{script}{' (--quick)' if quick else ''} on {describe_machine(info)}; "
           f"load average {info['load_start']}", flush=True)

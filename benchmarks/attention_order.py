@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import math
-import time
 
 import numpy as np
 import torch
@@ -249,10 +248,7 @@ def print_ratios(result: dict) -> None:
 
 def main(argv=None) -> int:
     args = C.parser("attention_order", __doc__).parse_args(argv)
-    started = time.time()
-    torch.set_num_threads(1)  # the same single core as ONNX Runtime's session
-    info = C.machine()
-    C.banner("attention_order", info, args.quick)
+    started, info = C.begin("attention_order", args.quick)  # the same single core as ONNX Runtime's session
     rounds, max_s = (5, 0.15) if args.quick else (15, 1.5)
     series = []
     if SIMA_MODEL not in list_models():

@@ -25,13 +25,11 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import tempfile
-import time
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import onnx
-import torch
 from onnx import numpy_helper
 
 import _common as C
@@ -197,10 +195,7 @@ def summary(rows: list[dict]) -> dict:
 def main(argv=None) -> int:
     ap = C.parser("compressed_profiles", __doc__)
     args = ap.parse_args(argv)
-    started = time.time()
-    torch.set_num_threads(1)
-    info = C.machine()
-    C.banner("compressed_profiles", info, args.quick)
+    started, info = C.begin("compressed_profiles", args.quick)
     names = ["swiftformer_digits"] if args.quick else tf.reference_names()
     work = Path(tempfile.mkdtemp(prefix="vitedge-profiles-"))
     try:

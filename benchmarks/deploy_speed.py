@@ -25,7 +25,6 @@ from typing import Callable
 
 import numpy as np
 import onnx
-import torch
 import torch.nn as nn
 
 import _common as C
@@ -345,10 +344,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-s-per-cell", type=float, default=120.0,
                     help="time budget per (threads, batch) cell once its minimum rounds are done (default 120)")
     args = ap.parse_args(argv)
-    started = time.time()
-    torch.set_num_threads(1)  # the GEMM ceiling is single-thread; ONNX Runtime sets its own threads
-    info = C.machine()
-    C.banner("deploy_speed", info, args.quick)
+    started, info = C.begin("deploy_speed", args.quick)  # the GEMM ceiling is single-thread; ONNX Runtime sets its own threads
     timing = ({"min_rounds": 3, "min_s": 0.0, "max_s": 0.03, "gemm_s": 0.01, "ci_width": args.ci_width,
                "block_s": 0.01} if args.quick else
               {"min_rounds": 8, "min_s": MIN_S_PER_CELL, "max_s": args.max_s_per_cell, "gemm_s": 1.0,

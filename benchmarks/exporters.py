@@ -22,7 +22,6 @@ import copy
 import time
 
 import numpy as np
-import torch
 
 import _common as C
 from vitedge.exporter.hops import parity_inputs_for
@@ -138,10 +137,7 @@ def main(argv=None) -> int:
                     help="stop a latency cell once every ratio's 95%% CI is this wide (relative)")
     ap.add_argument("--max-s-per-cell", type=float, default=60.0)
     args = ap.parse_args(argv)
-    started = time.time()
-    torch.set_num_threads(1)  # exports and the train-form reference; ORT threads are per cell
-    info = C.machine()
-    C.banner("exporters", info, args.quick)
+    started, info = C.begin("exporters", args.quick)  # exports and the train-form reference; ORT threads are per cell
     samples = args.samples or (4 if args.quick else 32)
     repeats = args.export_repeats or (2 if args.quick else 5)
     if args.quick:

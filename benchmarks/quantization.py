@@ -28,13 +28,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnx
-import torch
 
 import _common as C
 from vitedge.exporter.calibrate import natural_calibration
 from vitedge.exporter.onnx_export import check_onnx, export_onnx, simplify_onnx
-from vitedge.exporter.parity import run_batched
 from vitedge.exporter.reparam import reparameterize
 from vitedge.models import create_model, make_trained_like
 from vitedge.models.registry import input_stats
@@ -167,10 +164,7 @@ def main(argv=None) -> int:
                     help="stop a latency cell once every ratio's 95%% CI is this wide (relative)")
     ap.add_argument("--max-s-per-cell", type=float, default=60.0)
     args = ap.parse_args(argv)
-    started = time.time()
-    torch.set_num_threads(1)
-    info = C.machine()
-    C.banner("quantization", info, args.quick)
+    started, info = C.begin("quantization", args.quick)
     if args.quick:
         timing = {"min_rounds": 5, "max_s": 0.5, "min_s": 0.0, "ci_width": 1.0, "block_s": 0.05,
                   "threads": THREAD_CONFIGS[:1]}

@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 import _common as C
 from vitedge.exporter.reparam import reparameterize
@@ -255,10 +254,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default=None, help=f"comma list (default {','.join(map(str, SIZES))})")
     ap.add_argument("--max-s-per-size", type=float, default=60.0, help="time budget per size cell (default 60)")
     args = ap.parse_args(argv)
-    started = time.time()
-    torch.set_num_threads(1)
-    info = C.machine()
-    C.banner("resolution_scaling", info, args.quick)
+    started, info = C.begin("resolution_scaling", args.quick)
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else list(QUICK_SIZES if args.quick else SIZES)
     timing = ({"min_rounds": 3, "min_s": 0.0, "max_s": 0.05, "ci_width": CI_WIDTH} if args.quick else
               {"min_rounds": 5, "min_s": 3.0, "max_s": args.max_s_per_size, "ci_width": CI_WIDTH})

@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import torch
 
 import _common as C
 from vitedge.exporter.inputs import parity_inputs
@@ -58,10 +57,7 @@ def main(argv=None) -> int:
                     help="stop a model once every ratio's 95%% CI is this wide (relative)")
     ap.add_argument("--max-s-per-model", type=float, default=120.0)
     args = ap.parse_args(argv)
-    started = time.time()
-    torch.set_num_threads(1)
-    info = C.machine()
-    C.banner("rewrite_ablation", info, args.quick)
+    started, info = C.begin("rewrite_ablation", args.quick)
     wanted = args.models.split(",") if args.models else list(MODELS)
     if args.quick:
         timing = {"min_rounds": 5, "max_s": 0.5, "min_s": 0.0, "ci_width": 1.0}

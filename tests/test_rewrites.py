@@ -26,7 +26,7 @@ FAMILIES = {
                        ("tokens_channels_first", "l2_normalize_rsqrt", "erf_gelu_fusable",
                         "l2_normalize_reduce_l2")),
     "slab_deit_tiny": (dict(embed_dim=64, depth=2, num_heads=2, num_classes=10), 224,
-                       ("tokens_channels_first", "erf_gelu_fusable")),
+                       ("tokens_channels_first", "erf_gelu_fusable", "pos_embed_in_patch_conv")),
     "prepbn_deit_tiny": (dict(embed_dim=64, depth=2, num_heads=2, num_classes=10), 224,
                          ("tokens_channels_first", "erf_gelu_fusable")),
     "sima_nano_12_p16": (dict(embed_dim=32, depth=2, num_heads=1, num_classes=10), 64,

@@ -45,6 +45,9 @@ SAMPLES = "12"  # 9 natural + 3 stress: the planted x1.001 stands 1.4x (sima_dei
 # All small configs are well-conditioned (float32 noise ~1e-7..6e-7 of max|y|): x1.001 is caught in each. At full
 # size it is not everywhere (README "Parity sensitivity"; benchmarks/results/parity_noise.json).
 FACTORS = (1.01, 1.001)
+# A correct export's worst ratio to its allowance: the kernels' rounding differs by CPU (slab_swin's onnx hop read
+# 0.503 on natural images on an AMD EPYC, under 0.5 on an Intel Xeon); the verdict's own bound is 1.
+MARGIN = 0.75
 
 
 def _set_args(overrides: dict) -> list[str]:
@@ -68,7 +71,7 @@ def test_cli_passes_the_correct_export_and_fails_a_planted_channel_naming_its_mo
     report = Report.read(out / "report.json")
     assert [h.hop for h in report.parity] == ["deploy-form", "onnx", "onnx-simplified"]
     for h in report.parity:  # passed with margin, on both sets, against float64
-        assert set(h.sets) == {"natural", "stress"} and all(0 < s["noise_ratio"] <= 0.5 for s in h.sets.values()), \
+        assert set(h.sets) == {"natural", "stress"} and all(0 < s["noise_ratio"] <= MARGIN for s in h.sets.values()), \
             (h.hop, h.sets)
     for h in report.parity[1:]:  # the ONNX hops' feature probe ran on the final feature map and passed
         assert h.probe["status"] == "passed" and h.probe["module"] and h.probe["noise_ratio"] <= 1, (h.hop, h.probe)

@@ -1,4 +1,7 @@
 """SLAB-DeiT and PRepBN-DeiT: official golden outputs, key layouts and counts, and the fold plan's exactness."""
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn as nn
@@ -107,12 +110,14 @@ def test_locked_to_its_size():
 
 # --- re-parameterization --------------------------------------------------------------------------------------------
 
-def _analytic_deploy_params(c, depth, heads, classes, sla, n=196, patch=16, mlp_ratio=4):
+def _analytic_deploy_params(c, depth, heads, classes, sla, n=196, patch=16, mlp_ratio=4, pos_planes=False):
     hidden, d = mlp_ratio * c, c // heads
     block = (3 * c * c + 3 * c) + (c * c + c) + (c * hidden + hidden) + (hidden * c + c)
     if sla:
         block += d * 25 + d + n * c  # shared dwc + positional_encoding
     tokens = n * c + (0 if sla else c)  # pos_embed (+ the CLS token, pos folded in)
+    if pos_planes:  # pos_embed_in_patch_conv: ceil(n / patch^2) more input channels of the patch conv instead
+        tokens = -(-n // (patch * patch)) * patch * patch * c
     return 3 * patch * patch * c + c + tokens + depth * block + c * classes + classes
 
 
@@ -139,7 +144,9 @@ def test_slab_reparam_exact(order, rewrites):
     expected = "kv_first" if order == "auto" else order  # N=196 > d=32: the FLOP rule picks K^T V first
     assert set(deploy.reparam_summary.attention_order.values()) == {expected}
     assert ("tokens_channels_first" in deploy.reparam_summary.rewrites) == rewrites
-    assert sum(p.numel() for p in deploy.parameters()) == _analytic_deploy_params(64, 2, 2, 10, sla=True)
+    assert ("pos_embed_in_patch_conv" in deploy.reparam_summary.rewrites) == rewrites
+    assert sum(p.numel() for p in deploy.parameters()) == _analytic_deploy_params(64, 2, 2, 10, sla=True,
+                                                                                  pos_planes=rewrites)
 
 
 @pytest.mark.parametrize("name", ["prepbn_deit_tiny", "prepbn_deit_small"])  # RepBN / LinearNorm layouts
@@ -173,7 +180,8 @@ def test_released_deploy_structure(name):
     sla = name.startswith("slab")
     c, heads = (192, 3) if "tiny" in name else (384, 6)
     _assert_deploy_form(deploy, depth=12, sla=sla)
-    assert sum(p.numel() for p in deploy.parameters()) == _analytic_deploy_params(c, 12, heads, 1000, sla=sla)
+    assert sum(p.numel() for p in deploy.parameters()) == _analytic_deploy_params(c, 12, heads, 1000, sla=sla,
+                                                                                  pos_planes=sla)
 
 
 def test_gate_names_first_diverging_block():
@@ -223,6 +231,34 @@ def test_deploy_sla_graph_has_no_einsum_and_fewer_transposes_with_rewrites():
         counts[rewrites] = sum(op in ("transpose", "permute") for op in ops)
     # channel-first tokens end to end: only k's transpose (one MatMul operand) vs the official layout's round trips
     assert counts[True] == 1 and counts[False] > counts[True]
+
+
+def _ort_layout_ops(deploy) -> dict:
+    """Reorders between ONNX Runtime's blocked NCHWc layout and NCHW, and Adds, in its optimized CPU graph."""
+    import onnx
+    import onnxruntime as ort
+
+    from vitedge.exporter.onnx_export import export_onnx
+
+    with tempfile.TemporaryDirectory() as tmp:
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads, opts.log_severity_level = 1, 3
+        opts.optimized_model_filepath = str(Path(tmp) / "opt.onnx")
+        ort.InferenceSession(export_onnx(deploy, 224).SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        ops = [n.op_type for n in onnx.load(opts.optimized_model_filepath).graph.node]
+    return {"reorders": sum(op.startswith("Reorder") for op in ops), "adds": ops.count("Add")}
+
+
+def test_pos_embed_in_patch_conv_keeps_the_residual_stream_blocked():
+    # The conv starts the residual stream (no Add of the positional embedding, no Reshape after it), so ONNX
+    # Runtime's NCHWc pass keeps the stream blocked: each block's residual Adds fold into its convs (Sum) and
+    # the reorders left are the attention's (in and out of its head reshapes, the dwc on v).
+    model = make_trained_like(create_model("slab_deit_tiny", embed_dim=64, depth=2, num_heads=2), seed=6).eval()
+    base = ["tokens_channels_first", "erf_gelu_fusable"]
+    old = _ort_layout_ops(reparameterize(model, rewrites=base))
+    new = _ort_layout_ops(reparameterize(model, rewrites=base + ["pos_embed_in_patch_conv"]))
+    assert new["adds"] <= old["adds"] - 2 * 2  # the two residual Adds of each of the 2 blocks
+    assert new["reorders"] <= old["reorders"] - 4 * 2, (old, new)  # 4 reorders fewer per block
 
 
 def test_headless_model_keeps_final_norm_as_listed_affine():

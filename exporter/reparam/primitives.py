@@ -168,6 +168,46 @@ class PatchEmbedDeploy(nn.Module):
         return self.proj(x).flatten(2).transpose(1, 2)
 
 
+class PositionPlanesPatchEmbed(nn.Module):
+    """`conv(x) + pos` as one conv: `conv'(cat(x, planes))` (key `proj`), tokens out as (B, N, C) or, with
+    `grid_out`, as the conv's own (B, C, H, W) map.
+
+    `planes` are constant 0/1 input channels, k = ceil(N / (ph pw)) of them: token t's patch holds a single 1, at
+    channel t // (ph pw), offset t % (ph pw); the extra weights hold pos[t] at that channel and offset, so the conv
+    adds exactly pos[t] to token t (a product by 1, the rest by 0: the same function, the sum in another order).
+    Why: a positional embedding added after the patch conv starts the residual stream from an Add of a constant,
+    which ONNX Runtime's NCHWc layout pass does not take, so every block's residual Adds and 1x1 convs reorder
+    between layouts; started by the conv itself, the stream stays blocked (benchmarks/README.md, design probes).
+    """
+
+    def __init__(self, proj: nn.Conv2d, pos: torch.Tensor, grid: tuple[int, int], grid_out: bool = False):
+        super().__init__()
+        (ph, pw), (gh, gw) = proj.kernel_size, grid
+        if proj.stride != (ph, pw) or proj.padding != (0, 0) or proj.dilation != (1, 1) or proj.groups != 1:
+            raise ValueError("PositionPlanesPatchEmbed takes a non-overlapping, unpadded patch conv")
+        n, c = gh * gw, proj.out_channels
+        pos = pos.detach().reshape(n, c)
+        k = -(-n // (ph * pw))
+        t = torch.arange(n)
+        ch, u, v = t // (ph * pw), (t % (ph * pw)) // pw, t % pw
+        extra = pos.new_zeros(c, k, ph, pw)
+        extra[:, ch, u, v] = pos.T
+        planes = pos.new_zeros(1, k, gh * ph, gw * pw)
+        planes[0, ch, (t // gw) * ph + u, (t % gw) * pw + v] = 1.0
+        self.proj = nn.Conv2d(proj.in_channels + k, c, (ph, pw), (ph, pw), bias=proj.bias is not None)
+        self.proj.to(proj.weight)
+        with torch.no_grad():
+            self.proj.weight.copy_(torch.cat((proj.weight, extra), dim=1))
+            if proj.bias is not None:
+                self.proj.bias.copy_(proj.bias)
+        self.register_buffer("planes", planes)
+        self.grid_out = grid_out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.proj(torch.cat((x, self.planes.expand(x.shape[0], -1, -1, -1)), dim=1))
+        return y if self.grid_out else y.flatten(2).transpose(1, 2)
+
+
 class PreNormBlockDeploy(nn.Module):
     """`x + attn(norm1 x)`, `x + mlp(norm2 x)`: a ViT block once its norms' affines are folded into qkv / fc1
     (the norms left are Identity or affine-free)."""

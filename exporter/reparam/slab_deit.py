@@ -35,8 +35,8 @@ from ...models.layers import Mlp, SimplifiedLinearAttention
 from ...models.layers.attention import order_reason, resolve_order, sla_rule
 from ...models.slab_deit import Attention, PRepBNDeiT, SlabDeiT, DeiTBase
 from .engine import FoldContext, register_plan
-from .primitives import (ChannelAffine, ErfGELU, PreNormBlockDeploy, affine_before, linear_to_conv1x1, repbn_affine,
-                         scale_output)
+from .primitives import (ChannelAffine, ErfGELU, PositionPlanesPatchEmbed, PreNormBlockDeploy, affine_before,
+                         linear_to_conv1x1, repbn_affine, scale_output)
 
 SLA_EPS = 1e-6
 
@@ -45,11 +45,11 @@ norm_affine = repbn_affine  # kept as this module's public name
 
 
 def _split_heads_cf(qkv: torch.Tensor, h: int, d: int) -> tuple[torch.Tensor, ...]:
-    """(B, 3C, N, 1) -> q, k, v as (B, h, d, N): a free reshape (the (3 h d) channel split is row-major) and one
-    Split along the (3 h) axis; unbinding a separate axis of 3 would add a Squeeze per output (measured:
-    benchmarks/README.md, design probes)."""
-    b, _, n, _ = qkv.shape
-    return qkv.reshape(b, 3 * h, d, n).split(h, dim=1)
+    """(B, 3C, N, 1) or (B, 3C, H, W) -> q, k, v as (B, h, d, N): a free reshape (the (3 h d) channel split is
+    row-major) and one Split along the (3 h) axis; unbinding a separate axis of 3 would add a Squeeze per output
+    (measured: benchmarks/README.md, design probes)."""
+    b, _, s1, s2 = qkv.shape
+    return qkv.reshape(b, 3 * h, d, s1 * s2).split(h, dim=1)
 
 
 class ChannelsFirst(nn.Module):
@@ -60,13 +60,14 @@ class ChannelsFirst(nn.Module):
         self.module = module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.module(_to_tokens(x)).transpose(1, 2).unsqueeze(-1)
+        return self.module(_to_tokens(x)).transpose(1, 2).reshape(x.shape)
 
 
 class SLADeploy(nn.Module):
     """SLA with folded qkv, a fixed association order and no Einsum (see the module docstring).
 
-    `channel_first`: input and output are (B, C, N, 1) and qkv / proj are 1x1 convs; else (B, N, C) and Linear.
+    `channel_first`: input and output are (B, C, N, 1) or the (B, C, H, W) grid and qkv / proj are 1x1 convs;
+    else (B, N, C) and Linear.
     """
 
     def __init__(self, attn: SimplifiedLinearAttention, grid: tuple[int, int], order: str, channel_first: bool):
@@ -102,10 +103,10 @@ class SLADeploy(nn.Module):
         return self.proj(out.transpose(1, 2).reshape(b, n, c))
 
     def _channel_first(self, x: torch.Tensor) -> torch.Tensor:
-        # (B, C, N, 1) in and out, (B, h, d, N) per head: every split / merge and the dwc input/output are free
-        # reshapes; the only transpose is k's, as the (B, h, N, d) operand of one MatMul.
-        b, c, n, _ = x.shape
-        h, d = self.num_heads, self.head_dim
+        # (B, C, N, 1) or (B, C, H, W) in and out, (B, h, d, N) per head: every split / merge and the dwc
+        # input/output are free reshapes; the only transpose is k's, as the (B, h, N, d) operand of one MatMul.
+        b, c = x.shape[:2]
+        n, h, d = x.shape[2] * x.shape[3], self.num_heads, self.head_dim
         q, k, v = _split_heads_cf(self.qkv(x), h, d)
         q = F.relu(q)
         k = F.relu(k + self.positional_encoding)
@@ -114,7 +115,7 @@ class SLADeploy(nn.Module):
         num = (v @ kt) @ q if self.order == "kv_first" else v @ (kt @ q)
         out = num / (den + SLA_EPS)
         out = out + self.dwc(v.reshape(b * h, d, *self.grid)).reshape(b, h, d, n)
-        return self.proj(out.reshape(b, c, n, 1))
+        return self.proj(out.reshape(x.shape))
 
 
 class SoftmaxAttentionDeploy(nn.Module):
@@ -163,21 +164,30 @@ class DeiTDeploy(nn.Module):
     Linear is a 1x1 Conv2d (ONNX Runtime runs those in its blocked NCHWc layout with prepacked weights; see
     benchmarks/README.md, design probes); `pos_embed` is (1, C, N, 1), or (1, C, 1+N, 1)
     with the CLS token (its position folded in) as row 0, so `pad(x) + pos_embed` inserts it without Concat
-    or Expand; `pool` is "mean" or "cls".
+    or Expand; `pool` is "mean" or "cls". `pos_planes` (mean pooling only): the positional embedding is added by
+    the patch conv itself (PositionPlanesPatchEmbed) and, channel-first, the tokens stay the conv's (B, C, H, W)
+    grid, so that the residual stream starts at the conv (no Add of a constant, no Reshape).
     """
 
     def __init__(self, patch_embed: nn.Module, pos_embed: torch.Tensor, blocks: nn.Sequential, norm: nn.Module,
-                 head: nn.Module, cls_token: torch.Tensor | None, channel_first: bool = False):
+                 head: nn.Module, cls_token: torch.Tensor | None, channel_first: bool = False,
+                 pos_planes: bool = False):
         super().__init__()
         self.channel_first = channel_first
         self.pool = "mean" if cls_token is None else "cls"
         self.patch_embed = PatchEmbedCFDeploy(patch_embed.proj) if channel_first else patch_embed
-        if channel_first:
+        if pos_planes:
+            if cls_token is not None:
+                raise ValueError("pos_planes needs mean pooling (no CLS token)")
+            self.patch_embed = PositionPlanesPatchEmbed(patch_embed.proj, pos_embed, patch_embed.grid,
+                                                        grid_out=channel_first)
+            pos_embed = None
+        elif channel_first:
             pos = pos_embed.detach().transpose(1, 2)
             if cls_token is not None:
                 pos = torch.cat((cls_token.detach().transpose(1, 2), pos), dim=2)
             pos_embed, cls_token = pos.unsqueeze(-1).contiguous(), None
-        self.pos_embed = nn.Parameter(pos_embed.detach().clone(), requires_grad=False)
+        self.pos_embed = None if pos_embed is None else nn.Parameter(pos_embed.detach().clone(), requires_grad=False)
         self.cls_token = None if cls_token is None else nn.Parameter(cls_token.detach().clone(), requires_grad=False)
         self.blocks, self.norm, self.head = blocks, norm, head
 
@@ -185,7 +195,7 @@ class DeiTDeploy(nn.Module):
         return self._channel_first(x) if self.channel_first else self._token_first(x)
 
     def _token_first(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.patch_embed(x) + self.pos_embed
+        x = self.patch_embed(x) if self.pos_embed is None else self.patch_embed(x) + self.pos_embed
         if self.cls_token is not None:
             x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)
         x = self.norm(self.blocks(x))
@@ -196,7 +206,7 @@ class DeiTDeploy(nn.Module):
         x = self.patch_embed(x)
         if self.pool == "cls":
             x = F.pad(x, (0, 0, 1, 0))  # a zero row for the CLS token: 0 + its constant is exact
-        x = self.norm(self.blocks(x + self.pos_embed))
+        x = self.norm(self.blocks(x if self.pos_embed is None else x + self.pos_embed))
         x = x.mean(dim=(2, 3)) if self.pool == "mean" else x[:, :, 0, 0]
         return self.head(x)
 
@@ -228,6 +238,12 @@ def _to_tokens(t: torch.Tensor) -> torch.Tensor:
     return t.flatten(2).transpose(1, 2)  # (B, C, N, 1) -> the train-form's (B, N, C)
 
 
+def _less_pos(pos: torch.Tensor, to_train):
+    """The deploy patch embed's output (positions added) as the train-form's patch embed output (without)."""
+    pos = pos.detach().clone()
+    return lambda t: (t if to_train is None else to_train(t)) - pos.to(t)
+
+
 def _sla_order(attn: SimplifiedLinearAttention, n: int, ctx: FoldContext) -> tuple[str, str]:
     requested = ctx.attn_order if ctx.attn_order != "auto" else attn.attn_order
     rule = sla_rule(n, n, attn.head_dim, attn.head_dim)
@@ -251,15 +267,17 @@ def _deploy_attention(attn: nn.Module, path: str, grid: tuple[int, int], cf: boo
                        "build the model with vitedge.create_model")
 
 
-@register_plan(SlabDeiT, PRepBNDeiT, rewrites=("tokens_channels_first", "erf_gelu_fusable"))
+@register_plan(SlabDeiT, rewrites=("tokens_channels_first", "erf_gelu_fusable", "pos_embed_in_patch_conv"))
 def plan_slab_deit(model: DeiTBase, ctx: FoldContext) -> DeiTDeploy:
     if ctx.imgsz != model.img_size:
         raise VitedgeError(f"{type(model).__name__} is built for {model.img_size}x{model.img_size} "
                            f"(fixed-size positional embeddings); got --imgsz {ctx.imgsz}: use --imgsz {model.img_size}")
     grid = model.patch_embed.grid
     cf = ctx.use("tokens_channels_first")  # channel-first tokens (B, C, N, 1) through the whole network
+    # SLAB (mean pooling): the positional embedding added by the patch conv, checked as the conv's output less it
+    pos_planes = isinstance(model, SlabDeiT) and ctx.use("pos_embed_in_patch_conv")
     to_train = _to_tokens if cf else None
-    ctx.check("patch_embed", "patch_embed", to_train=to_train)
+    ctx.check("patch_embed", "patch_embed", to_train=_less_pos(model.pos_embed, to_train) if pos_planes else to_train)
     blocks = []
     for i, blk in enumerate(model.blocks):
         p = f"blocks.{i}"
@@ -292,4 +310,9 @@ def plan_slab_deit(model: DeiTBase, ctx: FoldContext) -> DeiTDeploy:
     else:
         cls, pos = None, model.pos_embed
         ctx.fold("unused cls_token dropped")
-    return DeiTDeploy(model.patch_embed, pos, nn.Sequential(*blocks), norm, head, cls, channel_first=cf)
+    return DeiTDeploy(model.patch_embed, pos, nn.Sequential(*blocks), norm, head, cls, channel_first=cf,
+                      pos_planes=pos_planes)
+
+
+# PRepBN-DeiT pools its CLS token: its positional embedding stays an Add (pos_embed_in_patch_conv is SLAB's)
+register_plan(PRepBNDeiT, rewrites=("tokens_channels_first", "erf_gelu_fusable"))(plan_slab_deit)
