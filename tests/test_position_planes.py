@@ -53,3 +53,25 @@ def test_gate_names_the_patch_embed_when_a_folded_position_is_wrong():
             form.patch_embed.proj.weight[7, 3, 0, 5] *= 1.01
     res = verify_equivalence(model, deploy, samples=2, raise_on_fail=False)
     assert not res.passed and res.diverging_module == "patch_embed"
+
+
+def test_applied_only_where_the_positions_fit_one_plane():
+    # 32 px, 4 px patches: 64 tokens > 16 offsets per patch would need 4 planes (a 7-channel stem): not applied
+    model = make_trained_like(create_model("slab_deit_tiny", img_size=32, patch_size=4, embed_dim=64, depth=1,
+                                           num_heads=2, num_classes=10), seed=8).eval()
+    deploy = reparameterize(model, 32)
+    assert "pos_embed_in_patch_conv" not in deploy.reparam_summary.rewrites
+    assert not any(isinstance(m, PositionPlanesPatchEmbed) for m in deploy.modules())
+    assert verify_equivalence(model, deploy, 32, samples=2).passed
+
+
+@pytest.mark.parametrize("grid_out", [False, True])
+def test_the_coreml_trace_records_conv_plus_pos_with_the_same_outputs(grid_out):
+    torch.manual_seed(1)
+    m = PositionPlanesPatchEmbed(nn.Conv2d(3, 16, 16, 16), torch.randn(1, 196, 16), (14, 14), grid_out=grid_out)
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        traced = torch.jit.trace(m, x)
+        nodes = [n.kind() for n in traced.inlined_graph.nodes()]
+        assert "aten::cat" not in nodes and "aten::add" in nodes  # no constant planes for coremltools to trip on
+        assert float((traced(x) - m(x)).abs().max()) <= 1e-5 * float(m(x).abs().max())

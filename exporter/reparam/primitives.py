@@ -8,6 +8,7 @@ import math
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from ...errors import VitedgeError
 from ...models.layers.norms import LinearNorm, RepBN
@@ -178,6 +179,8 @@ class PositionPlanesPatchEmbed(nn.Module):
     Why: a positional embedding added after the patch conv starts the residual stream from an Add of a constant,
     which ONNX Runtime's NCHWc layout pass does not take, so every block's residual Adds and 1x1 convs reorder
     between layouts; started by the conv itself, the stream stays blocked (benchmarks/README.md, design probes).
+    While torch.jit.trace records a CoreML lowering it computes `conv(x) + pos` instead (the `pos` buffer):
+    coremltools' weight tools fail on a constant that feeds a concat, and CoreML has no NCHWc pass to serve.
     """
 
     def __init__(self, proj: nn.Conv2d, pos: torch.Tensor, grid: tuple[int, int], grid_out: bool = False):
@@ -201,10 +204,15 @@ class PositionPlanesPatchEmbed(nn.Module):
             if proj.bias is not None:
                 self.proj.bias.copy_(proj.bias)
         self.register_buffer("planes", planes)
+        self.register_buffer("pos", pos.T.reshape(1, c, gh, gw).clone())
         self.grid_out = grid_out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.proj(torch.cat((x, self.planes.expand(x.shape[0], -1, -1, -1)), dim=1))
+        if torch.jit.is_tracing() and not torch.onnx.is_in_onnx_export():  # the CoreML lowering (class doc)
+            w = self.proj.weight[:, :x.shape[1]]
+            y = F.conv2d(x, w, self.proj.bias, self.proj.stride) + self.pos
+        else:
+            y = self.proj(torch.cat((x, self.planes.expand(x.shape[0], -1, -1, -1)), dim=1))
         return y if self.grid_out else y.flatten(2).transpose(1, 2)
 
 

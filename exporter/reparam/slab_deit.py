@@ -274,8 +274,11 @@ def plan_slab_deit(model: DeiTBase, ctx: FoldContext) -> DeiTDeploy:
                            f"(fixed-size positional embeddings); got --imgsz {ctx.imgsz}: use --imgsz {model.img_size}")
     grid = model.patch_embed.grid
     cf = ctx.use("tokens_channels_first")  # channel-first tokens (B, C, N, 1) through the whole network
-    # SLAB (mean pooling): the positional embedding added by the patch conv, checked as the conv's output less it
-    pos_planes = isinstance(model, SlabDeiT) and ctx.use("pos_embed_in_patch_conv")
+    # SLAB (mean pooling): the positional embedding added by the patch conv, checked as the conv's output less it;
+    # only where every token's position fits one plane (N <= patch area: 196 <= 256 at 224 px), so that the conv
+    # reads one channel more, as a 4-channel image conv (qdq.IMAGE_CHANNELS), and not k more
+    (ph, pw), n = model.patch_embed.proj.kernel_size, grid[0] * grid[1]
+    pos_planes = isinstance(model, SlabDeiT) and n <= ph * pw and ctx.use("pos_embed_in_patch_conv")
     to_train = _to_tokens if cf else None
     ctx.check("patch_embed", "patch_embed", to_train=_less_pos(model.pos_embed, to_train) if pos_planes else to_train)
     blocks = []
