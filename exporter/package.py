@@ -107,6 +107,16 @@ def _hop_entry(hop) -> dict:
     return d
 
 
+def _portable_reference(reference: dict | None) -> dict | None:
+    """report.json's `reference` without what belongs to this machine and run: whether the float64 ground truth was
+    computed or read from the disk cache, and where that cache lies. A repeat must be byte-identical (the first
+    run stores the truth, the repeat reads it) and a bundle must not carry a local path; the cache key (a digest
+    of what the truth depends on) stays."""
+    if not reference or not isinstance(reference.get("cache"), dict):
+        return reference
+    return {**reference, "cache": {k: v for k, v in reference["cache"].items() if k not in ("status", "path")}}
+
+
 def _compression_entry(info: dict | None) -> dict | None:
     """What the manifest says about a compressed package: the kind, the coremltools call, the ops it wrote, what
     stayed float (count), the sizes."""
@@ -373,7 +383,7 @@ def _assemble(report, export_dir: Path, out: Path, checkpoint, overrides, labels
         "parity": [_hop_entry(h) for h in report.parity],
         "parity_inputs": report.inputs,
         "compressed_inputs": report.compressed_inputs,
-        "parity_reference": _round(report.reference),
+        "parity_reference": _round(_portable_reference(report.reference)),
         "onnx_exporter": {"exporter": report.exporter, "exporter_fallback": report.exporter_fallback},
         "golden": {"description": "golden/golden.json", "verified": golden_check},
         "versions": report.versions,

@@ -93,6 +93,9 @@ def test_cli_repeat_is_byte_identical(bundle):
     for s in sets:
         args += ["--set", s]
     assert main(args) == 0
+    # (the first build stored the float64 ground truth, this one read it: the manifest keeps neither fact, nor the
+    # cache's local path, only its key)
+    assert set(res.manifest["parity_reference"]["cache"]) == {"key"}
     assert (root / "b.zip").read_bytes() == res.path.read_bytes()
     assert main(args) == 2  # exists: refuses without --force
 
