@@ -175,14 +175,15 @@ class DeiTDeploy(nn.Module):
         super().__init__()
         self.channel_first = channel_first
         self.pool = "mean" if cls_token is None else "cls"
-        self.patch_embed = PatchEmbedCFDeploy(patch_embed.proj) if channel_first else patch_embed
         if pos_planes:
             if cls_token is not None:
                 raise ValueError("pos_planes needs mean pooling (no CLS token)")
             self.patch_embed = PositionPlanesPatchEmbed(patch_embed.proj, pos_embed, patch_embed.grid,
                                                         grid_out=channel_first)
             pos_embed = None
-        elif channel_first:
+        else:
+            self.patch_embed = PatchEmbedCFDeploy(patch_embed.proj) if channel_first else patch_embed
+        if channel_first and pos_embed is not None:
             pos = pos_embed.detach().transpose(1, 2)
             if cls_token is not None:
                 pos = torch.cat((cls_token.detach().transpose(1, 2), pos), dim=2)
