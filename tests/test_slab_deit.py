@@ -110,11 +110,12 @@ def test_locked_to_its_size():
 
 # --- re-parameterization --------------------------------------------------------------------------------------------
 
-def _analytic_deploy_params(c, depth, heads, classes, sla, n=196, patch=16, mlp_ratio=4, pos_planes=False):
+def _analytic_deploy_params(c, depth, heads, classes, sla, n=196, patch=16, mlp_ratio=4, pos_planes=False,
+                            tiled_dwc=False):
     hidden, d = mlp_ratio * c, c // heads
     block = (3 * c * c + 3 * c) + (c * c + c) + (c * hidden + hidden) + (hidden * c + c)
-    if sla:
-        block += d * 25 + d + n * c  # shared dwc + positional_encoding
+    if sla:  # shared dwc (qkv_as_three_projections, channel-first: repeated per head) + positional_encoding
+        block += (c if tiled_dwc else d) * 26 + n * c
     tokens = n * c + (0 if sla else c)  # pos_embed (+ the CLS token, pos folded in)
     if pos_planes:  # pos_embed_in_patch_conv: ceil(n / patch^2) more input channels of the patch conv instead
         tokens = -(-n // (patch * patch)) * patch * patch * c
@@ -145,8 +146,10 @@ def test_slab_reparam_exact(order, rewrites):
     assert set(deploy.reparam_summary.attention_order.values()) == {expected}
     assert ("tokens_channels_first" in deploy.reparam_summary.rewrites) == rewrites
     assert ("pos_embed_in_patch_conv" in deploy.reparam_summary.rewrites) == rewrites
+    assert ("qkv_as_three_projections" in deploy.reparam_summary.rewrites) == rewrites
     assert sum(p.numel() for p in deploy.parameters()) == _analytic_deploy_params(64, 2, 2, 10, sla=True,
-                                                                                  pos_planes=rewrites)
+                                                                                  pos_planes=rewrites,
+                                                                                  tiled_dwc=rewrites)
 
 
 @pytest.mark.parametrize("name", ["prepbn_deit_tiny", "prepbn_deit_small"])  # RepBN / LinearNorm layouts
@@ -181,7 +184,7 @@ def test_released_deploy_structure(name):
     c, heads = (192, 3) if "tiny" in name else (384, 6)
     _assert_deploy_form(deploy, depth=12, sla=sla)
     assert sum(p.numel() for p in deploy.parameters()) == _analytic_deploy_params(c, 12, heads, 1000, sla=sla,
-                                                                                  pos_planes=sla)
+                                                                                  pos_planes=sla, tiled_dwc=sla)
 
 
 def test_gate_names_first_diverging_block():
@@ -246,7 +249,8 @@ def _ort_layout_ops(deploy) -> dict:
         opts.optimized_model_filepath = str(Path(tmp) / "opt.onnx")
         ort.InferenceSession(export_onnx(deploy, 224).SerializeToString(), opts, providers=["CPUExecutionProvider"])
         ops = [n.op_type for n in onnx.load(opts.optimized_model_filepath).graph.node]
-    return {"reorders": sum(op.startswith("Reorder") for op in ops), "adds": ops.count("Add")}
+    return {"reorders": sum(op.startswith("Reorder") for op in ops), "adds": ops.count("Add"),
+            "reorder_inputs": ops.count("ReorderInput"), "splits": ops.count("Split")}
 
 
 def test_pos_embed_in_patch_conv_keeps_the_residual_stream_blocked():
@@ -259,6 +263,22 @@ def test_pos_embed_in_patch_conv_keeps_the_residual_stream_blocked():
     new = _ort_layout_ops(reparameterize(model, rewrites=base + ["pos_embed_in_patch_conv"]))
     assert new["adds"] <= old["adds"] - 2 * 2  # the two residual Adds of each of the 2 blocks
     assert new["reorders"] <= old["reorders"] - 4 * 2, (old, new)  # 4 reorders fewer per block
+
+
+def test_qkv_as_three_projections_runs_the_dwc_blocked_without_a_split():
+    # q, k, v from convs of their own: no Split in ONNX Runtime's graph, and the dwc reads v's conv output in the
+    # blocked layout (no reorder into it: one ReorderInput fewer per block; each of q, k, v is reordered out once
+    # for the head MatMuls instead of qkv once and the dwc's output: the speed is benchmarks/rewrite_ablation.py's)
+    model = make_trained_like(create_model("slab_deit_tiny", embed_dim=64, depth=2, num_heads=2), seed=6).eval()
+    base = ["tokens_channels_first", "erf_gelu_fusable", "pos_embed_in_patch_conv"]
+    old = _ort_layout_ops(reparameterize(model, rewrites=base))
+    new = _ort_layout_ops(reparameterize(model, rewrites=base + ["qkv_as_three_projections"]))
+    assert old["splits"] == 2 and new["splits"] == 0
+    assert new["reorder_inputs"] <= old["reorder_inputs"] - 2, (old, new)
+    deploy = reparameterize(model, rewrites=base + ["qkv_as_three_projections"])
+    dwc = deploy.blocks[0].attn.dwc
+    assert dwc.groups == dwc.in_channels == 64  # the per-head dwc (32 channels) repeated for both heads
+    assert torch.equal(dwc.weight[:32], dwc.weight[32:]) and torch.equal(dwc.weight[:32], model.blocks[0].attn.dwc.weight)
 
 
 def test_headless_model_keeps_final_norm_as_listed_affine():

@@ -146,6 +146,40 @@ def linear_to_conv1x1(linear: nn.Linear) -> nn.Conv2d:
     return conv
 
 
+@torch.no_grad()
+def split_outputs(layer: nn.Linear | nn.Conv2d, parts: int) -> list[nn.Module]:
+    """`layer` (a Linear or an ungrouped Conv2d) as `parts` layers of the same kind, each computing one equal
+    slice of its outputs, in order: the same products and sums per output, so exact."""
+    w, b = layer.weight, layer.bias
+    out = []
+    for i, wi in enumerate(w.chunk(parts)):
+        if isinstance(layer, nn.Linear):
+            new = nn.Linear(layer.in_features, wi.shape[0], bias=b is not None)
+        else:
+            new = nn.Conv2d(layer.in_channels, wi.shape[0], layer.kernel_size, layer.stride, layer.padding,
+                            layer.dilation, bias=b is not None)
+        new = new.to(dtype=w.dtype, device=w.device)
+        new.weight.copy_(wi)
+        if b is not None:
+            new.bias.copy_(b.chunk(parts)[i])
+        out.append(new)
+    return out
+
+
+@torch.no_grad()
+def tile_depthwise(dwc: nn.Conv2d, times: int) -> nn.Conv2d:
+    """A depthwise conv shared by `times` groups of channels (SLA's dwc, run per head on (B*h, d, H, W)) as one
+    depthwise conv over all of them ((B, h*d, H, W), head-major): its weights repeated, the same taps per output."""
+    c = dwc.out_channels * times
+    new = nn.Conv2d(c, c, dwc.kernel_size, dwc.stride, dwc.padding, dwc.dilation, groups=c,
+                    bias=dwc.bias is not None, padding_mode=dwc.padding_mode).to(dtype=dwc.weight.dtype,
+                                                                                  device=dwc.weight.device)
+    new.weight.copy_(dwc.weight.repeat(times, 1, 1, 1))
+    if dwc.bias is not None:
+        new.bias.copy_(dwc.bias.repeat(times))
+    return new
+
+
 def replace_module(root: nn.Module, path: str, new: nn.Module) -> None:
     """Replace the submodule at dotted `path` (ModuleList/Sequential indices allowed)."""
     parent_path, _, leaf = path.rpartition(".")

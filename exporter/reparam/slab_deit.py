@@ -22,7 +22,10 @@ probes); heads are (B, h, d, N) by
 free reshapes, M = v k^T then M q (kv_first) or v (k^T q) (qk_first), so k's transpose is the only one per
 block; the dwc reads v by a free reshape; positional encodings are (1, h, d, N) constants. PRepBN's softmax
 attention forms S^T = k^T q and normalizes over the key axis, again one transpose. `erf_gelu_fusable`: the
-MLP GELU is written in ONNX Runtime's fusable form (`ErfGELU`).
+MLP GELU is written in ONNX Runtime's fusable form (`ErfGELU`). `pos_embed_in_patch_conv`: see `DeiTDeploy`.
+`qkv_as_three_projections` (SLA): q, k and v each from a Linear / 1x1 conv of its own (the qkv rows split, no
+Split op); channel-first, the dwc shared by the heads becomes one depthwise conv over v's (B, C, H, W) map (its
+weights repeated per head), so ONNX Runtime runs it in its blocked layout straight from v's conv.
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ from ...models.layers.attention import order_reason, resolve_order, sla_rule
 from ...models.slab_deit import Attention, PRepBNDeiT, SlabDeiT, DeiTBase
 from .engine import FoldContext, register_plan
 from .primitives import (ChannelAffine, ErfGELU, PositionPlanesPatchEmbed, PreNormBlockDeploy, affine_before,
-                         linear_to_conv1x1, repbn_affine, scale_output)
+                         linear_to_conv1x1, repbn_affine, scale_output, split_outputs, tile_depthwise)
 
 SLA_EPS = 1e-6
 
@@ -70,13 +73,22 @@ class SLADeploy(nn.Module):
     else (B, N, C) and Linear.
     """
 
-    def __init__(self, attn: SimplifiedLinearAttention, grid: tuple[int, int], order: str, channel_first: bool):
+    def __init__(self, attn: SimplifiedLinearAttention, grid: tuple[int, int], order: str, channel_first: bool,
+                 three_projections: bool = False):
         super().__init__()
         self.num_heads, self.head_dim = attn.num_heads, attn.head_dim
         self.grid, self.order, self.channel_first = grid, order, channel_first
         self.qkv, self.proj, self.dwc = attn.qkv, attn.proj, attn.dwc
         if channel_first:
             self.qkv, self.proj = linear_to_conv1x1(attn.qkv), linear_to_conv1x1(attn.proj)
+        self.three_projections = three_projections
+        if three_projections:
+            # qkv_as_three_projections: q, k and v each from a layer of their own (no Split of one qkv output) and,
+            # channel-first, the shared dwc as one depthwise conv over v's (B, C, H, W) map (class doc)
+            self.q, self.k, self.v = split_outputs(self.qkv, 3)
+            del self.qkv
+            if channel_first:
+                self.dwc = tile_depthwise(attn.dwc, self.num_heads)
         n, h, d = grid[0] * grid[1], self.num_heads, self.head_dim
         pe = attn.positional_encoding.detach().reshape(1, n, h, d)
         # Stored in the layout k has when it is added: (1, h, d, N) channel-first, else (1, N, h, d).
@@ -90,7 +102,10 @@ class SLADeploy(nn.Module):
         # The official layout: heads as (B, h, N, d); the dwc reads v as (B*h, d, H, W) and back.
         b, n, c = x.shape
         h, d = self.num_heads, self.head_dim
-        q, k, v = self.qkv(x).reshape(b, n, 3, h, d).unbind(2)
+        if self.three_projections:
+            q, k, v = (f(x).reshape(b, n, h, d) for f in (self.q, self.k, self.v))
+        else:
+            q, k, v = self.qkv(x).reshape(b, n, 3, h, d).unbind(2)
         q = F.relu(q).transpose(1, 2)
         k = F.relu(k + self.positional_encoding).transpose(1, 2)
         v = v.transpose(1, 2)
@@ -107,6 +122,8 @@ class SLADeploy(nn.Module):
         # input/output are free reshapes; the only transpose is k's, as the (B, h, N, d) operand of one MatMul.
         b, c = x.shape[:2]
         n, h, d = x.shape[2] * x.shape[3], self.num_heads, self.head_dim
+        if self.three_projections:
+            return self._three_projections(x)
         q, k, v = _split_heads_cf(self.qkv(x), h, d)
         q = F.relu(q)
         k = F.relu(k + self.positional_encoding)
@@ -115,6 +132,24 @@ class SLADeploy(nn.Module):
         num = (v @ kt) @ q if self.order == "kv_first" else v @ (kt @ q)
         out = num / (den + SLA_EPS)
         out = out + self.dwc(v.reshape(b * h, d, *self.grid)).reshape(b, h, d, n)
+        return self.proj(out.reshape(x.shape))
+
+    def _three_projections(self, x: torch.Tensor) -> torch.Tensor:
+        # Channel-first with q, k, v convs: ONNX Runtime runs each conv in its blocked layout and reorders each
+        # output once for the head MatMuls; v's map also feeds the tiled dwc directly, still blocked (no Split, no
+        # reorder into and out of a (B*h, d, H, W) dwc): 1.02-1.03x on SLAB-DeiT-T (benchmarks/README.md)
+        b, c = x.shape[:2]
+        n, h, d = x.shape[2] * x.shape[3], self.num_heads, self.head_dim
+        q = F.relu(self.q(x).reshape(b, h, d, n))
+        k = F.relu(self.k(x).reshape(b, h, d, n) + self.positional_encoding)
+        fmap = self.v(x)
+        if tuple(fmap.shape[2:]) != tuple(self.grid):               # (B, C, N, 1) tokens; the grid needs no Reshape
+            fmap = fmap.reshape(b, c, *self.grid)
+        v = fmap.reshape(b, h, d, n)
+        den = k.sum(dim=-1).reshape(b, h, 1, d) @ q
+        kt = k.transpose(-2, -1)
+        num = (v @ kt) @ q if self.order == "kv_first" else v @ (kt @ q)
+        out = (num / (den + SLA_EPS)).reshape(fmap.shape) + self.dwc(fmap)
         return self.proj(out.reshape(x.shape))
 
 
@@ -255,7 +290,7 @@ def _deploy_attention(attn: nn.Module, path: str, grid: tuple[int, int], cf: boo
     if isinstance(attn, SimplifiedLinearAttention):
         order, why = _sla_order(attn, grid[0] * grid[1], ctx)
         ctx.order(path, order, why)
-        return SLADeploy(attn, grid, order, channel_first=cf)
+        return SLADeploy(attn, grid, order, channel_first=cf, three_projections=ctx.use("qkv_as_three_projections"))
     if isinstance(attn, Attention):
         ctx.order(path, "qk_first", "softmax attention: q k^T is formed for the softmax (attn_order does not apply)")
         dim = attn.qkv.in_features
@@ -268,7 +303,8 @@ def _deploy_attention(attn: nn.Module, path: str, grid: tuple[int, int], cf: boo
                        "build the model with vitedge.create_model")
 
 
-@register_plan(SlabDeiT, rewrites=("tokens_channels_first", "erf_gelu_fusable", "pos_embed_in_patch_conv"))
+@register_plan(SlabDeiT, rewrites=("tokens_channels_first", "erf_gelu_fusable", "pos_embed_in_patch_conv",
+                                   "qkv_as_three_projections"))
 def plan_slab_deit(model: DeiTBase, ctx: FoldContext) -> DeiTDeploy:
     if ctx.imgsz != model.img_size:
         raise VitedgeError(f"{type(model).__name__} is built for {model.img_size}x{model.img_size} "
