@@ -185,6 +185,13 @@ def fmt_ratio(r: dict, unit: str = "x") -> str:
     return f"{r['ratio']:.3f}{unit} (95% CI {r['ci'][0]:.3f}-{r['ci'][1]:.3f}, {r['pairs']} pairs)"
 
 
+def print_ratios(results: list[dict], field: str) -> None:
+    """The closing lines of a script: each model's ratios in `field` (name -> paired ratio), one per line."""
+    for r in results:
+        for key, q in r[field].items():
+            print(f"  {r['model']} ({r['config']}) {key}: {fmt_ratio(q)}")
+
+
 # ---- models and ONNX ----------------------------------------------------------------------------------
 
 def gflop(name: str, imgsz: int, overrides: dict | None = None) -> float:

@@ -390,9 +390,7 @@ def main(argv=None) -> int:
     print(f"\nratios (pipeline wall time relative to the onnx fp32 pipeline, {samples} parity samples):")
     for label, why in unavailable.items():
         print(f"  {label}: unavailable ({why})")
-    for r in results:
-        for key, q in r["ratios"].items():
-            print(f"  {r['model']} ({r['config']}) {key}: {C.fmt_ratio(q)}")
+    C.print_ratios(results, "ratios")
     return 0
 
 

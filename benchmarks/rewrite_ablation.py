@@ -78,9 +78,7 @@ def main(argv=None) -> int:
         for k, why in r["parity_failed"].items():
             print(f"  {r['model']} {k}: failed parity, not timed: {'; '.join(why)}")
     print("\nratios (latency of all but one rewrite / latency of all, > 1 = that rewrite makes the graph faster):")
-    for r in results:
-        for key, q in r["speedups"].items():
-            print(f"  {r['model']} ({r['config']}) {key}: {C.fmt_ratio(q)}")
+    C.print_ratios(results, "speedups")
     return 0
 
 
