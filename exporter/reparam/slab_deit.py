@@ -120,10 +120,10 @@ class SLADeploy(nn.Module):
     def _channel_first(self, x: torch.Tensor) -> torch.Tensor:
         # (B, C, N, 1) or (B, C, H, W) in and out, (B, h, d, N) per head: every split / merge and the dwc
         # input/output are free reshapes; the only transpose is k's, as the (B, h, N, d) operand of one MatMul.
-        b, c = x.shape[:2]
-        n, h, d = x.shape[2] * x.shape[3], self.num_heads, self.head_dim
         if self.three_projections:
             return self._three_projections(x)
+        b, c = x.shape[:2]
+        n, h, d = x.shape[2] * x.shape[3], self.num_heads, self.head_dim
         q, k, v = _split_heads_cf(self.qkv(x), h, d)
         q = F.relu(q)
         k = F.relu(k + self.positional_encoding)
@@ -137,7 +137,7 @@ class SLADeploy(nn.Module):
     def _three_projections(self, x: torch.Tensor) -> torch.Tensor:
         # Channel-first with q, k, v convs: ONNX Runtime runs each conv in its blocked layout and reorders each
         # output once for the head MatMuls; v's map also feeds the tiled dwc directly, still blocked (no Split, no
-        # reorder into and out of a (B*h, d, H, W) dwc): 1.02-1.03x on SLAB-DeiT-T (benchmarks/README.md)
+        # reorder into and out of a (B*h, d, H, W) dwc): 1.01-1.03x on SLAB-DeiT-T (benchmarks/README.md)
         b, c = x.shape[:2]
         n, h, d = x.shape[2] * x.shape[3], self.num_heads, self.head_dim
         q = F.relu(self.q(x).reshape(b, h, d, n))
