@@ -125,14 +125,17 @@ class SLADeploy(nn.Module):
         b, c = x.shape[:2]
         n, h, d = x.shape[2] * x.shape[3], self.num_heads, self.head_dim
         q, k, v = _split_heads_cf(self.qkv(x), h, d)
-        q = F.relu(q)
-        k = F.relu(k + self.positional_encoding)
+        q, k = F.relu(q), F.relu(k + self.positional_encoding)
+        out = self._heads_cf(q, k, v) + self.dwc(v.reshape(b * h, d, *self.grid)).reshape(b, h, d, n)
+        return self.proj(out.reshape(x.shape))
+
+    def _heads_cf(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """SLA per head on channel-first (B, h, d, N) q, k (their ReLUs applied, k's positions added) and v."""
+        b, h, d = q.shape[:3]
         den = k.sum(dim=-1).reshape(b, h, 1, d) @ q                 # (B, h, 1, N): once per head, broadcast over d
         kt = k.transpose(-2, -1)                                   # (B, h, N, d)
         num = (v @ kt) @ q if self.order == "kv_first" else v @ (kt @ q)
-        out = num / (den + SLA_EPS)
-        out = out + self.dwc(v.reshape(b * h, d, *self.grid)).reshape(b, h, d, n)
-        return self.proj(out.reshape(x.shape))
+        return num / (den + SLA_EPS)
 
     def _three_projections(self, x: torch.Tensor) -> torch.Tensor:
         # Channel-first with q, k, v convs: ONNX Runtime runs each conv in its blocked layout and reorders each
@@ -145,12 +148,8 @@ class SLADeploy(nn.Module):
         fmap = self.v(x)
         if tuple(fmap.shape[2:]) != tuple(self.grid):               # (B, C, N, 1) tokens; the grid needs no Reshape
             fmap = fmap.reshape(b, c, *self.grid)
-        v = fmap.reshape(b, h, d, n)
-        den = k.sum(dim=-1).reshape(b, h, 1, d) @ q
-        kt = k.transpose(-2, -1)
-        num = (v @ kt) @ q if self.order == "kv_first" else v @ (kt @ q)
-        out = (num / (den + SLA_EPS)).reshape(fmap.shape) + self.dwc(fmap)
-        return self.proj(out.reshape(x.shape))
+        out = self._heads_cf(q, k, fmap.reshape(b, h, d, n))
+        return self.proj((out.reshape(fmap.shape) + self.dwc(fmap)).reshape(x.shape))
 
 
 class SoftmaxAttentionDeploy(nn.Module):
