@@ -172,6 +172,27 @@ def test_fp16_rounding_and_overflow_to_inf():
     np.testing.assert_array_equal(as_declared(np.array([1.5, 2.5]), "int32"), [1, 2])
 
 
+def test_fp16_casts_through_torch_give_numpy_s_bits():
+    """round_fp16 / to_fp16 cast big arrays through torch (fp16_cast.py): the same bits as numpy's IEEE cast, on
+    every magnitude from fp16 subnormals to overflow, signed zeros, infinities, NaN and a strided view."""
+    from vitedge.targets.coreml.fp16_cast import TORCH_MIN, from_fp16, to_fp16
+
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.standard_normal(TORCH_MIN).astype(np.float32) * s for s in (1e-7, 3e-5, 1.0, 900.0, 7e4)]
+                       + [np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 65504, 65519.99, 65520, -65520, 2 ** -24,
+                                    2 ** -25, 3 * 2 ** -26, 2 ** -14, 1 + 2 ** -11, 1 + 3 * 2 ** -11], np.float32)])
+    with np.errstate(over="ignore", invalid="ignore"):
+        want16 = x.astype(np.float16)
+    assert x.size >= TORCH_MIN and np.isinf(want16).sum() > 10 and (want16 == 0).sum() > 10  # both ends reached
+    np.testing.assert_array_equal(to_fp16(x).view(np.uint16), want16.view(np.uint16))
+    np.testing.assert_array_equal(round_fp16(x).view(np.uint32), want16.astype(np.float32).view(np.uint32))
+    np.testing.assert_array_equal(from_fp16(want16).view(np.uint32), want16.astype(np.float32).view(np.uint32))
+    strided = x.reshape(5, -1)[:, ::3][:, :TORCH_MIN]  # non-contiguous, still above TORCH_MIN elements
+    assert not strided.flags.c_contiguous and strided.size >= TORCH_MIN
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.testing.assert_array_equal(round_fp16(strided), strided.astype(np.float16).astype(np.float32))
+
+
 def test_fp16_reduce_l2_norm_overflows_inside_the_op():
     # sqrt(300^2 * 4) = 600 fits fp16, but the op's own sum of squares (360000) does not
     x = np.full((1, 4), 300.0, np.float32)

@@ -27,6 +27,7 @@ import numpy as np
 from ...errors import VitedgeError
 from ..base import UnavailableError
 from . import mil_ops_compressed  # noqa: F401  (registers the compressed programs' kernels in OPS)
+from .fp16_cast import round_fp16
 from .mil_ops import OPS, OpArgs
 
 _DTYPES = {"FLOAT16": "fp16", "FLOAT32": "fp32", "FLOAT64": "fp64", "BFLOAT16": "bf16", "INT8": "int8",
@@ -95,12 +96,6 @@ def single_threaded_blas():
         yield
     finally:
         lib.openblas_set_num_threads_local(prev)
-
-
-def round_fp16(x: np.ndarray) -> np.ndarray:
-    """float32 -> nearest float16 -> float32, overflowing to +-inf like an fp16 register."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
 
 
 def as_declared(value, dtype: str):

@@ -17,6 +17,8 @@ from typing import Callable
 
 import numpy as np
 
+from .fp16_cast import from_fp16, round_fp16, to_fp16
+
 F32 = np.float32
 
 
@@ -110,8 +112,8 @@ def _tabulated(key, fn):
         global _FP16_ALL
         if x.dtype != F32 or x.size < 4096:  # small tensors: the direct computation is as quick
             return fn(x, a)
-        x16 = x.astype(np.float16)
-        if not np.array_equal(x16.astype(F32), x):
+        x16 = to_fp16(x)
+        if not np.array_equal(from_fp16(x16), x):
             return fn(x, a)  # not fp16-exact (an fp32 island, or NaN): compute it
         k = key(a)
         table = _TABLES.get(k)
@@ -210,7 +212,7 @@ def _reduce(fn):
 def _sum_square(x, ax, keep, a):
     s = np.sum(x * x, axis=ax, keepdims=keep)
     # The sum of squares is the op's own intermediate: in an fp16 op it lives in fp16 too (overflow included).
-    return s.astype(np.float16).astype(F32) if a.out_dtypes[0] == "fp16" else s
+    return round_fp16(s) if a.out_dtypes[0] == "fp16" else s
 
 
 _REDUCTIONS = {
@@ -303,8 +305,7 @@ def _l2_norm(a: OpArgs):
     ax = _axes(a, x.ndim) or tuple(range(max(x.ndim - 3, 0), x.ndim))
     s = np.sum(x * x, axis=ax, keepdims=True)
     if a.out_dtypes[0] == "fp16":
-        with np.errstate(over="ignore"):
-            s = s.astype(np.float16).astype(F32)
+        s = round_fp16(s)
     return (x / np.sqrt(np.maximum(s, F32(a.scalar("epsilon", 1e-6)))),)
 
 
