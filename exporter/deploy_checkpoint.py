@@ -167,6 +167,12 @@ def load_deploy_checkpoint(path: str | Path) -> nn.Module:
                               f"{missing[:3]}, {len(unexpected)} unexpected {unexpected[:3]}, {len(shapes)} mis-shaped "
                               f"{shapes[:3]}; re-create it with `vitedge reparam`")
     deploy.load_state_dict(state, strict=True)
+    # Some deploy-form modules hold a tensor twice (one copy per backend or per head); they must agree.
+    for name, m in deploy.named_modules():
+        why = m.copies_disagree() if hasattr(m, "copies_disagree") else None
+        if why:
+            raise CheckpointError(f"{path}: {name}: {why} (the deploy-form keeps these copies equal; was the file "
+                                  "edited?); change the train-form weights and re-create it with `vitedge reparam`")
     deploy.deploy_checkpoint_meta = {k: v for k, v in payload.items() if k != "state_dict"}
     return deploy.eval()
 

@@ -222,15 +222,10 @@ class PositionPlanesPatchEmbed(nn.Module):
         (ph, pw), (gh, gw) = proj.kernel_size, grid
         if proj.stride != (ph, pw) or proj.padding != (0, 0) or proj.dilation != (1, 1) or proj.groups != 1:
             raise ValueError("PositionPlanesPatchEmbed takes a non-overlapping, unpadded patch conv")
-        n, c = gh * gw, proj.out_channels
-        pos = pos.detach().reshape(n, c)
-        k = -(-n // (ph * pw))
-        t = torch.arange(n)
-        ch, u, v = t // (ph * pw), (t % (ph * pw)) // pw, t % pw
-        extra = pos.new_zeros(c, k, ph, pw)
-        extra[:, ch, u, v] = pos.T
-        planes = pos.new_zeros(1, k, gh * ph, gw * pw)
-        planes[0, ch, (t // gw) * ph + u, (t % gw) * pw + v] = 1.0
+        c = proj.out_channels
+        pos = pos.detach().reshape(gh * gw, c)
+        extra, planes = _position_planes(pos, (ph, pw), grid)
+        k = planes.shape[1]
         self.proj = nn.Conv2d(proj.in_channels + k, c, (ph, pw), (ph, pw), bias=proj.bias is not None)
         self.proj.to(proj.weight)
         with torch.no_grad():
@@ -241,6 +236,17 @@ class PositionPlanesPatchEmbed(nn.Module):
         self.register_buffer("pos", pos.T.reshape(1, c, gh, gw).clone())
         self.grid_out = grid_out
 
+    def copies_disagree(self) -> str | None:
+        """Where the positions' two copies (the conv's extra weights and planes, the `pos` buffer) differ: an
+        edited deploy checkpoint would run one function in ONNX and another in CoreML. None when they agree."""
+        _, c, gh, gw = self.pos.shape
+        extra, planes = _position_planes(self.pos.reshape(c, gh * gw).T, self.proj.kernel_size, (gh, gw))
+        if extra.shape[1] != self.planes.shape[1] or not torch.equal(self.planes, planes):
+            return "the constant position planes are not the ones its positions need"
+        if not torch.equal(self.proj.weight[:, -extra.shape[1]:], extra):
+            return "the patch conv's position weights differ from the pos buffer"
+        return None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.jit.is_tracing() and not torch.onnx.is_in_onnx_export():  # the CoreML lowering (class doc)
             w = self.proj.weight[:, :x.shape[1]]
@@ -248,6 +254,21 @@ class PositionPlanesPatchEmbed(nn.Module):
         else:
             y = self.proj(torch.cat((x, self.planes.expand(x.shape[0], -1, -1, -1)), dim=1))
         return y if self.grid_out else y.flatten(2).transpose(1, 2)
+
+
+def _position_planes(pos: torch.Tensor, patch: tuple[int, int], grid: tuple[int, int]):
+    """(extra conv weights (C, k, ph, pw), constant planes (1, k, gh ph, gw pw)) that add `pos` (N, C) to each
+    token's patch (PositionPlanesPatchEmbed's class doc)."""
+    (ph, pw), (gh, gw) = patch, grid
+    n, c = pos.shape
+    k = -(-n // (ph * pw))
+    t = torch.arange(n)
+    ch, u, v = t // (ph * pw), (t % (ph * pw)) // pw, t % pw
+    extra = pos.new_zeros(c, k, ph, pw)
+    extra[:, ch, u, v] = pos.T
+    planes = pos.new_zeros(1, k, gh * ph, gw * pw)
+    planes[0, ch, (t // gw) * ph + u, (t % gw) * pw + v] = 1.0
+    return extra, planes
 
 
 class PreNormBlockDeploy(nn.Module):

@@ -95,6 +95,17 @@ class SLADeploy(nn.Module):
         self.positional_encoding = nn.Parameter(pe.permute(0, 2, 3, 1).contiguous() if channel_first else pe,
                                                 requires_grad=False)
 
+    def copies_disagree(self) -> str | None:
+        """Where the heads' copies of the tiled dwc (qkv_as_three_projections, channel-first) differ: an edited
+        deploy checkpoint would give each head its own dwc. None when they agree (or nothing is tiled)."""
+        if not (self.three_projections and self.channel_first):
+            return None
+        for t in (self.dwc.weight, self.dwc.bias):
+            per_head = None if t is None else t.reshape(self.num_heads, -1)
+            if per_head is not None and not torch.equal(per_head, per_head[:1].expand_as(per_head)):
+                return "the heads' copies of the shared dwc differ"
+        return None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._channel_first(x) if self.channel_first else self._token_first(x)
 
