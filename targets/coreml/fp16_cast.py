@@ -17,15 +17,14 @@ def to_fp16(x) -> np.ndarray:
     if a.size < TORCH_MIN:
         with np.errstate(over="ignore", invalid="ignore"):
             return a.astype(np.float16)
-    return torch.from_numpy(np.ascontiguousarray(a) if not a.flags.c_contiguous else a).to(torch.float16).numpy()
+    return torch.from_numpy(np.ascontiguousarray(a)).to(torch.float16).numpy()  # (no copy when contiguous)
 
 
 def from_fp16(x16: np.ndarray) -> np.ndarray:
     """A float16 array widened to float32 (exact)."""
     if x16.size < TORCH_MIN:
         return x16.astype(np.float32)
-    a = np.ascontiguousarray(x16) if not x16.flags.c_contiguous else x16
-    return torch.from_numpy(a).to(torch.float32).numpy()
+    return torch.from_numpy(np.ascontiguousarray(x16)).to(torch.float32).numpy()
 
 
 def round_fp16(x) -> np.ndarray:
