@@ -241,7 +241,7 @@ class PositionPlanesPatchEmbed(nn.Module):
         edited deploy checkpoint would run one function in ONNX and another in CoreML. None when they agree."""
         _, c, gh, gw = self.pos.shape
         extra, planes = _position_planes(self.pos.reshape(c, gh * gw).T, self.proj.kernel_size, (gh, gw))
-        if extra.shape[1] != self.planes.shape[1] or not torch.equal(self.planes, planes):
+        if not torch.equal(self.planes, planes):  # (False on a shape mismatch too)
             return "the constant position planes are not the ones its positions need"
         if not torch.equal(self.proj.weight[:, -extra.shape[1]:], extra):
             return "the patch conv's position weights differ from the pos buffer"

@@ -101,9 +101,10 @@ class SLADeploy(nn.Module):
         if not (self.three_projections and self.channel_first):
             return None
         for t in (self.dwc.weight, self.dwc.bias):
-            per_head = None if t is None else t.reshape(self.num_heads, -1)
-            if per_head is not None and not torch.equal(per_head, per_head[:1].expand_as(per_head)):
-                return "the heads' copies of the shared dwc differ"
+            if t is not None:
+                per_head = t.reshape(self.num_heads, -1)
+                if not torch.equal(per_head, per_head[:1].expand_as(per_head)):
+                    return "the heads' copies of the shared dwc differ"
         return None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
