@@ -317,7 +317,7 @@ def print_ratios(models: list[dict], targets: list[dict]) -> None:
                 base = f" [base {r['base']}]" if "base" in r else ""
                 print(f"  {m['model']:<17} ({m['config']}) threads {_threads(c):<12} batch {c['batch']}  "
                       f"{k}: {C.fmt_ratio(r)}{base}")
-    print("\nissue 17 targets (measured, 1 thread, batch 1 where stated):")
+    print("\nspeed targets (measured, 1 thread, batch 1 where stated):")
     for t in targets:
         if "ratio" in t:
             clears = "CI clears it" if t["ci_clears"] else "CI reaches below it"
