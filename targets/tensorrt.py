@@ -82,7 +82,8 @@ def import_tensorrt():
         import tensorrt
     except (ImportError, OSError) as e:  # OSError: the wheel is there but its CUDA/TensorRT libraries are not
         raise UnavailableError(f"the tensorrt Python package is not installed ({e}); "
-                               "pip install 'vitedge[tensorrt]' on a machine with an NVIDIA GPU") from None
+                               "pip install 'vitedge[tensorrt10]' (CUDA 12, driver r525+) or "
+                               "'vitedge[tensorrt11]' (CUDA 13, driver r580+) on a machine with an NVIDIA GPU") from None
     return tensorrt
 
 
