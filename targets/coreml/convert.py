@@ -121,6 +121,33 @@ def _dtype(model: nn.Module) -> torch.dtype:
     return next((p.dtype for p in model.parameters()), torch.float32)
 
 
+class _FirstLayer(Exception):
+    """Raised by the pre-hook of the first conv a forward reaches: its input channels are known, stop there."""
+
+
+def input_channels(model: nn.Module, imgsz: int) -> int | None:
+    """The channel count of the first Conv2d the input reaches (the forward stops right there), None when none
+    does or the model fails before one."""
+    seen: list[int] = []
+
+    def pre(mod, inp):
+        seen.append(mod.in_channels)
+        raise _FirstLayer
+
+    hooks = [m.register_forward_pre_hook(pre) for m in model.modules() if isinstance(m, nn.Conv2d)]
+    try:
+        with torch.no_grad():
+            model(torch.zeros(1, 3, imgsz, imgsz, dtype=_dtype(model)))
+    except _FirstLayer:
+        pass
+    except Exception:  # noqa: BLE001 - not a conv first: the conversion itself will say what is wrong
+        return None
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen[0] if seen else None
+
+
 def num_classes(model: nn.Module, imgsz: int) -> int:
     with torch.no_grad():
         return int(model(torch.zeros(1, 3, imgsz, imgsz, dtype=_dtype(model))).shape[-1])
