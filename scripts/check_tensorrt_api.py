@@ -6,7 +6,8 @@ TENSORRT_GIT_DIR is a clone (or bare mirror) of github.com/NVIDIA/TensorRT; the 
 CHECKED_AGAINST. For each ref, every row whose majors include that ref's major version must be found (the
 class, the member inside that class's binding, and for a method its arguments in one overload's own `.def(...)`
 call: the row's names first and in order, its defaults defaults there, any further argument defaulted); rows of
-other majors must be absent, so a member removed in 11.x is caught too. Prints one line per ref and exits 1 on any mismatch.
+other majors must be absent, so a member removed in 11.x is caught too. Prints one line per ref and exits 1 on
+any mismatch.
 """
 from __future__ import annotations
 

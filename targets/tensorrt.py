@@ -83,7 +83,8 @@ def import_tensorrt():
     except (ImportError, OSError) as e:  # OSError: the wheel is there but its CUDA/TensorRT libraries are not
         raise UnavailableError(f"the tensorrt Python package is not installed ({e}); "
                                "pip install 'vitedge[tensorrt10]' (CUDA 12, driver r525+) or "
-                               "'vitedge[tensorrt11]' (CUDA 13, driver r580+) on a machine with an NVIDIA GPU") from None
+                               "'vitedge[tensorrt11]' (CUDA 13, driver r580+) on a machine with an NVIDIA GPU"
+                               ) from None
     return tensorrt
 
 
@@ -394,7 +395,8 @@ class TensorRTTarget(Target):
         res = build_engine(trt, onnx_bytes, path=path, fp32_layers=islands, **build)
         precisions = layer_precisions(res.inspector)
         outputs_cmp, why_not = None, None
-        needs_outputs = precision == "fp16" and not (precisions["myelin_layers"] == 0 and precisions["float_layers"])
+        # the inspector alone cannot decide (ForeignNodes, Myelin kernels): an fp32 engine's outputs will
+        needs_outputs = precision == "fp16" and precision_verdict(precision, precisions)["status"] == "inconclusive"
         if needs_outputs:
             outputs_cmp, why_not = self._compare_with_fp32(trt, res.plan, fp32_bytes, build, profiles[0], spec.imgsz)
         verdict = precision_verdict(precision, precisions, outputs_cmp, why_not)
@@ -627,7 +629,8 @@ class TensorRTRunner(Runner):
         return self.mem.elapsed_ms(start, end)
 
 
-__all__ = ["TensorRTTarget", "TensorRTRunner", "EngineBuildError", "TensorRTCallError", "checked", "BatchProfile", "batch_profiles", "build_path",
+__all__ = ["TensorRTTarget", "TensorRTRunner", "EngineBuildError", "TensorRTCallError", "checked", "BatchProfile",
+           "batch_profiles", "build_path",
            "build_engine", "pin_fp32_islands", "layer_precisions", "check_engine_precision", "precision_verdict",
            "verify_pinned", "cuda_device", "cuda_memory_backend", "import_tensorrt", "trt_major", "probe_inputs",
            "MIN_FP16_SHARE", "DEFAULT_MAX_BATCH", "MOVE_OPS"]

@@ -504,6 +504,25 @@ def test_registered_target_interface():
     assert set(t.options) == {"workspace", "max_batch", "timing_cache"}
 
 
+# inspector output from real engines (fixtures/tensorrt/README.md; verdicts in test_tensorrt_inspector_fixtures.py)
+KERNEL_FIXTURES = ["trt10_10_bert_myelin_kernels.json", "torch_tensorrt_kgen_explicit_typing.json",
+                   "torch_tensorrt_kgen_weak_typing.json", "trt10_10_bert_foreignnode.json",
+                   "trt11_modeled_list_root_kernels.json", "trex_resnet_a100_fp16_first_layers.json"]
+
+
+@pytest.mark.parametrize("version", ["10.13.0", "11.1.0"])
+@pytest.mark.parametrize("name", KERNEL_FIXTURES)
+def test_lowering_never_raises_on_a_correct_fp16_engine_of_a_real_inspector_form(tmp_path, trt_fake, name, version):
+    """The fake's fp16 engine really rounds in fp16: where the inspector cannot decide, the fp32 reference engine's
+    outputs confirm it (the old share rule refused the explicit-typing kernels, the old parser the bare list)."""
+    fake = trt_fake.FakeTRT(version, inspector=_fixture(name))
+    art, _ = _lower(tmp_path, fake, "fp16")
+    check = art.info["precision_check"]
+    assert check["status"] == "confirmed", check
+    pinning = json.loads((tmp_path / "out" / "tiny.engine.json").read_text())["fp32_policy"]["pinning"]
+    assert (pinning is not None) == (version == "10.13.0")  # 10.x pins islands, checked against these layers
+
+
 # ---- every TensorRT call that reports failure by its return value is checked -----------------------------------
 
 def _fp32_engine(tmp_path, trt_fake, version="10.13.0"):
