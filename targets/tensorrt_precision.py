@@ -179,11 +179,12 @@ def precision_verdict(requested: str, precisions: dict, outputs: dict | None = N
                       outputs_unavailable: str | None = None) -> dict:
     """{status: confirmed | refuted | inconclusive, built, evidence, reason} for an engine built for `requested`.
 
-    fp16: with no Myelin layer and some visible compute layers, the inspector decides (fp16 share >=
-    MIN_FP16_SHARE confirms, below refutes); otherwise the outputs decide (`outputs` from `compare_outputs`:
-    >= REDUCED_REL confirms, <= FP32_LIKE_REL refutes: it computes like fp32); anything else is inconclusive.
-    fp32: confirmed unless a visible layer runs in reduced precision (no FP16 flag / an fp32 ONNX: the Myelin
-    parts cannot either)."""
+    fp16: with no Myelin layer or kernel and some visible compute layers, the inspector decides (fp16 share >=
+    MIN_FP16_SHARE confirms, below refutes); with Myelin kernels and no ForeignNode, fp16 at the boundaries of at
+    least that share of layers and kernels confirms (fp32 boundaries never refute: a kernel may cast inside);
+    otherwise the outputs decide (`outputs` from `compare_outputs`: >= REDUCED_REL confirms, <= FP32_LIKE_REL
+    refutes: it computes like fp32); anything else is inconclusive. fp32: confirmed unless a visible layer or
+    kernel boundary is in reduced precision (no FP16 flag / an fp32 ONNX: the Myelin parts cannot either)."""
     share, n, fused = precisions["fp16_share"], precisions["float_layers"], precisions["myelin_layers"]
     kernels = precisions.get("myelin_kernel_layers") or {}
     seen = f"{n} visible compute layer(s) ({precisions['layers']}), {fused} Myelin layer(s) of unknown precision"

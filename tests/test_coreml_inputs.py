@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 import torch.nn as nn
 
 from vitedge.errors import VitedgeError
@@ -55,11 +56,23 @@ def test_export_exits_2_before_building_anything(tmp_path, monkeypatch):
     assert not (tmp_path / "cli").exists()
 
 
+class _PlanesFirst(nn.Module):
+    """Like SLAB-DeiT's deploy-form: position planes concatenated to the image before the patch conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 8, 4, 4)
+
+    def forward(self, x):
+        return self.conv(torch.cat([x, x[:, :1]], dim=1))
+
+
 def test_a_model_that_does_not_read_3_channels_is_refused_before_conversion(tmp_path):
     gray = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Flatten(), nn.LazyLinear(10))
     rgb = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
     assert input_channels(gray, 16) == 1 and input_channels(rgb, 16) == 3
     assert input_channels(nn.Sequential(nn.Flatten(), nn.Linear(768, 10)), 16) is None  # no conv: not judged here
+    assert input_channels(_PlanesFirst(), 16) is None  # the first conv reads the input with extra planes
     with pytest.raises(VitedgeError, match=r"3 channels .* this model's first layer reads 1"):
         get_target("coreml").lower(gray, _spec(tmp_path, 1))
     assert not list(tmp_path.glob("*.mlpackage"))
