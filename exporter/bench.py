@@ -84,7 +84,9 @@ def _target_runner(name: str, deploy: nn.Module, imgsz: int, batch: int, tmp: Pa
         onnx_path = save_onnx(model, tmp / "bench.onnx")
     spec = LowerSpec(name="bench", imgsz=imgsz, batch=batch, precision=target.default_precision, out_dir=tmp,
                      onnx_path=onnx_path)
-    runner = target.runner(target.lower(deploy, spec))
+    artifact = target.lower(deploy, spec)
+    runner = target.runner(artifact)
+    runner.precision = artifact.precision  # the precision truth its parity is judged by (runner_precision)
     if runner.mode not in ("device", None):  # (a device runner says "device" once it has predicted)
         runner.close()
         # An emulator's speed says nothing about the device: never time it as if it were.
@@ -124,11 +126,16 @@ def parse_sizes(spec: str | list | int) -> list[int]:
 
 # ---- the harness --------------------------------------------------------------------------------------
 
+def runner_precision(runner: Runner, precision: str | None = None) -> str:
+    """The precision whose tolerance profile judges `runner`: the artifact's recorded precision (`precision`, or
+    the `precision` its target lowered it in, set on the runner when it was built); fp32 for a runner without
+    one (torch, ONNX Runtime on the fp32 graph). Never guessed from the backend's name: "tensorrt 10.13 (GPU)"
+    says nothing about an engine built in fp16."""
+    return precision or getattr(runner, "precision", None) or "fp32"
+
+
 def _tolerance_for(runner: Runner, precision: str | None = None):
-    tols = make_tolerances(None, FLOAT64_TOLERANCES)
-    if precision is not None:
-        return tols[profile_for(precision)]
-    return tols["fp16"] if "fp16" in getattr(runner, "backend", "") else tols["fp32"]
+    return make_tolerances(None, FLOAT64_TOLERANCES)[profile_for(runner_precision(runner, precision))]
 
 
 def _parity(runner: Runner, inputs: ParitySet, truth: GroundTruth,
@@ -145,8 +152,9 @@ def _fresh_input(imgsz: int, batch: int) -> np.ndarray:
 
 def check_parity(res: BackendResult, runner: Runner, inputs: ParitySet, truth: GroundTruth,
                  precision: str | None = None) -> None:
-    """Parity of one backend before it is timed (`precision`: the tolerance profile, default from the backend): one
+    """Parity of one backend before it is timed (`precision`: the artifact's, default `runner_precision`): one
     that fails (or crashes on the inputs) is `failed`, and its latency is never measured as if it were right."""
+    res.precision = runner_precision(runner, precision)
     try:
         res.parity, res.parity_sets, problems = _parity(runner, inputs, truth, precision)
     except Exception as e:  # a backend that crashes on the parity inputs has failed parity

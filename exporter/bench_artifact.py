@@ -237,6 +237,7 @@ def _check(plan: _Plan, res: BackendResult, runner: Runner, truth) -> None:
     if plan.judged is None:
         check_parity(res, runner, plan.inputs, truth, plan.precision)
         return
+    res.precision = plan.precision
     try:
         hop = judge_compressed(res.backend, runner, plan.judged,
                                tolerances(None, FLOAT64_TOLERANCES)[profile_for(plan.precision)])
@@ -300,7 +301,9 @@ def _target_runner(plan: _Plan) -> Runner:
     if not ok:
         raise UnavailableError(why or f"{plan.kind} cannot run here")
     precision = plan.meta.get("precision") or target.default_precision
-    return target.runner(Artifact(plan.kind, plan.path, precision), mode="device")
+    runner = target.runner(Artifact(plan.kind, plan.path, precision), mode="device")
+    runner.precision = precision  # its parity's tolerance profile (bench.runner_precision)
+    return runner
 
 
 def _ground_truth(plan: _Plan):

@@ -24,6 +24,7 @@ class BackendResult:
     gpu_compute: dict | None = None   # TensorRT: execution alone, CUDA events (trtexec's "GPU Compute Time")
     export: dict | None = None        # ONNX-based backends: how the graph was exported (exporter, fallback, opset)
     predictions: list | None = None   # --artifact carrying class names: top-1 names on the first parity inputs
+    precision: str | None = None      # the artifact's precision whose tolerance profile judged its parity
 
     @property
     def key(self) -> str:

@@ -51,10 +51,11 @@ def load_target(name: str) -> tuple[Target | None, str | None]:
 
 
 def resolve_targets(targets, precision: str | None = None, dynamic_batch: bool = False,
-                    options: dict | None = None, labels=None) -> list[TargetPlan]:
+                    options: dict | None = None, labels=None, batch: int | None = None) -> list[TargetPlan]:
     """Validate the target list and every target-specific flag against the TARGETS table. `labels` (--labels, class
     names in index order) applies to every target: it is read here, and handed to the targets that build something
-    from it (CoreML: a classifier); the pipeline writes the names into every artifact's metadata."""
+    from it (CoreML: a classifier); the pipeline writes the names into every artifact's metadata. `batch` (--batch,
+    default 1) is checked against what each target's input can take (`check_inputs`)."""
     names = targets.split(",") if isinstance(targets, str) else list(targets)
     names = [ALIASES.get(n.strip().lower(), n.strip().lower()) for n in names if n.strip()]
     if not names:
@@ -113,4 +114,15 @@ def resolve_targets(targets, precision: str | None = None, dynamic_batch: bool =
     for p in loaded:  # what a precision needs of the options (w8a8: iOS 17+), then target-specific values
         p.options = p.target.plan_precision(p.precision, p.options)
         p.target.validate_options(p.options)
+    size = None if dynamic_batch else (batch or 1)
+    if size is None or size > 0:  # (a non-positive --batch is the pipeline's own error)
+        check_inputs(plans, size)
     return plans
+
+
+def check_inputs(plans: list[TargetPlan], batch: int | None) -> None:
+    """Each target's check of what its input can take at `batch` (None: dynamic) with its options, before any work
+    (`Target.validate_input`: CoreML's image input or classifier at batch > 1, ...)."""
+    for p in plans:
+        if p.target is not None:
+            p.target.validate_input(batch, p.options)

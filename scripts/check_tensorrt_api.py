@@ -4,8 +4,10 @@
 Usage: python scripts/check_tensorrt_api.py TENSORRT_GIT_DIR [REF ...]
 TENSORRT_GIT_DIR is a clone (or bare mirror) of github.com/NVIDIA/TensorRT; the refs default to the table's
 CHECKED_AGAINST. For each ref, every row whose majors include that ref's major version must be found (the
-class, the member inside that class's binding, each named argument); rows of other majors must be absent, so
-a member removed in 11.x is caught too. Prints one line per ref and exits 1 on any mismatch.
+class, the member inside that class's binding, and for a method its arguments in one overload's own `.def(...)`
+call: the row's names first and in order, its defaults defaults there, any further argument defaulted); rows of
+other majors must be absent, so a member removed in 11.x is caught too. Prints one line per ref and exits 1 on
+any mismatch.
 """
 from __future__ import annotations
 
@@ -64,11 +66,58 @@ def present(row, texts: dict[str, str], classes: dict[str, str]) -> tuple[bool, 
         found = re.search(rf'\.def(?:_property(?:_readonly)?|_static)?\(\s*"{row.member}"', block) is not None
     if not found:
         return False, "member"
-    for p in row.params or ():
-        arg = p.split("=")[0]
-        if f'"{arg}"_a' not in block and f'py::arg("{arg}")' not in block:
-            return False, f"argument {arg}"
+    if row.kind != "method" or row.params is None:
+        return True, ""
+    sigs = signatures(block, row.member)
+    if not any(matches(row.params, sig) for sig in sigs):
+        seen = "; ".join("(" + ", ".join(n + ("=" if d else "") for n, d in sig) + ")" for sig in sigs) or "none"
+        return False, f"arguments ({', '.join(row.params)}) match no overload's own signature (bound: {seen})"
     return True, ""
+
+
+# a C++ string literal (plain or raw): skipped when matching parentheses, so text in docstrings cannot unbalance them
+STRING = re.compile(r'R"(\w*)\((?:.|\n)*?\)\1"|"(?:[^"\\\n]|\\.)*"')
+ARG = re.compile(r'"(\w+)"_a(\s*=(?!=))?|py::arg\(\s*"(\w+)"\s*\)(\s*=(?!=))?')
+
+
+def call_text(text: str, open_paren: int) -> str:
+    """The call whose "(" is at `open_paren`, up to its matching ")" (string literals skipped)."""
+    depth, i = 0, open_paren
+    while i < len(text):
+        m = STRING.match(text, i)
+        if m:
+            i = m.end()
+            continue
+        if text[i] == "(":
+            depth += 1
+        elif text[i] == ")":
+            depth -= 1
+            if depth == 0:
+                return text[open_paren:i + 1]
+        i += 1
+    return text[open_paren:]
+
+
+def signatures(block: str, member: str) -> list[list[tuple[str, bool]]]:
+    """Each overload's own argument list in a class binding: [(name, has a default)] per `.def("member", ...)` call
+    (`.def(py::init...)` for __init__), read from that call's text alone, never from its neighbours'."""
+    head = r"\.def\(\s*py::init" if member == "__init__" else rf'\.def(?:_static)?\(\s*"{member}"'
+    out = []
+    for m in re.finditer(head, block):
+        call = call_text(block, block.index("(", m.start()))
+        out.append([(a.group(1) or a.group(3), bool(a.group(2) or a.group(4))) for a in ARG.finditer(call)])
+    return out
+
+
+def matches(params: tuple, sig: list[tuple[str, bool]]) -> bool:
+    """The row's arguments are the overload's first arguments, in order (vitedge passes them positionally), a row
+    default (`name=`) is a default there too, and every further argument of the overload has a default."""
+    names = [p.split("=")[0] for p in params]
+    if [n for n, _ in sig[:len(names)]] != names:
+        return False
+    if any("=" in p and not d for p, (_, d) in zip(params, sig)):
+        return False
+    return all(d for _, d in sig[len(names):])
 
 
 def check(git_dir: str, ref: str, major: int) -> list[str]:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # macOS check for the CoreML target, on a Mac (Apple silicon for the Neural Engine steps) with vitedge installed:
 # exports a CoreML package, re-runs its parity hop on CoreML itself (`--mode device --require-verified`), prints
-# the compute plan (each op's preferred device), gates Neural Engine residency where a Neural Engine exists,
+# the compute plan (each op's preferred device), benches the fp16 package with `vitedge bench --backends coreml`
+# (judged by the fp16 profile, then timed), gates Neural Engine residency where a Neural Engine exists,
 # and, with an iPhone attached and VITEDGE_TEAM_ID set, times the model on the phone with its golden-vector
 # parity there. One PASS/FAIL (or SKIP, with why) line per step; exit 1 if any step failed.
 # Not run in this project's CI (no Mac). Usage: scripts/mac_check.sh [OUT_DIR] [MODEL]
@@ -29,6 +30,18 @@ share = plan["cost_share"]["ane"] if plan["cost_share"] else plan["ane_op_share"
 print(f"{plan['ops']} ops: ane {plan['ane']}, gpu {plan['gpu']}, cpu {plan['cpu']}, unknown {plan['unknown']}; "
       f"Neural Engine share {share:.0%}; Neural Engine present: {fw.has_neural_engine()}")
 sys.exit(0 if plan["ops"] > 0 and plan["unknown"] < plan["ops"] else 1)
+PY
+step bench-coreml vitedge bench --model "$MODEL" --backends torch-deploy,coreml --min-iters 20 --max-s 1 \
+  --report "$OUT/bench_coreml.json"
+step bench-coreml-fp16 python - "$OUT/bench_coreml.json" <<'PY'
+import json, sys
+r = [x for x in json.load(open(sys.argv[1]))["results"] if x["backend"] == "coreml"][0]
+if not (r["valid"] and r.get("latency")):
+    print(f"coreml {r['status']} ({r.get('precision')}): not timed: {r.get('reason')}")
+    sys.exit(1)
+print(f"coreml {r['status']} ({r.get('precision')}, {r.get('mode')}): p50 {r['latency']['p50_ms']:.3f} ms; "
+      f"parity max_rel {r['parity']['max_rel']:.2e}")
+sys.exit(0 if r.get("precision") == "fp16" else 1)
 PY
 if python -c "import sys; from vitedge.targets.coreml import CoreMLFramework as F; sys.exit(0 if F().has_neural_engine() else 1)" \
     >"$LOGS/has-ane.log" 2>&1; then

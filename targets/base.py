@@ -107,6 +107,10 @@ class Target(ABC):
     def validate_options(self, options: dict) -> None:
         """Check target-specific option values before any work; raise VitedgeError naming the flag."""
 
+    def validate_input(self, batch: int | None, options: dict) -> None:
+        """Check what this target's input can take at `batch` (None: dynamic) with its options, before any work;
+        raise VitedgeError naming the problem and the fix."""
+
     def plan_precision(self, precision: str, options: dict) -> dict:
         """Check `precision` against this target's options (those the user set; unset ones are absent) before any
         work and return the options it needs (e.g. a deployment target raised for it, with a note of why). Raise

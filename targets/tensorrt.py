@@ -57,6 +57,23 @@ class EngineBuildError(RuntimeError):
     """The ONNX parser or the builder failed, or the engine does not run in the precision asked for."""
 
 
+class TensorRTCallError(RuntimeError):
+    """A TensorRT call reported failure by its return value (False, -1, None) instead of raising."""
+
+
+def checked(result, call: str, why: str, error: type = TensorRTCallError):
+    """`result` of a TensorRT call that reports failure by returning False / None (set_input_shape,
+    set_tensor_address, set_timing_cache, create_execution_context, ...: Polygraphy checks each one), or raises
+    `error` naming the call with its arguments, the value it returned and what that means."""
+    if result is None or result is False:
+        raise error(f"TensorRT {call} returned {result!r}: {why}")
+    return result
+
+
+def _addr(ptr) -> str:
+    return hex(ptr) if isinstance(ptr, int) else repr(ptr)
+
+
 # ---- what is here: package, GPU, CUDA memory ---------------------------------------------------------
 
 def import_tensorrt():
@@ -65,7 +82,9 @@ def import_tensorrt():
         import tensorrt
     except (ImportError, OSError) as e:  # OSError: the wheel is there but its CUDA/TensorRT libraries are not
         raise UnavailableError(f"the tensorrt Python package is not installed ({e}); "
-                               "pip install 'vitedge[tensorrt]' on a machine with an NVIDIA GPU") from None
+                               "pip install 'vitedge[tensorrt10]' (CUDA 12, driver r525+) or "
+                               "'vitedge[tensorrt11]' (CUDA 13, driver r580+) on a machine with an NVIDIA GPU"
+                               ) from None
     return tensorrt
 
 
@@ -248,11 +267,18 @@ def build_engine(trt, onnx_bytes: bytes, *, input_name: str, imgsz: int, profile
                 config.set_flag(trt.BuilderFlag.PREFER_PRECISION_CONSTRAINTS)
     for prof in profiles:
         profile = builder.create_optimization_profile()
-        profile.set_shape(input_name, *prof.shapes(imgsz))
-        config.add_optimization_profile(profile)
+        profile.set_shape(input_name, *prof.shapes(imgsz))  # raises on inconsistent shapes itself
+        index = config.add_optimization_profile(profile)
+        if not isinstance(index, int) or index < 0:
+            raise EngineBuildError(f"TensorRT add_optimization_profile returned {index!r} for input {input_name!r} "
+                                   f"min/opt/max {prof.shapes(imgsz)}: the profile is invalid for this network")
     blob = timing_cache.read_bytes() if timing_cache is not None and timing_cache.exists() else b""
-    cache = config.create_timing_cache(blob)
-    config.set_timing_cache(cache, False)
+    cache = checked(config.create_timing_cache(blob), f"create_timing_cache({len(blob)} bytes)",
+                    f"the timing cache {timing_cache} is unreadable: delete it (it is rebuilt) or pass another "
+                    "--timing-cache", EngineBuildError)
+    checked(config.set_timing_cache(cache, False), f"set_timing_cache(cache of {timing_cache or 'none'}, "
+            "ignore_mismatch=False)", "the cache was made by another TensorRT version or GPU: delete it (it is "
+            "rebuilt) or pass another --timing-cache", EngineBuildError)
     plan = builder.build_serialized_network(network, config)
     if plan is None:
         raise EngineBuildError("TensorRT's builder returned no engine (see the TensorRT log above)")
@@ -265,8 +291,10 @@ def build_engine(trt, onnx_bytes: bytes, *, input_name: str, imgsz: int, profile
         cache_bytes = len(data)
     plan = bytes(plan)
     runtime = trt.Runtime(logger)
-    engine = runtime.deserialize_cuda_engine(plan)
-    inspector = engine.create_engine_inspector()
+    engine = checked(runtime.deserialize_cuda_engine(plan), f"deserialize_cuda_engine({len(plan)}-byte plan)",
+                     "the engine it just built does not load (see the TensorRT log above)", EngineBuildError)
+    inspector = checked(engine.create_engine_inspector(), "create_engine_inspector()",
+                        "no inspector for the engine it just built", EngineBuildError)
     info = json.loads(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
     return BuildResult(plan, info, len(pinned), cache_bytes, time.perf_counter() - t0, pinned, skipped)
 
@@ -367,7 +395,8 @@ class TensorRTTarget(Target):
         res = build_engine(trt, onnx_bytes, path=path, fp32_layers=islands, **build)
         precisions = layer_precisions(res.inspector)
         outputs_cmp, why_not = None, None
-        needs_outputs = precision == "fp16" and not (precisions["myelin_layers"] == 0 and precisions["float_layers"])
+        # the inspector alone cannot decide (ForeignNodes, Myelin kernels): an fp32 engine's outputs will
+        needs_outputs = precision == "fp16" and precision_verdict(precision, precisions)["status"] == "inconclusive"
         if needs_outputs:
             outputs_cmp, why_not = self._compare_with_fp32(trt, res.plan, fp32_bytes, build, profiles[0], spec.imgsz)
         verdict = precision_verdict(precision, precisions, outputs_cmp, why_not)
@@ -466,7 +495,8 @@ class TensorRTRunner(Runner):
         if engine is None:
             raise RuntimeError("TensorRT could not deserialize the engine (built by another TensorRT or GPU?)")
         self.runtime, self.engine = runtime, engine
-        context = engine.create_execution_context()
+        context = checked(engine.create_execution_context(), "create_execution_context()",
+                          "no execution context (out of GPU memory?)")
         self.context = context
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         self.inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
@@ -524,7 +554,10 @@ class TensorRTRunner(Runner):
             raise ValueError(f"batch {b} is outside the engine's profiles {self.profiles}")
         i = fits[0] if fits else above[0][1]
         if i != self._profile:
-            self.context.set_optimization_profile_async(i, self.mem.handle())
+            stream = self.mem.handle()
+            checked(self.context.set_optimization_profile_async(i, stream),
+                    f"set_optimization_profile_async({i}, stream {_addr(stream)}) for input {self.inputs[0]!r}",
+                    f"cannot switch to optimization profile {i} (min, opt, max batch {self.profiles[i]})")
             self._profile = i
             self._current = None
         return max(b, self.profiles[i][0])
@@ -536,7 +569,9 @@ class TensorRTRunner(Runner):
         if self._current == full:
             return self._bound[full]
         context, inp = self.context, self.inputs[0]
-        context.set_input_shape(inp, full)
+        checked(context.set_input_shape(inp, full), f"set_input_shape({inp!r}, {full})",
+                f"the engine does not take this shape for input {inp!r} in optimization profile {self._profile} "
+                f"(min, opt, max batch {self.profiles[self._profile]}) or its image size")
         b = self._bound.get(full)
         if b is None:
             b = {"batch": padded, "input": self.mem.empty(full, self._dtypes[inp]), "outputs": {}, "host": {}}
@@ -545,9 +580,11 @@ class TensorRTRunner(Runner):
                 b["outputs"][name] = self.mem.empty(out_shape, self._dtypes[name])
                 b["host"][name] = np.empty(out_shape, self._dtypes[name])
             self._bound[full] = b
-        context.set_tensor_address(inp, self.mem.ptr(b["input"]))
-        for name, buf in b["outputs"].items():
-            context.set_tensor_address(name, self.mem.ptr(buf))
+        for name, buf in [(inp, b["input"]), *b["outputs"].items()]:
+            ptr = self.mem.ptr(buf)
+            checked(context.set_tensor_address(name, ptr), f"set_tensor_address({name!r}, {_addr(ptr)})",
+                    f"tensor {name!r} refused its device address (not a tensor of this engine, or a null or "
+                    "misaligned pointer)")
         self._current = full
         return b
 
@@ -559,8 +596,9 @@ class TensorRTRunner(Runner):
         return b, n
 
     def _execute(self) -> None:
-        if not self.context.execute_async_v3(self.mem.handle()):
-            raise RuntimeError("TensorRT execute_async_v3 failed")
+        stream = self.mem.handle()
+        checked(self.context.execute_async_v3(stream), f"execute_async_v3(stream {_addr(stream)})",
+                f"the enqueue failed for inputs {self.inputs} / outputs {self.outputs} (see the TensorRT log)")
 
     def _run_one(self, x: np.ndarray) -> np.ndarray:
         b, n = self._stage(x)
@@ -591,7 +629,8 @@ class TensorRTRunner(Runner):
         return self.mem.elapsed_ms(start, end)
 
 
-__all__ = ["TensorRTTarget", "TensorRTRunner", "EngineBuildError", "BatchProfile", "batch_profiles", "build_path",
+__all__ = ["TensorRTTarget", "TensorRTRunner", "EngineBuildError", "TensorRTCallError", "checked", "BatchProfile",
+           "batch_profiles", "build_path",
            "build_engine", "pin_fp32_islands", "layer_precisions", "check_engine_precision", "precision_verdict",
            "verify_pinned", "cuda_device", "cuda_memory_backend", "import_tensorrt", "trt_major", "probe_inputs",
            "MIN_FP16_SHARE", "DEFAULT_MAX_BATCH", "MOVE_OPS"]

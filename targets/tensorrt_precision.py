@@ -11,11 +11,18 @@ DETAILED) lists the engine's layers after fusion. What it can and cannot say:
 - "Reformat" / "NoOp" layers move or cast data (the fp32 I/O casts of an fp16 engine among them): they say
   nothing about what the network computes in;
 - "Metadata" holds the ONNX nodes a layer came from, "[ONNX Layer: NAME]" entries joined by \\x1f / \\x1e when
-  layers were fused (the ONNX parser's processMetadata).
-So precision is counted only on ordinary compute layers; Myelin layers are "unknown", and an fp16 request whose
-engine hides most of its compute inside them is confirmed by comparing its outputs with an fp32 engine of the
-same ONNX (TF32 off), see `precision_verdict`. An inconclusive check is reported as such: never a pass, never a
-failure. The formats reproduced by tests/fixtures/tensorrt/ are cited in their README.
+  layers were fused (the ONNX parser's processMetadata), or simply one after another (Myelin kernels);
+- TensorRT 10.x at DETAILED verbosity also lists the kernels Myelin generated in place of one ForeignNode:
+  LayerType "kgen" (named "__myl_<ops>_myl0_N", e.g. __myl_AddCastMeanSubMul..., a cast inside), "gemm" (the
+  ONNX MatMul names joined by "+", "." turned "_", "_myl0_N" appended) and "shape_call" / "reshape" / "signal"
+  / "wait" (no arithmetic). Their boundary tensors are visible, what they compute in is not: a kernel may cast
+  in and out (Torch-TensorRT's explicit-typing log shows Half in, Float out).
+So precision is counted on ordinary compute layers; Myelin layers are "unknown"; Myelin kernels' boundary types
+may confirm an fp16 engine but never refute one; an fp16 request the inspector cannot decide is confirmed or
+refuted by comparing its outputs with an fp32 engine of the same ONNX (TF32 off), see `precision_verdict`. An
+inconclusive check is reported as such: never a pass, never a failure. The inspector's answer may be
+{"Layers": [...]} or (as NVIDIA's TensorRT 11 layer-info tools also accept) a bare list. The formats reproduced
+by tests/fixtures/tensorrt/ are cited in their README.
 """
 from __future__ import annotations
 
@@ -27,6 +34,11 @@ REDUCED_REL = 1e-4        # ... at least this far apart: reduced precision confi
 MYELIN_TYPES = ("Myelin",)
 DATA_MOVEMENT_TYPES = ("Reformat", "NoOp", "Shuffle", "Constant", "Copy", "Slice", "Concatenation",
                        "Gather", "Shape", "Identity", "Cast")
+# kernels Myelin generated, listed one by one at DETAILED verbosity (TensorRT 10.x, 11.x): computing ones, and
+# shape / synchronization ones with no arithmetic (NVIDIA's trt-perf-analysis groups the latter as "misc")
+MYELIN_KERNEL_TYPES = ("kgen", "gemm")
+MYELIN_CONTROL_TYPES = ("shape_call", "reshape", "signal", "wait", "signal_and_wait", "signal_wait")
+_MYELIN_NAME = re.compile(r"^__?myl_|_myl\d+_\d+$")
 
 _TOKENS = {"fp32": "fp32", "float": "fp32", "fp16": "fp16", "half": "fp16", "bfloat16": "bf16", "bf16": "bf16",
            "fp8": "fp8", "int8": "int8", "fp4": "fp4", "int4": "int4", "int32": "int", "int64": "int",
@@ -44,11 +56,37 @@ def dtype_of(fmt: str) -> str | None:
 
 
 def is_myelin(layer: dict) -> bool:
+    """A Myelin ForeignNode: one fused subgraph, boundary tensors only."""
     return layer.get("LayerType") in MYELIN_TYPES or str(layer.get("Name", "")).startswith("{ForeignNode[")
 
 
+def is_myelin_control(layer: dict) -> bool:
+    return str(layer.get("LayerType", "")).lower() in MYELIN_CONTROL_TYPES
+
+
+def is_myelin_kernel(layer: dict) -> bool:
+    """A computing kernel Myelin generated (kgen, gemm, or a "__myl_" / "_myl0_N" name of another type)."""
+    if is_myelin(layer) or is_myelin_control(layer):
+        return False
+    return (str(layer.get("LayerType", "")).lower() in MYELIN_KERNEL_TYPES
+            or bool(_MYELIN_NAME.search(str(layer.get("Name", "")))))
+
+
 def is_data_movement(layer: dict) -> bool:
-    return layer.get("LayerType") in DATA_MOVEMENT_TYPES or layer.get("ParameterType") in ("Reformat", "Shuffle")
+    return (layer.get("LayerType") in DATA_MOVEMENT_TYPES or layer.get("ParameterType") in ("Reformat", "Shuffle")
+            or is_myelin_control(layer))
+
+
+def inspector_layers(info) -> list:
+    """The layer records of an inspector answer: {"Layers": [...]} (TensorRT 10), a bare list, or "layers" /
+    "LayerInfo" (what NVIDIA's TensorRT 11 layer-info tools accept); [] for anything else."""
+    if isinstance(info, list):
+        return info
+    if isinstance(info, dict):
+        for key in ("Layers", "layers", "LayerInfo", "layerInfo"):
+            if isinstance(info.get(key), list):
+                return info[key]
+    return []
 
 
 def _tensor_types(tensors) -> list[str]:
@@ -85,15 +123,25 @@ def name_members(name: str) -> set[str]:
     return {p.strip() for p in parts if p.strip()}
 
 
-def layer_precisions(info: dict) -> dict:
+def _takes_int8(layer: dict) -> bool:
+    """Int8 tensors at the layer's boundary, or an int8 GEMM/conv tactic ("i8i8", "int8x4", "imma")."""
+    if "int8" in _tensor_types(layer.get("Inputs")) + _tensor_types(layer.get("Outputs")):
+        return True
+    return bool(re.search(r"i8i8|int8|imma", str(layer.get("TacticName", "")).lower()))
+
+
+def layer_precisions(info) -> dict:
     """Per-precision counts of the inspector's ordinary compute layers, and what could not be counted.
 
     Keys: layers {precision: n}, float_layers (counted), fp16_share (None when nothing was countable),
-    myelin_layers, myelin_names (first 5), data_movement_layers, total_layers, int8_layers (ordinary compute
-    layers that take or give an int8 tensor)."""
+    myelin_layers (ForeignNodes), myelin_names (first 5), myelin_kernels (kgen/gemm kernels: their boundary
+    types in myelin_kernel_layers {precision: n}, never in `layers`), data_movement_layers (Myelin's shape_call
+    / reshape / signal / wait included), total_layers, int8_layers (ordinary compute layers or kernels that take
+    or give an int8 tensor or run an int8 tactic)."""
     counts: dict[str, int] = {}
-    myelin, moves, total, int8 = [], 0, 0, 0
-    for layer in info.get("Layers", []):
+    kernels: dict[str, int] = {}
+    myelin, moves, total, int8, n_kernels = [], 0, 0, 0, 0
+    for layer in inspector_layers(info):
         if not isinstance(layer, dict):
             continue  # ProfilingVerbosity below DETAILED: layer names only
         total += 1
@@ -104,14 +152,18 @@ def layer_precisions(info: dict) -> dict:
             moves += 1
             continue
         p = layer_precision(layer)
-        if p is not None:
+        if is_myelin_kernel(layer):
+            n_kernels += 1
+            if p is not None:
+                kernels[p] = kernels.get(p, 0) + 1
+        elif p is not None:
             counts[p] = counts.get(p, 0) + 1
-        if "int8" in _tensor_types(layer.get("Inputs")) + _tensor_types(layer.get("Outputs")):
-            int8 += 1
+        int8 += _takes_int8(layer)
     n = sum(counts.values())
     return {"layers": counts, "float_layers": n, "fp16_share": counts.get("fp16", 0) / n if n else None,
-            "myelin_layers": len(myelin), "myelin_names": myelin[:5], "data_movement_layers": moves,
-            "total_layers": total, "int8_layers": int8}
+            "myelin_layers": len(myelin), "myelin_names": myelin[:5], "myelin_kernels": n_kernels,
+            "myelin_kernel_layers": kernels, "data_movement_layers": moves, "total_layers": total,
+            "int8_layers": int8}
 
 
 def compare_outputs(fp16: "object", fp32: "object") -> dict:
@@ -127,27 +179,36 @@ def precision_verdict(requested: str, precisions: dict, outputs: dict | None = N
                       outputs_unavailable: str | None = None) -> dict:
     """{status: confirmed | refuted | inconclusive, built, evidence, reason} for an engine built for `requested`.
 
-    fp16: with no Myelin layer and some visible compute layers, the inspector decides (fp16 share >=
-    MIN_FP16_SHARE confirms, below refutes); otherwise the outputs decide (`outputs` from `compare_outputs`:
-    >= REDUCED_REL confirms, <= FP32_LIKE_REL refutes: it computes like fp32); anything else is inconclusive.
-    fp32: confirmed unless a visible layer runs in reduced precision (no FP16 flag / an fp32 ONNX: the Myelin
-    parts cannot either)."""
+    fp16: with no Myelin layer or kernel and some visible compute layers, the inspector decides (fp16 share >=
+    MIN_FP16_SHARE confirms, below refutes); with Myelin kernels and no ForeignNode, fp16 at the boundaries of at
+    least that share of layers and kernels confirms (fp32 boundaries never refute: a kernel may cast inside);
+    otherwise the outputs decide (`outputs` from `compare_outputs`: >= REDUCED_REL confirms, <= FP32_LIKE_REL
+    refutes: it computes like fp32); anything else is inconclusive. fp32: confirmed unless a visible layer or
+    kernel boundary is in reduced precision (no FP16 flag / an fp32 ONNX: the Myelin parts cannot either)."""
     share, n, fused = precisions["fp16_share"], precisions["float_layers"], precisions["myelin_layers"]
+    kernels = precisions.get("myelin_kernel_layers") or {}
     seen = f"{n} visible compute layer(s) ({precisions['layers']}), {fused} Myelin layer(s) of unknown precision"
+    if precisions.get("myelin_kernels"):
+        seen += f", {precisions['myelin_kernels']} Myelin kernel(s) with boundary types {kernels}"
     if requested == "int8":
         return _int8_verdict(precisions, seen)
     if requested != "fp16":
-        reduced = {k: v for k, v in precisions["layers"].items() if k != "fp32"}
+        reduced = sorted({k for d in (precisions["layers"], kernels) for k in d if k != "fp32"})
         if reduced:
             return {"status": "refuted", "built": "mixed", "evidence": "inspector",
-                    "reason": f"fp32 was asked but layers run in {sorted(reduced)}: {seen}"}
+                    "reason": f"fp32 was asked but layers run in {reduced}: {seen}"}
         return {"status": "confirmed", "built": "fp32", "evidence": "inspector", "reason": seen}
-    if fused == 0 and n > 0:
+    if fused == 0 and n > 0 and not kernels:
         if share >= MIN_FP16_SHARE:
             return {"status": "confirmed", "built": "fp16" if share == 1.0 else "mixed-fp16", "evidence": "inspector",
                     "reason": f"{share:.0%} of {seen} run in fp16"}
         return {"status": "refuted", "built": "mixed" if share else "fp32", "evidence": "inspector",
                 "reason": f"fp16 was asked but the engine is mostly fp32: {share:.0%} of {seen} run in fp16"}
+    half = precisions["layers"].get("fp16", 0) + kernels.get("fp16", 0)
+    if fused == 0 and kernels and half >= MIN_FP16_SHARE * (n + sum(kernels.values())):
+        # fp16 at kernel boundaries shows the FP16 flag took; fp32 boundaries prove nothing (a kernel may cast in)
+        return {"status": "confirmed", "built": "mixed-fp16", "evidence": "inspector",
+                "reason": f"fp16 at the boundaries of most visible layers and Myelin kernels: {seen}"}
     if outputs is not None:
         d = outputs["max_rel_diff"]
         vs = (f"outputs vs an fp32 engine (TF32 off) of the same ONNX on {outputs['samples']} inputs: "
@@ -178,24 +239,24 @@ def _int8_verdict(precisions: dict, seen: str) -> dict:
     if k:
         return {"status": "confirmed", "built": "int8", "evidence": "inspector",
                 "reason": f"{k} visible compute layer(s) take or give int8 tensors; {seen}"}
-    if precisions["myelin_layers"] == 0 and precisions["float_layers"]:
+    if precisions["myelin_layers"] == 0 and precisions["float_layers"] and not precisions.get("myelin_kernels"):
         return {"status": "refuted", "built": "float", "evidence": "inspector",
                 "reason": f"int8 was asked but no visible layer takes or gives int8 tensors: {seen}"}
     return {"status": "inconclusive", "built": "unknown", "evidence": "inspector",
             "reason": f"no visible layer takes int8 tensors and the Q/DQ may be fused inside Myelin layers; {seen}"}
 
 
-def verify_pinned(info: dict, pinned: dict[str, str]) -> dict:
+def verify_pinned(info, pinned: dict[str, str]) -> dict:
     """Which pinned network layers ({layer name: ONNX node}) really run in fp32 in the built engine.
 
     A pinned layer is found by its name among an ordinary inspector layer's fused members, or by its ONNX node
     in that layer's Metadata. verified: found in an fp32 layer; not_fp32: found in a reduced-precision layer;
-    in_myelin: named in a Myelin layer (by name or Metadata), precision unknown; not_found: fused away or
-    renamed beyond recognition."""
+    in_myelin: named in a Myelin layer or kernel (by name, Myelin's "_" for ".", or Metadata), precision inside
+    unknown; not_found: fused away or renamed beyond recognition."""
     ordinary, myelin = [], []
-    for layer in info.get("Layers", []):
+    for layer in inspector_layers(info):
         if isinstance(layer, dict):
-            (myelin if is_myelin(layer) else ordinary).append(layer)
+            (myelin if is_myelin(layer) or is_myelin_kernel(layer) else ordinary).append(layer)
     by_name: dict[str, list[dict]] = {}
     by_node: dict[str, list[dict]] = {}
     for layer in ordinary:
@@ -212,7 +273,8 @@ def verify_pinned(info: dict, pinned: dict[str, str]) -> dict:
             out["verified" if precs == {"fp32"} else "not_fp32"].append(name)
         elif hits:
             out["not_found"].append(name)  # only in data-movement layers: what it computes in is not visible
-        elif name in myelin_text or f"[ONNX Layer: {node}" in myelin_text:
+        elif (name in myelin_text or f"[ONNX Layer: {node}" in myelin_text
+              or name.replace(".", "_") in myelin_text):
             out["in_myelin"].append(name)
         else:
             out["not_found"].append(name)
@@ -222,6 +284,7 @@ def verify_pinned(info: dict, pinned: dict[str, str]) -> dict:
     return summary
 
 
-__all__ = ["MIN_FP16_SHARE", "FP32_LIKE_REL", "REDUCED_REL", "dtype_of", "is_myelin", "is_data_movement",
+__all__ = ["MIN_FP16_SHARE", "FP32_LIKE_REL", "REDUCED_REL", "dtype_of", "is_myelin", "is_myelin_kernel",
+           "is_myelin_control", "inspector_layers", "is_data_movement",
            "layer_precision", "onnx_nodes", "name_members", "layer_precisions", "compare_outputs",
            "precision_verdict", "verify_pinned"]

@@ -11,7 +11,7 @@ from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[1]
 LOWER, UPPER = {">=", ">", "~=", "=="}, {"<", "<=", "~=", "=="}
-OPTIONAL = {"matplotlib": "plot", "huggingface-hub": "hub", "ray": "ray", "tensorrt": "tensorrt",
+OPTIONAL = {"matplotlib": "plot", "huggingface-hub": "hub", "ray": "ray", "tensorrt-cu12": "tensorrt",
             "scikit-learn": "compress"}
 
 
@@ -73,3 +73,20 @@ def test_ci_installs_pinned_versions_inside_the_declared_ranges():
             assert package in pins, package
     run = (REPO / ".ci" / "run").read_text()
     assert "-c .ci/constraints.txt" in run and '-e ".[test,hub,plot]"' in run
+
+
+def test_tensorrt_extras_name_their_major_and_cuda_build():
+    """`tensorrt10`: TensorRT 10 built for CUDA 12 with a CUDA 12 cuda-python; `tensorrt11`: TensorRT 11 for CUDA 13;
+    `tensorrt` stays, the same as `tensorrt10`. Never the bare `tensorrt` metapackage: from 10.13.3 on it installs
+    the CUDA 13 build whatever the driver."""
+    extras = {k: {canonicalize_name(r.name): r.specifier for r in map(Requirement, v)}
+              for k, v in _project()["optional-dependencies"].items()}
+    want = {"tensorrt10": ("tensorrt-cu12", "10.16.1.11", "11.0.0.114", "12.9.6", "13.0.0"),
+            "tensorrt11": ("tensorrt-cu13", "11.4.0.106", "10.16.1.11", "13.0.0", "12.9.6")}
+    for extra, (package, inside, outside, cuda_in, cuda_out) in want.items():
+        assert set(extras[extra]) == {package, "cuda-python"}, extras[extra]
+        assert extras[extra][package].contains(inside) and not extras[extra][package].contains(outside)
+        assert extras[extra]["cuda-python"].contains(cuda_in) and not extras[extra]["cuda-python"].contains(cuda_out)
+    assert extras["tensorrt"] == extras["tensorrt10"]
+    readme = (REPO / "README.md").read_text()
+    assert "vitedge[tensorrt10]" in readme and "vitedge[tensorrt11]" in readme and "r580" in readme

@@ -44,9 +44,9 @@ def test_script_syntax_and_real_flags(script):
     for sub, *flags in cmds:
         unknown = set(flags) - _subparser_flags(sub)
         assert not unknown, f"{script}: vitedge {sub} has no {sorted(unknown)}"
-    want = {"gpu_check.sh": {("export", "--require-verified"), ("bench", "--backends")},
+    want = {"gpu_check.sh": {("export", "--require-verified"), ("bench", "--backends"), ("bench", "--artifact")},
             "mac_check.sh": {("parity", "--mode"), ("parity", "--require-verified"), ("parity", "--require-ane"),
-                             ("bench", "--device")}}[script]
+                             ("bench", "--device"), ("bench", "--backends")}}[script]
     assert want <= {(c[0], f) for c in cmds for f in c[1:]}
 
 
@@ -63,3 +63,34 @@ def test_step_helper_prints_one_line_per_step(tmp_path):
     assert r.returncode == 1
     assert r.stdout.splitlines() == ["PASS good", f"FAIL bad: boom (log: {tmp_path}/bad.log)", "SKIP phone: no iPhone",
                                      "demo: 1 passed, 1 failed"]
+
+
+def test_gpu_check_cross_checks_with_nvidias_tools():
+    """trtexec loads vitedge's plain engine and its GPU compute median is compared with vitedge's; layer info is
+    saved; polygraphy cross-checks fp32; each is skipped with why when the tool is missing."""
+    text = (SCRIPTS / "gpu_check.sh").read_text()
+    for needed in ("trtexec --loadEngine=\"$ENGINE\"", "--exportLayerInfo=", "polygraphy run", "--trt --onnxrt",
+                   "skip trtexec-load", "skip polygraphy-fp32", "GPU Compute Time", "layer_info/"):
+        assert needed in text, needed
+    snippet = next(s for s in re.findall(r"<<'PY'\n(.*?)\nPY\n", text, re.S) if "GPU Compute Time" in s)
+    assert re.search(r"GPU Compute Time: .*?median = ([0-9.]+) ms",
+                     "[I] GPU Compute Time: min = 0.5 ms, max = 0.9 ms, mean = 0.6 ms, median = 0.58 ms, ") \
+        and "0.67 <= ours / theirs <= 1.5" in snippet
+
+
+@pytest.mark.parametrize("script, backend", [("gpu_check.sh", "tensorrt"), ("mac_check.sh", "coreml")])
+def test_bench_checks_say_why_an_untimed_backend_failed(tmp_path, script, backend):
+    """The bench snippets read a report whose backend failed parity (latency None) and fail with the reason,
+    instead of crashing on it."""
+    import json
+    import sys
+    text = (SCRIPTS / script).read_text()
+    snippet = next(s for s in re.findall(r"<<'PY'\n(.*?)\nPY\n", text, re.S)
+                   if f'x["backend"] == "{backend}"' in s)
+    report = tmp_path / "bench.json"
+    report.write_text(json.dumps({"results": [{"backend": backend, "status": "failed", "valid": False,
+                                               "latency": None, "gpu_compute": None, "precision": "fp16",
+                                               "reason": "parity failed: natural: psnr 20 < 35"}]}))
+    r = subprocess.run([sys.executable, "-c", snippet, str(report)], capture_output=True, text=True)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "not timed: parity failed" in r.stdout

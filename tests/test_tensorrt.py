@@ -33,8 +33,9 @@ from vitedge.models import create_model, make_trained_like
 from vitedge.models.layers import EfficientAdditiveAttention
 from vitedge.targets import LowerSpec, UnavailableError, get_target
 from vitedge.targets.tensorrt import (MIN_FP16_SHARE, MOVE_OPS, STRONG_FP16, STRONG_INT8, WEAK_FP16, BatchProfile,
-                                      EngineBuildError, TensorRTTarget, batch_profiles, build_path,
-                                      check_engine_precision, layer_precisions, precision_verdict, verify_pinned)
+                                      EngineBuildError, TensorRTCallError, TensorRTTarget, batch_profiles,
+                                      build_path, check_engine_precision, layer_precisions, precision_verdict,
+                                      verify_pinned)
 from vitedge.targets.tensorrt_precision import compare_outputs, dtype_of, name_members, onnx_nodes
 
 F32, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
@@ -501,6 +502,105 @@ def test_registered_target_interface():
     assert t.default_precision == "fp16" and t.precisions == ("fp32", "fp16", "int8") and t.dynamic_batch
     assert t.qdq_encoding == "tensorrt"
     assert set(t.options) == {"workspace", "max_batch", "timing_cache"}
+
+
+# inspector output from real engines (fixtures/tensorrt/README.md; verdicts in test_tensorrt_inspector_fixtures.py)
+KERNEL_FIXTURES = ["trt10_10_bert_myelin_kernels.json", "torch_tensorrt_kgen_explicit_typing.json",
+                   "torch_tensorrt_kgen_weak_typing.json", "trt10_10_bert_foreignnode.json",
+                   "trt11_modeled_list_root_kernels.json", "trex_resnet_a100_fp16_first_layers.json"]
+
+
+@pytest.mark.parametrize("version", ["10.13.0", "11.1.0"])
+@pytest.mark.parametrize("name", KERNEL_FIXTURES)
+def test_lowering_never_raises_on_a_correct_fp16_engine_of_a_real_inspector_form(tmp_path, trt_fake, name, version):
+    """The fake's fp16 engine really rounds in fp16: where the inspector cannot decide, the fp32 reference engine's
+    outputs confirm it (the old share rule refused the explicit-typing kernels, the old parser the bare list)."""
+    fake = trt_fake.FakeTRT(version, inspector=_fixture(name))
+    art, _ = _lower(tmp_path, fake, "fp16")
+    check = art.info["precision_check"]
+    assert check["status"] == "confirmed", check
+    pinning = json.loads((tmp_path / "out" / "tiny.engine.json").read_text())["fp32_policy"]["pinning"]
+    assert (pinning is not None) == (version == "10.13.0")  # 10.x pins islands, checked against these layers
+
+
+# ---- every TensorRT call that reports failure by its return value is checked -----------------------------------
+
+def _fp32_engine(tmp_path, trt_fake, version="10.13.0"):
+    fake = trt_fake.FakeTRT(version, inspector=_fixture("trt11_fp32_whole_network_foreignnode.json"))
+    art, _ = _lower(tmp_path, fake, "fp32", batch=None)
+    return fake, art, TensorRTTarget(trt=fake.module, device=lambda: (GPU, None), memory=lambda: (fake.memory, None))
+
+
+X8 = np.zeros((2, 3, 8, 8), np.float32)
+
+
+@pytest.mark.parametrize("call, match", [
+    ("set_input_shape", r"set_input_shape\('image', \(2, 3, 8, 8\)\) returned False: .*input 'image'"),
+    ("set_tensor_address", r"set_tensor_address\('image', 0x[0-9a-f]+\) returned False: tensor 'image'"),
+    ("execute_async_v3", r"execute_async_v3\(stream 0x7\) returned False: .*\['image'\].*\['logits'\]")])
+def test_a_false_from_the_context_raises_naming_the_tensor_and_value(tmp_path, trt_fake, call, match):
+    fake, art, target = _fp32_engine(tmp_path, trt_fake)
+    with target.runner(art) as r:
+        getattr(fake.contexts[-1], call).side_effect = None
+        getattr(fake.contexts[-1], call).return_value = False
+        with pytest.raises(TensorRTCallError, match=match):
+            r.run(X8)
+
+
+def test_an_output_address_refused_names_the_output(tmp_path, trt_fake):
+    fake, art, target = _fp32_engine(tmp_path, trt_fake)
+    with target.runner(art) as r:
+        fake.contexts[-1].set_tensor_address.side_effect = lambda name, memory: name != "logits"
+        with pytest.raises(TensorRTCallError, match=r"set_tensor_address\('logits', 0x[0-9a-f]+\) returned False"):
+            r.run(X8)
+
+
+def test_a_refused_profile_switch_names_the_profile(tmp_path, trt_fake):
+    fake, art, target = _fp32_engine(tmp_path, trt_fake, "11.1.0")
+    with target.runner(art) as r:
+        r.profiles = [(1, 1, 1), (2, 2, 8)]  # a second profile, as `batch_ranges` builds
+        fake.contexts[-1].set_optimization_profile_async.return_value = False
+        with pytest.raises(TensorRTCallError, match=r"set_optimization_profile_async\(1, stream 0x7\) for input "
+                                                    r"'image' returned False: .*profile 1 .*\(2, 2, 8\)"):
+            r.run(X8)
+
+
+def test_no_execution_context_is_an_error_not_a_crash_later(tmp_path, trt_fake, monkeypatch):
+    fake, art, target = _fp32_engine(tmp_path, trt_fake)
+    engine_of = fake._engine
+
+    def no_context(serialized_engine):
+        e = engine_of(serialized_engine)
+        e.create_execution_context.side_effect = lambda strategy=None: None
+        return e
+    monkeypatch.setattr(fake.classes["Runtime"], "side_effect", lambda logger: _runtime(fake, no_context))
+    with pytest.raises(TensorRTCallError, match=r"create_execution_context\(\) returned None"):
+        target.runner(art)
+
+
+def _runtime(fake, engine):
+    r = fake.instance("Runtime")
+    r.deserialize_cuda_engine.side_effect = engine
+    return r
+
+
+@pytest.mark.parametrize("call, value, match", [
+    ("set_timing_cache", False, r"set_timing_cache\(cache of .*timing.cache, ignore_mismatch=False\) returned "
+                                r"False: .*another TensorRT version or GPU.*--timing-cache"),
+    ("add_optimization_profile", -1, r"add_optimization_profile returned -1 for input 'image' min/opt/max")])
+def test_a_build_call_reporting_failure_is_an_engine_build_error(tmp_path, trt_fake, call, value, match):
+    fake = trt_fake.FakeTRT("10.13.0", inspector=_fixture("trt11_fp32_whole_network_foreignnode.json"))
+    make = fake._config
+
+    def config():
+        c = make()
+        getattr(c, call).side_effect = None
+        getattr(c, call).return_value = value
+        return c
+    fake._config = config
+    with pytest.raises(EngineBuildError, match=match):
+        _lower(tmp_path, fake, "fp32", options={"timing_cache": str(tmp_path / "timing.cache")})
+    assert not (tmp_path / "out" / "tiny.engine").exists()
 
 
 # ---- on a GPU -------------------------------------------------------------------------------------------

@@ -137,3 +137,50 @@ def test_fake_module_is_as_strict_as_the_table(trt_fake, major):
             layer.set_output_type(0, trt.float32)
         with pytest.raises(AttributeError):
             trt.BuilderFlag.FP16  # noqa: B018
+
+
+# ---- scripts/check_tensorrt_api.py: arguments are matched in each member's own signature ------------------------
+
+# IExecutionContext's binding as NVIDIA's python/src/infer/pyCore.cpp writes it (release/10.13, lines 1332-1341,
+# shortened), plus a raw-string docstring with unbalanced parentheses the parser must skip
+CONTEXT_BINDING = '''
+    py::class_<IExecutionContext>(m, "IExecutionContext", IExecutionContextDoc::descr, py::module_local())
+        .def("set_input_shape", lambdas::setInputShape<py::tuple>, "name"_a, "shape"_a,
+            IExecutionContextDoc::set_input_shape)
+        .def("get_tensor_shape", &IExecutionContext::getTensorShape, "name"_a, R"trtdoc(a shape ((like this)trtdoc")
+        .def("set_tensor_address", lambdas::set_tensor_address, "name"_a, "memory"_a,
+            IExecutionContextDoc::set_tensor_address)
+        .def("execute_async_v3", lambdas::execute_async_v3, "stream_handle"_a, "wait"_a = true);
+'''
+
+
+def _checker():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("check_tensorrt_api", REPO / "scripts" / "check_tensorrt_api.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_api_checker_matches_arguments_in_the_members_own_signature():
+    from vitedge.targets.tensorrt_api import Api
+    chk = _checker()
+    classes = chk.blocks(CONTEXT_BINDING)
+    assert set(classes) == {"IExecutionContext"}
+    assert chk.signatures(classes["IExecutionContext"], "execute_async_v3") == [[("stream_handle", False),
+                                                                                 ("wait", True)]]
+
+    def verdict(*params, member="set_tensor_address"):
+        return chk.present(Api("IExecutionContext", member, "method", params), {"core": CONTEXT_BINDING}, classes)
+
+    assert verdict("name", "memory") == (True, "")
+    assert verdict("stream_handle", member="execute_async_v3") == (True, "")  # "wait" has a default
+    # planted: "shape" is bound in the class (set_input_shape), but not in set_tensor_address's own signature: the
+    # old check (the name anywhere in the class's binding text) passed it
+    assert '"shape"_a' in classes["IExecutionContext"]
+    ok, why = verdict("name", "shape")
+    assert not ok and "match no overload's own signature" in why and "(name, memory)" in why
+    assert not verdict("memory", "name")[0]                    # right names, wrong order
+    assert not verdict("name")[0]                              # "memory" is required there
+    assert not verdict("name", "memory=0")[0]                  # a default the binding does not have
+    assert not verdict("name", member="get_tensor_shape2")[0]  # no such member

@@ -170,7 +170,10 @@ class FakeTRT:
         cache = self.instance("ITimingCache")
         cache.serialize.return_value = b"CACHE"
         c.create_timing_cache.return_value = cache
+        c.set_timing_cache.return_value = True
         c.get_timing_cache.return_value = cache
+        profiles: list = []
+        c.add_optimization_profile.side_effect = lambda profile: profiles.append(profile) or len(profiles) - 1
         self.configs.append(c)
         return c
 
@@ -263,6 +266,7 @@ class FakeTRT:
         ctx.set_input_shape.side_effect = lambda name, shape: state.update(shape=tuple(shape)) or True
         ctx.get_tensor_shape.side_effect = lambda name: (state["shape"][0], 10)
         ctx.set_tensor_address.side_effect = lambda name, memory: state["addr"].update({name: memory}) or True
+        ctx.set_optimization_profile_async.return_value = True
 
         def execute(stream_handle):
             bufs = self.memory.buffers

@@ -121,6 +121,35 @@ def _dtype(model: nn.Module) -> torch.dtype:
     return next((p.dtype for p in model.parameters()), torch.float32)
 
 
+class _FirstLayer(Exception):
+    """Raised by the pre-hook of the first conv a forward reaches: its input channels are known, stop there."""
+
+
+def input_channels(model: nn.Module, imgsz: int) -> int | None:
+    """The channel count of the first Conv2d the forward reaches (it stops right there) when that conv reads the
+    input itself; None when it reads something derived from it (SLAB-DeiT's position planes are concatenated
+    first), when no conv comes first, or when the model fails before one."""
+    x = torch.zeros(1, 3, imgsz, imgsz, dtype=_dtype(model))
+    seen: list[int | None] = []
+
+    def pre(mod, inp):
+        seen.append(mod.in_channels if inp[0] is x else None)
+        raise _FirstLayer
+
+    hooks = [m.register_forward_pre_hook(pre) for m in model.modules() if isinstance(m, nn.Conv2d)]
+    try:
+        with torch.no_grad():
+            model(x)
+    except _FirstLayer:
+        pass
+    except Exception:  # noqa: BLE001 - not a conv first: the conversion itself will say what is wrong
+        return None
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen[0] if seen else None
+
+
 def num_classes(model: nn.Module, imgsz: int) -> int:
     with torch.no_grad():
         return int(model(torch.zeros(1, 3, imgsz, imgsz, dtype=_dtype(model))).shape[-1])

@@ -42,3 +42,22 @@ def parse_options(options: dict, num_classes: int | None = None) -> CoreMLOption
         opts.labels_path = str(options["labels"])
         opts.labels = read_labels(options["labels"], num_classes)
     return opts
+
+
+def check_input(opts: CoreMLOptions, batch: int | None, channels: int | None = None) -> None:
+    """What coremltools would reject in the package's input, checked before any conversion: a dynamic batch, an
+    image input (RGB images are (1, 3, H, W) to coremltools) or a classifier (its classify op labels one
+    probability vector) at batch > 1, and a model that does not read 3 channels (`channels`, when known)."""
+    if batch is None:
+        raise VitedgeError("--dynamic-batch is not supported by coreml (static shapes keep the Neural Engine "
+                           "usable); export coreml in a separate run without it")
+    if opts.input == "image" and batch != 1:
+        raise VitedgeError(f"--input image makes CoreML's RGB image input, one image per prediction (coremltools "
+                           f"takes image inputs of shape (1, 3, H, W)); got --batch {batch}: drop --batch, or use "
+                           "--input tensor for a batched package")
+    if opts.labels_path is not None and batch != 1:
+        raise VitedgeError(f"--labels makes a CoreML classifier, which labels one image per prediction; got --batch "
+                           f"{batch}: drop --batch, or drop --labels for a batched package of logits")
+    if channels is not None and channels != 3:
+        raise VitedgeError(f"coreml declares an RGB input of 3 channels ((batch, 3, H, W), {opts.input} input), but "
+                           f"this model's first layer reads {channels}: build the model with in_chans=3")

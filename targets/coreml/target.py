@@ -20,10 +20,10 @@ import torch.nn as nn
 from ...errors import VitedgeError
 from ..base import Artifact, LowerSpec, Runner, Target, UnavailableError
 from .compress import KINDS, MIN_IOS, compress_package
-from .convert import convert, num_classes
+from .convert import convert, input_channels, num_classes
 from .mil_interpreter import quiet_coremltools
 from .mlpackage import read_metadata
-from .options import DEFAULT_IOS, parse_ios, parse_options
+from .options import DEFAULT_IOS, check_input, parse_ios, parse_options
 from .framework import CoreMLFramework, coreml_framework_status
 from .runners import DEFAULT_EMULATED_SAMPLES, DEVICE_COMPUTE_UNITS, DeviceCoreMLRunner, EmulatedCoreMLRunner, _pixels
 
@@ -60,6 +60,10 @@ class CoreMLTarget(Target):
         """Check --ios/--input/--labels before any work (the label count is checked against the model later)."""
         parse_options(options)
 
+    def validate_input(self, batch: int | None, options: dict) -> None:
+        """A dynamic batch, or --input image / --labels at batch > 1: coremltools would reject them (exit 2)."""
+        check_input(parse_options(options), batch)
+
     def plan_precision(self, precision: str, options: dict) -> dict:
         """A compressed kind's needs before any work: w8a8 needs iOS 17+ (activation quantize/dequantize ops): with
         no --ios the target is raised to 17 and the options say so (`ios_raised`); an explicit lower --ios is a
@@ -88,15 +92,15 @@ class CoreMLTarget(Target):
 
     # -- lowering ----------------------------------------------------------------------------------
     def lower(self, deploy_model: nn.Module, spec: LowerSpec) -> Artifact:
-        if spec.batch is None:
-            raise VitedgeError("--dynamic-batch is not supported by coreml (static shapes keep the Neural Engine "
-                               "usable); export coreml in a separate run without it")
         if spec.precision not in self.precisions:
             raise VitedgeError(f"coreml precision must be one of {', '.join(self.precisions)}; got {spec.precision!r}")
         ok, why = self.available()
         if not ok:
             raise UnavailableError(why)
+        given = parse_options(spec.options)
+        check_input(given, spec.batch)  # before the model is even copied
         deploy_model = copy.deepcopy(deploy_model).float().eval()
+        check_input(given, spec.batch, input_channels(deploy_model, spec.imgsz))
         opts = parse_options(spec.options, num_classes(deploy_model, spec.imgsz))
         path = Path(spec.out_dir) / f"{spec.name}{self.suffix}"
         if spec.precision not in KINDS:
