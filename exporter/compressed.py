@@ -106,7 +106,7 @@ def resolution_bounds(tol: Tolerance, n: int, labelled: int) -> Tolerance:
     """`tol` with one disagreeing sample (of `n`) and one misclassified labelled sample always tolerated."""
     out = tol
     if tol.top1_agreement is not None and n > 0:
-        out = replace(out, top1_agreement=min(tol.top1_agreement, 1.0 - 1.0 / n))
+        out = replace(out, top1_agreement=min(tol.top1_agreement, (n - 1) / n))  # judged as a count
     if tol.accuracy_drop is not None and labelled > 0:
         out = replace(out, accuracy_drop=max(tol.accuracy_drop, 1.0 / labelled))
     return out

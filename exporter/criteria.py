@@ -148,7 +148,8 @@ def wilson(correct: int, n: int, z: float = 1.959964) -> tuple[float, float]:
 
 def accuracy_delta(truth: np.ndarray, candidate: np.ndarray, labels: np.ndarray | None) -> dict | None:
     """Top-1 accuracy of `candidate` on the labelled samples with its 95 % Wilson interval, the float64 truth's on
-    the same samples, and the drop (truth - candidate); None without labelled samples."""
+    the same samples, and the drop (truth - candidate), with the counts behind them (`correct`,
+    `reference_correct` of `labelled`); None without labelled samples."""
     if labels is None:
         return None
     labels = np.asarray(labels)
@@ -157,10 +158,11 @@ def accuracy_delta(truth: np.ndarray, candidate: np.ndarray, labels: np.ndarray 
     if n == 0:
         return None
     correct = int((rows(candidate)[keep].argmax(1) == labels[keep]).sum())
-    ref = float(np.mean(rows(truth)[keep].argmax(1) == labels[keep]))
+    ref_correct = int((rows(truth)[keep].argmax(1) == labels[keep]).sum())
     lo, hi = wilson(correct, n)
-    return {"top1_accuracy_ci95": [round(lo, 4), round(hi, 4)], "reference_top1_accuracy": ref,
-            "accuracy_drop": ref - correct / n, "labelled": n}
+    return {"top1_accuracy_ci95": [round(lo, 4), round(hi, 4)], "reference_top1_accuracy": ref_correct / n,
+            "accuracy_drop": (ref_correct - correct) / n, "labelled": n, "correct": correct,
+            "reference_correct": ref_correct}
 
 
 def reference_summary(truth: GroundTruth) -> dict:

@@ -20,7 +20,7 @@ from ..errors import VitedgeError
 from ..targets.base import Runner, pad_batch
 from .criteria import (NOISE_FLOOR, NOISE_K, GroundTruth, NoiseRule, accuracy, accuracy_delta, effective_noise,
                        sample_errors)
-from .report import Hop, Metrics, Tolerance
+from .report import Hop, Metrics, Tolerance, allowed_count
 
 # The documented defaults (README "Tolerances"); `--tol PROFILE.KEY=VALUE` overrides any of them.
 DEFAULT_TOLERANCES: dict[str, Tolerance] = {
@@ -126,15 +126,17 @@ def compute_metrics(reference: np.ndarray, candidate: np.ndarray) -> Metrics:
     rmse = float(np.sqrt(np.mean(diff ** 2)))
     psnr = PSNR_CAP_DB if rmse == 0 else min(PSNR_CAP_DB, 20 * math.log10(max(scale, 1e-30) / rmse))
     k = min(5, ref.shape[1])
-    top1 = float(np.mean(ref.argmax(1) == out.argmax(1)))
-    top5 = float(np.mean(np.all(_topk_sets(ref, k) == _topk_sets(out, k), axis=1)))
+    top1_n = int((ref.argmax(1) == out.argmax(1)).sum())
+    top5_n = int(np.all(_topk_sets(ref, k) == _topk_sets(out, k), axis=1).sum())
+    n = len(ref)
+    top1, top5 = top1_n / n, top5_n / n
     if not np.isfinite(out).all():
         max_abs = max_rel = cos_min = float("nan")
         psnr = float("nan")
     else:
         cos_min = float(cos.min())
     return Metrics(max_abs=max_abs, max_rel=max_rel, cosine=cos_min, psnr_db=psnr, top1_agreement=top1,
-                   top5_agreement=top5)
+                   top5_agreement=top5, samples=n, top1_agreeing=top1_n, top5_agreeing=top5_n)
 
 
 def run_batched(runner: Runner, x: np.ndarray, batch: int = REFERENCE_BATCH) -> np.ndarray:
@@ -188,10 +190,13 @@ def judge(truth: GroundTruth, out: np.ndarray, tolerance: Tolerance,
                              f"max({rule.floor:.3g}, {rule.k:.3g} x noise {eff[w]:.3g}))")
         lab = None if truth.labels is None else truth.labels[idx]
         acc = accuracy_delta(truth.y64[idx], out[idx], lab)
-        if acc is not None and tolerance.accuracy_drop is not None and not acc["accuracy_drop"] <= tolerance.accuracy_drop:
-            found.append(f"{s}: accuracy_drop {acc['accuracy_drop']:.4g} > {tolerance.accuracy_drop:.4g} (top-1 "
-                         f"{acc['reference_top1_accuracy'] - acc['accuracy_drop']:.4f} vs float64 "
-                         f"{acc['reference_top1_accuracy']:.4f} on {acc['labelled']} labelled samples)")
+        if acc is not None and tolerance.accuracy_drop is not None:
+            lost = acc["reference_correct"] - acc["correct"]  # in samples: counts, never rounded fractions
+            if lost > allowed_count(tolerance.accuracy_drop, acc["labelled"]):
+                found.append(f"{s}: accuracy_drop {acc['accuracy_drop']:.4g} > {tolerance.accuracy_drop:.4g} (top-1 "
+                             f"{acc['correct']}/{acc['labelled']} vs float64 {acc['reference_correct']}/"
+                             f"{acc['labelled']} labelled samples: {lost} more misclassified, "
+                             f"{allowed_count(tolerance.accuracy_drop, acc['labelled'])} allowed)")
         sets[s] = {"samples": int(len(idx)), "metrics": asdict(m), "reference_noise": float(noise[idx].max()),
                    "noise_ratio": ratio, "top1_accuracy": accuracy(out[idx], lab, 1),
                    "top5_accuracy": accuracy(out[idx], lab, 5), "worst_sample": worst, "problems": found,

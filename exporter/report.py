@@ -10,6 +10,7 @@ import json
 import math
 import platform
 from dataclasses import asdict, dataclass, field
+from fractions import Fraction
 from pathlib import Path
 
 HOPS = ("deploy-form", "onnx", "onnx-simplified", "onnx-fp16", "onnx-int8", "coreml", "tensorrt-qdq", "tensorrt")
@@ -33,6 +34,28 @@ class Metrics:
     psnr_db: float
     top1_agreement: float
     top5_agreement: float
+    # The counts behind the agreements (k of `samples`): bounds are judged on these integers, never on the rounded
+    # fractions (None in reports written before they were recorded).
+    samples: int | None = None
+    top1_agreeing: int | None = None
+    top5_agreeing: int | None = None
+
+
+def required_count(fraction: float, n: int) -> int:
+    """The fewest of `n` samples that meet a lower bound `fraction` on a proportion, in integers: the bound is read
+    as the rational it stands for (0.99 as 99/100, a (n-1)/n bound as exactly that), so no float step decides."""
+    return math.ceil(_rational(fraction) * n)
+
+
+def allowed_count(fraction: float, n: int) -> int:
+    """The most of `n` samples an upper bound `fraction` on a proportion allows, in integers (see required_count)."""
+    return math.floor(_rational(fraction) * n)
+
+
+def _rational(fraction: float) -> Fraction:
+    # the closest fraction with a denominator up to a million: the decimal a profile states, or the exact k/n a
+    # resolution bound computed (distinct fractions of such denominators lie >= 1e-12 apart; float error ~1e-16)
+    return Fraction(float(fraction)).limit_denominator(10 ** 6)
 
 
 @dataclass
@@ -57,6 +80,7 @@ class Tolerance:
     LOWER = ("cosine", "psnr_db", "top1_agreement", "top5_agreement")
     NOISE = ("noise_floor", "noise_k")
     LABELLED = ("accuracy_drop",)
+    COUNTED = ("top1_agreement", "top5_agreement")   # proportions of samples: judged as counts (required_count)
 
     def noise_rule(self) -> bool:
         return self.noise_floor is not None or self.noise_k is not None
@@ -70,6 +94,12 @@ class Tolerance:
             if limit is None:
                 continue
             value = getattr(m, key)
+            counted = getattr(m, key.replace("_agreement", "_agreeing"), None) if key in self.COUNTED else None
+            if counted is not None and m.samples is not None and value == value:  # NaN outputs fall through
+                need = required_count(limit, m.samples)
+                if counted < need:
+                    out.append(f"{key} {counted}/{m.samples} < {need}/{m.samples} (bound {limit:.4g})")
+                continue
             bad = not (value <= limit) if key in self.UPPER else not (value >= limit)  # NaN counts as bad
             if bad:
                 out.append(f"{key} {value:.4g} {'>' if key in self.UPPER else '<'} {limit:.4g}")
