@@ -337,9 +337,14 @@ def _table(rows: list[tuple]) -> str:
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
 
 
-def _accuracy(sets: dict, key: str):
-    """A hop's accuracy over its labelled samples (only a labelled --images set carries labels)."""
-    return next((d[key] for d in sets.values() if d.get(key) is not None), None)
+def _accuracy(sets: dict, key: str) -> str:
+    """A hop's accuracy over its labelled samples (only a labelled --images set carries labels) beside the float64
+    train-form's on exactly the same samples: "hop / reference"."""
+    d = next((d for d in sets.values() if d.get(key) is not None), None)
+    if d is None:
+        return "-"
+    ref = d.get(f"reference_{key}")
+    return _fmt(d[key], ".1%") + (f" / {ref:.1%}" if ref is not None else "")
 
 
 def _reference_line(ref: dict) -> str:
@@ -374,21 +379,27 @@ def format_summary(report, report_path: str | None = None) -> str:
     # per input set: the worst sample's error / allowance (<= 1 passes); with labels, accuracy on labelled images
     sets = [k for k in ("natural", "user", "stress") if any(k in (h.sets or {}) for h in report.parity)]
     labelled = bool(ref and ref.get("top1_accuracy") is not None)
-    rows = [("hop", "status", "mode", *(f"ratio {k}" for k in sets), "max_rel", "cosine", "PSNR dB", "top-1",
-             "top-5", *(("acc@1", "acc@5") if labelled else ()), "backend")]
+    probed = any(h.probe for h in report.parity)
+    rows = [("hop", "status", "mode", *(f"ratio {k}" for k in sets), *(("probe",) if probed else ()), "max_rel",
+             "cosine", "PSNR dB", "top-1", "top-5", *(("acc@1 hop / ref", "acc@5 hop / ref") if labelled else ()),
+             "backend")]
     for h in report.parity:
         m, hs = h.metrics, h.sets or {}
         acc = [_accuracy(hs, k) for k in ("top1_accuracy", "top5_accuracy")] if labelled else []
         rows.append((h.hop, h.status, h.mode or "-", *(_fmt(hs.get(k, {}).get("noise_ratio"), ".2f") for k in sets),
+                     *(((h.probe or {}).get("status", "-"),) if probed else ()),
                      _fmt(m and m.max_rel, ".2e"), _fmt(m and m.cosine, ".6f"), _fmt(m and m.psnr_db, ".1f"),
-                     _fmt(m and m.top1_agreement, ".1%"), _fmt(m and m.top5_agreement, ".1%"),
-                     *(_fmt(a, ".1%") for a in acc), h.backend))
+                     _fmt(m and m.top1_agreement, ".1%"), _fmt(m and m.top5_agreement, ".1%"), *acc, h.backend))
     lines += ["", _table(rows)]
     if sets:
         lines.append("(vs the train-form in float64; ratio = worst sample's error / its allowance max(floor, K x "
-                     "float32 noise), <= 1 passes" + ("; acc = top-k accuracy on the labelled images" if labelled
-                                                       else "") + ")")
+                     "float32 noise), <= 1 passes" + ("; probe = the backbone's last feature map, judged alike"
+                                                       if probed else "")
+                     + ("; acc = top-k accuracy on the labelled images the hop ran, beside the float64 train-form's "
+                        "on the same images" if labelled else "") + ")")
     notes = [f"  {h.hop}: {h.status}: {h.reason}" for h in report.parity if h.reason]
+    notes += [f"  {h.hop}: feature probe not run: {h.probe.get('why')}" for h in report.parity
+              if (h.probe or {}).get("status") == "not run" and h.status == "passed"]
     notes += [f"  {h.hop}: Neural Engine residency {h.ane_residency['status'].upper()}: {h.ane_residency['reason']}"
               for h in report.parity if h.ane_residency]
     notes += [f"  {h.hop}: top-1 on the first parity inputs: {describe(h.predictions)}"

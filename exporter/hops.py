@@ -205,8 +205,11 @@ class Ladder:
                     self._probe_refs[key] = deploy_reference(self.deploy, module, x)
                 y64, y32 = self._probe_refs[key]
                 cand = onnx_tensor(model, tensor, x)
-            except Exception as e:  # the logits verdict stands; the probe says plainly that it did not run
-                hop.probe = {"status": "not run", "why": f"{type(e).__name__}: {e}"}
+            except Exception as e:  # a check that raised is never a pass: the hop is unverified, saying why
+                why = f"{type(e).__name__}: {e}"
+                hop.probe = {"status": "error", "why": why}
+                hop.status = "unverified"
+                hop.reason = f"the feature probe raised ({why}): the logits passed, the feature map is unchecked"
                 return
         if cand.size != y64.size:
             hop.probe = {"status": "not run", "module": module, "tensor": tensor,

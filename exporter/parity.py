@@ -201,6 +201,8 @@ def judge(truth: GroundTruth, out: np.ndarray, tolerance: Tolerance,
                    "noise_ratio": ratio, "top1_accuracy": accuracy(out[idx], lab, 1),
                    "top5_accuracy": accuracy(out[idx], lab, 5), "worst_sample": worst, "problems": found,
                    **(acc or {})}
+        if acc is not None:  # the reference on exactly these samples: accuracies are compared on the same images
+            sets[s]["reference_top5_accuracy"] = accuracy(truth.y64[idx], lab, 5)
         problems += found
     return metrics, sets, problems
 

@@ -125,10 +125,12 @@ class Hop:
     predictions: list | None = None
     # Judged against float64 ground truth: per input set (natural / stress / user) {"samples", "metrics" (vs
     # float64), "reference_noise", "noise_ratio", "top1_accuracy", "top5_accuracy", "worst_sample", "problems"; with
-    # labels also "top1_accuracy_ci95" (Wilson), "reference_top1_accuracy", "accuracy_drop"}; None where the hop
-    # did not run.
+    # labels also "top1_accuracy_ci95" (Wilson), "reference_top1_accuracy" and "reference_top5_accuracy" (the float64
+    # train-form on exactly the hop's samples), "accuracy_drop", and the counts "correct", "reference_correct",
+    # "labelled"}; None where the hop did not run.
     sets: dict | None = None
-    # ONNX hops under the noise rule: the feature probe (exporter/probe.py) {"status" (passed / failed / not run),
+    # ONNX hops under the noise rule: the feature probe (exporter/probe.py) {"status" (passed / failed / not run /
+    # error: it raised, and the hop is unverified),
     # "module", "tensor", "samples", "noise_ratio", "worst_sample", "sets", "why"}; None where it does not apply.
     probe: dict | None = None
     # A hop run on part of the parity set because a later hop runs the same graph on all of it (the deploy-form and
@@ -216,7 +218,13 @@ class Report:
 
     def finalize(self) -> "Report":
         """Set `exit_code` / `status` from the hops: 1 if any failed (or, with require_verified, is unverified or
-        has an inconclusive --require-ane check)."""
+        has an inconclusive --require-ane check). With require_verified a passed hop whose feature probe did not
+        run is unverified: nothing counts as checked that was not."""
+        if self.require_verified:
+            for h in self.parity:
+                if h.status == "passed" and (h.probe or {}).get("status") == "not run":
+                    h.status = "unverified"
+                    h.reason = f"--require-verified: the feature probe did not run ({h.probe.get('why')})"
         bad = bool(self.failed_hops()) or (self.require_verified and bool(self.unverified_hops()
                                                                           or self.inconclusive_checks()))
         self.exit_code = EXIT_FAILED if bad else EXIT_OK

@@ -84,3 +84,35 @@ def test_probe_says_not_run_where_no_module_maps(tmp_path):
     hop = json.loads(rep_path.read_text())["parity"][1]
     assert rc == 0 and hop["status"] == "passed", hop
     assert hop["probe"]["status"] == "not run" and "maps" in hop["probe"]["why"], hop["probe"]
+    # under --require-verified an unchecked feature map is not a pass
+    rc = main(["-q", "parity", "--model", name, *args, "--artifact", str(path), "--samples", SAMPLES,
+               "--report", str(rep_path), "--require-verified"])
+    hop = json.loads(rep_path.read_text())["parity"][1]
+    assert rc == 1 and hop["status"] == "unverified" and "feature probe did not run" in hop["reason"], hop
+
+
+def test_a_probe_that_raises_leaves_the_hop_unverified(tmp_path, capsys, monkeypatch):
+    """A check that raised is never a pass: the hop is unverified with the exception in its reason, the summary
+    shows the probe's status, and --require-verified exits 1."""
+    from vitedge.exporter import hops
+
+    def broken(*a, **k):
+        raise RuntimeError("planted probe failure")
+
+    monkeypatch.setattr(hops, "probe_point", broken)
+    name, args = "swiftformer_xs", ["--set", "layers=[1,1,2,1]", "--set", "embed_dims=[16,24,32,48]",
+                                    "--set", "num_classes=10", "--imgsz", "64", "--samples", SAMPLES]
+    out = tmp_path / "run"
+    capsys.readouterr()
+    assert main(["export", "--model", name, *args, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    report = Report.read(out / "report.json")
+    onnx_hops = [h for h in report.parity if h.hop.startswith("onnx")]
+    assert onnx_hops and all(h.status == "unverified" and h.probe["status"] == "error" for h in onnx_hops)
+    assert all("planted probe failure" in h.reason for h in onnx_hops)
+    assert "probe" in printed.splitlines()[next(i for i, ln in enumerate(printed.splitlines())
+                                                 if ln.lstrip().startswith("hop"))]
+    assert "UNVERIFIED (not counted as passed)" in printed
+    assert main(["-q", "export", "--model", name, *args, "--out", str(tmp_path / "strict"),
+                 "--require-verified"]) == 1
+    assert Report.read(tmp_path / "strict" / "report.json").status == "failed"

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 
-from vitedge.cli import main
+from vitedge.cli import format_summary, main
 from vitedge.exporter import images
 from vitedge.exporter.bench import run_bench
 from vitedge.exporter.forms import build_train_form
@@ -99,6 +99,17 @@ def test_imagefolder_with_labels_reports_accuracy_per_hop_and_for_the_train_form
     hop = r.hop("onnx-simplified")
     assert hop.sets["user"]["top1_accuracy"] == pytest.approx(_accuracy(onnx_logits, y, 1))
     assert all(h.sets["user"]["top5_accuracy"] is not None for h in r.parity)
+    # every hop's accuracy stands beside the float64 train-form's on exactly the hop's images
+    for h in r.parity:
+        u = h.sets["user"]
+        for k in (1, 5):
+            want = r.reference["sets"]["user"][f"top{k}_accuracy"] if u["samples"] == n else None
+            assert u[f"reference_top{k}_accuracy"] is not None, h.hop
+            assert want is None or u[f"reference_top{k}_accuracy"] == pytest.approx(want), h.hop
+        assert u["labelled"] == u["samples"] and 0 <= u["correct"] <= u["labelled"]
+    table = format_summary(r)
+    u = hop.sets["user"]
+    assert "acc@1 hop / ref" in table and f"{u['top1_accuracy']:.1%} / {u['reference_top1_accuracy']:.1%}" in table
 
 
 def _stats():
