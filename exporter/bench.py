@@ -35,7 +35,8 @@ from .criteria import GroundTruth, reference_block
 from .hops import check_images, class_names, parity_inputs_for
 from .inputs import ParitySet, parity_inputs
 from .onnx_export import DEFAULT_EXPORTER, check_exporter, check_onnx, export_onnx_info, save_onnx, simplify_onnx
-from .parity import FLOAT64_TOLERANCES, check_hop, ground_truth, profile_for, tolerances as make_tolerances
+from .parity import (FLOAT64_TOLERANCES, check_hop, ground_truth, profile_for, tolerances as make_tolerances,
+                     with_fp16_reference)
 
 BACKENDS = ("torch", "torch-deploy", "onnxruntime", "coreml", "tensorrt")
 DEFAULT_BACKENDS = ("torch", "torch-deploy", "onnxruntime")
@@ -196,6 +197,7 @@ def measure_size(name: str, train: nn.Module, make_deploy: Callable[[int], nn.Mo
     inputs = inputs if inputs is not None else parity_inputs_for(train, imgsz, PARITY_SAMPLES)
     truth = ground_truth(train, inputs.numpy(), inputs.sets, inputs.labels_array(), threads64=os.cpu_count())
     deploy = make_deploy(imgsz)
+    truth = with_fp16_reference(truth, deploy, inputs.numpy())  # an fp16 backend's per-sample allowance
     results, runners = [], {}
     with contextlib.ExitStack() as stack:  # every runner is closed once the size is measured
         for b in backends:

@@ -39,7 +39,7 @@ from .compressed import Judged, judge_compressed
 from .forms import build_train_form, resolve_imgsz
 from .hops import parity_inputs_for
 from .inputs import parity_inputs
-from .parity import FLOAT64_TOLERANCES, PROFILE_OF, ground_truth, profile_for, tolerances
+from .parity import FLOAT64_TOLERANCES, PROFILE_OF, ground_truth, profile_for, tolerances, with_fp16_reference
 from .verify import check_checkpoint, read_artifact, recorded_calibration_ids
 
 KINDS = {"onnx": "onnx", "tensorrt": "engine", "coreml": "mlpackage"}
@@ -310,7 +310,9 @@ def _ground_truth(plan: _Plan):
     """The train-form's float64 ground truth on the parity set (criteria.GroundTruth), None without a train-form."""
     if plan.train is None:
         return None
-    return ground_truth(plan.train, plan.x, plan.inputs.sets, plan.inputs.labels_array())
+    truth = ground_truth(plan.train, plan.x, plan.inputs.sets, plan.inputs.labels_array())
+    # the fp16 rule's reference: the train-form rounded to fp16 (no deploy-form is built for an artifact's bench)
+    return with_fp16_reference(truth, plan.train, plan.x) if profile_for(plan.precision) == "fp16" else truth
 
 
 def _on_phone(plan: _Plan, phone, team_id: str, iterations: int, log: Callable[[str], None],

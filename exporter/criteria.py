@@ -30,6 +30,14 @@ import numpy as np
 # no artifact that stores float32 logits can be asked to be closer than that.
 NOISE_FLOOR = 3e-7
 NOISE_K = 8.0
+# fp16 artifacts (CoreML, ONNX fp16, TensorRT fp16): the same per-sample rule, with an independent fp16 computation
+# in place of the float32 one: the deploy-form with its weights and every module output rounded to float16
+# (parity.fp16_reference) shows how far fp16 storage of that model moves each sample. Chosen from correct and
+# planted-broken artifacts of the trained fixtures (benchmarks/fp16_verdicts.py, docs/parity_criteria.md): correct
+# emulated CoreML and ONNX Runtime fp16 artifacts reach at most 2.3x that error (median-raised, as for float32), a
+# zeroed layer, a sign-flipped or x10 channel 7-9000x. The floor is half an fp16 ulp of the sample's largest logit.
+FP16_FLOOR = 2.0 ** -11
+FP16_K = 4.0
 
 
 def rows(a: np.ndarray) -> np.ndarray:
@@ -94,15 +102,25 @@ class GroundTruth:
     sets: tuple[str, ...]                # per-sample set tag (inputs.SETS)
     labels: np.ndarray | None = None     # per-sample class index, -1 where unknown; None without labels
     float32_threads: int | None = None   # intra-op threads of the float32 run (its rounding depends on them)
+    y16: np.ndarray | None = None        # (n, classes) the deploy-form rounded to fp16 (the fp16 rule), where needed
 
     def __post_init__(self):
         if np.shape(self.y64) != np.shape(self.y32) or len(self.sets) != len(self.y64):
             raise ValueError("y64, y32 and sets must describe the same samples")
+        if self.y16 is not None and np.shape(self.y16) != np.shape(self.y64):
+            raise ValueError("y16 must describe the same samples as y64")
 
     @property
     def noise(self) -> np.ndarray:
         """Per-sample intrinsic float32 noise: max|y32 - y64| / max|y64|."""
         return sample_errors(self.y64, self.y32)
+
+    @property
+    def noise16(self) -> np.ndarray:
+        """Per-sample error of the independent fp16 computation (y16) against float64."""
+        if self.y16 is None:
+            raise ValueError("the fp16 rule needs the fp16 reference (GroundTruth.y16): none was computed")
+        return sample_errors(self.y64, self.y16)
 
     def present(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(self.sets))
@@ -118,7 +136,8 @@ class GroundTruth:
         """The samples at `idx`, in that order."""
         idx = np.asarray(idx, dtype=np.int64)
         return GroundTruth(self.y64[idx], self.y32[idx], tuple(self.sets[i] for i in idx),
-                           None if self.labels is None else self.labels[idx], self.float32_threads)
+                           None if self.labels is None else self.labels[idx], self.float32_threads,
+                           None if self.y16 is None else self.y16[idx])
 
 
 def accuracy(logits: np.ndarray, labels: np.ndarray | None, k: int) -> float | None:

@@ -19,7 +19,7 @@ from . import latency
 from .hops import PARITY_SEED, parity_inputs_for
 from .inputs import IMAGENET_MEAN, IMAGENET_STD, parity_set
 from .iphone import COMPUTE_UNITS, DEVICE_PARITY_SAMPLES, benchmark_on_device, device_inputs
-from .parity import FLOAT64_TOLERANCES, ground_truth, judge, tolerances as make_tolerances
+from .parity import FLOAT64_TOLERANCES, ground_truth, judge, tolerances as make_tolerances, with_fp16_reference
 
 
 def _stats(samples_ms: list[float]) -> dict:
@@ -58,7 +58,7 @@ def time_package(section: dict, phone, team_id: str, package: Path, imgsz: int, 
                   "reason": no_parity}
     else:
         tol = make_tolerances(None, FLOAT64_TOLERANCES)["fp16"]
-        truth = ground_truth(train, ref_in, pset.sets)
+        truth = with_fp16_reference(ground_truth(train, ref_in, pset.sets), train, ref_in)
         m, sets, problems = judge(truth, np.asarray(got["outputs"]), tol, pset.names)
         nonfinite = int((~np.isfinite(got["outputs"])).any(axis=1).sum())
         if nonfinite:

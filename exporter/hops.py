@@ -12,7 +12,7 @@ as soon as the hop is judged. A failed hop is localized by the same rule, on its
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -32,7 +32,7 @@ from .inputs import ParitySet
 from .localize import localize_onnx
 from .onnx_export import node_counts
 from .probe import PROBE_SAMPLES, deploy_reference, judge_probe, onnx_tensor, probe_point
-from .parity import REFERENCE_THREADS, check_hop, failed, noise_rule, unverified
+from .parity import REFERENCE_THREADS, check_hop, failed, fp16_reference, noise_rule, unverified
 from .progress import Progress
 from .report import ArtifactEntry, Hop, Report, Tolerance
 from .target_plans import artifact_key
@@ -99,6 +99,7 @@ class Ladder:
     cache: dict | None = None           # what the cache did for `truth` (report.json reference.cache)
     _truths: dict = field(default_factory=dict)  # ground truth on the inputs a runner really sees, by content
     _probe_refs: dict = field(default_factory=dict)  # (module, samples) -> (float64, float32) probe outputs
+    _fp16_refs: dict = field(default_factory=dict)   # the fp16 rule's reference outputs, by input content
 
     @classmethod
     def build(cls, train: nn.Module, deploy: nn.Module, inputs: ParitySet, progress: Progress,
@@ -147,6 +148,8 @@ class Ladder:
         x, names = self.x, self.inputs.names
         with runner, self.progress.step(step or f"{hop_name} hop ({runner.backend})"):
             truth = self.truth_for(runner)
+            if tol is not None and tol.fp16_rule():
+                truth = self.with_fp16_reference(truth, runner)
             if idx is not None:
                 x, truth = x[idx], truth.take(idx)
                 names = None if names is None else tuple(names[i] for i in idx)
@@ -161,6 +164,16 @@ class Ladder:
             counts = ", ".join(f"{int(np.sum(np.asarray(truth.sets) == s))} {s}" for s in truth.present())
             hop.subset = f"the first {counts} of the {len(self.x)} parity inputs: {subset[1]}"
         return hop
+
+    def with_fp16_reference(self, truth: GroundTruth, runner: Runner) -> GroundTruth:
+        """`truth` with the fp16 rule's reference: the deploy-form rounded to fp16 (parity.fp16_reference) on the
+        inputs `runner` really feeds its artifact, computed once per run for them."""
+        seen = np.ascontiguousarray(runner.reference_inputs(self.x[:len(truth.y64)]), dtype=np.float32)
+        key = hashlib.sha256(seen.tobytes()).hexdigest()
+        if key not in self._fp16_refs:
+            with self.progress.step(f"deploy-form rounded to fp16 on {len(seen)} inputs (the fp16 rule)"):
+                self._fp16_refs[key] = fp16_reference(self.deploy, seen)
+        return replace(truth, y16=self._fp16_refs[key])
 
     def deploy_hop(self, deploy: nn.Module, tol: Tolerance, subset: tuple[int, str] | None = None) -> Hop:
         return self.judge("deploy-form", deploy_form_runner(deploy), tol, "deploy-form hop", subset=subset)

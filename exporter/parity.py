@@ -18,8 +18,8 @@ import numpy as np
 
 from ..errors import VitedgeError
 from ..targets.base import Runner, pad_batch
-from .criteria import (NOISE_FLOOR, NOISE_K, GroundTruth, NoiseRule, accuracy, accuracy_delta, effective_noise,
-                       sample_errors)
+from .criteria import (FP16_FLOOR, FP16_K, NOISE_FLOOR, NOISE_K, GroundTruth, NoiseRule, accuracy, accuracy_delta,
+                       effective_noise, sample_errors)
 from .report import Hop, Metrics, Tolerance, allowed_count
 
 # The documented defaults (README "Tolerances"); `--tol PROFILE.KEY=VALUE` overrides any of them.
@@ -28,10 +28,11 @@ DEFAULT_TOLERANCES: dict[str, Tolerance] = {
     "fp16": Tolerance("fp16", cosine=0.999, psnr_db=35.0, top1_agreement=0.99),
 }
 # The defaults once hops are judged against float64 ground truth (GroundTruth given): fp32 by the per-sample noise
-# rule alone (docs/parity_criteria.md); fp16 by its metric thresholds, now against float64, per input set.
+# rule alone (docs/parity_criteria.md); fp16 by its metric thresholds, against float64, per input set, and by the
+# per-sample fp16 rule (an independent fp16 computation of the deploy-form sets each sample's allowance).
 FLOAT64_TOLERANCES: dict[str, Tolerance] = {
     "fp32": Tolerance("fp32", noise_floor=NOISE_FLOOR, noise_k=NOISE_K),
-    "fp16": DEFAULT_TOLERANCES["fp16"],
+    "fp16": replace(DEFAULT_TOLERANCES["fp16"], fp16_floor=FP16_FLOOR, fp16_k=FP16_K),
 }
 # Compressed artifacts (--precision int8 | w8 | palette4 | palette6 | w8a8), one profile per kind: judged against
 # float64 on natural images and a user's --images only (exporter/compressed.py), by the metric thresholds alone
@@ -49,7 +50,7 @@ COMPRESSED_TOLERANCES: dict[str, Tolerance] = {
 PROFILE_OF = {"int8": "int8", "w8": "w8", "palette4": "palette", "palette6": "palette", "w8a8": "w8a8"}
 DEFAULT_TOLERANCES.update(COMPRESSED_TOLERANCES)
 FLOAT64_TOLERANCES.update(COMPRESSED_TOLERANCES)
-TOL_KEYS = Tolerance.UPPER + Tolerance.LOWER + Tolerance.NOISE + Tolerance.LABELLED
+TOL_KEYS = Tolerance.UPPER + Tolerance.LOWER + Tolerance.NOISE + Tolerance.FP16 + Tolerance.LABELLED
 
 
 def profile_for(precision: str | None) -> str | None:
@@ -154,10 +155,55 @@ def run_batched(runner: Runner, x: np.ndarray, batch: int = REFERENCE_BATCH) -> 
 
 
 def noise_rule(tolerance: Tolerance | None) -> NoiseRule | None:
-    """The per-sample rule a tolerance profile sets (None where it sets none: fp16, or both keys disabled)."""
+    """The per-sample float32 rule a tolerance profile sets (None where it sets none: fp16, or both keys disabled)."""
     if tolerance is None or not tolerance.noise_rule():
         return None
     return NoiseRule(floor=tolerance.noise_floor or 0.0, k=tolerance.noise_k or 0.0)
+
+
+def sample_rule(tolerance: Tolerance, truth: GroundTruth) -> tuple[NoiseRule, np.ndarray, str] | None:
+    """The per-sample rule a profile sets, with each sample's reference error: the float32 noise (fp32), or the
+    independent fp16 computation's error (fp16: truth.y16, which the caller computed); None where none is set."""
+    rule = noise_rule(tolerance)
+    if rule is not None:
+        return rule, truth.noise, "noise"
+    if tolerance.fp16_rule():
+        return NoiseRule(floor=tolerance.fp16_floor or 0.0, k=tolerance.fp16_k or 0.0), truth.noise16, "fp16 error"
+    return None
+
+
+def with_fp16_reference(truth: GroundTruth, model, x: np.ndarray) -> GroundTruth:
+    """`truth` with the fp16 rule's reference outputs of `model` on `x` (the inputs `truth` was computed on)."""
+    return replace(truth, y16=fp16_reference(model, x))
+
+
+def fp16_reference(model, x: np.ndarray, batch: int = REFERENCE_BATCH) -> np.ndarray:
+    """`model` (the deploy-form, or any float form of the model) computed as fp16 storage would: its weights and
+    every leaf module's output rounded to float16, the arithmetic inside a module in float32, one thread. An
+    independent fp16 computation: its error against float64 is how far fp16 alone moves each sample (the fp16 rule's
+    reference error). Rounding through float16 keeps fp16's range: an overflow gives inf, and the rule fails it."""
+    import torch
+
+    m = copy.deepcopy(model).float().eval()
+    with torch.no_grad():
+        for t in list(m.parameters()) + list(m.buffers()):
+            if t.is_floating_point():
+                t.copy_(t.half().float())
+
+    def rounded(_module, _inputs, out):
+        return out.half().float() if torch.is_tensor(out) and out.is_floating_point() else out
+
+    for mod in m.modules():
+        if next(mod.children(), None) is None:
+            mod.register_forward_hook(rounded)
+    xt = torch.as_tensor(np.asarray(x, np.float32)).half().float()
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # its rounding must not depend on the machine
+    try:
+        with torch.no_grad():
+            return np.concatenate([m(xt[i:i + batch]).double().numpy() for i in range(0, len(xt), batch)])
+    finally:
+        torch.set_num_threads(before)
 
 
 def judge(truth: GroundTruth, out: np.ndarray, tolerance: Tolerance,
@@ -165,9 +211,9 @@ def judge(truth: GroundTruth, out: np.ndarray, tolerance: Tolerance,
     """Judge candidate logits `out` against float64 ground truth, per input set: the metric thresholds of
     `tolerance` (vs float64) and, when set, the per-sample noise rule. Returns (metrics over all samples,
     {set: details}, problems); a failure in any set is a problem. `names` (per sample) name the worst sample."""
-    rule = noise_rule(tolerance)
+    per_sample = sample_rule(tolerance, truth)
+    rule, noise, what = per_sample if per_sample is not None else (None, truth.noise, "noise")
     metrics = compute_metrics(truth.y64, out)
-    noise = truth.noise
     errors = sample_errors(truth.y64, out)
     sets, problems = {}, []
     for s in truth.present():
@@ -187,7 +233,7 @@ def judge(truth: GroundTruth, out: np.ndarray, tolerance: Tolerance,
             if not ratio <= 1.0:
                 who = names[i] if names is not None else f"sample {i}"
                 found.append(f"{s}: noise_ratio {ratio:.3g} > 1 ({who}: error {errors[i]:.3g} vs allowance "
-                             f"max({rule.floor:.3g}, {rule.k:.3g} x noise {eff[w]:.3g}))")
+                             f"max({rule.floor:.3g}, {rule.k:.3g} x {what} {eff[w]:.3g}))")
         lab = None if truth.labels is None else truth.labels[idx]
         acc = accuracy_delta(truth.y64[idx], out[idx], lab)
         if acc is not None and tolerance.accuracy_drop is not None:
@@ -197,12 +243,14 @@ def judge(truth: GroundTruth, out: np.ndarray, tolerance: Tolerance,
                              f"{acc['correct']}/{acc['labelled']} vs float64 {acc['reference_correct']}/"
                              f"{acc['labelled']} labelled samples: {lost} more misclassified, "
                              f"{allowed_count(tolerance.accuracy_drop, acc['labelled'])} allowed)")
-        sets[s] = {"samples": int(len(idx)), "metrics": asdict(m), "reference_noise": float(noise[idx].max()),
+        sets[s] = {"samples": int(len(idx)), "metrics": asdict(m), "reference_noise": float(truth.noise[idx].max()),
                    "noise_ratio": ratio, "top1_accuracy": accuracy(out[idx], lab, 1),
                    "top5_accuracy": accuracy(out[idx], lab, 5), "worst_sample": worst, "problems": found,
                    **(acc or {})}
         if acc is not None:  # the reference on exactly these samples: accuracies are compared on the same images
             sets[s]["reference_top5_accuracy"] = accuracy(truth.y64[idx], lab, 5)
+        if what == "fp16 error":
+            sets[s]["reference_fp16_error"] = float(noise[idx].max())
         problems += found
     return metrics, sets, problems
 
@@ -223,9 +271,9 @@ def check_hop(hop: str, runner: Runner, inputs: np.ndarray, reference: np.ndarra
     if truth is not None:
         metrics, sets, problems = judge(truth, out, tolerance, names)
     else:
-        if tolerance.noise_rule():
-            raise VitedgeError(f"{tolerance.profile}.noise_floor/noise_k need the float64 ground truth; this run "
-                               "compares with the float32 train-form: drop those --tol keys")
+        if tolerance.noise_rule() or tolerance.fp16_rule():
+            raise VitedgeError(f"{tolerance.profile}.noise_floor/noise_k and fp16_floor/fp16_k need the float64 "
+                               "ground truth; this run compares with the float32 train-form: drop those --tol keys")
         metrics = compute_metrics(reference, out)
         problems = tolerance.violations(metrics)
     nonfinite = int((~np.isfinite(out)).any(axis=1).sum())

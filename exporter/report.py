@@ -72,6 +72,10 @@ class Tolerance:
     # noise); judged against float64 ground truth only. None for both = no noise rule.
     noise_floor: float | None = None
     noise_k: float | None = None
+    # The fp16 rule: the same per-sample form with the error of an independent fp16 computation (the deploy-form
+    # rounded to fp16) in place of the float32 noise: error <= max(fp16_floor, fp16_k * that error).
+    fp16_floor: float | None = None
+    fp16_k: float | None = None
     # With labels (a labelled --images folder): the largest allowed drop of top-1 accuracy against the float64
     # train-form on the same labelled samples (a fraction: 0.005 = half a point); judged per input set.
     accuracy_drop: float | None = None
@@ -79,11 +83,15 @@ class Tolerance:
     UPPER = ("max_abs", "max_rel")
     LOWER = ("cosine", "psnr_db", "top1_agreement", "top5_agreement")
     NOISE = ("noise_floor", "noise_k")
+    FP16 = ("fp16_floor", "fp16_k")
     LABELLED = ("accuracy_drop",)
     COUNTED = ("top1_agreement", "top5_agreement")   # proportions of samples: judged as counts (required_count)
 
     def noise_rule(self) -> bool:
         return self.noise_floor is not None or self.noise_k is not None
+
+    def fp16_rule(self) -> bool:
+        return self.fp16_floor is not None or self.fp16_k is not None
 
     def violations(self, m: Metrics) -> list[str]:
         """Human-readable list of the metric thresholds `m` misses (empty = within tolerance); the noise rule

@@ -1,6 +1,8 @@
 """The noise-aware parity rule: per-sample errors against float64, allowances, per-set verdicts, --tol keys."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -109,13 +111,53 @@ def test_existing_keys_apply_on_top_of_the_noise_rule():
     assert problems == [] and sets["natural"]["noise_ratio"] is None
 
 
+def _fp16(truth: GroundTruth) -> GroundTruth:
+    """`truth` with an fp16 reference: the float64 outputs rounded to float16 (an error of ~2.4e-4 relative)."""
+    return replace(truth, y16=truth.y64.astype(np.float16).astype(np.float64))
+
+
 def test_fp16_profile_is_judged_per_set_against_float64():
-    truth = _truth(n=8)
+    truth = _fp16(_truth(n=8))
     cand = truth.y64.copy()
     cand[3] = -cand[3]  # one stress sample flipped: cosine -1 there
     _, sets, problems = parity.judge(truth, cand, parity.FLOAT64_TOLERANCES["fp16"])
     assert sets["natural"]["problems"] == [] and sets["stress"]["problems"]
     assert any(p.startswith("stress: cosine") for p in problems)
+
+
+def test_fp16_rule_allows_a_few_times_the_fp16_references_error_per_sample():
+    truth = _fp16(_truth(n=8))
+    tol = parity.FLOAT64_TOLERANCES["fp16"]
+    ref_err = sample_errors(truth.y64, truth.y16)
+    # a correct fp16 artifact: another rounding, errors of the reference's size
+    ok = truth.y64 * (1 + 2.0 ** -11 * np.random.default_rng(1).choice([-1.0, 1.0], size=truth.y64.shape))
+    _, sets, problems = parity.judge(truth, ok, tol)
+    assert problems == [] and all(0 < d["noise_ratio"] <= 1 for d in sets.values()), sets
+    assert all(d["reference_fp16_error"] == ref_err[truth.indices(s)].max() for s, d in sets.items())
+    # one channel of one natural sample off by 10x the reference's error there: beyond K = 4
+    bad = ok.copy()
+    bad[1, 2] += 10 * np.abs(truth.y64[1]).max() * max(ref_err[truth.indices("natural")].max(), 2.0 ** -11)
+    _, sets, problems = parity.judge(truth, bad, tol)
+    assert sets["stress"]["problems"] == [] and len(problems) == 1, problems
+    assert problems[0].startswith("natural: noise_ratio") and "x fp16 error" in problems[0]
+    assert sets["natural"]["worst_sample"]["index"] == 1
+
+
+def test_fp16_rule_without_its_reference_is_an_error_not_a_pass():
+    with pytest.raises(ValueError, match="fp16 reference"):
+        parity.judge(_truth(n=8), _truth(n=8).y64, parity.FLOAT64_TOLERANCES["fp16"])
+
+
+def test_fp16_reference_rounds_weights_and_module_outputs():
+    import torch
+
+    lin = torch.nn.Linear(4, 3).double()
+    x = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
+    y16 = parity.fp16_reference(lin, x)
+    with torch.no_grad():
+        w, b = lin.weight.half().float(), lin.bias.half().float()
+        want = (torch.as_tensor(x).half().float() @ w.T + b).half().double().numpy()
+    assert np.array_equal(y16, want)
 
 
 def test_tol_parsing_accepts_the_noise_keys():

@@ -1,0 +1,155 @@
+"""fp16 verdicts right both ways: correct fp16 artifacts (CoreML, ONNX fp16) of trained models pass the fp16 rule,
+and errors planted in the SAVED artifact fail it: a zeroed layer, a sign-flipped channel, a channel x10. Before the
+fp16 rule (fixed cosine / PSNR / agreement bounds alone) every one of these plants in an .mlpackage passed.
+
+Families: SwiftFormer and SLAB-DeiT trained on scikit-learn's digits (tests/fixtures/trained/), SimA and SLAB-Swin
+at small demo configs. The plants sit in the middle of the network (weight.bin of the package, a float16 initializer
+of the ONNX graph)."""
+from __future__ import annotations
+
+import copy
+import shutil
+import struct
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+import vitedge
+from vitedge.models import make_trained_like
+from vitedge.tests import trained_fixtures as tf
+
+SAMPLES = 12
+PLANTS = {"zero_layer": None, "sign_flip": -1.0, "x10": 10.0}
+
+
+def _trained(name):
+    entry = tf.manifest()["models"][name]
+    return tf.load_reference(name), entry["imgsz"]
+
+
+def _demo(name, **overrides):
+    return make_trained_like(vitedge.create_model(name, **overrides), seed=0).eval(), overrides["img_size"]
+
+
+MODELS = {
+    "swiftformer_digits": lambda: _trained("swiftformer_digits"),
+    "slab_deit_digits": lambda: _trained("slab_deit_digits"),
+    "sima": lambda: _demo("sima_nano_12_p16", depth=2, img_size=32, num_classes=10),
+    "slab_swin": lambda: _demo("slab_swin_tiny", depths=[1, 1, 1, 1], img_size=64, window_size=2, num_classes=10),
+}
+
+
+_EXPORTS: dict = {}
+
+
+def _export(name: str, tmp_path_factory):
+    """The fp16 export of model `name` (CoreML; SwiftFormer also ONNX fp16), once per module."""
+    if name not in _EXPORTS:
+        model, imgsz = MODELS[name]()
+        out = tmp_path_factory.mktemp(name) / "run"
+        targets = "onnx,coreml" if name == "swiftformer_digits" else "coreml"
+        rep = vitedge.export(copy.deepcopy(model), targets=targets, precision="fp16", imgsz=imgsz, samples=SAMPLES,
+                             out=out)
+        _EXPORTS[name] = (name, model, imgsz, rep, out)
+    return _EXPORTS[name]
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def exported(request, tmp_path_factory):
+    return _export(request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def swiftformer(tmp_path_factory):
+    return _export("swiftformer_digits", tmp_path_factory)
+
+
+def _change(w: np.ndarray, plant: str) -> np.ndarray:
+    w = w.copy()
+    if PLANTS[plant] is None:
+        return w * 0
+    w[w.shape[0] // 2] *= PLANTS[plant]
+    return w
+
+
+def _weight_blobs(package):
+    """(offset, bytes, shape) of the float16 weights of rank >= 2 in the package's weight.bin, in program order."""
+    from vitedge.targets.coreml.mil_interpreter import package_paths, quiet_coremltools
+
+    with quiet_coremltools():
+        from coremltools.proto import Model_pb2
+    spec_file, weights = package_paths(package)
+    spec = Model_pb2.Model()
+    spec.ParseFromString(spec_file.read_bytes())
+    fn = spec.mlProgram.functions["main"]
+    found = []
+    for op in fn.block_specializations[fn.opset].operations:
+        v = op.attributes["val"] if op.type == "const" else None
+        if v is None or v.WhichOneof("value") != "blobFileValue":
+            continue
+        shape = [d.constant.size for d in v.type.tensorType.dimensions]
+        with open(weights / "weight.bin", "rb") as f:
+            f.seek(v.blobFileValue.offset)
+            sentinel, _, size, data = struct.unpack("<IIQQ", f.read(24))
+        if sentinel == 0xDEADBEEF and len(shape) >= 2 and shape[0] >= 4 and size == 2 * int(np.prod(shape)):
+            found.append((data, size, shape))
+    return found
+
+
+def _plant_package(src, dst, plant: str):
+    shutil.copytree(src, dst)
+    blobs = _weight_blobs(dst)
+    offset, size, shape = blobs[len(blobs) // 2]
+    path = next(dst.rglob("weight.bin"))
+    raw = bytearray(path.read_bytes())
+    w = np.frombuffer(bytes(raw[offset:offset + size]), np.float16).reshape(shape[0], -1).astype(np.float32)
+    raw[offset:offset + size] = _change(w, plant).astype(np.float16).tobytes()
+    path.write_bytes(bytes(raw))
+
+
+def _plant_onnx(src, dst, plant: str):
+    graph = onnx.load(str(src))
+    weights = [i for i in graph.graph.initializer if i.data_type == onnx.TensorProto.FLOAT16 and len(i.dims) >= 2
+               and i.dims[0] >= 4]
+    init = weights[len(weights) // 2]
+    w = numpy_helper.to_array(init).astype(np.float32)
+    init.CopyFrom(numpy_helper.from_array(_change(w.reshape(w.shape[0], -1), plant).reshape(w.shape)
+                                          .astype(np.float16), init.name))
+    onnx.save(graph, str(dst))
+
+
+def _parity(model, artifact, imgsz):
+    return vitedge.parity(copy.deepcopy(model), artifact=artifact, imgsz=imgsz, samples=SAMPLES)
+
+
+def test_correct_fp16_artifacts_pass_the_fp16_rule(exported):
+    name, _, _, rep, _ = exported
+    fp16 = [h for h in rep.parity if h.hop in ("coreml", "onnx-fp16")]
+    assert fp16 and all(h.status == "passed" for h in fp16), [(h.hop, h.reason) for h in fp16]
+    for h in fp16:  # judged by the per-sample fp16 rule, with room to spare
+        assert h.tolerance.fp16_k and all(d["noise_ratio"] <= 1 for d in h.sets.values()), (name, h.sets)
+        assert all(d["reference_fp16_error"] > 0 for d in h.sets.values())
+
+
+@pytest.mark.parametrize("plant", sorted(PLANTS))
+def test_planted_errors_in_the_saved_package_fail(exported, plant, tmp_path):
+    name, model, imgsz, _, out = exported
+    bad = tmp_path / "planted.mlpackage"
+    _plant_package(next(out.glob("*.mlpackage")), bad, plant)
+    rep = _parity(model, bad, imgsz)
+    hop = rep.hop("coreml")
+    assert hop.status == "failed" and rep.exit_code == 1, (name, plant, hop.reason)
+    assert "noise_ratio" in hop.reason or "non-finite" in hop.reason, hop.reason
+
+
+@pytest.mark.parametrize("plant", sorted(PLANTS))
+def test_planted_errors_in_the_saved_fp16_onnx_fail(swiftformer, plant, tmp_path):
+    # one family: the fp16 rule is the same for every fp16 artifact
+    name, model, imgsz, _, out = swiftformer
+    bad = tmp_path / "planted.fp16.onnx"
+    _plant_onnx(next(out.glob("*.fp16.onnx")), bad, plant)
+    rep = _parity(model, bad, imgsz)
+    hop = next(h for h in rep.parity if h.hop.startswith("onnx"))
+    assert hop.status == "failed" and rep.exit_code == 1, (plant, hop.reason)
