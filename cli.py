@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import warnings
+from pathlib import Path
 
 if __package__ in (None, ""):
     # `python cli.py ...` from the repo root: the root folder IS the package, so load it as `vitedge`.
@@ -573,7 +574,7 @@ def add_matrix(sub) -> None:
                                    "OUT/matrix.json and OUT/matrix.md. Exit codes: 0 every executed cell passed, "
                                    "1 a cell failed or crashed (or is unverified, with --require-verified), "
                                    "2 bad plan or usage (nothing written).")
-    p.add_argument("plan", help="plan file (.yaml, .yml, .toml or .json)")
+    p.add_argument("plan", nargs="?", help="plan file (.yaml, .yml, .toml or .json); not needed with --verify-cache")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--workers", type=_positive_int,
                    help="local pool processes (default from the cores; intra-op threads = cores // workers); with "
@@ -588,21 +589,46 @@ def add_matrix(sub) -> None:
     p.add_argument("--resource-timeout", type=_positive_float, default=300.0, metavar="S",
                    help="with --ray: how long a cell waits for a node with its resources (GPU, sm_XY, macos) "
                         "before it is reported unverified (default 300)")
-    p.add_argument("--require-verified", action="store_true", help="exit 1 if any cell is unverified")
+    p.add_argument("--require-verified", action="store_true", help="exit 1 if any cell is unverified; a cached "
+                   "cell whose artifacts do not match their report is failed instead of rebuilt")
+    p.add_argument("--verify-cache", action="store_true",
+                   help="re-hash every cached cell's artifacts against its report and build nothing: one line per "
+                        "entry, exit 1 if any cannot be trusted (the cache is --cache, default OUT/.cache)")
     _add_exporter_flag(p, what="ONNX exporter of the cells whose plan entry (or defaults) names none (plan key "
                                "`exporter`); default and fallback as for export")
     p.set_defaults(func=cmd_matrix)
 
 
 def cmd_matrix(args) -> int:
+    from vitedge.errors import VitedgeError
     from vitedge.exporter.matrix import matrix
     from vitedge.exporter.matrix.results import format_dry_run, format_summary
 
+    if args.verify_cache:
+        return _verify_cache(args)
+    if args.plan is None:
+        raise VitedgeError("vitedge matrix needs a PLAN file; give one (or --verify-cache to check the cache)")
     result = matrix(args.plan, out=args.out, workers=args.workers, ray=args.ray, rebuild=args.rebuild,
                     dry_run=args.dry_run, bench=args.bench, cache=args.cache, resource_timeout=args.resource_timeout,
                     require_verified=args.require_verified, progress=not args.quiet, exporter=args.exporter)
     print(format_dry_run(result) if args.dry_run else format_summary(result))
     return result.exit_code
+
+
+def _verify_cache(args) -> int:
+    from vitedge.errors import VitedgeError
+    from vitedge.exporter.matrix.cache import Cache
+
+    root = Path(args.cache) if args.cache else Path(args.out) / ".cache"
+    if not root.is_dir():
+        raise VitedgeError(f"no matrix cache at {root}; give the cache folder with --cache (or the matrix's --out)")
+    checked = Cache(root).verify()
+    bad = [(k, why) for k, why in checked if why]
+    for key, why in checked:
+        print(f"{key[:16]}  {'UNTRUSTED: ' + why if why else 'ok'}")
+    print(f"{len(checked)} cache entries checked in {root}: {len(checked) - len(bad)} ok, {len(bad)} cannot be trusted"
+          + (" (a matrix run rebuilds them; --require-verified fails them)" if bad else ""))
+    return 1 if bad else 0
 
 
 # ---- entry point ----------------------------------------------------------------------------------
@@ -788,6 +814,22 @@ def apply_config(parser: argparse.ArgumentParser, argv: list[str]) -> str | None
         a.required = False
     p.set_defaults(**defaults)
     return path
+
+
+def _verify_cache(args) -> int:
+    from vitedge.errors import VitedgeError
+    from vitedge.exporter.matrix.cache import Cache
+
+    root = Path(args.cache) if args.cache else Path(args.out) / ".cache"
+    if not root.is_dir():
+        raise VitedgeError(f"no matrix cache at {root}; give the cache folder with --cache (or the matrix's --out)")
+    checked = Cache(root).verify()
+    bad = [(k, why) for k, why in checked if why]
+    for key, why in checked:
+        print(f"{key[:16]}  {'UNTRUSTED: ' + why if why else 'ok'}")
+    print(f"{len(checked)} cache entries checked in {root}: {len(checked) - len(bad)} ok, {len(bad)} cannot be trusted"
+          + (" (a matrix run rebuilds them; --require-verified fails them)" if bad else ""))
+    return 1 if bad else 0
 
 
 # ---- entry point ----------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from ..parity_cost import SAMPLES_RULE
 from ..digests import json_digest, source_digest
 from ...targets.base import sha256_file
 from ..report import versions
+from .folders import untrusted
 from .plan import Cell
 
 SCHEMA = 1
@@ -144,7 +145,8 @@ class Cache:
         return self.cell_dir(key) / "cell"
 
     def lookup(self, key: str) -> dict | None:
-        """The entry of a passed cell with this key, or None (failed, unverified or absent entries never hit)."""
+        """The entry of a passed cell with this key, or None (failed, unverified or absent entries never hit). The
+        entry's artifacts are not re-hashed here: `untrusted` does that before an entry is used."""
         d = self.cell_dir(key)
         try:
             entry = json.loads((d / "entry.json").read_text())
@@ -153,6 +155,28 @@ class Cache:
         if entry.get("key") != key or entry.get("status") != "passed" or not (d / "cell" / "report.json").is_file():
             return None
         return entry
+
+    def untrusted(self, key: str) -> str | None:
+        """Why the cached cell `key` cannot be trusted (its artifacts re-hashed against its report), or None."""
+        return untrusted(self.cell_output(key))
+
+    def verify(self) -> list[tuple[str, str | None]]:
+        """Every cell entry of the cache, re-checked without building: [(key, why it is bad or None)]."""
+        out = []
+        for entry_file in sorted(self.root.glob("cells/*/*/entry.json")):
+            key = entry_file.parent.name
+            try:
+                entry = json.loads(entry_file.read_text())
+            except (OSError, ValueError) as e:
+                out.append((key, f"entry.json unreadable ({type(e).__name__})"))
+                continue
+            if entry.get("key") != key:
+                out.append((key, f"entry.json names another key ({str(entry.get('key'))[:12]}...)"))
+            elif entry.get("status") != "passed":
+                out.append((key, None))  # never looked up: nothing to trust
+            else:
+                out.append((key, self.untrusted(key)))
+        return out
 
     def record(self, key: str, entry: dict) -> None:
         """Write a cell's entry.json (last, so that an entry is complete or absent)."""

@@ -3,7 +3,8 @@
 Every cell folder under DIR is built in a hidden sibling (exporter/outdir.py names it after its process) and
 renamed into place in one step, as `vitedge export` does, so a killed matrix leaves each cell complete-old,
 complete-new or absent. `.matrix-key` inside a cell folder names the cache entry it holds; a folder without
-it (a crashed cell's traceback, a copy interrupted before the key was known) is rebuilt or re-copied.
+it (a crashed cell's traceback, a copy interrupted before the key was known), or whose artifacts no longer have the
+sha256 their report records, is rebuilt or re-copied.
 """
 from __future__ import annotations
 
@@ -14,21 +15,41 @@ import tarfile
 from pathlib import Path
 
 from .. import outdir
+from ...targets.base import sha256_file
 
 KEY_FILE = ".matrix-key"
 TRACEBACK = "traceback.txt"
 
 
 def current_key(dest: Path) -> str | None:
-    """The cache key of the intact cell folder `dest` (its report and every artifact it lists present), or None."""
+    """The cache key of the intact cell folder `dest` (its report readable and every artifact it lists present with
+    the sha256 the report records), or None."""
     dest = Path(dest)
     try:
         key = (dest / KEY_FILE).read_text().strip()
-        report = json.loads((dest / "report.json").read_text())
-    except (OSError, ValueError):
+    except OSError:
         return None
-    intact = all((dest / a["path"]).exists() for a in (report.get("artifacts") or {}).values())
-    return key if key and intact else None
+    return key if key and untrusted(dest) is None else None
+
+
+def untrusted(folder: Path) -> str | None:
+    """Why the cell folder `folder` cannot be trusted as its report describes it, or None: its report.json missing
+    or unreadable, or an artifact it lists missing or with another sha256 than the report records (re-hashed now:
+    nothing cached is trusted without re-checking its hash)."""
+    folder = Path(folder)
+    try:
+        report = json.loads((folder / "report.json").read_text())
+        artifacts = (report.get("artifacts") or {}).items()
+    except (OSError, ValueError, AttributeError) as e:
+        return f"its report.json is missing or unreadable ({type(e).__name__})"
+    for name, a in artifacts:
+        path = folder / a["path"]
+        if not path.exists():
+            return f"artifact {a['path']} ({name}) is missing"
+        if a.get("sha256") and sha256_file(path) != a["sha256"]:
+            return (f"artifact {a['path']} ({name}) has sha256 {sha256_file(path)[:12]}..., its report records "
+                    f"{a['sha256'][:12]}...")
+    return None
 
 
 def _fill(dest: Path, fill) -> None:

@@ -23,7 +23,7 @@ from ..digests import json_digest
 from ..onnx_choice import DEFAULT_EXPORTER, check_exporter
 from .cache import Cache, Env, cell_key, hub_key, toolchain_drift, trt_mismatch
 from .engines import Job, LocalPool, size_pool
-from .folders import TRACEBACK, current_key, materialize, unpack, write_error
+from .folders import KEY_FILE, TRACEBACK, current_key, materialize, untrusted, unpack, write_error
 from .plan import PlanError, ResolvedPlan, canonical, read_plan
 from .ray_engine import resources_for
 from .results import CellResult, MatrixProgress, MatrixResult
@@ -121,6 +121,7 @@ class _Driver:
         self.results: dict[int, CellResult] = {}
         self.hub_refs: dict = {}
         self.twins: dict[int, list[int]] = {}  # a cell built -> the cells with the same key (other labels)
+        self.notes: dict[int, str] = {}          # why a cell is rebuilt or re-copied (said in its result)
         self.ray = engine.name == "ray"
 
     def run(self) -> None:
@@ -128,6 +129,16 @@ class _Driver:
         for i, c in enumerate(self.cells):
             key, _, why = self.keys[i]
             entry = None if (self.rebuild or why) else self.store.lookup(key)
+            bad = None if entry is None else self.store.untrusted(key)
+            if bad is not None:  # a cached artifact that is not what its report says: never reused
+                self.store.drop(key)
+                entry = None
+                if self.result.require_verified:
+                    self.results[i] = _result(c, "failed", cache_key=key, reason=f"the cached cell cannot be "
+                                              f"trusted ({bad}) and --require-verified forbids a silent rebuild: "
+                                              "run again to rebuild it")
+                    continue
+                self.notes[i] = f"rebuilt: the cached cell could not be trusted ({bad})"
             if entry is not None:
                 self.results[i] = self._from_cache(i, entry)
             elif key in first:  # the same export under another label: built once, copied to both folders
@@ -207,10 +218,15 @@ class _Driver:
     def _from_cache(self, i: int, entry: dict) -> CellResult:
         c, key = self.cells[i], self.keys[i][0]
         dest = self.out / c.id
+        reason = entry.get("reason")
         if current_key(dest) != key:
+            held = (dest / KEY_FILE).read_text().strip() if (dest / KEY_FILE).is_file() else None
+            why = untrusted(dest) if held == key else None
             materialize(self.store.cell_output(key), dest, key)
+            if why:  # the copy in DIR was changed after it was written: replaced by the verified cache entry
+                reason = "; ".join(filter(None, [reason, f"re-copied from the cache: the copy in {c.id} {why}"]))
         report = _read_report(dest)
-        return _result(c, entry["status"], reason=entry.get("reason"), cache_key=key, from_cache=True,
+        return _result(c, entry["status"], reason=reason, cache_key=key, from_cache=True,
                        report_path=f"{c.id}/report.json", worst=worst_metric(report),
                        bytes=artifact_bytes(report, c), latency=entry.get("latency"), seconds=entry.get("seconds"),
                        node=entry.get("node"), report=report)
@@ -243,6 +259,8 @@ class _Driver:
         drift = toolchain_drift(inputs, report)
         if status == "passed":
             reason = drift or uncacheable
+        if i in self.notes:
+            reason = "; ".join(filter(None, [self.notes[i], reason]))
         if i == job.index:
             self.store.record(key, {"status": status, "reason": reason, "cell": c.to_dict(), "inputs": inputs,
                                     "seconds": res.get("seconds"), "latency": res.get("latency"),
