@@ -218,7 +218,9 @@ def add_export(sub) -> None:
     _add_rewrites_flag(p)
     p.add_argument("--strict-schedule", action="store_true",
                    help="error (instead of warn) on a checkpoint whose LN->RepBN schedule had not finished")
-    p.add_argument("--force", action="store_true", help="replace an output folder that already holds artifacts")
+    p.add_argument("--force", action="store_true", help="replace an output folder that already holds artifacts "
+                   "(only files vitedge wrote there: a folder holding others is refused, naming them)")
+    p.add_argument("--clean", action="store_true", help="with --force: also delete files vitedge did not write")
     _add_parity_flags(p)
     _add_inputs_flags(p, "; coreml: a classifier")
     g = p.add_argument_group("coreml")
@@ -239,7 +241,7 @@ def cmd_export(args) -> int:
 
     report = export(args.model, args.target, checkpoint=args.checkpoint, imgsz=args.imgsz, batch=args.batch,
                     dynamic_batch=args.dynamic_batch, opset=args.opset, precision=args.precision,
-                    out=args.out, reparam=not args.no_reparam, force=args.force,
+                    out=args.out, reparam=not args.no_reparam, force=args.force, clean=args.clean,
                     attn_order=args.attn_order or "auto", strict_schedule=args.strict_schedule,
                     samples=_samples(args), tolerances=args.tol, require_verified=args.require_verified,
                     overrides=_overrides(args), options={k: getattr(args, k) for k in TARGET_OPTIONS},

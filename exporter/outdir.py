@@ -24,11 +24,13 @@ waits (up to 120 s) before going on, so tests can signal a run at a known point 
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import signal
 import socket
+import tempfile
 import threading
 import time
 import uuid
@@ -39,6 +41,7 @@ from typing import Callable
 from ..errors import VitedgeError
 
 QUARANTINE = "quarantine"
+MANIFEST = ".vitedge-files.json"   # the files vitedge wrote in an output folder: what --force may replace
 PAUSE_AT, PAUSE_FILE = "VITEDGE_TEST_PAUSE_AT", "VITEDGE_TEST_PAUSE_FILE"
 PAUSE_LIMIT_S = 120.0
 
@@ -116,12 +119,65 @@ def replace(tmp: Path, path: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def check_out(out: Path, force: bool) -> None:
-    """Refuse (VitedgeError, nothing touched) an --out that is a file, or holds files without --force."""
+def check_out(out: Path, force: bool, clean: bool = False) -> None:
+    """Refuse (VitedgeError, before any work, nothing touched) an --out vitedge cannot commit to: `.` or `..`, a
+    file, a path under a file, a folder whose nearest existing ancestor cannot be written (permissions, an
+    immutable folder, a read-only filesystem, /proc), a folder holding files without --force, and with --force one
+    holding files vitedge did not write (MANIFEST), unless --clean."""
+    out = Path(out)
+    if clean and not force:
+        raise VitedgeError("--clean deletes files vitedge did not write and only goes with --force; add --force")
+    if out.name in ("", ".", ".."):
+        raise VitedgeError(f"--out {out} names a folder by '.' or '..', which cannot be replaced as a unit; give the "
+                           "folder's own name or a new one, e.g. --out runs/NAME")
     if out.exists() and not out.is_dir():
         raise VitedgeError(f"--out {out} is a file; give a folder path")
-    if out.exists() and any(out.iterdir()) and not force:
-        raise VitedgeError(f"{out} already holds artifacts; pass --force to replace them or choose another --out")
+    check_parent(out)
+    if out.exists() and any(out.iterdir()):
+        if not force:
+            raise VitedgeError(f"{out} already holds artifacts; pass --force to replace them or choose another --out")
+        foreign = [] if clean else foreign_files(out)
+        if foreign:
+            more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+            raise VitedgeError(f"--force would delete files vitedge did not write in {out}: {', '.join(foreign[:3])}"
+                               f"{more}; move them away, or pass --force --clean to delete them too")
+
+
+def check_parent(out: Path) -> None:
+    """Refuse (VitedgeError) an output path (a folder or a file) under a file, or whose nearest existing folder
+    cannot be written: outputs are built in a sibling there, so try it now, once, before the run instead of at its
+    commit (root ignores permission bits, not an immutable folder, a read-only filesystem or /proc)."""
+    out = Path(out)
+    anc = next(p for p in out.parents if os.path.lexists(p))
+    if not anc.is_dir():
+        raise VitedgeError(f"--out {out} is under {anc}, which is a file; give a path in a folder")
+    _check_writable(out, anc)
+
+
+def _check_writable(out: Path, folder: Path) -> None:
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".vitedge-probe-", dir=folder))
+    except OSError as e:
+        raise VitedgeError(f"--out {out}: cannot write in {folder} ({e.strerror or e}); choose a folder you can write "
+                           "(not a read-only filesystem or an immutable folder)") from None
+
+
+def write_manifest(folder: Path) -> None:
+    """Record every file of a finished output `folder` (relative paths) in MANIFEST: what --force may replace."""
+    files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                   if (p.is_file() or p.is_symlink()) and p.name != MANIFEST)
+    (folder / MANIFEST).write_text(json.dumps({"written_by": "vitedge", "files": files}, indent=1) + "\n")
+
+
+def foreign_files(folder: Path) -> list[str]:
+    """Files in `folder` that its MANIFEST does not list (all of them without a readable manifest)."""
+    try:
+        known = set(json.loads((folder / MANIFEST).read_text())["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        known = set()
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                  if (p.is_file() or p.is_symlink()) and p.name != MANIFEST and p.relative_to(folder).as_posix()
+                  not in known)
 
 
 def quarantine(folder: Path, keep: tuple[str, ...] = ("report.json",),
@@ -240,6 +296,7 @@ class OutputFolder:
     def _rename_into_place(self) -> None:
         if not self.force and self.out.exists() and any(self.out.iterdir()):  # appeared while we were building
             raise VitedgeError(f"{self.out} already holds artifacts; pass --force to replace them")
+        write_manifest(self.tmp)
         replace(self.tmp, self.out)
         self.committed = True
 

@@ -38,6 +38,7 @@ from ..models.registry import get_spec, input_stats
 from ..targets.coreml.compress import KINDS
 from ..targets.coreml.options import parse_ios, read_labels
 from ..targets.coreml.runners import EmulatedCoreMLRunner
+from . import outdir
 from .calibrate import calibration_photos
 from .compressed import resolution_bounds
 from .forms import DEMO_SEED, build_train_form
@@ -286,6 +287,7 @@ def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = N
         raise VitedgeError(f"{out} exists; pass --force to replace it or choose another --out")
     if out.is_dir():
         raise VitedgeError(f"--out {out} is a folder; give a .zip file path")
+    outdir.check_parent(out)
     ios = parse_ios(ios) if ios is not None else None
     if precision not in ("fp16",) + KINDS:
         raise VitedgeError(f"vitedge package --precision must be one of fp16, {', '.join(KINDS)}; got {precision!r}")

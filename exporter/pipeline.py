@@ -55,7 +55,7 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
            rewrites=True, require_ane: bool = False, hub: HubStore | None = None, images: str | Path | None = None,
            labels: str | Path | None = None, calib: int | None = None,
            calib_images: str | Path | None = None, exporter: str = DEFAULT_EXPORTER,
-           truth_cache: bool = True) -> Report:
+           truth_cache: bool = True, clean: bool = False) -> Report:
     """Export `model_or_name` to `targets` in folder `out` (default runs/NAME) and run the parity ladder.
 
     `rewrites`: the deploy-form's speed rewrites (True all, False none, or names; see `available_rewrites`).
@@ -74,8 +74,8 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
     exporter/calibrate.py). `truth_cache`: use the disk cache of float64 ground truths (exporter/truth_cache.py).
 
     Returns the Report also written to OUT/report.json; `report.exit_code` is 0 (all executed hops
-    passed), 1 (a hop failed: artifacts in OUT/quarantine/). Raises VitedgeError (exit 2) on bad input,
-    before anything is written.
+    passed), 1 (a hop failed: artifacts in OUT/quarantine/). Raises VitedgeError (exit 2) on bad input or --out,
+    before anything is written; `force` replaces only files vitedge wrote there (`clean`: any file).
     """
     progress = progress or QUIET
     # -- validate everything that can be validated without work
@@ -106,7 +106,7 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
     out = Path(out) if out is not None else Path("runs") / name
     for line in outdir.recover(out):  # before the check: a killed --force run may have left DIR aside
         progress.note(line)
-    outdir.check_out(out, force)
+    outdir.check_out(out, force, clean)
 
     # Ctrl-C anywhere from here on ends the run (exit 130, DIR as it was), even where a library swallowed it
     with outdir.InterruptWatch() as interrupts:

@@ -28,6 +28,7 @@ from pathlib import Path
 import onnx
 import pytest
 
+from vitedge.exporter.outdir import MANIFEST
 from vitedge.tests._signals import sigint_default
 
 REPO = Path(__file__).resolve().parents[1]
@@ -144,7 +145,9 @@ def assert_complete(folder: Path) -> dict[str, str]:
         listed.add(a["path"])
     onnx.checker.check_model(onnx.load(str(folder / f"{NAME}.onnx")))
     snap = snapshot(folder)
+    listed.add(MANIFEST)  # vitedge's own list of what it wrote there (what --force may replace)
     assert set(snap) == listed, f"files the report does not list: {sorted(set(snap) - listed)}"
+    assert sorted(json.loads((folder / MANIFEST).read_text())["files"]) == sorted(listed - {MANIFEST})
     return snap
 
 

@@ -11,6 +11,7 @@ import pytest
 
 import vitedge
 from vitedge.exporter import pipeline, verify
+from vitedge.exporter.outdir import MANIFEST
 from vitedge.exporter.pipeline import export
 from vitedge.exporter.verify import parity
 from vitedge.models import VitedgeError
@@ -104,7 +105,7 @@ def test_generic_target_is_lowered_checked_and_recorded(tmp_path):
     assert spec.precision == "fp16" and spec.options == {"gain": 1.0} and spec.batch == 1
     assert spec.onnx_path.name == "swiftformer_xs.onnx" and spec.metadata["model"] == "swiftformer_xs"
     assert report.artifacts["fake"].path == "swiftformer_xs.fake" and report.artifacts["fake"].info == {"note": "fake"}
-    assert _tree(out) == ["report.json", "swiftformer_xs.fake", "swiftformer_xs.onnx"]
+    assert _tree(out) == [MANIFEST, "report.json", "swiftformer_xs.fake", "swiftformer_xs.onnx"]
     assert report.targets == ["onnx", "fake"]
 
 
@@ -113,7 +114,7 @@ def test_failed_hop_quarantines_every_artifact(tmp_path):
     report = export("swiftformer_xs", "fake", out=out, options={"gain": 1.5}, **FAST)
     assert report.exit_code == 1 and report.status == "failed"
     assert report.hop("fake").status == "failed" and "cosine" not in report.hop("fake").reason  # scale, not shape
-    assert _tree(out) == ["quarantine", "quarantine/swiftformer_xs.fake", "quarantine/swiftformer_xs.onnx",
+    assert _tree(out) == [MANIFEST, "quarantine", "quarantine/swiftformer_xs.fake", "quarantine/swiftformer_xs.onnx",
                           "quarantine/swiftformer_xs.raw.onnx", "report.json"]
     assert report.quarantine == "quarantine"
     assert {a.path for a in report.artifacts.values()} == {"quarantine/swiftformer_xs.onnx",
@@ -173,9 +174,11 @@ def test_refuses_to_overwrite_then_force_replaces_atomically(tmp_path):
     with pytest.raises(VitedgeError, match="--force"):
         export("swiftformer_xs", "onnx", out=out, **FAST)
     assert _tree(out) == ["old.onnx"] and (out / "old.onnx").read_text() == "previous run"
-    report = export("swiftformer_xs", "onnx", out=out, force=True, **FAST)
+    with pytest.raises(VitedgeError, match="did not write in .*old.onnx"):  # not vitedge's file: --force keeps it
+        export("swiftformer_xs", "onnx", out=out, force=True, **FAST)
+    report = export("swiftformer_xs", "onnx", out=out, force=True, clean=True, **FAST)
     assert report.exit_code == 0
-    assert _tree(out) == ["report.json", "swiftformer_xs.onnx"]
+    assert _tree(out) == [MANIFEST, "report.json", "swiftformer_xs.onnx"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no temporary or old sibling left
 
 
