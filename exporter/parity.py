@@ -18,8 +18,8 @@ import numpy as np
 
 from ..errors import VitedgeError
 from ..targets.base import Runner, pad_batch
-from .criteria import (FP16_FLOOR, FP16_K, NOISE_FLOOR, NOISE_K, GroundTruth, NoiseRule, accuracy, accuracy_delta,
-                       effective_noise, sample_errors)
+from .criteria import (FP16_FLOOR, FP16_K, FP16_MEDIAN, FP16_MEDIAN_MIN_SAMPLES, NOISE_FLOOR, NOISE_K, GroundTruth,
+                       NoiseRule, accuracy, accuracy_delta, effective_noise, sample_errors)
 from .report import Hop, Metrics, Tolerance, allowed_count
 
 # The documented defaults (README "Tolerances"); `--tol PROFILE.KEY=VALUE` overrides any of them.
@@ -32,7 +32,7 @@ DEFAULT_TOLERANCES: dict[str, Tolerance] = {
 # per-sample fp16 rule (an independent fp16 computation of the deploy-form sets each sample's allowance).
 FLOAT64_TOLERANCES: dict[str, Tolerance] = {
     "fp32": Tolerance("fp32", noise_floor=NOISE_FLOOR, noise_k=NOISE_K),
-    "fp16": replace(DEFAULT_TOLERANCES["fp16"], fp16_floor=FP16_FLOOR, fp16_k=FP16_K),
+    "fp16": replace(DEFAULT_TOLERANCES["fp16"], fp16_floor=FP16_FLOOR, fp16_k=FP16_K, fp16_median=FP16_MEDIAN),
 }
 # Compressed artifacts (--precision int8 | w8 | palette4 | palette6 | w8a8), one profile per kind: judged against
 # float64 on natural images and a user's --images only (exporter/compressed.py), by the metric thresholds alone
@@ -234,6 +234,12 @@ def judge(truth: GroundTruth, out: np.ndarray, tolerance: Tolerance,
                 who = names[i] if names is not None else f"sample {i}"
                 found.append(f"{s}: noise_ratio {ratio:.3g} > 1 ({who}: error {errors[i]:.3g} vs allowance "
                              f"max({rule.floor:.3g}, {rule.k:.3g} x {what} {eff[w]:.3g}))")
+        median = None
+        if tolerance.fp16_median is not None and len(idx) >= FP16_MEDIAN_MIN_SAMPLES:
+            median = float(np.median(errors[idx] / np.maximum(effective_noise(noise[idx]), rule.floor)))
+            if not median <= tolerance.fp16_median:
+                found.append(f"{s}: fp16 median ratio {median:.3g} > {tolerance.fp16_median:.3g} (the typical "
+                             f"sample's error over the fp16 reference's: a systematic error)")
         lab = None if truth.labels is None else truth.labels[idx]
         acc = accuracy_delta(truth.y64[idx], out[idx], lab)
         if acc is not None and tolerance.accuracy_drop is not None:
@@ -244,7 +250,8 @@ def judge(truth: GroundTruth, out: np.ndarray, tolerance: Tolerance,
                              f"{acc['labelled']} labelled samples: {lost} more misclassified, "
                              f"{allowed_count(tolerance.accuracy_drop, acc['labelled'])} allowed)")
         sets[s] = {"samples": int(len(idx)), "metrics": asdict(m), "reference_noise": float(truth.noise[idx].max()),
-                   "noise_ratio": ratio, "top1_accuracy": accuracy(out[idx], lab, 1),
+                   "noise_ratio": ratio, **({"fp16_median_ratio": median} if what == "fp16 error" else {}),
+                   "top1_accuracy": accuracy(out[idx], lab, 1),
                    "top5_accuracy": accuracy(out[idx], lab, 5), "worst_sample": worst, "problems": found,
                    **(acc or {})}
         if acc is not None:  # the reference on exactly these samples: accuracies are compared on the same images

@@ -76,6 +76,9 @@ class Tolerance:
     # rounded to fp16) in place of the float32 noise: error <= max(fp16_floor, fp16_k * that error).
     fp16_floor: float | None = None
     fp16_k: float | None = None
+    # and, over a set of at least FP16_MEDIAN_MIN_SAMPLES samples, the median of error / that error: a systematic
+    # error moves most samples, where a correct artifact's median stays near 1
+    fp16_median: float | None = None
     # With labels (a labelled --images folder): the largest allowed drop of top-1 accuracy against the float64
     # train-form on the same labelled samples (a fraction: 0.005 = half a point); judged per input set.
     accuracy_drop: float | None = None
@@ -83,7 +86,7 @@ class Tolerance:
     UPPER = ("max_abs", "max_rel")
     LOWER = ("cosine", "psnr_db", "top1_agreement", "top5_agreement")
     NOISE = ("noise_floor", "noise_k")
-    FP16 = ("fp16_floor", "fp16_k")
+    FP16 = ("fp16_floor", "fp16_k", "fp16_median")
     LABELLED = ("accuracy_drop",)
     COUNTED = ("top1_agreement", "top5_agreement")   # proportions of samples: judged as counts (required_count)
 
@@ -91,7 +94,7 @@ class Tolerance:
         return self.noise_floor is not None or self.noise_k is not None
 
     def fp16_rule(self) -> bool:
-        return self.fp16_floor is not None or self.fp16_k is not None
+        return self.fp16_floor is not None or self.fp16_k is not None or self.fp16_median is not None
 
     def violations(self, m: Metrics) -> list[str]:
         """Human-readable list of the metric thresholds `m` misses (empty = within tolerance); the noise rule

@@ -1,9 +1,13 @@
-"""Planted errors for sensitivity checks: one output channel of one mid-network weight of an ONNX graph, scaled.
+"""Planted errors for sensitivity checks: one output channel of one mid-network weight of an ONNX graph, scaled;
+and errors planted in saved fp16 artifacts (a CoreML package's weight.bin, an fp16 ONNX initializer).
 
-Used by the criteria tests and benchmarks/parity_noise.py (the study that picks the noise rule's floor and K).
+Used by the criteria tests, benchmarks/parity_noise.py (the study that picks the noise rule's floor and K) and
+benchmarks/fp16_verdicts.py (the fp16 rule's).
 """
 from __future__ import annotations
 
+import shutil
+import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,3 +76,64 @@ def plant_channel_scale(model: onnx.ModelProto, factor: float, position: float =
     w[tuple(idx)] = (w[tuple(idx)].astype(np.float64) * factor).astype(w.dtype)
     init.CopyFrom(numpy_helper.from_array(w, name))
     return m, Planted(node.name, node.op_type, name, int(ch), float(factor))
+
+
+# what a plant does to a (output channels, ...) weight: the whole layer zeroed, or its middle channel scaled
+PLANT_FACTORS = {"zero_layer": None, "sign_flip": -1.0, "x10": 10.0, "x2": 2.0, "x0": 0.0, "x1.1": 1.1}
+
+
+def change_weight(w: np.ndarray, plant: str) -> np.ndarray:
+    w = w.copy()
+    if PLANT_FACTORS[plant] is None:
+        return w * 0
+    w[w.shape[0] // 2] *= PLANT_FACTORS[plant]
+    return w
+
+
+def package_weight_blobs(package) -> list[tuple[int, int, list[int]]]:
+    """(offset, bytes, shape) of the float16 weights of rank >= 2 in the package's weight.bin, in program order."""
+    from vitedge.targets.coreml.mil_interpreter import package_paths, quiet_coremltools
+
+    with quiet_coremltools():
+        from coremltools.proto import Model_pb2
+    spec_file, weights = package_paths(package)
+    spec = Model_pb2.Model()
+    spec.ParseFromString(spec_file.read_bytes())
+    fn = spec.mlProgram.functions["main"]
+    found = []
+    for op in fn.block_specializations[fn.opset].operations:
+        v = op.attributes["val"] if op.type == "const" else None
+        if v is None or v.WhichOneof("value") != "blobFileValue":
+            continue
+        shape = [d.constant.size for d in v.type.tensorType.dimensions]
+        with open(weights / "weight.bin", "rb") as f:
+            f.seek(v.blobFileValue.offset)
+            sentinel, _, size, data = struct.unpack("<IIQQ", f.read(24))
+        if sentinel == 0xDEADBEEF and len(shape) >= 2 and shape[0] >= 4 and size == 2 * int(np.prod(shape)):
+            found.append((data, size, shape))
+    return found
+
+
+def plant_package_weights(src, dst, plant: str, position: float) -> None:
+    """Copy the .mlpackage `src` to `dst` with `plant` applied to the float16 weight at `position` (0..1) of the
+    program's order, in weight.bin itself."""
+    shutil.copytree(src, dst)
+    blobs = package_weight_blobs(dst)
+    offset, size, shape = blobs[min(int(position * len(blobs)), len(blobs) - 1)]
+    path = next(dst.rglob("weight.bin"))
+    raw = bytearray(path.read_bytes())
+    w = np.frombuffer(bytes(raw[offset:offset + size]), np.float16).reshape(shape[0], -1).astype(np.float32)
+    raw[offset:offset + size] = change_weight(w, plant).astype(np.float16).tobytes()
+    path.write_bytes(bytes(raw))
+
+
+def plant_fp16_initializer(src, dst, plant: str, position: float) -> None:
+    """Save the fp16 ONNX `src` as `dst` with `plant` applied to its float16 weight initializer at `position`."""
+    graph = onnx.load(str(src))
+    weights = [i for i in graph.graph.initializer if i.data_type == onnx.TensorProto.FLOAT16 and len(i.dims) >= 2
+               and i.dims[0] >= 4]
+    init = weights[min(int(position * len(weights)), len(weights) - 1)]
+    w = numpy_helper.to_array(init).astype(np.float32)
+    init.CopyFrom(numpy_helper.from_array(change_weight(w.reshape(w.shape[0], -1), plant).reshape(w.shape)
+                                          .astype(np.float16), init.name))
+    onnx.save(graph, str(dst))

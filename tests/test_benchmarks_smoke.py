@@ -17,7 +17,7 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 SCRIPTS = ("attention_order", "export_time", "deploy_speed", "exporters", "matrix_scale", "resolution_scaling",
-           "quantization", "compressed_profiles", "rewrite_ablation")
+           "quantization", "compressed_profiles", "rewrite_ablation", "fp16_verdicts")
 TIMEOUT_S = 600  # a generous ceiling for a busy shared machine; on a quiet one each takes about a minute
 CI_RE = re.compile(r"\d+\.\d+x \(95% CI \d+\.\d+-\d+\.\d+, \d+ pairs\)")
 MACHINE_KEYS = {"cpu", "cores", "date", "load_start", "load_end", "load_note"}
@@ -341,6 +341,18 @@ def test_compressed_profiles_quick(runs):
             assert c["passed"] != c["planted"], (c["case"], c["set"], c["problems"])
     for entry in data["summary"].values():
         assert entry["correct_failed"] == [] and entry["planted_passed"] == []
+
+
+def test_fp16_verdicts_quick(runs):
+    """The fp16 rule's evidence: correct fp16 artifacts of a trained model pass, plants in the saved ones fail."""
+    lines, data = _result(runs, "fp16_verdicts")
+    tail = _tail_after(lines, "fp16 rule (")
+    assert {ln.split(":")[0].strip() for ln in tail} == {"zero_layer", "sign_flip", "x10"}
+    cases = data["cases"]
+    assert {c["artifact"] for c in cases} == {"coreml", "onnx-fp16"}
+    for c in cases:
+        assert c["caught"] == (c["plant"] is not None), c
+    assert data["summary"]["correct_failed"] == [] and data["summary"]["worst_correct_ratio"] < data["summary"]["k"]
 
 
 def test_export_all_time_quick(tmp_path):

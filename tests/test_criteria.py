@@ -143,6 +143,29 @@ def test_fp16_rule_allows_a_few_times_the_fp16_references_error_per_sample():
     assert sets["natural"]["worst_sample"]["index"] == 1
 
 
+def test_fp16_median_ratio_catches_a_systematic_error_no_single_sample_shows():
+    truth = _truth(n=16)  # 12 natural samples: enough for the median, 4 stress: too few
+    rng = np.random.default_rng(2)  # an fp16 reference with errors above the floor (~2e-3 of the largest logit)
+    truth = replace(truth, y16=truth.y64 * (1 + 2.0 ** -9 * rng.choice([-1.0, 1.0], size=truth.y64.shape)))
+    tol = parity.FLOAT64_TOLERANCES["fp16"]
+    ref_err = np.empty(16)
+    for s in truth.present():  # each sample's allowance basis: its reference error raised to its set's median
+        ref_err[truth.indices(s)] = effective_noise(truth.noise16[truth.indices(s)])
+    scale = np.abs(truth.y64).max(axis=1)
+
+    def shifted(times):  # every sample's largest logit moved by `times` its reference error
+        out = truth.y64.copy()
+        out[np.arange(16), np.abs(truth.y64).argmax(1)] += times * ref_err * scale
+        return out
+
+    _, sets, problems = parity.judge(truth, shifted(1.0), tol)
+    assert problems == [] and sets["natural"]["fp16_median_ratio"] <= 1.0 and sets["stress"]["fp16_median_ratio"] is None
+    _, sets, problems = parity.judge(truth, shifted(3.0), tol)  # within K = 4 on every sample, 3x on the typical one
+    assert all(d["noise_ratio"] <= 1 for d in sets.values())
+    assert problems == [f"natural: fp16 median ratio {sets['natural']['fp16_median_ratio']:.3g} > 2 (the typical "
+                        "sample's error over the fp16 reference's: a systematic error)"]
+
+
 def test_fp16_rule_without_its_reference_is_an_error_not_a_pass():
     with pytest.raises(ValueError, match="fp16 reference"):
         parity.judge(_truth(n=8), _truth(n=8).y64, parity.FLOAT64_TOLERANCES["fp16"])

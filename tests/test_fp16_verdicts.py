@@ -8,20 +8,16 @@ of the ONNX graph)."""
 from __future__ import annotations
 
 import copy
-import shutil
-import struct
 
-import numpy as np
-import onnx
 import pytest
-from onnx import numpy_helper
 
 import vitedge
 from vitedge.models import make_trained_like
 from vitedge.tests import trained_fixtures as tf
+from vitedge.tests._plant import plant_fp16_initializer, plant_package_weights
 
 SAMPLES = 12
-PLANTS = {"zero_layer": None, "sign_flip": -1.0, "x10": 10.0}
+PLANTS = ("sign_flip", "x10", "zero_layer")
 
 
 def _trained(name):
@@ -66,60 +62,6 @@ def swiftformer(tmp_path_factory):
     return _export("swiftformer_digits", tmp_path_factory)
 
 
-def _change(w: np.ndarray, plant: str) -> np.ndarray:
-    w = w.copy()
-    if PLANTS[plant] is None:
-        return w * 0
-    w[w.shape[0] // 2] *= PLANTS[plant]
-    return w
-
-
-def _weight_blobs(package):
-    """(offset, bytes, shape) of the float16 weights of rank >= 2 in the package's weight.bin, in program order."""
-    from vitedge.targets.coreml.mil_interpreter import package_paths, quiet_coremltools
-
-    with quiet_coremltools():
-        from coremltools.proto import Model_pb2
-    spec_file, weights = package_paths(package)
-    spec = Model_pb2.Model()
-    spec.ParseFromString(spec_file.read_bytes())
-    fn = spec.mlProgram.functions["main"]
-    found = []
-    for op in fn.block_specializations[fn.opset].operations:
-        v = op.attributes["val"] if op.type == "const" else None
-        if v is None or v.WhichOneof("value") != "blobFileValue":
-            continue
-        shape = [d.constant.size for d in v.type.tensorType.dimensions]
-        with open(weights / "weight.bin", "rb") as f:
-            f.seek(v.blobFileValue.offset)
-            sentinel, _, size, data = struct.unpack("<IIQQ", f.read(24))
-        if sentinel == 0xDEADBEEF and len(shape) >= 2 and shape[0] >= 4 and size == 2 * int(np.prod(shape)):
-            found.append((data, size, shape))
-    return found
-
-
-def _plant_package(src, dst, plant: str):
-    shutil.copytree(src, dst)
-    blobs = _weight_blobs(dst)
-    offset, size, shape = blobs[len(blobs) // 2]
-    path = next(dst.rglob("weight.bin"))
-    raw = bytearray(path.read_bytes())
-    w = np.frombuffer(bytes(raw[offset:offset + size]), np.float16).reshape(shape[0], -1).astype(np.float32)
-    raw[offset:offset + size] = _change(w, plant).astype(np.float16).tobytes()
-    path.write_bytes(bytes(raw))
-
-
-def _plant_onnx(src, dst, plant: str):
-    graph = onnx.load(str(src))
-    weights = [i for i in graph.graph.initializer if i.data_type == onnx.TensorProto.FLOAT16 and len(i.dims) >= 2
-               and i.dims[0] >= 4]
-    init = weights[len(weights) // 2]
-    w = numpy_helper.to_array(init).astype(np.float32)
-    init.CopyFrom(numpy_helper.from_array(_change(w.reshape(w.shape[0], -1), plant).reshape(w.shape)
-                                          .astype(np.float16), init.name))
-    onnx.save(graph, str(dst))
-
-
 def _parity(model, artifact, imgsz):
     return vitedge.parity(copy.deepcopy(model), artifact=artifact, imgsz=imgsz, samples=SAMPLES)
 
@@ -133,23 +75,23 @@ def test_correct_fp16_artifacts_pass_the_fp16_rule(exported):
         assert all(d["reference_fp16_error"] > 0 for d in h.sets.values())
 
 
-@pytest.mark.parametrize("plant", sorted(PLANTS))
+@pytest.mark.parametrize("plant", PLANTS)
 def test_planted_errors_in_the_saved_package_fail(exported, plant, tmp_path):
     name, model, imgsz, _, out = exported
     bad = tmp_path / "planted.mlpackage"
-    _plant_package(next(out.glob("*.mlpackage")), bad, plant)
+    plant_package_weights(next(out.glob("*.mlpackage")), bad, plant, 0.5)
     rep = _parity(model, bad, imgsz)
     hop = rep.hop("coreml")
     assert hop.status == "failed" and rep.exit_code == 1, (name, plant, hop.reason)
     assert "noise_ratio" in hop.reason or "non-finite" in hop.reason, hop.reason
 
 
-@pytest.mark.parametrize("plant", sorted(PLANTS))
+@pytest.mark.parametrize("plant", PLANTS)
 def test_planted_errors_in_the_saved_fp16_onnx_fail(swiftformer, plant, tmp_path):
     # one family: the fp16 rule is the same for every fp16 artifact
     name, model, imgsz, _, out = swiftformer
     bad = tmp_path / "planted.fp16.onnx"
-    _plant_onnx(next(out.glob("*.fp16.onnx")), bad, plant)
+    plant_fp16_initializer(next(out.glob("*.fp16.onnx")), bad, plant, 0.5)
     rep = _parity(model, bad, imgsz)
     hop = next(h for h in rep.parity if h.hop.startswith("onnx"))
     assert hop.status == "failed" and rep.exit_code == 1, (plant, hop.reason)

@@ -1,0 +1,161 @@
+"""Where the fp16 rule's K comes from, and the smallest error it catches (no timing).
+
+For each model: an fp16 CoreML package (run by vitedge's MIL interpreter, the hop `vitedge export` judges here) and an
+fp16 ONNX graph (ONNX Runtime), both written by `vitedge export`, are judged against the train-form in float64 on the
+parity set. Each sample's reference error is that of an independent fp16 computation: the deploy-form with weights
+and module outputs rounded to float16 (exporter.parity.fp16_reference), raised to its set's median. The ratio
+error / reference error is reported for the correct artifacts (what K must clear) and for errors planted in the saved
+artifact: a whole layer zeroed, and one output channel x0, x-1, x1.1, x2, x10, at three depths (weight.bin of the
+package, a float16 initializer of the ONNX graph). A plant is caught when the fp16 profile's own judge fails it (the
+per-sample rule with K, the median rule, the metric bounds) and "visible" when it moves the outputs by more than 3x the correct artifact's own error on some sample.
+
+Models: the trained reference fixtures (tests/fixtures/trained/, SwiftFormer and SLAB-DeiT trained on scikit-learn's
+digits) and small demo configs of SimA and SLAB-Swin; the full run adds SwiftFormer-XS at its full size (224 px, demo
+weights).
+
+    python benchmarks/fp16_verdicts.py [--quick] [--out FILE]
+"""
+from __future__ import annotations
+
+import copy
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+import _common as C
+import vitedge
+from vitedge.exporter.criteria import FP16_K, FP16_MEDIAN, effective_noise, sample_errors
+from vitedge.exporter.forms import build_deploy_form
+from vitedge.exporter.hops import parity_inputs_for
+from vitedge.exporter.parity import FLOAT64_TOLERANCES, ground_truth, judge, run_batched, with_fp16_reference
+from vitedge.models import make_trained_like
+from vitedge.targets.coreml.runners import EmulatedCoreMLRunner
+from vitedge.targets.ort import OnnxRuntimeRunner
+from vitedge.tests import trained_fixtures as tf
+from vitedge.tests._plant import PLANT_FACTORS, plant_fp16_initializer, plant_package_weights
+
+POSITIONS = (0.25, 0.5, 0.75)
+VISIBLE = 3.0     # a plant is visible when it moves some sample's outputs by > 3x the correct artifact's error
+
+
+def _models(quick: bool) -> dict:
+    def trained(name):
+        return lambda: (tf.load_reference(name), tf.manifest()["models"][name]["imgsz"], 64)
+
+    def demo(name, imgsz, samples, **overrides):
+        return lambda: (make_trained_like(vitedge.create_model(name, **overrides), seed=0).eval(), imgsz, samples)
+
+    models = {"swiftformer_digits": trained("swiftformer_digits")}
+    if quick:
+        return models
+    models.update({
+        "slab_deit_digits": trained("slab_deit_digits"),
+        "sima_small": demo("sima_nano_12_p16", 32, 64, depth=2, img_size=32, num_classes=10),
+        "slab_swin_small": demo("slab_swin_tiny", 64, 64, depths=[1, 1, 1, 1], img_size=64, window_size=2,
+                                num_classes=10),
+        "swiftformer_xs_full": demo("swiftformer_xs", 224, 16),
+    })
+    return models
+
+
+def _ratios(truth_y64, out, noise16, sets) -> np.ndarray:
+    err = sample_errors(truth_y64, out)
+    eff = np.empty_like(noise16)
+    sets = np.asarray(sets)
+    for s in set(sets.tolist()):
+        eff[sets == s] = effective_noise(noise16[sets == s])
+    return err / eff
+
+
+def _caught(truth, out) -> bool:
+    """The product's own verdict: the fp16 profile's judge (per-sample rule, median rule, metric bounds)."""
+    return bool(judge(truth, out, FLOAT64_TOLERANCES["fp16"])[2])
+
+
+def measure(name: str, make, work: Path, quick: bool) -> list[dict]:
+    model, imgsz, n = make()
+    n = 12 if quick else n
+    out = work / name
+    vitedge.export(copy.deepcopy(model), targets="onnx,coreml", precision="fp16", imgsz=imgsz, samples=n,
+                   out=out / "run", truth_cache=False)
+    ps = parity_inputs_for(model, imgsz, n)
+    x, sets = ps.numpy(), ps.sets
+    deploy = build_deploy_form(copy.deepcopy(model), imgsz)[0]
+    truth = with_fp16_reference(ground_truth(model, x, sets), deploy, x)
+    noise16 = truth.noise16
+    package = next((out / "run").glob("*.mlpackage"))
+    graph = next((out / "run").glob("*.fp16.onnx"))
+    runners = {"coreml": lambda p: EmulatedCoreMLRunner(p, max_samples=None), "onnx-fp16": OnnxRuntimeRunner}
+    planters = {"coreml": (package, plant_package_weights, ".mlpackage"),
+                "onnx-fp16": (graph, plant_fp16_initializer, ".fp16.onnx")}
+    rows = []
+    for kind, (src, plant_fn, suffix) in planters.items():
+        with runners[kind](src) as r:
+            good = run_batched(r, x)
+        good_r = _ratios(truth.y64, good, noise16, sets)
+        good_err = sample_errors(truth.y64, good)
+        rows.append({"model": name, "artifact": kind, "plant": None, "position": None, "samples": int(len(x)),
+                     "worst_ratio": float(good_r.max()), "median_ratio": float(np.median(good_r)),
+                     "worst_error": float(good_err.max()), "caught": _caught(truth, good)})
+        plants = ("zero_layer", "sign_flip", "x10") if quick else tuple(PLANT_FACTORS)
+        for pos in ((0.5,) if quick else POSITIONS):
+            for plant in plants:
+                dst = out / f"{kind}-{plant}-{pos}{suffix}"
+                plant_fn(src, dst, plant, pos)
+                with runners[kind](dst) as r:
+                    bad = run_batched(r, x)
+                ratio = _ratios(truth.y64, bad, noise16, sets)
+                effect = sample_errors(good, bad) * np.abs(good).max(axis=1) / np.abs(truth.y64).max(axis=1)
+                visible = bool(np.any(effect > VISIBLE * np.maximum(good_err, 1e-30)))
+                rows.append({"model": name, "artifact": kind, "plant": plant, "position": pos,
+                             "samples": int(len(x)), "worst_ratio": float(np.max(ratio)),
+                             "median_ratio": float(np.median(ratio)), "worst_error": float(np.max(
+                                 sample_errors(truth.y64, bad))),
+                             "effect_over_correct_error": float(np.max(effect / np.maximum(good_err, 1e-30))),
+                             "visible": visible, "caught": _caught(truth, bad)})
+                shutil.rmtree(dst, ignore_errors=True) if dst.is_dir() else dst.unlink(missing_ok=True)
+    return rows
+
+
+def summary(rows: list[dict]) -> dict:
+    correct = [r for r in rows if r["plant"] is None]
+    planted = [r for r in rows if r["plant"] is not None]
+    by_plant = {}
+    for p in dict.fromkeys(r["plant"] for r in planted):
+        rs = [r for r in planted if r["plant"] == p]
+        by_plant[p] = {"caught": sum(r["caught"] for r in rs), "of": len(rs),
+                       "visible_missed": sum(r["visible"] and not r["caught"] for r in rs),
+                       "smallest_caught_error": min((r["worst_error"] for r in rs if r["caught"]), default=None)}
+    return {"k": FP16_K, "median": FP16_MEDIAN, "worst_correct_ratio": max(r["worst_ratio"] for r in correct),
+            "correct_failed": [f"{r['model']}/{r['artifact']}" for r in correct if r["caught"]],
+            "smallest_caught_error": min((r["worst_error"] for r in planted if r["caught"]), default=None),
+            "largest_missed_error": max((r["worst_error"] for r in planted if not r["caught"]), default=None),
+            "plants": by_plant}
+
+
+def main(argv=None) -> int:
+    ap = C.parser("fp16_verdicts", __doc__)
+    args = ap.parse_args(argv)
+    started, info = C.begin("fp16_verdicts", args.quick)
+    work = Path(tempfile.mkdtemp(prefix="vitedge-fp16-"))
+    try:
+        rows = [r for name, make in _models(args.quick).items() for r in measure(name, make, work, args.quick)]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    summ = summary(rows)
+    path = C.write_results(C.out_path("fp16_verdicts", args), "fp16_verdicts", info, args,
+                           {"settings": {"k": FP16_K, "median": FP16_MEDIAN, "positions": POSITIONS,
+                                         "visible": VISIBLE},
+                            "cases": rows, "summary": summ}, started)
+    print(f"\nresults: {path}")
+    print(f"\nfp16 rule (K = {FP16_K:g}, median {FP16_MEDIAN:g}): correct artifacts' worst ratio {summ['worst_correct_ratio']:.2f} "
+          f"({len(summ['correct_failed'])} failed); per plant, caught / planted (visible but missed):")
+    for p, e in summ["plants"].items():
+        print(f"  {p}: {e['caught']}/{e['of']} ({e['visible_missed']})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
