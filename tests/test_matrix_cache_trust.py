@@ -75,3 +75,20 @@ def test_verify_cache_without_a_cache_is_a_usage_error(tmp_path, capsys):
     assert "no matrix cache" in capsys.readouterr().err
     assert main(["-q", "matrix", "--out", str(tmp_path / "none")]) == 2
     assert "needs a PLAN" in capsys.readouterr().err
+
+
+def test_matrix_runs_from_a_plain_script_without_a_main_guard(tmp_path):
+    """The README's five lines as a plain script: the workers never re-run it (its top level runs once) and every
+    cell is built (before: every cell "error: the worker process died")."""
+    import subprocess
+    import sys
+
+    write_plan(tmp_path, plan_of([XS]))
+    (tmp_path / "script.py").write_text(
+        "import vitedge\n"
+        "print('TOP-LEVEL', flush=True)\n"
+        "result = vitedge.matrix('plan.yaml', out='out', workers=2, progress=False)\n"
+        "print('EXIT', result.exit_code, [c.status for c in result.cells], flush=True)\n")
+    p = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("TOP-LEVEL") == 1 and "EXIT 0 ['passed']" in p.stdout, p.stdout + p.stderr

@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,6 +100,23 @@ def _worker_main(conn, threads: int, log: str) -> None:
         conn.send(result)
 
 
+@contextmanager
+def _main_script_hidden():
+    """Start a worker without re-running the user's script in it. multiprocessing's spawn and fork-server children
+    import __main__ again (as __mp_main__), which runs a plain script's unguarded `vitedge.matrix(...)` once per
+    worker; a worker runs vitedge's own code only, so it is started as if __main__ had no file."""
+    main = sys.modules.get("__main__")
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in getattr(main, "__dict__", {})}
+    try:
+        main.__dict__.pop("__file__", None)
+        if "__spec__" in saved:
+            main.__spec__ = None
+        yield
+    finally:
+        if main is not None:
+            main.__dict__.update(saved)
+
+
 def _context():
     """The fork server (torch and the pipeline preloaded once) where there is one, else spawn; never a plain fork
     of the driver, which may hold threads (Ray's, the progress timer's)."""
@@ -138,7 +156,8 @@ class LocalPool:
         parent, child = self.ctx.Pipe()
         s.proc = self.ctx.Process(target=_worker_main, args=(child, self.threads, str(s.log)),
                                   daemon=True, name=f"vitedge-matrix-{s.n}")
-        s.proc.start()
+        with _main_script_hidden():
+            s.proc.start()
         child.close()
         s.conn = parent
 

@@ -44,7 +44,8 @@ def matrix(plan, *, out, workers: int | None = None, ray=None, rebuild: bool = F
     cluster address. Returns the MatrixResult also written to OUT/matrix.json; `exit_code` 0 (every executed
     cell passed), 1 (a cell failed or crashed, or unverified with `require_verified`). Raises VitedgeError
     (exit 2) on a bad plan or arguments, before anything is written. `exporter`: the ONNX exporter of the cells
-    whose plan entry (or `defaults`) names none (None: the default exporter).
+    whose plan entry (or `defaults`) names none (None: the default exporter). Works from a plain script, with or
+    without an `if __name__ == "__main__":` guard: the local pool's workers never re-run the calling script.
     """
     t0 = time.monotonic()
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers <= 0):
