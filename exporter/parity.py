@@ -303,9 +303,9 @@ def failed(hop: str, backend: str, reason: str, mode: str | None = None, toleran
 
 def ground_truth(model, x, sets: tuple[str, ...], labels=None, batch: int = GROUND_TRUTH_BATCH,
                  threads: int = REFERENCE_THREADS, threads64: int | None = None) -> GroundTruth:
-    """The train-form `model` run on `x` in float64 (the truth) and in float32 (each sample's noise), in chunks
-    of `batch`. The float32 run uses exactly `threads` intra-op threads (its rounding depends on them:
-    REFERENCE_THREADS); the float64 run, which dominates the cost and whose rounding is negligible, `threads64`
+    """The train-form `model` run on `x` in float64 (the truth) and in float32, in the default and the channels-last
+    layout (each sample's noise: their envelope, criteria.GroundTruth.noise), in chunks of `batch`. The float32
+    runs use exactly `threads` intra-op threads (their rounding depends on them: REFERENCE_THREADS); the float64 run, which dominates the cost and whose rounding is negligible, `threads64`
     (default: torch's setting, every core unless the caller lowered it; tiny models run faster on one). The model
     is not changed; torch's thread setting is restored."""
     import torch
@@ -315,16 +315,27 @@ def ground_truth(model, x, sets: tuple[str, ...], labels=None, batch: int = GROU
     before = torch.get_num_threads()
     try:
         with torch.no_grad():
-            for dtype, n in ((torch.float64, threads64 or before), (torch.float32, threads)):
+            for run, dtype, n in (("64", torch.float64, threads64 or before), ("32", torch.float32, threads),
+                                  ("32cl", torch.float32, threads)):
                 torch.set_num_threads(max(1, int(n)))
                 m = _in_dtype(model, dtype)
-                outs[dtype] = np.concatenate([m(xt[i:i + batch].to(dtype)).double().numpy()
-                                              for i in range(0, len(xt), batch)])
+                if run == "32cl":  # the second float32 computation: channels-last layout, other conv kernels
+                    m = copy.deepcopy(m).to(memory_format=torch.channels_last)
+                outs[run] = np.concatenate([
+                    m(_layout(xt[i:i + batch].to(dtype), run == "32cl")).double().numpy()
+                    for i in range(0, len(xt), batch)])
                 del m
     finally:
         torch.set_num_threads(before)
-    return GroundTruth(outs[torch.float64], outs[torch.float32], tuple(sets),
-                       None if labels is None else np.asarray(labels, dtype=np.int64), float32_threads=int(threads))
+    return GroundTruth(outs["64"], outs["32"], tuple(sets),
+                       None if labels is None else np.asarray(labels, dtype=np.int64), float32_threads=int(threads),
+                       y32_alt=outs["32cl"])
+
+
+def _layout(x, channels_last: bool):
+    import torch
+
+    return x.contiguous(memory_format=torch.channels_last) if channels_last and x.dim() == 4 else x
 
 
 def _in_dtype(model, dtype):

@@ -1,6 +1,6 @@
 """A disk cache of the train-form's float64 ground truth (parity.ground_truth), so that re-exporting or
-re-checking the same weights on the same parity set skips the costliest step of a run (issue 17: 16 of the main
-job's 42 s on the 2-core development machine).
+re-checking the same weights on the same parity set skips the costliest step of a run (16 of the main job's 42 s
+on the 2-core development machine, when it was measured).
 
 The key is the sha256 of a canonical JSON of everything the two outputs depend on:
   - the model: its structure (`repr`: every module and hyper-parameter), the bytecode of every method of every
@@ -9,8 +9,8 @@ The key is the sha256 of a canonical JSON of everything the two outputs depend o
   - torch's version and CPU capability (the float32 kernels), numpy's version, vitedge's source digest.
 A model that runs hooks or has an instance-level `forward` is not cached: its computation is not in the key.
 
-An entry is one .npz (y64 float64, y32 float32: the float32 run's outputs, stored exactly) plus its key, written
-by rename; it is used only when its stored key equals the one asked for and its arrays have the inputs' row count
+An entry is one .npz (y64 float64; y32 and y32_alt float32: the two float32 runs' outputs, stored exactly) plus
+its key, written by rename; it is used only when its stored key equals the one asked for and its arrays have the inputs' row count
 and are finite, else recomputed and replaced. Where: $VITEDGE_CACHE_DIR/truth, else $XDG_CACHE_HOME/vitedge/truth,
 else ~/.cache/vitedge/truth; the oldest entries go beyond MAX_ENTRIES. Off with $VITEDGE_TRUTH_CACHE=off or
 `--no-truth-cache`. report.json `reference.cache` says what happened ("hit", "stored", "off", "uncacheable" and
@@ -32,7 +32,7 @@ from .criteria import GroundTruth
 from .digests import json_digest
 from .parity import GROUND_TRUTH_BATCH, REFERENCE_THREADS, ground_truth
 
-SCHEMA = 1
+SCHEMA = 2  # 2: the second float32 computation (channels-last) is stored too
 MAX_ENTRIES = 64          # ~3 MB each at 256 inputs x 1000 classes
 SWITCH_ENV = "VITEDGE_TRUTH_CACHE"
 DIR_ENV = "VITEDGE_CACHE_DIR"
@@ -113,21 +113,23 @@ def _load(path: Path, key: dict, rows: int) -> tuple[np.ndarray, np.ndarray] | N
             if json.loads(str(z["key"])) != key:
                 return None
             y64, y32 = np.asarray(z["y64"], np.float64), np.asarray(z["y32"], np.float32)
+            alt = np.asarray(z["y32_alt"], np.float32)
     except Exception:  # unreadable or truncated: recompute and replace
         return None
-    if y64.shape != y32.shape or y64.ndim != 2 or len(y64) != rows:
+    if y64.shape != y32.shape or y64.shape != alt.shape or y64.ndim != 2 or len(y64) != rows:
         return None
-    if not (np.isfinite(y64).all() and np.isfinite(y32).all()):
+    if not (np.isfinite(y64).all() and np.isfinite(y32).all() and np.isfinite(alt).all()):
         return None
-    return y64, y32
+    return y64, y32, alt
 
 
-def _store(folder: Path, path: Path, key: dict, y64: np.ndarray, y32: np.ndarray) -> None:
+def _store(folder: Path, path: Path, key: dict, truth: GroundTruth) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, key=np.array(json.dumps(key, sort_keys=True)), y64=y64, y32=y32.astype(np.float32))
+            np.savez(f, key=np.array(json.dumps(key, sort_keys=True)), y64=truth.y64,
+                     y32=truth.y32.astype(np.float32), y32_alt=truth.y32_alt.astype(np.float32))
         os.replace(tmp, path)  # readers see the old entry or the whole new one
     finally:
         if os.path.exists(tmp):
@@ -155,11 +157,11 @@ def cached_ground_truth(model, x, sets: tuple[str, ...], labels=None, use_cache:
         os.utime(path)  # recently used entries are the last pruned
         truth = GroundTruth(hit[0], hit[1].astype(np.float64), tuple(sets),
                             None if labels is None else np.asarray(labels, dtype=np.int64),
-                            float32_threads=key["float32_threads"])
+                            float32_threads=key["float32_threads"], y32_alt=hit[2].astype(np.float64))
         return truth, {"status": "hit", "key": digest[:16], "path": str(path)}
     truth = ground_truth(model, x, sets, labels, **kw)
     try:
-        _store(folder, path, key, truth.y64, truth.y32)
+        _store(folder, path, key, truth)
     except OSError as e:  # a read-only or full disk costs the next run time, never this run's verdict
         return truth, {"status": "not stored", "key": digest[:16], "why": f"{type(e).__name__}: {e}"}
     return truth, {"status": "stored", "key": digest[:16], "path": str(path)}

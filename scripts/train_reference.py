@@ -38,7 +38,15 @@ REFERENCES = {
     "slab_deit_digits": dict(
         model="slab_deit_tiny", imgsz=32, epochs=20, lr=3e-3, schedule_end=0.6,
         overrides=dict(img_size=32, patch_size=4, embed_dim=64, depth=2, num_heads=2, num_classes=10)),
+    # Full default config, for the verdict benchmarks (not the tests: too big for the repository): write it
+    # outside the checkout, e.g. --models swiftformer_xs_digits64 --out ~/.cache/vitedge/trained (~15 min, 2 cores)
+    "swiftformer_xs_digits64": dict(
+        model="swiftformer_xs", imgsz=64, epochs=8, lr=2e-3, threads=2, overrides=dict(num_classes=10)),
+    "slab_deit_digits64": dict(
+        model="slab_deit_tiny", imgsz=64, epochs=15, lr=1e-3, schedule_end=0.6, threads=2,
+        overrides=dict(img_size=64, patch_size=8, depth=6, num_classes=10)),
 }
+FIXTURES = ("swiftformer_digits", "slab_deit_digits")  # the ones tests/fixtures/trained/ holds
 BATCH = 64
 SEED = 0
 LABEL_SMOOTHING = 0.1
@@ -152,7 +160,7 @@ def train_one(name: str, cfg: dict, fx, epochs: int | None = None) -> tuple[nn.M
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=REPO / "tests" / "fixtures" / "trained")
-    ap.add_argument("--models", default=",".join(REFERENCES), help="comma-separated: " + ", ".join(REFERENCES))
+    ap.add_argument("--models", default=",".join(FIXTURES), help="comma-separated: " + ", ".join(REFERENCES))
     ap.add_argument("--quick", action="store_true", help="1 epoch per model (checks the script, not the models)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)  # small models: one thread is as fast and leaves the other core free
@@ -173,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         "split": f"held out: per class, every {fx.HOLDOUT_EVERY}th image in index order",
         "sha256": fx.data_sha256(), "heldout": len(held), "heldout_sha256": fx.indices_sha256(held)}
     for name in names:
+        torch.set_num_threads(REFERENCES[name].get("threads", 1))
         model, record = train_one(name, REFERENCES[name], fx, epochs=1 if args.quick else None)
         ckpt = args.out / f"{name}.pth"
         torch.save({"model": model.state_dict()}, ckpt)

@@ -178,7 +178,7 @@ def test_corrupted_fold_fails_the_gate_before_any_export(tmp_path, monkeypatch):
     hop = report.hop("deploy-form")
     assert hop.status == "failed" and hop.diverging_module.startswith("network.2.0")
     assert all(h.status == "unverified" for h in report.parity[1:])
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["report.json"]  # no ONNX at all
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".vitedge-files.json", "report.json"]  # no ONNX at all
 
 
 def test_corrupted_simplified_graph_in_export_is_quarantined_and_localized(tmp_path, monkeypatch):
