@@ -648,16 +648,23 @@ def _add_global_flags(p: argparse.ArgumentParser, main: bool = False) -> None:
                                                     "flags on the command line win", **default)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with vitedge's one-line errors: the problem and where the flags are listed, not the whole usage."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}; run `{self.prog} --help` for the flags\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from vitedge import __version__
 
-    parser = argparse.ArgumentParser(prog="vitedge", description="Re-parameterize, export and verify efficient "
+    parser = _Parser(prog="vitedge", description="Re-parameterize, export and verify efficient "
                                      "vision transformers (SwiftFormer, SLAB, SimA). Exit codes: 0 passed, "
                                      "1 a parity hop failed, 2 bad usage or input, 3 internal error (a bug: the "
                                      "traceback is saved to a file to report).")
     parser.add_argument("--version", action="version", version=f"vitedge {__version__}")
     _add_global_flags(parser, main=True)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     for add in SUBCOMMANDS:
         add(sub)
     for p in sub.choices.values():

@@ -128,7 +128,8 @@ def get_spec(name: str) -> ModelSpec:
     unknown name raises VitedgeError with the closest registered one)."""
     _ensure_loaded()
     if name not in _REGISTRY:
-        close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
+        lower = {n.lower(): n for n in _REGISTRY}  # suggestions ignore case: SwiftFormer_XS -> swiftformer_xs
+        close = [lower[c] for c in difflib.get_close_matches(str(name).lower(), list(lower), n=1)]
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise VitedgeError(f"unknown model {name!r}: {hint}run `vitedge models` for the list")
     return _REGISTRY[name]

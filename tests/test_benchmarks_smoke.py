@@ -17,7 +17,7 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 SCRIPTS = ("attention_order", "export_time", "deploy_speed", "exporters", "matrix_scale", "resolution_scaling",
-           "quantization", "compressed_profiles", "rewrite_ablation", "fp16_verdicts")
+           "quantization", "compressed_profiles", "rewrite_ablation", "fp16_verdicts", "trained_verdicts")
 TIMEOUT_S = 600  # a generous ceiling for a busy shared machine; on a quiet one each takes about a minute
 CI_RE = re.compile(r"\d+\.\d+x \(95% CI \d+\.\d+-\d+\.\d+, \d+ pairs\)")
 MACHINE_KEYS = {"cpu", "cores", "date", "load_start", "load_end", "load_note"}
@@ -353,6 +353,18 @@ def test_fp16_verdicts_quick(runs):
     for c in cases:
         assert c["caught"] == (c["plant"] is not None), c
     assert data["summary"]["correct_failed"] == [] and data["summary"]["worst_correct_ratio"] < data["summary"]["k"]
+
+
+def test_trained_verdicts_quick(runs):
+    """A trained model's correct artifacts pass on its labelled digits, and plants in the saved ONNX fail."""
+    lines, data = _result(runs, "trained_verdicts")
+    tail = _tail_after(lines, "trained models (")
+    assert tail[-1].endswith("zero_layer caught, sign_flip caught, x1.01 caught")
+    (row,) = data["models"]
+    assert [h["hop"] for h in row["hops"]] == ["deploy-form", "onnx", "onnx-simplified", "coreml"]
+    assert all(h["status"] == "passed" and h["top1_accuracy"] is not None for h in row["hops"])
+    assert data["summary"] == {"correct_passed": True, "caught": {"zero_layer": 1, "sign_flip": 1, "x1.01": 1},
+                               "of": 1}
 
 
 def test_export_all_time_quick(tmp_path):
