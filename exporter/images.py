@@ -44,9 +44,10 @@ def load_image(path: str | Path):
         with Image.open(path) as im:
             im.load()
             im = ImageOps.exif_transpose(im)
-            if im.mode in ("I;16", "I;16B", "I;16L", "I"):  # 16/32-bit grey: scale to 8 bits before RGB
-                a = np.asarray(im, dtype=np.float64)
-                im = Image.fromarray(np.clip(a / max(a.max(), 1.0) * 255.0, 0, 255).astype(np.uint8))
+            if im.mode in ("I;16", "I;16B", "I;16L", "I"):  # 16/32-bit grey: scale by the bit depth to 8 bits
+                a = np.asarray(im, dtype=np.float64)  # (never by the image's own maximum: a dark image stays dark)
+                full = 65535.0 if im.mode != "I" or a.max() <= 65535 else 4294967295.0  # PNG "I": 16-bit samples
+                im = Image.fromarray(np.clip(np.rint(a / full * 255.0), 0, 255).astype(np.uint8))
             return im.convert("RGB")
     except VitedgeError:
         raise

@@ -165,3 +165,17 @@ def test_carried_labels_compare_by_names_onnx_or_by_count_coreml():
         with pytest.raises(VitedgeError, match="l.txt"):
             _check_carried_labels(names, carried, "l.txt", "x")
     _check_carried_labels(None, ["z"], None, "x")  # no --labels: nothing to compare
+
+
+def test_16_bit_images_are_scaled_by_their_bit_depth(tmp_path):
+    """A dark 16-bit grey PNG stays dark: 16383 of 65535 reads as 64 of 255, not stretched to its own maximum."""
+    from PIL import Image
+
+    a = np.full((8, 8), 16383, dtype=np.uint16)
+    a[0, 0] = 0
+    path = tmp_path / "dark16.png"
+    Image.fromarray(a).save(path)
+    with Image.open(path) as im:
+        assert im.mode.startswith("I")  # read as 16-bit samples
+    rgb = np.asarray(images.load_image(path))
+    assert rgb.shape == (8, 8, 3) and rgb[1, 1].tolist() == [64, 64, 64] and rgb[0, 0].tolist() == [0, 0, 0]
