@@ -36,9 +36,11 @@ CALIB_SEED = 1                 # the calibration views' seed (the parity set use
 CALIBRATION_PHOTO_EVERY = 3    # every 3rd shipped photo (sorted) calibrates: 5 of 14; the other 9 are judged
 
 
-def check_flags(precision: str | None, calib: int | None, calib_images: str | Path | None) -> int | None:
+def check_flags(precision: str | None, calib: int | None, calib_images: str | Path | None,
+                images_dir: str | Path | None = None, labels_file: str | Path | None = None) -> int | None:
     """The number of calibration samples this run takes (None: its precision takes none), or a one-line
-    VitedgeError for a combination that cannot work (before any work)."""
+    VitedgeError for a combination that cannot work (before any work): calibration images that are also
+    evaluated (--images, a shipped photo) included."""
     if calib is not None and (isinstance(calib, bool) or not isinstance(calib, int) or calib < 1):
         raise VitedgeError(f"--calib must be a whole number of calibration images >= 1; got {calib!r}")
     given = [f for f, v in (("--calib", calib), ("--calib-images", calib_images)) if v is not None]
@@ -50,9 +52,11 @@ def check_flags(precision: str | None, calib: int | None, calib_images: str | Pa
             raise VitedgeError(f"{given[0]} applies to --precision int8 and w8a8 only; got --precision "
                                f"{precision or 'default'}")
         return None
-    if calib_images is not None:
-        _scan(calib_images)  # the folder's own problems first (VitedgeError naming it)
-    return calib or CALIB_DEFAULT
+    n = calib or CALIB_DEFAULT
+    if calib_images is not None:  # the folder's own problems first (VitedgeError naming it), then its overlap
+        evaluated = list(images.scan_folder(images_dir, labels_file).paths) if images_dir is not None else None
+        check_disjoint(_chosen(calib_images, n)[1], evaluated)
+    return n
 
 
 def _scan(folder, flag: str = "--calib-images", labels_file=None):
@@ -130,14 +134,16 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def folder_calibration(folder: str | Path, n: int, imgsz: int, mean, std,
-                       evaluated: list[Path] | None = None) -> Calibration:
-    """`n` images of --calib-images `folder` (spread over its sorted order; all when it holds fewer). An image
-    whose bytes equal one of `evaluated` (--images) or a shipped photo is a VitedgeError."""
+def _chosen(folder: str | Path, n: int):
+    """(the folder's scan, the `n` --calib-images it calibrates with: spread over its sorted order)."""
     found = _scan(folder)
     paths = list(found.paths)
     pick = sorted(set(np.linspace(0, len(paths) - 1, min(n, len(paths))).round().astype(int).tolist()))
-    chosen = [paths[i] for i in pick]
+    return found, [paths[i] for i in pick]
+
+
+def check_disjoint(chosen: list[Path], evaluated: list[Path] | None) -> None:
+    """VitedgeError when a calibration image's bytes equal an evaluated one (--images) or a shipped photo."""
     others = {_digest(p): p for p in (evaluated or [])}
     others.update({_digest(images.PHOTOS_DIR / f"{name}.jpg"): f"the shipped photo {name}.jpg"
                    for name in images.photo_names()})
@@ -146,6 +152,15 @@ def folder_calibration(folder: str | Path, n: int, imgsz: int, mean, std,
         if twin is not None:
             raise VitedgeError(f"--calib-images {p} is the same image as {twin}, which is evaluated: calibration "
                                "images must not be judged; remove it from one folder")
+
+
+def folder_calibration(folder: str | Path, n: int, imgsz: int, mean, std,
+                       evaluated: list[Path] | None = None) -> Calibration:
+    """`n` images of --calib-images `folder` (spread over its sorted order; all when it holds fewer). An image
+    whose bytes equal one of `evaluated` (--images) or a shipped photo is a VitedgeError."""
+    found, chosen = _chosen(folder, n)
+    paths = found.paths
+    check_disjoint(chosen, evaluated)
     ids = tuple(f"calib:{p.relative_to(found.root)}" for p in chosen)
     note = f"{len(chosen)} of the {len(paths)} --calib-images ({found.root}), spread over its sorted order"
     return Calibration(_load(chosen, imgsz, mean, std), ids, "calib-images", note, {})

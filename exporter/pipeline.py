@@ -83,7 +83,7 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
     labels = labels if labels is not None else options.get("labels")
     options.pop("labels", None)
     plans = resolve_targets(targets, precision, dynamic_batch, options, labels=labels, batch=batch)
-    n_calib = check_flags(precision, calib, calib_images)
+    n_calib = check_flags(precision, calib, calib_images, images, labels)
     if any(p.precision in ("palette4", "palette6") for p in plans):
         from ..targets.coreml.compress import require_kmeans
 

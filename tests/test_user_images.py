@@ -179,3 +179,15 @@ def test_16_bit_images_are_scaled_by_their_bit_depth(tmp_path):
         assert im.mode.startswith("I")  # read as 16-bit samples
     rgb = np.asarray(images.load_image(path))
     assert rgb.shape == (8, 8, 3) and rgb[1, 1].tolist() == [64, 64, 64] and rgb[0, 0].tolist() == [0, 0, 0]
+
+
+def test_calib_images_overlapping_images_is_refused_before_any_work(folders, tmp_path, capsys):
+    import time
+
+    t0 = time.perf_counter()
+    rc = main(["-q", "export", "--model", NAME, *SETS, "--imgsz", str(IMGSZ), "--precision", "int8",
+               "--images", str(folders / "classes"), "--calib-images", str(folders / "flat"), "--calib", "5",
+               "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "is the same image as" in err and len(err.splitlines()) == 1, err
+    assert time.perf_counter() - t0 < 5 and not (tmp_path / "out").exists()
