@@ -450,7 +450,8 @@ def add_bench(sub) -> None:
                        description="Time a model's train-form, deploy-form and exports (--model), or an existing "
                                    ".onnx / .engine / .mlpackage (--artifact). Exit codes: 0 measured (and no "
                                    "regression), 1 a p50 regression beyond --max-regression against --baseline or a "
-                                   "failed golden-vector parity on the phone (--device), 2 bad usage or input.")
+                                   "failed golden-vector parity on the phone (--device) or, with --fail-on-parity, a failed "
+                                   "or unrun parity check, 2 bad usage or input.")
     p.add_argument("--model", help="model name (see `vitedge models`); with --artifact, a check of the model its "
                                    "metadata names")
     p.add_argument("--artifact", metavar="PATH",
@@ -494,6 +495,10 @@ def add_bench(sub) -> None:
                                   "vitedge[plot])")
     p.add_argument("--baseline", help="an earlier --report JSON to gate p50 regressions against")
     p.add_argument("--max-regression", type=float, help="allowed p50 slow-down in percent (with --baseline)")
+    p.add_argument("--fail-on-parity", action="store_true",
+                   help="exit 1 when a backend's parity check failed or, with --artifact, could not run (default: "
+                        "such a backend is reported failed and not timed, and the exit code reflects regressions "
+                        "only)")
     p.set_defaults(func=cmd_bench)
 
 
@@ -511,7 +516,21 @@ def cmd_bench(args) -> int:
                    labels=args.labels, images=args.images, report_path=args.report, plot=args.plot,
                    log=(lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr)))
     print(format_table(report))
+    if args.fail_on_parity:
+        unchecked = _parity_not_passed(report)
+        if unchecked:
+            print(f"FAILED (--fail-on-parity): {'; '.join(unchecked)}")
+            return max(report.exit_code, 1)
     return report.exit_code
+
+
+def _parity_not_passed(report) -> list[str]:
+    """What --fail-on-parity fails on: a backend whose parity failed, or an artifact whose parity could not run."""
+    out = [f"{r.backend}: {r.reason}" for r in report.results if r.status == "failed"]
+    art = getattr(report, "artifact", None) or {}
+    if art.get("parity") == "not run":
+        out.append(f"parity not run: {art.get('parity_reason')}")
+    return out
 
 
 # ---- package --------------------------------------------------------------------------------------

@@ -56,6 +56,9 @@ def test_a_plain_onnx_is_timed_on_cpu_and_missing_providers_are_listed(plain, tm
     assert cpu["status"] == "ok" and cpu["valid"] and cpu["latency"]["iters"] >= 3 and cpu["imgsz"] == 40
     assert cpu["parity"] is None and cpu["reason"].startswith("parity not run: net.onnx carries no vitedge metadata")
     assert d["artifact"]["parity"] == "not run" and d["artifact"]["metadata"] is False and d["batch"] == 2
+    # --fail-on-parity: an artifact whose parity could not run is not a pass
+    assert cli.main(["bench", "--artifact", str(plain), "-q", *QUICK, "--fail-on-parity"]) == 1
+    assert "FAILED (--fail-on-parity): parity not run" in capsys.readouterr().out
     available = ort.get_available_providers()
     for name, ep in (("onnxruntime-cuda", "CUDAExecutionProvider"), ("onnxruntime-tensorrt",
                                                                       "TensorrtExecutionProvider")):
@@ -104,6 +107,10 @@ def test_a_vitedge_artifact_gets_parity_first_and_its_class_names(ours, tmp_path
     onnx.save(graph, str(tmp_path / "bad.onnx"))
     bad = vitedge.bench(artifact=tmp_path / "bad.onnx", min_iters=3, warmup_s=0.0, max_s=0.0).results[0]
     assert bad.status == "failed" and not bad.valid and bad.latency is None and "parity failed" in bad.reason
+    # a CI gate: exit 0 by default (documented), 1 with --fail-on-parity
+    args = ["-q", "bench", "--artifact", str(tmp_path / "bad.onnx"), *QUICK]
+    assert cli.main(args) == 0 and cli.main([*args, "--fail-on-parity"]) == 1
+    assert cli.main(["-q", "bench", "--artifact", str(labelled), *QUICK, "--fail-on-parity"]) == 0
 
 
 def test_an_engine_is_unavailable_here_with_the_reason(tmp_path):
