@@ -189,3 +189,15 @@ def test_bad_config_exits_2_naming_the_key(tmp_path, capsys, text, expect):
 def test_missing_config_file_exits_2(tmp_path, capsys):
     assert cli.main(["models", "--config", str(tmp_path / "nope.yaml")]) == 2
     assert "cannot read it" in capsys.readouterr().err
+
+
+def test_onnx_runtime_logs_nothing_onto_stderr_during_an_int8_export(tmp_path):
+    """The quantizer's calibration sessions used to print ONNX Runtime's colour-coded warnings; with -q stderr
+    stays empty."""
+    cli = Path(__file__).resolve().parents[1] / "cli.py"
+    r = subprocess.run([sys.executable, str(cli), "-q", "export", "--model", "swiftformer_xs", "--set",
+                        "layers=[1,1,1,1]", "--set", "embed_dims=[8,8,16,16]", "--set", "num_classes=5", "--imgsz",
+                        "32", "--samples", "4", "--precision", "int8", "--calib", "4", "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stderr == "", r.stderr[-2000:]

@@ -160,9 +160,12 @@ def quantize_qdq(fp32: onnx.ModelProto, calibration: np.ndarray, *, calibration_
     (normalized images), never the ones it is evaluated on; `calibration_ids` names them for the record.
     `encoding`: "onnxruntime" or "tensorrt" (ENCODINGS); `op_types`: the op types to quantize (default: the
     encoding's); `gelu`: GELU_MODES (default: "sigmoid" for ONNX Runtime, "exact" for TensorRT)."""
-    from onnxruntime import __version__ as ort_version
+    from onnxruntime import __version__ as ort_version, set_default_logger_severity
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
+    # the calibrator's own sessions log ONNX Runtime's warnings (unused initializers, in colour) at the default
+    # level onto the user's stderr: vitedge's sessions keep errors only (ort.py), and so do these
+    set_default_logger_severity(3)
 
     x = np.asarray(calibration, np.float32)
     if x.ndim != 4 or len(x) == 0:
