@@ -925,7 +925,13 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()  # this process is vitedge's own: freed activations are reused, not page-faulted back
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        return _run(argv)
+        try:
+            return _run(argv)
+        except Exception as e:  # a Ctrl-C a library turned into another error (an import's "initialization
+            from vitedge.targets.base import reraise_interrupt  # failed") is still an interrupt: 130
+
+            reraise_interrupt(e)
+            raise
     except VitedgeError as e:
         print(f"vitedge: error: {e}", file=sys.stderr)
         return EXIT_USAGE

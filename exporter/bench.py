@@ -25,7 +25,7 @@ import torch.nn as nn
 
 from ..errors import VitedgeError
 from ..targets import LowerSpec, get_target
-from ..targets.base import Runner, UnavailableError
+from ..targets.base import Runner, UnavailableError, reraise_interrupt
 from ..targets.ort import OnnxRuntimeRunner
 from ..targets.pytorch import TorchRunner
 from . import latency
@@ -72,6 +72,7 @@ def _target_runner(name: str, deploy: nn.Module, imgsz: int, batch: int, tmp: Pa
     try:
         target = get_target(name)
     except ImportError as e:
+        reraise_interrupt(e)
         raise UnavailableError(f"{name} target is not installed here ({e})") from None
     ok, why = target.available()
     if not ok:

@@ -30,7 +30,7 @@ import onnx
 
 from ..errors import VitedgeError
 from ..targets import Artifact, get_target
-from ..targets.base import Runner, UnavailableError, sha256_file
+from ..targets.base import Runner, UnavailableError, reraise_interrupt, sha256_file
 from ..targets.ort import OnnxRuntimeRunner
 from .bench import PARITY_SAMPLES, check_parity, check_settings, gate, machine_info, time_backends
 from .bench_report import BackendResult, BenchReport
@@ -296,6 +296,7 @@ def _target_runner(plan: _Plan) -> Runner:
     try:
         target = get_target(plan.kind)
     except ImportError as e:
+        reraise_interrupt(e)
         raise UnavailableError(f"the {plan.kind} target is not installed here ({e})") from None
     ok, why = target.runnable()
     if not ok:

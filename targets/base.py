@@ -136,6 +136,19 @@ class UnavailableError(RuntimeError):
     """Raised by a target or runner that cannot work on this machine; its message is the reason."""
 
 
+def reraise_interrupt(e: BaseException) -> None:
+    """Raise KeyboardInterrupt if the import failure `e` was a Ctrl-C: one that lands while a C extension is being
+    imported surfaces as ImportError("initialization failed") with the KeyboardInterrupt as its cause or context,
+    which must end the run (exit 130), never read as "not installed"."""
+    seen: set[int] = set()
+    cause: BaseException | None = e
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            raise KeyboardInterrupt from e
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+
+
 def pad_batch(x: np.ndarray, batch: int) -> np.ndarray:
     """`x` (n <= batch rows) padded to exactly `batch` rows by repeating its last row, for artifacts with a static
     batch; the caller keeps the first n outputs. A real input (not zeros) keeps the padding rows' numerics

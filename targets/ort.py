@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import torch.nn as nn
 
-from .base import Artifact, LowerSpec, Runner, Target, UnavailableError
+from .base import Artifact, LowerSpec, Runner, Target, UnavailableError, reraise_interrupt
 from .graph.metadata import read_metadata, set_metadata
 from .graph.onnx_fp16 import convert_onnx_fp16
 from .graph.precision import default_policy
@@ -35,6 +35,7 @@ class OnnxRuntimeRunner(Runner):
         try:
             import onnxruntime as ort
         except ImportError as e:  # pragma: no cover - onnxruntime is a dependency
+            reraise_interrupt(e)
             raise UnavailableError(f"onnxruntime is not installed ({e}); pip install onnxruntime") from e
         if isinstance(model, onnx.ModelProto):
             model = model.SerializeToString()
@@ -93,6 +94,7 @@ class OnnxTarget(Target):
         try:
             import onnxruntime  # noqa: F401
         except ImportError as e:
+            reraise_interrupt(e)
             return False, f"onnxruntime is not installed ({e})"
         return True, None
 

@@ -37,7 +37,7 @@ import numpy as np
 import onnx
 import torch.nn as nn
 
-from .base import Artifact, LowerSpec, Runner, Target, UnavailableError, pad_batch, sha256_file
+from .base import Artifact, LowerSpec, Runner, Target, UnavailableError, pad_batch, reraise_interrupt, sha256_file
 from .cuda_memory import memory_backend, open_memory
 from .graph.onnx_fp16 import prepare_fp16
 from .graph.precision import default_policy
@@ -81,6 +81,7 @@ def import_tensorrt():
     try:
         import tensorrt
     except (ImportError, OSError) as e:  # OSError: the wheel is there but its CUDA/TensorRT libraries are not
+        reraise_interrupt(e)
         raise UnavailableError(f"the tensorrt Python package is not installed ({e}); "
                                "pip install 'vitedge[tensorrt10]' (CUDA 12, driver r525+) or "
                                "'vitedge[tensorrt11]' (CUDA 13, driver r580+) on a machine with an NVIDIA GPU"

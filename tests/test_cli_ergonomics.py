@@ -201,3 +201,38 @@ def test_onnx_runtime_logs_nothing_onto_stderr_during_an_int8_export(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stderr == "", r.stderr[-2000:]
+
+
+def _interrupted_import(name):
+    """builtins.__import__ that fails `name` as a Ctrl-C landing inside a C extension's import does: an ImportError
+    ("initialization failed") whose cause is the KeyboardInterrupt."""
+    import builtins
+
+    real = builtins.__import__
+
+    def fake(mod, *a, **k):
+        if mod == name or mod.startswith(name + "."):
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt as ki:
+                raise ImportError("initialization failed") from ki
+        return real(mod, *a, **k)
+    return fake
+
+
+def test_a_ctrl_c_inside_a_backend_import_exits_130_never_not_installed(tmp_path, capsys, monkeypatch):
+    import builtins
+
+    from vitedge.cli import main
+    from vitedge.targets.ort import OnnxTarget
+
+    monkeypatch.setattr(builtins, "__import__", _interrupted_import("onnxruntime"))
+    with pytest.raises(KeyboardInterrupt):  # the target's probe: an interrupt, not "onnxruntime is not installed"
+        OnnxTarget().available()
+    out = tmp_path / "run"
+    rc = main(["-q", "export", "--model", "swiftformer_xs", "--set", "layers=[1,1,1,1]", "--set",
+               "embed_dims=[8,8,16,16]", "--set", "num_classes=5", "--imgsz", "32", "--samples", "2", "--out",
+               str(out)])
+    err = capsys.readouterr().err
+    assert rc == 130 and "interrupted" in err and "not installed" not in err, err
+    assert not out.exists()

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch.nn as nn
 
 from ...errors import VitedgeError
-from ..base import Artifact, LowerSpec, Runner, Target, UnavailableError
+from ..base import Artifact, LowerSpec, Runner, Target, UnavailableError, reraise_interrupt
 from .compress import KINDS, MIN_IOS, compress_package
 from .convert import convert, input_channels, num_classes
 from .mil_interpreter import quiet_coremltools
@@ -47,6 +47,7 @@ class CoreMLTarget(Target):
             with quiet_coremltools():
                 import coremltools  # noqa: F401
         except Exception as e:
+            reraise_interrupt(e)
             return False, f"coremltools is not installed ({type(e).__name__}: {e}); pip install coremltools"
         return True, None
 
