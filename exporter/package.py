@@ -6,7 +6,7 @@ CoreML hop included) and holds, under a top-level folder named after the model:
   NAME.mlpackage        image input (RGB pixels 0-255, normalization inside), classifier when --labels is given
   labels.txt            the class labels (with --labels)
   golden/inputs.npy     uint8 RGB pixel images, NHWC (the structured parity images, quantized to 8 bits)
-  golden/outputs.npy    float32 logits of the train-form PyTorch model on exactly those pixels
+  golden/outputs.npy    float32 logits of the train-form PyTorch model on exactly those pixels (computed in float64)
   golden/golden.json    shapes, layouts, preprocessing, tolerance and how to check
   README.md             Swift usage (Core ML and Vision) and the self-check
   manifest.json         sha256 of every other file, input spec, preprocessing, labels, parity results, versions
@@ -21,6 +21,7 @@ wall-clock or temporary paths in any file, the .mlpackage's Manifest.json identi
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
 import json
@@ -164,8 +165,8 @@ def golden_vectors(model, imgsz: int, mean, std, n: int = GOLDEN_SAMPLES,
     s = np.asarray(std, np.float32).reshape(1, 3, 1, 1)
     pixels = np.clip(np.round((x * s + m) * 255.0), 0, 255).astype(np.uint8)
     normalized = ((pixels.astype(np.float32) / 255.0 - m) / s).astype(np.float32)
-    with torch.no_grad():
-        logits = model.eval()(torch.from_numpy(normalized)).float().numpy()
+    with torch.no_grad():  # in float64, rounded once to float32: the same bytes on any thread count
+        logits = copy.deepcopy(model).double().eval()(torch.from_numpy(normalized).double()).float().numpy()
     return np.ascontiguousarray(pixels.transpose(0, 2, 3, 1)), logits.astype(np.float32)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -108,3 +109,33 @@ def test_bad_input_is_refused_before_any_work(tmp_path):
     with pytest.raises(VitedgeError, match="--ios"):
         package(MODEL, tmp_path / "b.zip", ios=15)
     assert not list(tmp_path.iterdir())
+
+
+def test_bundle_bytes_repeat_in_fresh_processes_and_golden_vectors_on_any_thread_count(bundle, tmp_path):
+    """Fresh processes with empty ground-truth caches (everything recomputed) give the first build's bundle byte
+    for byte; on another thread count the golden vectors (inputs and float64-computed outputs) are the same bytes
+    (the hops' measured metrics in the manifest are a run's own measurement and follow its threads)."""
+    import os
+    import subprocess
+    import sys
+
+    res, root, labels, _ = bundle
+    cli = Path(__file__).resolve().parents[1] / "cli.py"
+
+    def build(name, threads):
+        out = root / f"{name}.zip"
+        args = [sys.executable, str(cli), "-q", "package", "--model", MODEL, "--labels", str(labels), "--samples",
+                "8", "--imgsz", "64", "--out", str(out)]
+        for k, v in OVERRIDES.items():
+            args += ["--set", f"{k}={v}"]
+        env = {**os.environ, "VITEDGE_CACHE_DIR": str(tmp_path / name), "OMP_NUM_THREADS": threads}
+        r = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return zipfile.ZipFile(out)
+
+    first, again = build("first", "2"), build("again", "2")
+    assert (root / "first.zip").read_bytes() == (root / "again.zip").read_bytes(), "a fresh rebuild differs"
+    other, in_process = build("one_thread", "1"), zipfile.ZipFile(res.path)  # (the fixture: torch on 1 thread)
+    for name in first.namelist():
+        if name.endswith(("golden/inputs.npy", "golden/outputs.npy")):
+            assert other.read(name) == first.read(name) == in_process.read(name), name
