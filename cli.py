@@ -933,7 +933,7 @@ def main(argv: list[str] | None = None) -> int:
             reraise_interrupt(e)
             raise
     except VitedgeError as e:
-        print(f"vitedge: error: {e}", file=sys.stderr)
+        print(f"vitedge: error: {e.cli_text()}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("vitedge: interrupted", file=sys.stderr)

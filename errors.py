@@ -6,9 +6,21 @@ the bottom of the import order (errors <- models <- targets <- exporter <- cli):
 
 
 class VitedgeError(Exception):
-    """A user-facing error: ``str(err)`` is one line that names the problem and how to fix it."""
+    """A user-facing error: ``str(err)`` is one line that names the problem and how to fix it. `api_hint`: a fix
+    only the Python API has (a keyword argument), shown to API callers and left out of the CLI's line."""
 
     exit_code = 2
+
+    def __init__(self, message: str = "", api_hint: str | None = None):
+        super().__init__(message)
+        self.message, self.api_hint = message, api_hint
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.api_hint})" if self.api_hint else self.message
+
+    def cli_text(self) -> str:
+        """The line the command line prints: without fixes that only the Python API has."""
+        return self.message
 
 
 class CheckpointError(VitedgeError):

@@ -310,6 +310,19 @@ def match_registered(sd: Mapping) -> list[tuple[str, int | None]]:
     return fits
 
 
+def _own_layout_shapes(sd: Mapping, model: nn.Module) -> str | None:
+    """Where the checkpoint has exactly the model's key names and only shapes differ: a line naming the tensors."""
+    model_sd = model.state_dict()
+    mapped, _ = remap_state_dict(sd, model_sd)
+    missing, unexpected, mismatched = _compare(mapped, model_sd)
+    if missing or unexpected or not mismatched:
+        return None
+    key, have, want = mismatched[0]
+    more = f" and {len(mismatched) - 1} more" if len(mismatched) > 1 else ""
+    return (f"it has this model's layout but {key} is {tuple(have)} where the model has {tuple(want)}{more}: build "
+            "the model with the options the checkpoint was trained with (`--set KEY=VALUE`)")
+
+
 def _hint(sd: Mapping, model: nn.Module) -> str:
     from .registry import get_spec, list_models
 
@@ -323,10 +336,15 @@ def _hint(sd: Mapping, model: nn.Module) -> str:
     if exact:
         return f"the checkpoint fits {exact[0]}: create the model with that name"
     if own in heads:
-        return f"the checkpoint has {heads[own]} classes: create_model({own!r}, num_classes={heads[own]})"
+        return (f"the checkpoint has {heads[own]} classes: build the model with num_classes={heads[own]} "
+                f"(`--set num_classes={heads[own]}`)")
     if heads:
         name, classes = next(iter(heads.items()))
-        return f"the checkpoint fits {name} with num_classes={classes}: create_model({name!r}, num_classes={classes})"
+        return (f"the checkpoint fits {name} with num_classes={classes}: build that model with it (`--model {name} "
+                f"--set num_classes={classes}`)")
+    shapes = _own_layout_shapes(sd, model)
+    if shapes:  # the model's own key names, some shapes differ: name them, not a guessed relative
+        return shapes
     # No exact variant: name the family whose key names (digits ignored) overlap most.
     ck = _templates(sd)
     best, score = None, 0.0
@@ -376,8 +394,8 @@ def load_checkpoint(model: nn.Module, checkpoint: str | os.PathLike | Mapping[st
     if strict and not result.ok:
         name = getattr(model, "vitedge_name", type(model).__name__)
         after = f" after {len(remaps)} remap(s)" if remaps else ""
-        raise CheckpointError(f"{where} does not fit {name}{after}: {_problems(result)}; {_hint(original, model)} "
-                              "(or pass strict=False to load only what fits)")
+        raise CheckpointError(f"{where} does not fit {name}{after}: {_problems(result)}; {_hint(original, model)}",
+                              api_hint="or pass strict=False to load only what fits")
     bad = {k for k, _, _ in mismatched}
     to_load = OrderedDict((k, v) for k, v in sd.items() if k in model_sd and k not in bad)
     on_meta = any(t.device.type == "meta" for t in model_sd.values())
