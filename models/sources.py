@@ -102,6 +102,27 @@ def hub_settings() -> tuple[bool, str | None]:
     return offline, cache
 
 
+HUB_PROBE_TIMEOUT_S = 3.0
+
+
+def hub_unreachable(timeout: float = HUB_PROBE_TIMEOUT_S) -> str | None:
+    """Why the Hugging Face Hub cannot be reached (one TCP connection to its endpoint, `timeout` seconds at most),
+    or None. Without this, huggingface_hub retries each candidate file with back-off: over a minute of "Retrying"
+    lines on a machine without network before the same answer."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    url = urlsplit(os.environ.get("HF_ENDPOINT") or constants.ENDPOINT)
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as e:
+        return f"one connection to {host}:{port} failed: {type(e).__name__}"
+    return None
+
+
 def fetch(source: HubSource) -> Path:
     """The first of `source.files` that the repo has, as a local file (download or cache)."""
     try:
@@ -113,13 +134,14 @@ def fetch(source: HubSource) -> Path:
                                         RevisionNotFoundError)
 
     offline, cache = hub_settings()
+    unreachable = None if offline else hub_unreachable()
     at = f"@{source.revision}" if source.revision else ""
     where = f"{source.repo_id}{at}"
     not_cached = []
     for filename in source.files:
         try:
             return Path(hf_hub_download(source.repo_id, filename, revision=source.revision, cache_dir=cache,
-                                        local_files_only=offline))
+                                        local_files_only=offline or unreachable is not None))
         except LocalEntryNotFoundError:  # offline (or unreachable hub) and not in the cache
             not_cached.append(filename)
         except EntryNotFoundError:  # the hub answered: the repo has no such file
@@ -134,11 +156,13 @@ def fetch(source: HubSource) -> Path:
                                   f"{source.repo_id} {filename}`") from None
     files = " or ".join(source.files)
     if not_cached:
-        mode = "HF_HUB_OFFLINE=1" if offline else "the Hugging Face Hub is unreachable"
+        mode = "HF_HUB_OFFLINE=1 is set" if offline else f"the Hugging Face Hub is unreachable ({unreachable})"
+        then = ("or unset HF_HUB_OFFLINE" if offline else
+                "or, offline on purpose, set HF_HUB_OFFLINE=1 to skip the connection attempt")
         revision = f" --revision {source.revision}" if source.revision else ""
         raise CheckpointError(f"--checkpoint {source.spec}: {' or '.join(not_cached)} of {where} is not in the "
                               f"Hugging Face cache ({cache or 'default location'}) and {mode}; fetch it on a "
                               f"machine with network: `hf download {source.repo_id} {not_cached[0]}{revision}` "
-                              "(into the same HF_HUB_CACHE), or unset HF_HUB_OFFLINE")
+                              f"(into the same HF_HUB_CACHE), {then}")
     raise CheckpointError(f"--checkpoint {source.spec}: {where} has no {files}; name the file: "
                           f"hf-hub:{source.repo_id}{at}:FILE")

@@ -181,3 +181,21 @@ def test_timm_resolution_needs_no_timm_and_reads_the_environment_of_a_fresh_proc
     assert proc.returncode == 0, proc.stderr
     path, imported = proc.stdout.split()
     assert Path(path) == link and imported == "False"
+
+
+def test_an_unreachable_hub_fails_fast_and_says_so(cache, monkeypatch):
+    """No network (a closed port here): one connection attempt, then the cache only, within seconds; the message
+    says the hub is unreachable and names HF_HUB_OFFLINE=1 only as the way to skip the attempt."""
+    import time
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    from huggingface_hub import constants
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens
+    t0 = time.perf_counter()
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(_mini(seed=None), "hf-hub:acme/absent")
+    msg = str(e.value)
+    assert time.perf_counter() - t0 < 10
+    assert "unreachable (one connection to 127.0.0.1:9 failed" in msg and "unset HF_HUB_OFFLINE" not in msg
+    assert "set HF_HUB_OFFLINE=1 to skip the connection attempt" in msg
