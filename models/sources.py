@@ -110,12 +110,15 @@ def hub_unreachable(timeout: float = HUB_PROBE_TIMEOUT_S) -> str | None:
     or None. Without this, huggingface_hub retries each candidate file with back-off: over a minute of "Retrying"
     lines on a machine without network before the same answer."""
     import socket
+    import urllib.request
     from urllib.parse import urlsplit
 
     from huggingface_hub import constants
 
     url = urlsplit(os.environ.get("HF_ENDPOINT") or constants.ENDPOINT)
     host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    if urllib.request.getproxies() and not urllib.request.proxy_bypass(host):
+        return None  # through a proxy a direct connection proves nothing: huggingface_hub decides
     try:
         socket.create_connection((host, port), timeout=timeout).close()
     except OSError as e:

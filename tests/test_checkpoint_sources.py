@@ -192,6 +192,8 @@ def test_an_unreachable_hub_fails_fast_and_says_so(cache, monkeypatch):
     from huggingface_hub import constants
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens
+    for proxy in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(proxy, raising=False)  # (through a proxy the probe leaves it to huggingface_hub)
     t0 = time.perf_counter()
     with pytest.raises(CheckpointError) as e:
         load_checkpoint(_mini(seed=None), "hf-hub:acme/absent")
