@@ -78,7 +78,7 @@ def test_exit_code_and_every_hop_passed(exported):
     assert all(h.status == "passed" and h.samples == SAMPLES for h in report.parity)
     assert [h.mode for h in report.parity] == ["reference", "device", "device"]
     assert report.reparam.equivalence["passed"]
-    assert sorted(p.name for p in out.iterdir()) == sorted(["report.json", f"{report.model}.onnx"])
+    assert sorted(p.name for p in out.iterdir()) == sorted([".vitedge-files.json", "report.json", f"{report.model}.onnx"])
 
 
 def test_ort_matches_train_form_within_fp32_tolerance(exported):
