@@ -844,22 +844,6 @@ def apply_config(parser: argparse.ArgumentParser, argv: list[str]) -> str | None
     return path
 
 
-def _verify_cache(args) -> int:
-    from vitedge.errors import VitedgeError
-    from vitedge.exporter.matrix.cache import Cache
-
-    root = Path(args.cache) if args.cache else Path(args.out) / ".cache"
-    if not root.is_dir():
-        raise VitedgeError(f"no matrix cache at {root}; give the cache folder with --cache (or the matrix's --out)")
-    checked = Cache(root).verify()
-    bad = [(k, why) for k, why in checked if why]
-    for key, why in checked:
-        print(f"{key[:16]}  {'UNTRUSTED: ' + why if why else 'ok'}")
-    print(f"{len(checked)} cache entries checked in {root}: {len(checked) - len(bad)} ok, {len(bad)} cannot be trusted"
-          + (" (a matrix run rebuilds them; --require-verified fails them)" if bad else ""))
-    return 1 if bad else 0
-
-
 # ---- entry point ----------------------------------------------------------------------------------
 
 def _one_line_warnings(message, category, filename, lineno, file=None, line=None):
