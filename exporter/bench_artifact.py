@@ -240,7 +240,7 @@ def _check(plan: _Plan, res: BackendResult, runner: Runner, truth) -> None:
     res.precision = plan.precision
     try:
         hop = judge_compressed(res.backend, runner, plan.judged,
-                               tolerances(None, FLOAT64_TOLERANCES)[profile_for(plan.precision)])
+                               tolerances(None, FLOAT64_TOLERANCES)[profile_for(plan.precision)], plan.precision)
     except Exception as e:  # a backend that crashes on the parity inputs has failed parity
         res.status, res.reason = "failed", f"parity failed: {type(e).__name__}: {e}"
         return

@@ -11,7 +11,9 @@ run writes, the samples compressed hops are judged on, the hops, and the localiz
   COMPRESSED_TOLERANCES). Stress samples are not judged: quantization ranges come from natural images. Samples
   are put in a seeded order, so the prefix an emulator runs mixes photos and classes. One disagreeing sample and
   one misclassified labelled sample are always tolerated (the resolution of n samples): the hop's tolerance
-  records the bounds it was judged by.
+  records the bounds it was judged by. Each sample is also judged against an independent emulation of the kind
+  (exporter/emulate.compressed_reference, the deploy-form compressed the kind's way in torch): an artifact far
+  beyond what a correct one of its kind does on that sample fails (the compressed rule, parity.judge).
 - Localization of a failed hop: ONNX graphs by exporter/localize.localize_onnx with the profile's bounds (int8
   quantization error per module stays within them on correct artifacts); CoreML packages on the torch side: the
   compressed weights, decompressed by the MIL interpreter's own kernels from the saved package, are loaded into a
@@ -38,11 +40,14 @@ from ..targets.graph.metadata import read_metadata, set_metadata
 from ..targets.graph.qdq import quantize_qdq
 from .calibrate import evaluation_indices
 from .criteria import GroundTruth
+from .emulate import compressed_reference
+from .forms import build_deploy_form
 from .hops import open_runner
 from .inputs import ParitySet
 from .localize import localize_onnx, localize_torch
 from .parity import check_hop, ground_truth, unverified
 from .progress import Progress
+from .weight_check import judge_weights, package_weights
 from .report import Hop, Tolerance
 
 QDQ_FILES = {"onnxruntime": "{name}.int8.onnx", "tensorrt": "{name}.int8.tensorrt.onnx"}
@@ -65,14 +70,17 @@ def write_qdq(hub: Path, calibration: Calibration, encoding: str, out_dir: Path,
 
 @dataclass
 class Judged:
-    """The samples compressed hops are judged on, their float64 ground truth, and the train-form it came from."""
+    """The samples compressed hops are judged on, their float64 ground truth, the train-form it came from and the
+    deploy-form the kind's emulation compresses (built from the train-form when not given)."""
     train: nn.Module
     x: np.ndarray
     truth: GroundTruth
     names: tuple[str, ...]
+    deploy: nn.Module | None = None
 
     @classmethod
-    def build(cls, train: nn.Module, pset: ParitySet, calibration_ids=(), truth: GroundTruth | None = None) -> "Judged":
+    def build(cls, train: nn.Module, pset: ParitySet, calibration_ids=(), truth: GroundTruth | None = None,
+              deploy: nn.Module | None = None) -> "Judged":
         """From the run's parity set without the samples that calibrated (`calibration_ids`: Calibration.ids or
         what an artifact recorded), and its ground truth where the ladder has one (subset, not rerun)."""
         idx = evaluation_indices(pset.names, pset.sets, calibration_ids)
@@ -88,7 +96,7 @@ class Judged:
             truth = ground_truth(train, x, sets, labels)
         else:
             truth = GroundTruth(truth.y64[idx], truth.y32[idx], sets, labels)
-        return cls(train, x, truth, tuple(pset.names[i] for i in idx))
+        return cls(train, x, truth, tuple(pset.names[i] for i in idx), deploy)
 
     def describe(self, parity_inputs: str, left_out: str) -> str:
         """report.json's `compressed_inputs`: which samples were judged (`left_out`: what calibration removed)."""
@@ -101,6 +109,12 @@ class Judged:
         t = self.truth.head(n)
         return ground_truth(self.train, np.asarray(seen, np.float32), t.sets, t.labels)
 
+    def with_emulation(self, truth: GroundTruth, seen: np.ndarray, kind: str) -> GroundTruth:
+        """`truth` with the compressed rule's reference: the deploy-form compressed as `kind`, on `seen`."""
+        if self.deploy is None:
+            self.deploy = build_deploy_form(copy.deepcopy(self.train), int(np.shape(seen)[-1]))[0]
+        return replace(truth, yq=compressed_reference(self.deploy, np.asarray(seen, np.float32), kind))
+
 
 def resolution_bounds(tol: Tolerance, n: int, labelled: int) -> Tolerance:
     """`tol` with one disagreeing sample (of `n`) and one misclassified labelled sample always tolerated."""
@@ -112,13 +126,16 @@ def resolution_bounds(tol: Tolerance, n: int, labelled: int) -> Tolerance:
     return out
 
 
-def judge_compressed(hop_name: str, runner: Runner, judged: Judged, tol: Tolerance) -> Hop:
-    """An open runner's compressed hop on the judged samples (as many as the runner runs), by the kind's profile
-    with the resolution bounds; `vitedge bench --artifact` judges a compressed artifact with this too."""
+def judge_compressed(hop_name: str, runner: Runner, judged: Judged, tol: Tolerance, kind: str) -> Hop:
+    """An open runner's compressed hop (an artifact of compressed `kind`) on the judged samples (as many as the
+    runner runs), by the kind's profile with the resolution bounds and, where the profile sets it, the compressed
+    rule; `vitedge bench --artifact` judges a compressed artifact with this too."""
     n = min(len(judged.x), runner.max_samples or len(judged.x))
     x = judged.x[:n]
     seen = runner.reference_inputs(x)
     truth = judged.truth.head(n) if seen is x else judged.truth_on(seen, n)
+    if tol.compressed_rule():
+        truth = judged.with_emulation(truth, seen, kind)
     labelled = 0 if truth.labels is None else int((truth.labels >= 0).sum())
     return check_hop(hop_name, runner, x, None, resolution_bounds(tol, n, labelled), truth=truth,
                      names=judged.names[:n])
@@ -133,13 +150,15 @@ def compressed_hop(hop_name: str, target: Target, artifact: Artifact, tol: Toler
     if isinstance(runner, Hop):
         return runner
     with runner, progress.step(f"{hop_name} hop ({runner.backend})"):
-        hop = judge_compressed(hop_name, runner, judged, tol)
+        hop = judge_compressed(hop_name, runner, judged, tol, artifact.precision)
         hop.runner = runner.info() or None
         if also is not None:
             also(hop, runner)
     if mode and hop.mode not in (mode, None):
         return unverified(hop_name, hop.backend, f"--mode {mode} requested, but {target.name} runs here in "
                                                  f"{hop.mode} mode only", tol)
+    with progress.step(f"{hop_name} weights check"):
+        judge_weights(hop, deploy, artifact.path, artifact.precision)
     if hop.status == "failed":
         with progress.step(f"localizing the {hop_name} divergence"):
             localize(hop, artifact, deploy, judged.x[:LOCALIZE_SAMPLES])
@@ -173,31 +192,6 @@ def localize(hop: Hop, artifact: Artifact, deploy: nn.Module, x: np.ndarray) -> 
 
 def _torch_key(name: str) -> str:
     return name.replace(".", "_")
-
-
-def _arg(binding, env: dict):
-    if isinstance(binding, list):
-        return [_arg(b, env) for b in binding]
-    kind, v = binding
-    return env[v] if kind == "var" else v
-
-
-def package_weights(program) -> dict[str, np.ndarray]:
-    """{MIL weight name without its compression suffixes: decompressed float32 value} for every compressed weight
-    of a loaded package program, computed by the interpreter's kernels from the bytes on disk."""
-    from ..targets.coreml.mil_ops import OPS, OpArgs
-
-    out = {}
-    for o in program.ops:
-        if not o.type.startswith("constexpr_"):
-            continue
-        args = OpArgs(o.type, o.name, {k: _arg(b, program.consts) for k, b in o.inputs.items()},
-                      [dt for _, dt in o.outputs])
-        name = o.outputs[0][0]
-        for suffix in ("_palettized", "_quantized", "_dequantized", "_to_fp16"):
-            name = name.removesuffix(suffix)
-        out[name] = np.asarray(OPS[o.type](args)[0], np.float32)
-    return out
 
 
 def localize_package(deploy: nn.Module, path: Path, x: np.ndarray, tol: Tolerance):

@@ -46,6 +46,17 @@ FP16_K = 4.0
 # medians were 0.5-1.1; a mid-network channel x0 or x2 that no single sample shows beyond 4x moved it to 2.5-2.8.
 FP16_MEDIAN = 2.0
 FP16_MEDIAN_MIN_SAMPLES = 8
+# Compressed kinds: the same per-sample form against an independent emulation of the kind (exporter/emulate.py), so
+# that an artifact far beyond what a correct artifact of that kind does on that sample fails. Chosen from
+# benchmarks/compressed_verdicts.py and the 364 held-out digits (docs/quantization.md, "The compressed rule"): the
+# weight-only kinds' correct artifacts reached 1.6x their emulation's error; int8's reached 16.6x on one of 364 held-out
+# digits (median 1.1): samples whose activations leave the calibrated ranges are clipped by the artifact, not by the
+# emulation (which takes its ranges from the samples judged), so the kinds that quantize activations get a wide K and
+# the median rule carries their systematic errors. Finer changes to stored weights are the weights check's
+# (exporter/weight_check.py). The floor is half an fp16 ulp of the sample's largest logit, as for fp16.
+COMPRESSED_FLOOR = 2.0 ** -11
+COMPRESSED_K = {"int8": 32.0, "w8a8": 32.0, "w8": 8.0, "palette": 8.0}
+COMPRESSED_MEDIAN = 2.0
 
 
 def rows(a: np.ndarray) -> np.ndarray:
@@ -112,13 +123,14 @@ class GroundTruth:
     float32_threads: int | None = None   # intra-op threads of the float32 run (its rounding depends on them)
     y16: np.ndarray | None = None        # (n, classes) the deploy-form rounded to fp16 (the fp16 rule), where needed
     y32_alt: np.ndarray | None = None    # (n, classes) a second float32 computation (channels-last layout)
+    yq: np.ndarray | None = None         # (n, classes) the compressed kind's emulation (the compressed rule)
 
     def __post_init__(self):
         if np.shape(self.y64) != np.shape(self.y32) or len(self.sets) != len(self.y64):
             raise ValueError("y64, y32 and sets must describe the same samples")
-        for extra in (self.y16, self.y32_alt):
+        for extra in (self.y16, self.y32_alt, self.yq):
             if extra is not None and np.shape(extra) != np.shape(self.y64):
-                raise ValueError("y16 and y32_alt must describe the same samples as y64")
+                raise ValueError("y16, y32_alt and yq must describe the same samples as y64")
 
     @property
     def noise(self) -> np.ndarray:
@@ -133,6 +145,13 @@ class GroundTruth:
         if self.y16 is None:
             raise ValueError("the fp16 rule needs the fp16 reference (GroundTruth.y16): none was computed")
         return sample_errors(self.y64, self.y16)
+
+    @property
+    def noise_q(self) -> np.ndarray:
+        """Per-sample error of the compressed kind's emulation (yq) against float64."""
+        if self.yq is None:
+            raise ValueError("the compressed rule needs the kind's emulation (GroundTruth.yq): none was computed")
+        return sample_errors(self.y64, self.yq)
 
     def present(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(self.sets))
@@ -150,7 +169,8 @@ class GroundTruth:
         return GroundTruth(self.y64[idx], self.y32[idx], tuple(self.sets[i] for i in idx),
                            None if self.labels is None else self.labels[idx], self.float32_threads,
                            None if self.y16 is None else self.y16[idx],
-                           None if self.y32_alt is None else self.y32_alt[idx])
+                           None if self.y32_alt is None else self.y32_alt[idx],
+                           None if self.yq is None else self.yq[idx])
 
 
 def accuracy(logits: np.ndarray, labels: np.ndarray | None, k: int) -> float | None:

@@ -37,6 +37,7 @@ from .progress import Progress
 from .report import ArtifactEntry, Hop, Report, Tolerance
 from .target_plans import artifact_key
 from .truth_cache import cached_ground_truth
+from .weight_check import judge_weights
 
 PARITY_SEED = 0          # the parity input set's seed (README "Parity inputs")
 LOCALIZE_SAMPLES = 4     # inputs used to localize a failed hop (its worst samples first)
@@ -252,6 +253,9 @@ class Ladder:
                          also=_all_of(ane_check if require_ane and target.name == "coreml" else None, also))
         if mode and hop.mode != mode:
             return unverified(hop_name, hop.backend, _mode_mismatch(mode, target, hop.mode), tol)
+        if artifact.precision == "fp16":
+            with self.progress.step(f"{hop_name} weights check"):
+                judge_weights(hop, self.deploy, artifact.path, artifact.precision)
         if Path(artifact.path).suffix == ".onnx" and hop.status in ("passed", "failed"):
             self.check_onnx(hop, onnx.load(str(artifact.path)))
         return hop

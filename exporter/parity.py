@@ -18,8 +18,9 @@ import numpy as np
 
 from ..errors import VitedgeError
 from ..targets.base import Runner, pad_batch
-from .criteria import (FP16_FLOOR, FP16_K, FP16_MEDIAN, FP16_MEDIAN_MIN_SAMPLES, NOISE_FLOOR, NOISE_K, GroundTruth,
+from .criteria import (COMPRESSED_FLOOR, COMPRESSED_K, COMPRESSED_MEDIAN, FP16_FLOOR, FP16_K, FP16_MEDIAN, FP16_MEDIAN_MIN_SAMPLES, NOISE_FLOOR, NOISE_K, GroundTruth,
                        NoiseRule, accuracy, accuracy_delta, effective_noise, sample_errors)
+from .emulate import fp16_reference
 from .report import Hop, Metrics, Tolerance, allowed_count
 
 # The documented defaults (README "Tolerances"); `--tol PROFILE.KEY=VALUE` overrides any of them.
@@ -35,8 +36,10 @@ FLOAT64_TOLERANCES: dict[str, Tolerance] = {
     "fp16": replace(DEFAULT_TOLERANCES["fp16"], fp16_floor=FP16_FLOOR, fp16_k=FP16_K, fp16_median=FP16_MEDIAN),
 }
 # Compressed artifacts (--precision int8 | w8 | palette4 | palette6 | w8a8), one profile per kind: judged against
-# float64 on natural images and a user's --images only (exporter/compressed.py), by the metric thresholds alone
-# (no noise rule: the error is quantization, not float32 rounding), plus the accuracy drop where labels exist.
+# float64 on natural images and a user's --images only (exporter/compressed.py), by the metric thresholds (no
+# float32 noise rule: the error is quantization, not float32 rounding), the accuracy drop where labels exist, and
+# the compressed rule: per sample against an independent emulation of the kind (exporter/emulate.py, K per kind
+# in criteria.COMPRESSED_K), so that an artifact far beyond what a correct one of its kind does on that sample fails.
 # Chosen from measurements on the trained reference fixtures (docs/quantization.md, "Parity profiles"): each bound
 # sits below the worst value a correct artifact of either family reached, and above what a corrupted scale or
 # lookup table, or a miscalibrated artifact, gives. top5_agreement (exact top-5 set equality) is reported, not
@@ -47,10 +50,12 @@ COMPRESSED_TOLERANCES: dict[str, Tolerance] = {
     "palette": Tolerance("palette", cosine=0.8, psnr_db=22.0, top1_agreement=0.7, accuracy_drop=0.02),
     "w8a8": Tolerance("w8a8", cosine=0.97, psnr_db=32.0, top1_agreement=0.9, accuracy_drop=0.005),
 }
-PROFILE_OF = {"int8": "int8", "w8": "w8", "palette4": "palette", "palette6": "palette", "w8a8": "w8a8"}
-DEFAULT_TOLERANCES.update(COMPRESSED_TOLERANCES)
+DEFAULT_TOLERANCES.update(COMPRESSED_TOLERANCES)  # against the float32 train-form: the metric thresholds only
+COMPRESSED_TOLERANCES = {p: replace(t, compressed_floor=COMPRESSED_FLOOR, compressed_k=COMPRESSED_K[p],
+                                    compressed_median=COMPRESSED_MEDIAN) for p, t in COMPRESSED_TOLERANCES.items()}
 FLOAT64_TOLERANCES.update(COMPRESSED_TOLERANCES)
-TOL_KEYS = Tolerance.UPPER + Tolerance.LOWER + Tolerance.NOISE + Tolerance.FP16 + Tolerance.LABELLED
+PROFILE_OF = {"int8": "int8", "w8": "w8", "palette4": "palette", "palette6": "palette", "w8a8": "w8a8"}
+TOL_KEYS = Tolerance.UPPER + Tolerance.LOWER + Tolerance.NOISE + Tolerance.FP16 + Tolerance.COMPRESSED + Tolerance.LABELLED
 
 
 def profile_for(precision: str | None) -> str | None:
@@ -162,48 +167,29 @@ def noise_rule(tolerance: Tolerance | None) -> NoiseRule | None:
 
 
 def sample_rule(tolerance: Tolerance, truth: GroundTruth) -> tuple[NoiseRule, np.ndarray, str] | None:
-    """The per-sample rule a profile sets, with each sample's reference error: the float32 noise (fp32), or the
-    independent fp16 computation's error (fp16: truth.y16, which the caller computed); None where none is set."""
+    """The per-sample rule a profile sets, with each sample's reference error: the float32 noise (fp32), the
+    independent fp16 computation's error (fp16: truth.y16), or the compressed kind's emulation's error (compressed
+    kinds: truth.yq), both computed by the caller; None where none is set."""
     rule = noise_rule(tolerance)
     if rule is not None:
         return rule, truth.noise, "noise"
     if tolerance.fp16_rule():
-        return NoiseRule(floor=tolerance.fp16_floor or 0.0, k=tolerance.fp16_k or 0.0), truth.noise16, "fp16 error"
+        return NoiseRule(floor=tolerance.fp16_floor or 0.0, k=tolerance.fp16_k or 0.0), truth.noise16, FP16_ERROR
+    if tolerance.compressed_rule():
+        return (NoiseRule(floor=tolerance.compressed_floor or 0.0, k=tolerance.compressed_k or 0.0),
+                truth.noise_q, COMPRESSED_ERROR)
     return None
+
+
+FP16_ERROR, COMPRESSED_ERROR = "fp16 error", "emulated error"  # what a sample's allowance is scaled from
+MEDIANS = {FP16_ERROR: ("fp16_median", "fp16_median_ratio", "reference_fp16_error", "fp16 reference"),
+           COMPRESSED_ERROR: ("compressed_median", "compressed_median_ratio", "reference_compressed_error",
+                              "kind's emulation")}
 
 
 def with_fp16_reference(truth: GroundTruth, model, x: np.ndarray) -> GroundTruth:
     """`truth` with the fp16 rule's reference outputs of `model` on `x` (the inputs `truth` was computed on)."""
     return replace(truth, y16=fp16_reference(model, x))
-
-
-def fp16_reference(model, x: np.ndarray, batch: int = REFERENCE_BATCH) -> np.ndarray:
-    """`model` (the deploy-form, or any float form of the model) computed as fp16 storage would: its weights and
-    every leaf module's output rounded to float16, the arithmetic inside a module in float32, one thread. An
-    independent fp16 computation: its error against float64 is how far fp16 alone moves each sample (the fp16 rule's
-    reference error). Rounding through float16 keeps fp16's range: an overflow gives inf, and the rule fails it."""
-    import torch
-
-    m = copy.deepcopy(model).float().eval()
-    with torch.no_grad():
-        for t in list(m.parameters()) + list(m.buffers()):
-            if t.is_floating_point():
-                t.copy_(t.half().float())
-
-    def rounded(_module, _inputs, out):
-        return out.half().float() if torch.is_tensor(out) and out.is_floating_point() else out
-
-    for mod in m.modules():
-        if next(mod.children(), None) is None:
-            mod.register_forward_hook(rounded)
-    xt = torch.as_tensor(np.asarray(x, np.float32)).half().float()
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # its rounding must not depend on the machine
-    try:
-        with torch.no_grad():
-            return np.concatenate([m(xt[i:i + batch]).double().numpy() for i in range(0, len(xt), batch)])
-    finally:
-        torch.set_num_threads(before)
 
 
 def judge(truth: GroundTruth, out: np.ndarray, tolerance: Tolerance,
@@ -235,11 +221,13 @@ def judge(truth: GroundTruth, out: np.ndarray, tolerance: Tolerance,
                 found.append(f"{s}: noise_ratio {ratio:.3g} > 1 ({who}: error {errors[i]:.3g} vs allowance "
                              f"max({rule.floor:.3g}, {rule.k:.3g} x {what} {eff[w]:.3g}))")
         median = None
-        if tolerance.fp16_median is not None and len(idx) >= FP16_MEDIAN_MIN_SAMPLES:
+        bound_key, median_key, ref_key, ref_name = MEDIANS.get(what, (None,) * 4)
+        bound = getattr(tolerance, bound_key) if bound_key else None
+        if bound is not None and len(idx) >= FP16_MEDIAN_MIN_SAMPLES:
             median = float(np.median(errors[idx] / np.maximum(effective_noise(noise[idx]), rule.floor)))
-            if not median <= tolerance.fp16_median:
-                found.append(f"{s}: fp16 median ratio {median:.3g} > {tolerance.fp16_median:.3g} (the typical "
-                             f"sample's error over the fp16 reference's: a systematic error)")
+            if not median <= bound:
+                found.append(f"{s}: {median_key.removesuffix('_ratio').replace('_', ' ')} ratio {median:.3g} > "
+                             f"{bound:.3g} (the typical sample's error over the {ref_name}'s: a systematic error)")
         lab = None if truth.labels is None else truth.labels[idx]
         acc = accuracy_delta(truth.y64[idx], out[idx], lab)
         if acc is not None and tolerance.accuracy_drop is not None:
@@ -250,14 +238,14 @@ def judge(truth: GroundTruth, out: np.ndarray, tolerance: Tolerance,
                              f"{acc['labelled']} labelled samples: {lost} more misclassified, "
                              f"{allowed_count(tolerance.accuracy_drop, acc['labelled'])} allowed)")
         sets[s] = {"samples": int(len(idx)), "metrics": asdict(m), "reference_noise": float(truth.noise[idx].max()),
-                   "noise_ratio": ratio, **({"fp16_median_ratio": median} if what == "fp16 error" else {}),
+                   "noise_ratio": ratio, **({median_key: median} if median_key else {}),
                    "top1_accuracy": accuracy(out[idx], lab, 1),
                    "top5_accuracy": accuracy(out[idx], lab, 5), "worst_sample": worst, "problems": found,
                    **(acc or {})}
         if acc is not None:  # the reference on exactly these samples: accuracies are compared on the same images
             sets[s]["reference_top5_accuracy"] = accuracy(truth.y64[idx], lab, 5)
-        if what == "fp16 error":
-            sets[s]["reference_fp16_error"] = float(noise[idx].max())
+        if ref_key:
+            sets[s][ref_key] = float(noise[idx].max())
         problems += found
     return metrics, sets, problems
 
@@ -278,9 +266,9 @@ def check_hop(hop: str, runner: Runner, inputs: np.ndarray, reference: np.ndarra
     if truth is not None:
         metrics, sets, problems = judge(truth, out, tolerance, names)
     else:
-        if tolerance.noise_rule() or tolerance.fp16_rule():
-            raise VitedgeError(f"{tolerance.profile}.noise_floor/noise_k and fp16_floor/fp16_k need the float64 "
-                               "ground truth; this run compares with the float32 train-form: drop those --tol keys")
+        if tolerance.noise_rule() or tolerance.fp16_rule() or tolerance.compressed_rule():
+            raise VitedgeError(f"{tolerance.profile}.noise_*, fp16_* and compressed_* keys need the float64 ground "
+                               "truth; this run compares with the float32 train-form: drop those --tol keys")
         metrics = compute_metrics(reference, out)
         problems = tolerance.violations(metrics)
     nonfinite = int((~np.isfinite(out)).any(axis=1).sum())

@@ -338,7 +338,7 @@ class _Build:
             with self.progress.step("choosing the samples the compressed hops are judged on"):
                 calib = self._calibration()
                 self.judged = Judged.build(train, self.inputs, calib.ids if calib is not None else (),
-                                           truth=ladder.truth)
+                                           truth=ladder.truth, deploy=self.deploy)
             r.compressed_inputs = self.judged.describe(r.inputs, ", none that calibrated" if calib is not None else "")
         return self.judged
 

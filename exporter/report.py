@@ -79,6 +79,13 @@ class Tolerance:
     # and, over a set of at least FP16_MEDIAN_MIN_SAMPLES samples, the median of error / that error: a systematic
     # error moves most samples, where a correct artifact's median stays near 1
     fp16_median: float | None = None
+    # Compressed kinds (int8, w8, palette4/6, w8a8): the same per-sample form with the error of an independent
+    # emulation of the kind in torch (exporter/emulate.compressed_reference): error <= max(compressed_floor,
+    # compressed_k * that error), and over a set of at least FP16_MEDIAN_MIN_SAMPLES samples the median of error /
+    # that error within compressed_median: an artifact far beyond what a correct one of its kind does fails.
+    compressed_floor: float | None = None
+    compressed_k: float | None = None
+    compressed_median: float | None = None
     # With labels (a labelled --images folder): the largest allowed drop of top-1 accuracy against the float64
     # train-form on the same labelled samples (a fraction: 0.005 = half a point); judged per input set.
     accuracy_drop: float | None = None
@@ -87,6 +94,7 @@ class Tolerance:
     LOWER = ("cosine", "psnr_db", "top1_agreement", "top5_agreement")
     NOISE = ("noise_floor", "noise_k")
     FP16 = ("fp16_floor", "fp16_k", "fp16_median")
+    COMPRESSED = ("compressed_floor", "compressed_k", "compressed_median")
     LABELLED = ("accuracy_drop",)
     COUNTED = ("top1_agreement", "top5_agreement")   # proportions of samples: judged as counts (required_count)
 
@@ -95,6 +103,9 @@ class Tolerance:
 
     def fp16_rule(self) -> bool:
         return self.fp16_floor is not None or self.fp16_k is not None or self.fp16_median is not None
+
+    def compressed_rule(self) -> bool:
+        return any(getattr(self, k) is not None for k in self.COMPRESSED)
 
     def violations(self, m: Metrics) -> list[str]:
         """Human-readable list of the metric thresholds `m` misses (empty = within tolerance); the noise rule
@@ -148,6 +159,11 @@ class Hop:
     # A hop run on part of the parity set because a later hop runs the same graph on all of it (the deploy-form and
     # raw onnx hops of `vitedge export`): which part, and why; None where the hop ran every sample it could.
     subset: str | None = None
+    # fp16 and compressed artifacts: their stored weights against the deploy-form's, per output channel
+    # (exporter/weight_check.py) {"status" (passed / failed / not run / error: it raised, and the hop is
+    # unverified), "checked", "unmatched", "worst" {"weight", "channel", "deviation", "allowance", "ratio"}, "why"};
+    # None where it does not apply.
+    weights: dict | None = None
 
     @classmethod
     def from_dict(cls, d: dict) -> "Hop":
@@ -230,13 +246,14 @@ class Report:
 
     def finalize(self) -> "Report":
         """Set `exit_code` / `status` from the hops: 1 if any failed (or, with require_verified, is unverified or
-        has an inconclusive --require-ane check). With require_verified a passed hop whose feature probe did not
-        run is unverified: nothing counts as checked that was not."""
+        has an inconclusive --require-ane check). With require_verified a passed hop whose feature probe or weights
+        check did not run is unverified: nothing counts as checked that was not."""
         if self.require_verified:
             for h in self.parity:
-                if h.status == "passed" and (h.probe or {}).get("status") == "not run":
-                    h.status = "unverified"
-                    h.reason = f"--require-verified: the feature probe did not run ({h.probe.get('why')})"
+                for what, check in (("feature probe", h.probe), ("weights check", h.weights)):
+                    if h.status == "passed" and (check or {}).get("status") == "not run":
+                        h.status = "unverified"
+                        h.reason = f"--require-verified: the {what} did not run ({check.get('why')})"
         bad = bool(self.failed_hops()) or (self.require_verified and bool(self.unverified_hops()
                                                                           or self.inconclusive_checks()))
         self.exit_code = EXIT_FAILED if bad else EXIT_OK

@@ -304,7 +304,7 @@ def _compressed_artifact_hop(report: Report, plan: TargetPlan, path: Path, art_m
         return unverified(hop_name, plan.name, plan.missing, tol)
     ids = recorded_calibration_ids(meta)
     with progress.step("choosing the samples the compressed hop is judged on"):
-        judged = Judged.build(ladder.train, ladder.inputs, ids, truth=ladder.truth)
+        judged = Judged.build(ladder.train, ladder.inputs, ids, truth=ladder.truth, deploy=ladder.deploy)
     report.compressed_inputs = judged.describe(report.inputs, f", without the {len(ids)} calibration ids the "
                                                "artifact records and their photos")
     ane = ane_check if report.require_ane and plan.name == "coreml" else None

@@ -1,8 +1,10 @@
 """Planted errors for sensitivity checks: one output channel of one mid-network weight of an ONNX graph, scaled;
-and errors planted in saved fp16 artifacts (a CoreML package's weight.bin, an fp16 ONNX initializer).
+errors planted in saved fp16 artifacts (a CoreML package's weight.bin, an fp16 ONNX initializer); and in saved
+compressed artifacts (an int8 QDQ graph's per-channel weight scales, a compressed package's scales or lookup table
+in weight.bin).
 
-Used by the criteria tests, benchmarks/parity_noise.py (the study that picks the noise rule's floor and K) and
-benchmarks/fp16_verdicts.py (the fp16 rule's).
+Used by the criteria tests, benchmarks/parity_noise.py (the study that picks the noise rule's floor and K),
+benchmarks/fp16_verdicts.py (the fp16 rule's) and benchmarks/compressed_verdicts.py (the compressed rule's).
 """
 from __future__ import annotations
 
@@ -137,3 +139,73 @@ def plant_fp16_initializer(src, dst, plant: str, position: float) -> None:
     init.CopyFrom(numpy_helper.from_array(change_weight(w.reshape(w.shape[0], -1), plant).reshape(w.shape)
                                           .astype(np.float16), init.name))
     onnx.save(graph, str(dst))
+
+
+# the compression parameter planted in, per CoreML constexpr op: one entry per output channel (a scale) or per
+# lookup table (a palette: the whole tensor's on iOS 16-17, so a "channel" plant there scales the whole layer)
+PACKAGE_PARAMS = {"constexpr_affine_dequantize": "scale", "constexpr_blockwise_shift_scale": "scale",
+                  "constexpr_lut_to_dense": "lut"}
+MIL_DTYPES = {10: np.float16, 11: np.float32}
+
+
+def package_compression_blobs(package) -> list[tuple[str, int, int, np.dtype, list[int]]]:
+    """(op name, offset, bytes, dtype, shape) of each compressed weight's scale or lookup table in weight.bin, in
+    program order."""
+    from vitedge.targets.coreml.mil_interpreter import package_paths, quiet_coremltools
+
+    with quiet_coremltools():
+        from coremltools.proto import Model_pb2
+    spec_file, weights = package_paths(package)
+    spec = Model_pb2.Model()
+    spec.ParseFromString(spec_file.read_bytes())
+    fn = spec.mlProgram.functions["main"]
+    found = []
+    for op in fn.block_specializations[fn.opset].operations:
+        param = PACKAGE_PARAMS.get(op.type)
+        v = op.attributes[param] if param is not None and param in op.attributes else None
+        if v is None or v.WhichOneof("value") != "blobFileValue":
+            continue
+        dtype = MIL_DTYPES[v.type.tensorType.dataType]
+        with open(weights / "weight.bin", "rb") as f:
+            f.seek(v.blobFileValue.offset)
+            sentinel, _, size, data = struct.unpack("<IIQQ", f.read(24))
+        if sentinel == 0xDEADBEEF:
+            found.append((op.outputs[0].name, data, size, dtype, [d.constant.size for d in v.type.tensorType.dimensions]))
+    return found
+
+
+def plant_package_compression(src, dst, plant: str, position: float) -> str:
+    """Copy the compressed .mlpackage `src` to `dst` with `plant` applied to the scale (per output channel) or
+    lookup table of the compressed weight at `position` (0..1) of the program's order, in weight.bin itself;
+    returns the weight's name."""
+    shutil.copytree(src, dst)
+    blobs = package_compression_blobs(dst)
+    if not blobs:
+        raise ValueError(f"{src} holds no compressed weight")
+    name, offset, size, dtype, shape = blobs[min(int(position * len(blobs)), len(blobs) - 1)]
+    path = next(dst.rglob("weight.bin"))
+    raw = bytearray(path.read_bytes())
+    v = np.frombuffer(bytes(raw[offset:offset + size]), dtype).astype(np.float32)
+    rows = 1 if len(shape) == 1 and name.endswith("_palettized") else shape[0]  # one table: the whole layer
+    raw[offset:offset + size] = change_weight(v.reshape(rows, -1), plant).astype(dtype).tobytes()
+    path.write_bytes(bytes(raw))
+    return name
+
+
+def plant_int8_scale(src, dst, plant: str, position: float) -> str:
+    """Save the int8 QDQ ONNX `src` as `dst` with `plant` applied to the per-channel scales of the quantized weight
+    at `position` (0..1) of the graph's order (a DequantizeLinear reading an int8 initializer); returns its name."""
+    graph = onnx.load(str(src))
+    inits = {i.name: i for i in graph.graph.initializer}
+    weights = [n for n in graph.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits
+               and inits[n.input[0]].data_type == onnx.TensorProto.INT8 and len(inits[n.input[0]].dims) >= 2
+               and n.input[1] in inits and int(np.prod(inits[n.input[1]].dims)) > 1]
+    if not weights:
+        raise ValueError(f"{src} holds no per-channel int8 weight")
+    node = weights[min(int(position * len(weights)), len(weights) - 1)]
+    scale = inits[node.input[1]]
+    v = numpy_helper.to_array(scale).astype(np.float64)
+    changed = change_weight(v.reshape(v.shape[0], -1), plant).reshape(v.shape)
+    scale.CopyFrom(numpy_helper.from_array(changed.astype(numpy_helper.to_array(scale).dtype), scale.name))
+    onnx.save(graph, str(dst))
+    return node.input[0]

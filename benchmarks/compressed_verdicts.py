@@ -1,0 +1,200 @@
+"""Where the compressed rule's K comes from, and the smallest error it catches (no timing).
+
+For each model and compressed kind, `vitedge export` writes the artifact (int8: the QDQ ONNX graph, run by ONNX Runtime;
+w8 / palette4 / palette6 / w8a8: the CoreML package, run by vitedge's MIL interpreter), and the product's own judge
+(exporter.compressed.judge_compressed: the kind's profile, the resolution bounds and the compressed rule) grades it on
+the samples `vitedge export` judges it on (the parity set's natural samples that did not calibrate; the emulated
+CoreML hop runs the first 16). Each sample's reference error is that of an independent emulation of the kind in torch
+(exporter.emulate.compressed_reference), raised to its set's median. Reported: the ratio error / reference error of
+the correct artifacts (what K must clear), and of errors planted in the saved artifact: a whole layer zeroed, and one
+output channel x0, x-1, x1.1, x2, x10 at three depths, written into the int8 graph's per-channel weight scales or the
+package's scales / lookup table in weight.bin (a palette's lookup table on iOS 16 serves the whole tensor: its
+"channel" plants scale the whole layer). A plant is caught when the judge fails it, and "visible" when it moves some
+sample's outputs by more than 3x the correct artifact's own error on that sample. After the outputs, the artifact's
+stored weights are judged against the deploy-form's per output channel (exporter/weight_check.py, as every compressed
+hop is): each row says what the outputs alone decided (`caught_by_outputs`) and the weights check's worst ratio.
+
+Models: the trained reference fixtures (tests/fixtures/trained/: SwiftFormer and SLAB-DeiT trained on scikit-learn's
+digits) and small configs of SimA and SLAB-Swin (demo weights); the full run adds SwiftFormer-XS at its full config
+trained on digits (64 px; scripts/train_reference.py, cached in ~/.cache/vitedge/trained).
+
+    python benchmarks/compressed_verdicts.py [--quick] [--out FILE]
+"""
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+import _common as C
+import vitedge
+from vitedge.exporter.compressed import Judged, judge_compressed
+from vitedge.exporter.criteria import COMPRESSED_K, COMPRESSED_MEDIAN, effective_noise, sample_errors
+from vitedge.exporter.forms import build_deploy_form
+from vitedge.exporter.hops import parity_inputs_for
+from vitedge.exporter.parity import FLOAT64_TOLERANCES, profile_for, run_batched
+from vitedge.exporter.weight_check import WEIGHT_K, judge_weights
+from vitedge.models import make_trained_like
+from vitedge.targets.coreml.runners import EmulatedCoreMLRunner
+from vitedge.targets.ort import OnnxRuntimeRunner
+from vitedge.tests import trained_fixtures as tf
+from vitedge.tests._plant import PLANT_FACTORS, plant_int8_scale, plant_package_compression
+
+KINDS = ("int8", "w8", "palette4", "palette6", "w8a8")
+POSITIONS = (0.25, 0.5, 0.75)
+VISIBLE = 3.0
+SAMPLES = 64
+CACHE = Path.home() / ".cache" / "vitedge" / "trained"
+
+
+def _models(quick: bool) -> dict:
+    def trained(name):
+        return lambda: (tf.load_reference(name), tf.manifest()["models"][name]["imgsz"])
+
+    def demo(name, imgsz, **overrides):
+        return lambda: (make_trained_like(vitedge.create_model(name, **overrides), seed=0).eval(), imgsz)
+
+    def cached(name):
+        def make():
+            man = json.loads((CACHE / "manifest.json").read_text())["models"][name]
+            model = vitedge.create_model(man["model"], **man["overrides"])
+            vitedge.load_checkpoint(model, CACHE / f"{name}.pth", strict=True)
+            return model.eval(), man["imgsz"]
+        return make
+
+    models = {"swiftformer_digits": trained("swiftformer_digits")}
+    if quick:
+        return models
+    models.update({
+        "slab_deit_digits": trained("slab_deit_digits"),
+        "sima_small": demo("sima_nano_12_p16", 32, depth=2, img_size=32, num_classes=10),
+        "slab_swin_small": demo("slab_swin_tiny", 64, depths=[1, 1, 1, 1], img_size=64, window_size=2,
+                                num_classes=10),
+    })
+    if (CACHE / "swiftformer_xs_digits64.pth").is_file():
+        models["swiftformer_xs_digits64"] = cached("swiftformer_xs_digits64")
+    return models
+
+
+def _runner(kind: str, path: Path):
+    return OnnxRuntimeRunner(path) if kind == "int8" else EmulatedCoreMLRunner(path)
+
+
+def _judge(kind: str, path: Path, judged: Judged, deploy):
+    """(the product's verdict on the artifact at `path`: its outputs by the kind's profile and compressed rule, then
+    its stored weights, as `vitedge export` judges it; its outputs on the samples judged)."""
+    tol = FLOAT64_TOLERANCES[profile_for(kind)]
+    with _runner(kind, path) as r:
+        hop = judge_compressed(kind, r, judged, tol, kind)
+        out = run_batched(r, judged.x[:hop.samples])
+    outputs_failed = hop.status == "failed"
+    judge_weights(hop, deploy, path, kind)
+    hop.outputs_failed = outputs_failed
+    return hop, out
+
+
+def _row(name, kind, plant, pos, where, hop, out, good, truth) -> dict:
+    (s, d), = hop.sets.items()
+    err = sample_errors(truth.y64, out)
+    ref = sample_errors(truth.y64, truth.yq)
+    row = {"model": name, "kind": kind, "plant": plant, "position": pos, "weight": where, "samples": hop.samples,
+           "set": s, "worst_ratio": float(np.max(err / effective_noise(ref))),
+           "median_ratio": d.get("compressed_median_ratio"), "noise_ratio": d["noise_ratio"],
+           "worst_error": float(err.max()), "reference_error": float(ref.max()),
+           "caught": hop.status == "failed", "caught_by_outputs": hop.outputs_failed,
+           "weights_ratio": (hop.weights.get("worst") or {}).get("ratio"), "weights": hop.weights.get("status"),
+           "problems": d["problems"]}
+    if good is not None:
+        good_err = sample_errors(truth.y64, good)
+        effect = sample_errors(good, out) * np.abs(good).max(axis=1) / np.abs(truth.y64).max(axis=1)
+        ratio = effect / np.maximum(good_err, 1e-30)
+        row.update(effect_over_correct_error=float(ratio.max()), visible=bool(np.any(ratio > VISIBLE)))
+    return row
+
+
+def measure(name: str, make, work: Path, quick: bool) -> list[dict]:
+    model, imgsz = make()
+    print(f"\n{name}", flush=True)
+    rows = []
+    for kind in (("int8", "w8", "palette4") if quick else KINDS):
+        out = work / name / kind
+        rep = vitedge.export(copy.deepcopy(model), targets="onnx" if kind == "int8" else "coreml", precision=kind,
+                             imgsz=imgsz, samples=SAMPLES, out=out, truth_cache=False)
+        src = next(out.glob("*.int8.onnx" if kind == "int8" else "*.mlpackage"))
+        ids = (rep.calibration or {}).get("ids") or ()
+        deploy = build_deploy_form(copy.deepcopy(model), imgsz)[0]
+        judged = Judged.build(model, parity_inputs_for(model, imgsz, SAMPLES), ids, deploy=deploy)
+        hop, good = _judge(kind, src, judged, deploy)
+        truth = judged.with_emulation(judged.truth.head(hop.samples), judged.x[:hop.samples], kind)
+        rows.append(_row(name, kind, None, None, None, hop, good, None, truth))
+        print(f"  {kind:<9} correct: {hop.status} worst ratio {rows[-1]['worst_ratio']:.3g} median "
+              f"{rows[-1]['median_ratio']}, weights {rows[-1]['weights_ratio']:.3g}", flush=True)
+        plant_fn, suffix = (plant_int8_scale, ".onnx") if kind == "int8" else (plant_package_compression, ".mlpackage")
+        for pos in ((0.5,) if quick else POSITIONS):
+            for plant in (("zero_layer", "sign_flip", "x10") if quick else tuple(PLANT_FACTORS)):
+                dst = out / f"planted-{plant}-{pos}{suffix}"
+                where = plant_fn(src, dst, plant, pos)
+                hop, bad = _judge(kind, dst, judged, deploy)
+                rows.append(_row(name, kind, plant, pos, where, hop, bad, good, truth))
+                r = rows[-1]
+                print(f"  {kind:<9} {plant:<10} @{pos} {where}: {'caught' if r['caught'] else 'passed'} (outputs "
+                      f"{'failed' if r['caught_by_outputs'] else 'passed'}, worst ratio {r['worst_ratio']:.3g}; "
+                      f"weights {r['weights_ratio']:.3g}), effect {r['effect_over_correct_error']:.3g}x the correct "
+                      "error", flush=True)
+                shutil.rmtree(dst, ignore_errors=True) if dst.is_dir() else dst.unlink(missing_ok=True)
+    return rows
+
+
+def summary(rows: list[dict]) -> dict:
+    correct = [r for r in rows if r["plant"] is None]
+    planted = [r for r in rows if r["plant"] is not None]
+    out = {"correct_failed": [f"{r['model']}/{r['kind']}: {r['problems']}" for r in correct if r["caught"]],
+           "kinds": {}}
+    for kind in dict.fromkeys(r["kind"] for r in rows):
+        mine = [r for r in correct if r["kind"] == kind]
+        bad = [r for r in planted if r["kind"] == kind]
+        by_plant = {}
+        for p in dict.fromkeys(r["plant"] for r in bad):
+            rs = [r for r in bad if r["plant"] == p]
+            by_plant[p] = {"caught": sum(r["caught"] for r in rs), "of": len(rs),
+                           "caught_by_outputs": sum(r["caught_by_outputs"] for r in rs),
+                           "visible_missed": sum(r["visible"] and not r["caught"] for r in rs)}
+        out["kinds"][kind] = {
+            "k": COMPRESSED_K[profile_for(kind)], "worst_correct_ratio": max(r["worst_ratio"] for r in mine),
+            "worst_correct_median": max((r["median_ratio"] or 0.0) for r in mine),
+            "worst_correct_weights_ratio": max((r["weights_ratio"] or 0.0) for r in mine),
+            "smallest_caught_error": min((r["worst_error"] for r in bad if r["caught"]), default=None),
+            "largest_missed_error": max((r["worst_error"] for r in bad if not r["caught"]), default=None),
+            "plants": by_plant}
+    return out
+
+
+def main(argv=None) -> int:
+    ap = C.parser("compressed_verdicts", __doc__)
+    args = ap.parse_args(argv)
+    started, info = C.begin("compressed_verdicts", args.quick)
+    work = Path(tempfile.mkdtemp(prefix="vitedge-compressed-"))
+    try:
+        rows = [r for name, make in _models(args.quick).items() for r in measure(name, make, work, args.quick)]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    summ = summary(rows)
+    path = C.write_results(C.out_path("compressed_verdicts", args), "compressed_verdicts", info, args,
+                           {"settings": {"k": COMPRESSED_K, "median": COMPRESSED_MEDIAN, "positions": POSITIONS,
+                                         "visible": VISIBLE, "samples": SAMPLES, "weight_k": WEIGHT_K},
+                            "cases": rows, "summary": summ}, started)
+    print(f"\nresults: {path}")
+    print(f"\ncompressed rule (median {COMPRESSED_MEDIAN:g}); correct artifacts failed: {summ['correct_failed'] or 'none'}")
+    for kind, e in summ["kinds"].items():
+        plants = ", ".join(f"{p} {v['caught']}/{v['of']} ({v['visible_missed']})" for p, v in e["plants"].items())
+        print(f"  {kind} (K = {e['k']:g}): worst correct ratio {e['worst_correct_ratio']:.2f}, median "
+              f"{e['worst_correct_median']:.2f}; caught / planted (visible but missed): {plants}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
