@@ -159,10 +159,20 @@ def package_compression_blobs(package) -> list[tuple[str, int, int, np.dtype, li
     spec = Model_pb2.Model()
     spec.ParseFromString(spec_file.read_bytes())
     fn = spec.mlProgram.functions["main"]
+    ops = fn.block_specializations[fn.opset].operations
+    consts = {op.outputs[0].name: op.attributes["val"] for op in ops if op.type == "const"}
     found = []
-    for op in fn.block_specializations[fn.opset].operations:
+    for op in ops:
         param = PACKAGE_PARAMS.get(op.type)
-        v = op.attributes[param] if param is not None and param in op.attributes else None
+        if param is None:
+            continue
+        args = op.inputs[param].arguments if param in op.inputs else []
+        if param in op.attributes:    # iOS 16-17: an attribute; iOS 18: an input holding the value or naming a const
+            v = op.attributes[param]
+        elif args and args[0].WhichOneof("binding") == "value":
+            v = args[0].value
+        else:
+            v = consts.get(args[0].name) if args else None
         if v is None or v.WhichOneof("value") != "blobFileValue":
             continue
         dtype = MIL_DTYPES[v.type.tensorType.dataType]

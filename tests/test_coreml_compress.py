@@ -181,6 +181,51 @@ def test_corrupted_lut_or_scale_in_the_package_fails(workdir, ios, kind, op_type
     assert verdict(name, kind, clean)["ok"] and not v["ok"], v
 
 
+PLANTED = [(16, "w8", "sign_flip"), (16, "w8", "x1.1"), (18, "w8", "x10"), (18, "w8a8", "zero_layer"),
+           (18, "w8a8", "x1.1"), (16, "palette4", "sign_flip"), (18, "palette4", "x10")]
+
+
+def product_hop(workdir: Path, name: str, kind: str, path: Path):
+    """The compressed hop `vitedge export` / `vitedge parity` would report for the package at `path` (the product's
+    compressed_hop: the emulated CoreML runner on the held-out digits, the kind's profile and compressed rule, then
+    the weights check)."""
+    from vitedge.exporter.compressed import Judged, compressed_hop
+    from vitedge.exporter.parity import FLOAT64_TOLERANCES, ground_truth, profile_for
+    from vitedge.exporter.progress import QUIET
+    from vitedge.targets.base import Artifact
+
+    if ("judged", name) not in _CACHE:
+        x, y = tf.heldout(name)
+        train, deploy = tf.deploy_form(name)
+        _CACHE[("judged", name)] = Judged(train, x, ground_truth(train, x, ("user",) * len(x), y),
+                                          tuple(map(str, range(len(x)))), deploy)
+    judged = _CACHE[("judged", name)]
+    return compressed_hop("coreml", CoreMLTarget(), Artifact(name, path, kind), FLOAT64_TOLERANCES[profile_for(kind)],
+                          judged, judged.deploy, QUIET)
+
+
+@pytest.mark.parametrize("ios,kind,plant", PLANTED)
+def test_planted_channel_errors_in_the_saved_package_fail_the_products_hop(workdir, ios, kind, plant):
+    """A channel's scale (w8, w8a8) or a lookup table (palette: the whole tensor on iOS 16, 16 channels on iOS 18)
+    changed in weight.bin fails the product's own compressed hop; the correct package passes it."""
+    from vitedge.tests._plant import plant_package_compression
+
+    name = "swiftformer_digits"
+    good = compressed(workdir, name, ios, kind)
+    assert product_hop(workdir, name, kind, good.path).status == "passed"
+    bad = workdir / f"planted-ios{ios}-{kind}-{plant}.mlpackage"
+    weight = plant_package_compression(good.path, bad, plant, 0.5)
+    hop = product_hop(workdir, name, kind, bad)
+    assert hop.status == "failed", (weight, hop.reason)
+    assert hop.weights["status"] == "failed" and _key(hop.weights["worst"]["weight"]) == _key(weight), hop.weights
+
+
+def _key(name: str) -> str:
+    from vitedge.exporter.weight_check import _key as key
+
+    return key(name)
+
+
 # ------------------------------------------------------------------------------------------------ requests, sizes
 
 def test_bad_requests_are_clear_errors(workdir):

@@ -1,6 +1,8 @@
 """fp16 verdicts right both ways: correct fp16 artifacts (CoreML, ONNX fp16) of trained models pass the fp16 rule,
-and errors planted in the SAVED artifact fail it: a zeroed layer, a sign-flipped channel, a channel x10. Before the
-fp16 rule (fixed cosine / PSNR / agreement bounds alone) every one of these plants in an .mlpackage passed.
+and errors planted in the SAVED artifact fail it: a zeroed layer, a sign-flipped channel, a channel x10 (the per-sample
+fp16 rule on the outputs), a channel x1.1 (the weights check: its effect on the outputs can stay within fp16's own).
+Before the fp16 rule (fixed cosine / PSNR / agreement bounds alone) every one of these plants in an .mlpackage
+passed.
 
 Families: SwiftFormer and SLAB-DeiT trained on scikit-learn's digits (tests/fixtures/trained/), SimA and SLAB-Swin
 at small demo configs. The plants sit in the middle of the network (weight.bin of the package, a float16 initializer
@@ -17,7 +19,7 @@ from vitedge.tests import trained_fixtures as tf
 from vitedge.tests._plant import plant_fp16_initializer, plant_package_weights
 
 SAMPLES = 12
-PLANTS = ("sign_flip", "x10", "zero_layer")
+PLANTS = ("sign_flip", "x10", "zero_layer")   # caught on the outputs alone
 
 
 def _trained(name):
@@ -70,6 +72,7 @@ def test_correct_fp16_artifacts_pass_the_fp16_rule(exported):
     name, _, _, rep, _ = exported
     fp16 = [h for h in rep.parity if h.hop in ("coreml", "onnx-fp16")]
     assert fp16 and all(h.status == "passed" for h in fp16), [(h.hop, h.reason) for h in fp16]
+    assert all(h.weights["status"] == "passed" and h.weights["checked"] > 0 for h in fp16), [h.weights for h in fp16]
     for h in fp16:  # judged by the per-sample fp16 rule, with room to spare
         assert h.tolerance.fp16_k and all(d["noise_ratio"] <= 1 for d in h.sets.values()), (name, h.sets)
         assert all(d["reference_fp16_error"] > 0 for d in h.sets.values())
@@ -83,10 +86,20 @@ def test_planted_errors_in_the_saved_package_fail(exported, plant, tmp_path):
     rep = _parity(model, bad, imgsz)
     hop = rep.hop("coreml")
     assert hop.status == "failed" and rep.exit_code == 1, (name, plant, hop.reason)
-    assert "noise_ratio" in hop.reason or "non-finite" in hop.reason, hop.reason
+    assert "noise_ratio" in hop.reason or "non-finite" in hop.reason, hop.reason  # the outputs alone fail it
+    assert hop.weights["status"] == "failed", hop.weights
 
 
-@pytest.mark.parametrize("plant", PLANTS)
+def test_a_channel_x1_1_in_the_saved_package_fails_the_weights_check(exported, tmp_path):
+    name, model, imgsz, _, out = exported
+    bad = tmp_path / "planted.mlpackage"
+    plant_package_weights(next(out.glob("*.mlpackage")), bad, "x1.1", 0.5)
+    hop = _parity(model, bad, imgsz).hop("coreml")
+    assert hop.status == "failed" and "weights check" in hop.reason, (name, hop.reason)
+    assert hop.weights["worst"]["ratio"] > 1 and hop.weights["worst"]["deviation"] > 0.02, hop.weights
+
+
+@pytest.mark.parametrize("plant", PLANTS + ("x1.1",))
 def test_planted_errors_in_the_saved_fp16_onnx_fail(swiftformer, plant, tmp_path):
     # one family: the fp16 rule is the same for every fp16 artifact
     name, model, imgsz, _, out = swiftformer
@@ -95,3 +108,4 @@ def test_planted_errors_in_the_saved_fp16_onnx_fail(swiftformer, plant, tmp_path
     rep = _parity(model, bad, imgsz)
     hop = next(h for h in rep.parity if h.hop.startswith("onnx"))
     assert hop.status == "failed" and rep.exit_code == 1, (plant, hop.reason)
+    assert ("noise_ratio" in hop.reason if plant in PLANTS else "weights check" in hop.reason), hop.reason
