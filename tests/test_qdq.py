@@ -204,6 +204,33 @@ def test_calibration_on_blank_images_fails_the_products_judge():
     assert hop.status == "failed" and "top1_agreement" in hop.reason and "accuracy_drop" in hop.reason, hop.reason
 
 
+@pytest.mark.parametrize("name,plant", [("swiftformer_digits", "sign_flip"), ("swiftformer_digits", "x1.1"),
+                                        ("slab_deit_digits", "x10"), ("slab_deit_digits", "zero_layer")])
+def test_planted_errors_in_the_saved_int8_scales_fail_the_products_hop(name, plant, tmp_path):
+    """One output channel's weight scale (or a whole layer's) changed in the saved int8 graph fails the hop
+    `vitedge export` / `vitedge parity` reports (compressed_hop: outputs, then the stored weights), naming it."""
+    from vitedge.exporter.compressed import compressed_hop
+    from vitedge.exporter.progress import QUIET
+    from vitedge.exporter.weight_check import _key
+    from vitedge.targets import get_target
+    from vitedge.targets.base import Artifact
+    from vitedge.tests._plant import plant_int8_scale
+
+    good, bad = tmp_path / "good.int8.onnx", tmp_path / "planted.int8.onnx"
+    onnx.save(quantized(name).model, str(good))
+    weight = plant_int8_scale(good, bad, plant, 0.5)
+    j = judged(name)
+
+    def hop(path):
+        return compressed_hop("onnx-int8", get_target("onnx"), Artifact(name, path, "int8"),
+                              FLOAT64_TOLERANCES["int8"], j, j.deploy, QUIET)
+
+    assert hop(good).status == "passed"
+    h = hop(bad)
+    assert h.status == "failed" and h.weights["status"] == "failed", (weight, h.reason)
+    assert _key(h.weights["worst"]["weight"]) == _key(weight), h.weights
+
+
 def test_calibration_samples_are_recorded_and_kept_apart():
     name = NAMES[0]
     q = quantized(name)

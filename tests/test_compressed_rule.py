@@ -1,0 +1,131 @@
+"""The compressed rule and the weights check, on their own (no export): both sides of each bound, and a check that
+raised or did not run never counts as passed."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import torch.nn as nn
+from onnx import helper, numpy_helper
+
+from vitedge.exporter import parity
+from vitedge.exporter.criteria import COMPRESSED_K, GroundTruth
+from vitedge.exporter.emulate import compressed_reference, stored_weight
+from vitedge.exporter.report import Hop, ReparamInfo, Report, Tolerance
+from vitedge.exporter import weight_check as wc
+
+
+def _rule(profile: str) -> Tolerance:
+    """The profile's compressed rule alone (its metric bounds judge these synthetic logits too)."""
+    t = parity.FLOAT64_TOLERANCES[profile]
+    return Tolerance(profile, compressed_floor=t.compressed_floor, compressed_k=t.compressed_k,
+                     compressed_median=t.compressed_median)
+
+
+def _truth(n: int = 16, seed: int = 0) -> tuple[GroundTruth, np.ndarray]:
+    """Ground truth with an emulation whose error is 1e-2 of each sample's largest logit (one class moved)."""
+    rng = np.random.default_rng(seed)
+    y64 = rng.normal(size=(n, 10))
+    y64[:, 0] = 5.0                                   # the largest logit: 5 on every sample
+    yq = y64.copy()
+    yq[:, 1] += 0.05                                  # error 0.05 / 5 = 1e-2
+    return GroundTruth(y64, y64.copy(), ("natural",) * n, yq=yq), y64
+
+
+@pytest.mark.parametrize("profile", ["int8", "w8", "palette", "w8a8"])
+def test_within_k_times_the_emulation_passes_beyond_fails(profile):
+    truth, y64 = _truth()
+    tol = _rule(profile)
+    k = COMPRESSED_K[profile]
+    ok = y64.copy()
+    ok[:, 2] += 0.05 * 1.5                            # 1.5x the emulation's error on every sample: a median of 1.5
+    assert parity.judge(truth, ok, tol)[2] == []
+    bad = ok.copy()
+    bad[3, 3] += 0.05 * (k + 1)                       # one sample beyond K x its emulation's error
+    problems = parity.judge(truth, bad, tol)[2]
+    assert len(problems) == 1 and problems[0].startswith("natural: noise_ratio") and "emulated error" in problems[0]
+    _, sets, _ = parity.judge(truth, bad, tol)
+    assert sets["natural"]["reference_compressed_error"] == pytest.approx(1e-2)
+    assert sets["natural"]["worst_sample"]["index"] == 3
+
+
+def test_a_systematic_error_fails_the_median_rule():
+    truth, y64 = _truth()
+    shifted = y64.copy()
+    shifted[:, 2] += 0.05 * 3                         # every sample 3x its emulation's error: within K, median 3 > 2
+    _, sets, problems = parity.judge(truth, shifted, _rule("w8"))
+    assert sets["natural"]["noise_ratio"] <= 1 and sets["natural"]["compressed_median_ratio"] == pytest.approx(3)
+    assert problems == ["natural: compressed median ratio 3 > 2 (the typical sample's error over the kind's "
+                        "emulation's: a systematic error)"]
+
+
+def test_the_rule_needs_the_emulation():
+    truth, y64 = _truth()
+    with pytest.raises(ValueError, match=r"GroundTruth\.yq"):
+        parity.judge(GroundTruth(truth.y64, truth.y32, truth.sets), y64, parity.FLOAT64_TOLERANCES["int8"])
+
+
+def test_emulations_store_weights_as_their_kind_does():
+    w = torch.randn(8, 4096)
+    q = stored_weight(w, "int8")
+    steps = (q / (w.abs().amax(1, keepdim=True) / 127)).round()
+    assert torch.allclose(q, steps * (w.abs().amax(1, keepdim=True) / 127)) and steps.abs().max() == 127
+    assert stored_weight(w, "palette4").unique().numel() <= 16
+    assert torch.equal(stored_weight(w, "fp16"), w.half().float())
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 4)).eval()
+    x = np.random.default_rng(0).normal(size=(4, 3, 8, 8)).astype(np.float32)
+    with torch.no_grad():
+        y = model(torch.from_numpy(x)).numpy()
+    for kind in ("int8", "w8", "palette4", "w8a8"):
+        yq = compressed_reference(model, x, kind)
+        assert yq.shape == y.shape and 0 < np.abs(yq - y).max() < 0.5 * np.abs(y).max(), kind
+
+
+class _Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(16, 32, 1)
+
+
+def _fp16_onnx(path, weight: np.ndarray, name: str = "conv.weight"):
+    init = numpy_helper.from_array(weight.astype(np.float16), name)
+    node = helper.make_node("Conv", ["x", name], ["y"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT16, None)],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT16, None)], [init])
+    onnx.save(helper.make_model(graph), str(path))
+
+
+def test_weights_check_passes_fp16_storage_and_fails_a_channel_x1_1(tmp_path):
+    deploy = _Tiny()
+    w = deploy.conv.weight.detach().numpy()
+    _fp16_onnx(tmp_path / "good.onnx", w)
+    good = wc.check_weights(deploy, tmp_path / "good.onnx", "fp16")
+    assert good.status == "passed" and good.checked == 1 and good.worst["ratio"] <= 0.26
+    planted = w.copy()
+    planted[5] *= 1.1
+    _fp16_onnx(tmp_path / "bad.onnx", planted)
+    bad = wc.check_weights(deploy, tmp_path / "bad.onnx", "fp16")
+    assert bad.status == "failed" and bad.failing == ["conv.weight[5]"] and bad.worst["channel"] == 5
+    assert "conv.weight output channel 5" in bad.describe()
+
+
+def test_a_weights_check_that_did_not_run_or_raised_is_never_a_pass(tmp_path, monkeypatch):
+    deploy = _Tiny()
+    _fp16_onnx(tmp_path / "renamed.onnx", deploy.conv.weight.detach().numpy(), name="fused_constant_7")
+    hop = Hop("onnx-fp16", "onnxruntime", "passed")
+    wc.judge_weights(hop, deploy, tmp_path / "renamed.onnx", "fp16")
+    assert hop.status == "passed" and hop.weights["status"] == "not run" and "maps to" in hop.weights["why"]
+    report = Report("m", 8, 1, "untrained", None, ReparamInfo(), parity=[hop], require_verified=True).finalize()
+    assert hop.status == "unverified" and report.exit_code == 1 and "weights check did not run" in hop.reason
+
+    def boom(*_a):
+        raise RuntimeError("unreadable weight.bin")
+    monkeypatch.setattr(wc, "check_weights", boom)
+    hop = Hop("coreml", "coreml", "passed")
+    wc.judge_weights(hop, deploy, tmp_path / "renamed.onnx", "fp16")
+    assert hop.status == "unverified" and "RuntimeError: unreadable weight.bin" in hop.reason
+    assert hop.weights == {"status": "error", "why": "RuntimeError: unreadable weight.bin"}
+    failed = Hop("coreml", "coreml", "failed", reason="noise_ratio 9 > 1")
+    wc.judge_weights(failed, deploy, tmp_path / "renamed.onnx", "fp16")
+    assert failed.status == "failed"                  # a failed hop stays failed
