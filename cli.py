@@ -383,7 +383,9 @@ def format_summary(report, report_path: str | None = None) -> str:
     sets = [k for k in ("natural", "user", "stress") if any(k in (h.sets or {}) for h in report.parity)]
     labelled = bool(ref and ref.get("top1_accuracy") is not None)
     probed = any(h.probe for h in report.parity)
-    rows = [("hop", "status", "mode", *(f"ratio {k}" for k in sets), *(("probe",) if probed else ()), "max_rel",
+    weighed = any(h.weights for h in report.parity)
+    rows = [("hop", "status", "mode", *(f"ratio {k}" for k in sets), *(("probe",) if probed else ()),
+             *(("weights",) if weighed else ()), "max_rel",
              "cosine", "PSNR dB", "top-1", "top-5", *(("acc@1 hop / ref", "acc@5 hop / ref") if labelled else ()),
              "backend")]
     for h in report.parity:
@@ -391,6 +393,7 @@ def format_summary(report, report_path: str | None = None) -> str:
         acc = [_accuracy(hs, k) for k in ("top1_accuracy", "top5_accuracy")] if labelled else []
         rows.append((h.hop, h.status, h.mode or "-", *(_fmt(hs.get(k, {}).get("noise_ratio"), ".2f") for k in sets),
                      *(((h.probe or {}).get("status", "-"),) if probed else ()),
+                     *(((h.weights or {}).get("status", "-"),) if weighed else ()),
                      _fmt(m and m.max_rel, ".2e"), _fmt(m and m.cosine, ".6f"), _fmt(m and m.psnr_db, ".1f"),
                      _fmt(m and m.top1_agreement, ".1%"), _fmt(m and m.top5_agreement, ".1%"), *acc, h.backend))
     lines += ["", _table(rows)]
@@ -398,11 +401,14 @@ def format_summary(report, report_path: str | None = None) -> str:
         lines.append("(vs the train-form in float64; ratio = worst sample's error / its allowance max(floor, K x "
                      "float32 noise), <= 1 passes" + ("; probe = the backbone's last feature map, judged alike"
                                                        if probed else "")
+                     + ("; weights = the stored weights against the deploy-form's, per channel" if weighed else "")
                      + ("; acc = top-k accuracy on the labelled images the hop ran, beside the float64 train-form's "
                         "on the same images" if labelled else "") + ")")
     notes = [f"  {h.hop}: {h.status}: {h.reason}" for h in report.parity if h.reason]
     notes += [f"  {h.hop}: feature probe not run: {h.probe.get('why')}" for h in report.parity
               if (h.probe or {}).get("status") == "not run" and h.status == "passed"]
+    notes += [f"  {h.hop}: weights check not run: {h.weights.get('why')}" for h in report.parity
+              if (h.weights or {}).get("status") == "not run" and h.status == "passed"]
     notes += [f"  {h.hop}: Neural Engine residency {h.ane_residency['status'].upper()}: {h.ane_residency['reason']}"
               for h in report.parity if h.ane_residency]
     notes += [f"  {h.hop}: top-1 on the first parity inputs: {describe(h.predictions)}"

@@ -334,3 +334,21 @@ def begin(script: str, quick: bool, threads: int | None = 1) -> tuple[float, dic
 def banner(script: str, info: dict, quick: bool) -> None:
     print(f"{script}{' (--quick)' if quick else ''} on {describe_machine(info)}; "
           f"load average {info['load_start']}", flush=True)
+
+
+# ---- trained weights cached outside the repository ----------------------------------------------------
+
+TRAINED_CACHE = Path.home() / ".cache" / "vitedge" / "trained"   # scripts/train_reference.py --out
+
+
+def cached_trained(name: str) -> tuple[nn.Module, int] | None:
+    """(the trained train-form model, its image size) of a full-size reference cached by scripts/train_reference.py,
+    or None when it is not cached here."""
+    import vitedge
+
+    if not (TRAINED_CACHE / f"{name}.pth").is_file():
+        return None
+    man = json.loads((TRAINED_CACHE / "manifest.json").read_text())["models"][name]
+    model = vitedge.create_model(man["model"], **man["overrides"])
+    vitedge.load_checkpoint(model, TRAINED_CACHE / f"{name}.pth", strict=True)
+    return model.eval(), man["imgsz"]

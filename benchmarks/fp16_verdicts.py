@@ -11,7 +11,9 @@ per-sample rule with K, the median rule, the metric bounds) and "visible" when i
 
 Models: the trained reference fixtures (tests/fixtures/trained/, SwiftFormer and SLAB-DeiT trained on scikit-learn's
 digits) and small demo configs of SimA and SLAB-Swin; the full run adds SwiftFormer-XS at its full size (224 px, demo
-weights).
+weights) and, where scripts/train_reference.py has cached it, the full SwiftFormer-XS trained on digits (64 px). After
+the outputs, each artifact's stored weights are judged against the deploy-form's (exporter/weight_check.py, as every
+fp16 hop is): `caught_by_outputs` says what the outputs alone decided, `weights_ratio` the weights check's worst.
 
     python benchmarks/fp16_verdicts.py [--quick] [--out FILE]
 """
@@ -30,6 +32,7 @@ from vitedge.exporter.criteria import FP16_K, FP16_MEDIAN, effective_noise, samp
 from vitedge.exporter.forms import build_deploy_form
 from vitedge.exporter.hops import parity_inputs_for
 from vitedge.exporter.parity import FLOAT64_TOLERANCES, ground_truth, judge, run_batched, with_fp16_reference
+from vitedge.exporter.weight_check import check_weights
 from vitedge.models import make_trained_like
 from vitedge.targets.coreml.runners import EmulatedCoreMLRunner
 from vitedge.targets.ort import OnnxRuntimeRunner
@@ -57,6 +60,8 @@ def _models(quick: bool) -> dict:
                                 num_classes=10),
         "swiftformer_xs_full": demo("swiftformer_xs", 224, 16),
     })
+    if C.cached_trained("swiftformer_xs_digits64") is not None:  # full size, trained (scripts/train_reference.py)
+        models["swiftformer_xs_digits64"] = lambda: (*C.cached_trained("swiftformer_xs_digits64"), 64)
     return models
 
 
@@ -70,8 +75,14 @@ def _ratios(truth_y64, out, noise16, sets) -> np.ndarray:
 
 
 def _caught(truth, out) -> bool:
-    """The product's own verdict: the fp16 profile's judge (per-sample rule, median rule, metric bounds)."""
+    """The product's verdict on the outputs: the fp16 profile's judge (per-sample rule, median rule, metric bounds)."""
     return bool(judge(truth, out, FLOAT64_TOLERANCES["fp16"])[2])
+
+
+def _weights(deploy, path) -> dict:
+    """The product's verdict on the stored weights (exporter/weight_check.py), as every fp16 hop runs it."""
+    c = check_weights(deploy, path, "fp16")
+    return {"weights": c.status, "weights_ratio": (c.worst or {}).get("ratio")}
 
 
 def measure(name: str, make, work: Path, quick: bool) -> list[dict]:
@@ -98,7 +109,9 @@ def measure(name: str, make, work: Path, quick: bool) -> list[dict]:
         good_err = sample_errors(truth.y64, good)
         rows.append({"model": name, "artifact": kind, "plant": None, "position": None, "samples": int(len(x)),
                      "worst_ratio": float(good_r.max()), "median_ratio": float(np.median(good_r)),
-                     "worst_error": float(good_err.max()), "caught": _caught(truth, good)})
+                     "worst_error": float(good_err.max()), "caught_by_outputs": _caught(truth, good),
+                     **_weights(deploy, src)})
+        rows[-1]["caught"] = rows[-1]["caught_by_outputs"] or rows[-1]["weights"] != "passed"
         plants = ("zero_layer", "sign_flip", "x10") if quick else tuple(PLANT_FACTORS)
         for pos in ((0.5,) if quick else POSITIONS):
             for plant in plants:
@@ -114,7 +127,9 @@ def measure(name: str, make, work: Path, quick: bool) -> list[dict]:
                              "median_ratio": float(np.median(ratio)), "worst_error": float(np.max(
                                  sample_errors(truth.y64, bad))),
                              "effect_over_correct_error": float(np.max(effect / np.maximum(good_err, 1e-30))),
-                             "visible": visible, "caught": _caught(truth, bad)})
+                             "visible": visible, "caught_by_outputs": _caught(truth, bad),
+                             **_weights(deploy, dst)})
+                rows[-1]["caught"] = rows[-1]["caught_by_outputs"] or rows[-1]["weights"] != "passed"
                 shutil.rmtree(dst, ignore_errors=True) if dst.is_dir() else dst.unlink(missing_ok=True)
     return rows
 
@@ -126,9 +141,11 @@ def summary(rows: list[dict]) -> dict:
     for p in dict.fromkeys(r["plant"] for r in planted):
         rs = [r for r in planted if r["plant"] == p]
         by_plant[p] = {"caught": sum(r["caught"] for r in rs), "of": len(rs),
+                       "caught_by_outputs": sum(r["caught_by_outputs"] for r in rs),
                        "visible_missed": sum(r["visible"] and not r["caught"] for r in rs),
                        "smallest_caught_error": min((r["worst_error"] for r in rs if r["caught"]), default=None)}
     return {"k": FP16_K, "median": FP16_MEDIAN, "worst_correct_ratio": max(r["worst_ratio"] for r in correct),
+            "worst_correct_weights_ratio": max(r["weights_ratio"] or 0.0 for r in correct),
             "correct_failed": [f"{r['model']}/{r['artifact']}" for r in correct if r["caught"]],
             "smallest_caught_error": min((r["worst_error"] for r in planted if r["caught"]), default=None),
             "largest_missed_error": max((r["worst_error"] for r in planted if not r["caught"]), default=None),
