@@ -47,6 +47,7 @@ from vitedge.tests import trained_fixtures as tf
 from vitedge.tests._plant import PLANT_FACTORS, plant_int8_scale, plant_package_compression
 
 KINDS = ("int8", "w8", "palette4", "palette6", "w8a8")
+QUICK_KINDS, QUICK_PLANTS = ("int8", "w8"), ("zero_layer", "sign_flip", "x1.1")
 POSITIONS = (0.25, 0.5, 0.75)
 VISIBLE = 3.0
 SAMPLES = 64
@@ -113,7 +114,7 @@ def measure(name: str, make, work: Path, quick: bool) -> list[dict]:
     model, imgsz = make()
     print(f"\n{name}", flush=True)
     rows = []
-    for kind in (("int8", "w8", "palette4") if quick else KINDS):
+    for kind in (QUICK_KINDS if quick else KINDS):
         out = work / name / kind
         rep = vitedge.export(copy.deepcopy(model), targets="onnx" if kind == "int8" else "coreml", precision=kind,
                              imgsz=imgsz, samples=SAMPLES, out=out, truth_cache=False)
@@ -130,7 +131,7 @@ def measure(name: str, make, work: Path, quick: bool) -> list[dict]:
               f"{rows[-1]['median_ratio']}, weights {rows[-1]['weights_ratio']:.3g}", flush=True)
         plant_fn, suffix = (plant_int8_scale, ".onnx") if kind == "int8" else (plant_package_compression, ".mlpackage")
         for pos in ((0.5,) if quick else POSITIONS):
-            for plant in (("zero_layer", "sign_flip", "x10") if quick else tuple(PLANT_FACTORS)):
+            for plant in (QUICK_PLANTS if quick else tuple(PLANT_FACTORS)):
                 dst = out / f"planted-{plant}-{pos}{suffix}"
                 where = plant_fn(src, dst, plant, pos)
                 hop, bad = _judge(kind, dst, judged, deploy)

@@ -17,7 +17,8 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 SCRIPTS = ("attention_order", "export_time", "deploy_speed", "exporters", "matrix_scale", "resolution_scaling",
-           "quantization", "compressed_profiles", "rewrite_ablation", "fp16_verdicts", "trained_verdicts")
+           "quantization", "compressed_profiles", "rewrite_ablation", "fp16_verdicts", "trained_verdicts",
+           "compressed_verdicts")
 TIMEOUT_S = 600  # a generous ceiling for a busy shared machine; on a quiet one each takes about a minute
 CI_RE = re.compile(r"\d+\.\d+x \(95% CI \d+\.\d+-\d+\.\d+, \d+ pairs\)")
 MACHINE_KEYS = {"cpu", "cores", "date", "load_start", "load_end", "load_note"}
@@ -353,6 +354,20 @@ def test_fp16_verdicts_quick(runs):
     for c in cases:
         assert c["caught"] == (c["plant"] is not None), c
     assert data["summary"]["correct_failed"] == [] and data["summary"]["worst_correct_ratio"] < data["summary"]["k"]
+
+
+def test_compressed_verdicts_quick(runs):
+    """The compressed rule's and the weights check's evidence: correct int8 / w8 artifacts of a trained model pass,
+    a zeroed layer, a sign-flipped channel and a x1.1 channel planted in the saved int8 scales / weight.bin fail."""
+    lines, data = _result(runs, "compressed_verdicts")
+    tail = _tail_after(lines, "compressed rule (")
+    assert [ln.split(" (K")[0].strip() for ln in tail] == ["int8", "w8"]
+    cases = data["cases"]
+    assert {(c["kind"], c["plant"]) for c in cases} == {(k, p) for k in ("int8", "w8")
+                                                         for p in (None, "zero_layer", "sign_flip", "x1.1")}
+    for c in cases:
+        assert c["caught"] == (c["plant"] is not None), c
+    assert data["summary"]["correct_failed"] == []
 
 
 def test_trained_verdicts_quick(runs):
