@@ -119,8 +119,13 @@ def measure(name: str, make, work: Path, quick: bool) -> list[dict]:
         rep = vitedge.export(copy.deepcopy(model), targets="onnx" if kind == "int8" else "coreml", precision=kind,
                              imgsz=imgsz, samples=SAMPLES, out=out, truth_cache=False)
         # a hop that failed leaves its artifact in quarantine/: judged here all the same (the row says it failed)
-        src = next(p for d in (out, out / "quarantine") for p in d.glob("*.int8.onnx" if kind == "int8"
-                                                                         else "*.mlpackage"))
+        src = next((p for d in (out, out / "quarantine") for p in d.glob("*.int8.onnx" if kind == "int8"
+                                                                          else "*.mlpackage")), None)
+        if src is None:  # nothing was written: the row says why
+            hop = rep.parity[-1]
+            rows.append({"model": name, "kind": kind, "plant": None, "built": False, "reason": hop.reason})
+            print(f"  {kind:<9} not built: {hop.reason}", flush=True)
+            continue
         ids = (rep.calibration or {}).get("ids") or ()
         deploy = build_deploy_form(copy.deepcopy(model), imgsz)[0]
         judged = Judged.build(model, parity_inputs_for(model, imgsz, SAMPLES), ids, deploy=deploy)
@@ -149,11 +154,12 @@ def summary(rows: list[dict]) -> dict:
     """Per kind: the worst ratios of correct artifacts, and per plant how many were caught (by the hop, by its
     outputs alone) among the models whose correct artifact passed (a plant in an artifact that already fails proves
     nothing; those models are listed in `correct_failed`)."""
+    out = {"not_built": [f"{r['model']}/{r['kind']}: {r['reason']}" for r in rows if r.get("built") is False]}
+    rows = [r for r in rows if r.get("built") is not False]
     correct = [r for r in rows if r["plant"] is None]
     failed = {(r["model"], r["kind"]) for r in correct if r["caught"]}
     planted = [r for r in rows if r["plant"] is not None and (r["model"], r["kind"]) not in failed]
-    out = {"correct_failed": [f"{r['model']}/{r['kind']}: {r['problems']}" for r in correct if r["caught"]],
-           "kinds": {}}
+    out.update(correct_failed=[f"{r['model']}/{r['kind']}: {r['problems']}" for r in correct if r["caught"]], kinds={})
     for kind in dict.fromkeys(r["kind"] for r in rows):
         mine = [r for r in correct if r["kind"] == kind]
         bad = [r for r in planted if r["kind"] == kind]

@@ -85,7 +85,7 @@ def judge_weights(hop, deploy: nn.Module, path: str | Path, precision: str) -> N
 def check_weights(deploy: nn.Module, path: str | Path, precision: str) -> WeightCheck:
     """Judge the weights stored in the artifact at `path` (precision fp16 or a compressed kind) against `deploy`."""
     path = Path(path)
-    stored = onnx_weights(path) if path.suffix == ".onnx" else package_weights_all(path)
+    stored = onnx_weights(path, deploy) if path.suffix == ".onnx" else package_weights_all(path)
     params = reference_params(deploy, path)
     k = WEIGHT_K[precision]
     check = WeightCheck("passed")
@@ -141,13 +141,45 @@ def reference_params(deploy: nn.Module, path: Path) -> dict[str, torch.Tensor]:
     return {_key(n): p for n, p in ref.named_parameters()}
 
 
-def onnx_weights(path: Path) -> dict[str, np.ndarray]:
+def onnx_weights(path: Path, deploy: nn.Module | None = None) -> dict[str, np.ndarray]:
     """{initializer name: float32 value} of the fp16 initializers and of the int8 ones read through their
-    DequantizeLinear (per-axis scale and zero point)."""
+    DequantizeLinear (per-axis scale and zero point). With `deploy`, a weight the exporter left unnamed (a Linear's
+    transposed `onnx::MatMul_N`) is keyed by the parameter of the module its MatMul / Gemm belongs to, transposed
+    back to (out, in)."""
     import onnx
     from onnx import numpy_helper
 
     model = onnx.load(str(path))
+    out = _stored_onnx(model, onnx, numpy_helper)
+    return out if deploy is None else _named_by_scope(model, out, deploy)
+
+
+def _named_by_scope(model, stored: dict[str, np.ndarray], deploy: nn.Module) -> dict[str, np.ndarray]:
+    from .localize import node_scopes, param_owners
+
+    params = dict(deploy.named_parameters())
+    known = {_key(n) for n in params}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    scopes = node_scopes(model, {n for n, _ in deploy.named_modules() if n}, param_owners(deploy))
+    out = {}
+    for i, node in enumerate(model.graph.node):
+        if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2 or not scopes[i]:
+            continue
+        src = node.input[1]
+        while src not in stored and src in producers and producers[src].op_type in ("DequantizeLinear", "Cast"):
+            src = producers[src].input[0]
+        p = params.get(f"{scopes[i]}.weight")
+        if src in stored and _key(src) not in known and p is not None and stored[src].ndim == 2:
+            trans_b = node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute)
+            value = stored[src] if trans_b else stored[src].T
+            if tuple(value.shape) == tuple(p.shape[:2]) and p[0].numel() == value.shape[1]:
+                out[src] = (f"{scopes[i]}.weight", value)
+    renamed = {name: value for name, value in stored.items() if name not in out}
+    renamed.update({param: value for param, value in out.values()})
+    return renamed
+
+
+def _stored_onnx(model, onnx, numpy_helper) -> dict[str, np.ndarray]:
     inits = {i.name: i for i in model.graph.initializer}
     out = {}
     for i in model.graph.initializer:
