@@ -312,15 +312,12 @@ def match_registered(sd: Mapping) -> list[tuple[str, int | None]]:
 
 def _own_layout_shapes(sd: Mapping, model: nn.Module) -> str | None:
     """Where the checkpoint has exactly the model's key names and only shapes differ: a line naming the tensors."""
-    model_sd = model.state_dict()
-    mapped, _ = remap_state_dict(sd, model_sd)
-    missing, unexpected, mismatched = _compare(mapped, model_sd)
-    if missing or unexpected or not mismatched:
+    missing, unexpected, bad = _compare(remap_state_dict(sd, model.state_dict())[0], model.state_dict())
+    if missing or unexpected or not bad:
         return None
-    key, have, want = mismatched[0]
-    more = f" and {len(mismatched) - 1} more" if len(mismatched) > 1 else ""
-    return (f"it has this model's layout but {key} is {tuple(have)} where the model has {tuple(want)}{more}: build "
-            "the model with the options the checkpoint was trained with (`--set KEY=VALUE`)")
+    return (f"it has this model's layout but {bad[0][0]} is {bad[0][1]} where the model has {bad[0][2]}"
+            f"{f' and {len(bad) - 1} more' if len(bad) > 1 else ''}: build the model with the options the "
+            "checkpoint was trained with (`--set KEY=VALUE`)")
 
 
 def _hint(sd: Mapping, model: nn.Module) -> str:
@@ -342,8 +339,7 @@ def _hint(sd: Mapping, model: nn.Module) -> str:
         name, classes = next(iter(heads.items()))
         return (f"the checkpoint fits {name} with num_classes={classes}: build that model with it (`--model {name} "
                 f"--set num_classes={classes}`)")
-    shapes = _own_layout_shapes(sd, model)
-    if shapes:  # the model's own key names, some shapes differ: name them, not a guessed relative
+    if shapes := _own_layout_shapes(sd, model):  # the model's own key names, other shapes: no guessed relative
         return shapes
     # No exact variant: name the family whose key names (digits ignored) overlap most.
     ck = _templates(sd)
