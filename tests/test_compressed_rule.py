@@ -129,3 +129,34 @@ def test_a_weights_check_that_did_not_run_or_raised_is_never_a_pass(tmp_path, mo
     failed = Hop("coreml", "coreml", "failed", reason="noise_ratio 9 > 1")
     wc.judge_weights(failed, deploy, tmp_path / "renamed.onnx", "fp16")
     assert failed.status == "failed"                  # a failed hop stays failed
+
+
+@pytest.mark.parametrize("name,overrides", [
+    ("sima_nano_12_p16", dict(depth=2, img_size=32, num_classes=10)),
+    ("slab_swin_tiny", dict(depths=[1, 1, 1, 1], img_size=64, window_size=2, num_classes=10)),
+])
+def test_planted_int8_scales_fail_the_weights_check_on_the_other_families(name, overrides, tmp_path):
+    """SimA and SLAB-Swin (small configs; the trained fixtures' hops are tested in test_qdq): the int8 graph of the
+    deploy-form passes the weights check; a sign-flipped or x1.1 channel, or a zeroed layer, written into its saved
+    scales fails it and is named (SimA's unnamed MatMul weights included, through their modules' scopes)."""
+    import vitedge
+    from vitedge.exporter.calibrate import natural_calibration
+    from vitedge.exporter.onnx_export import check_onnx, export_onnx, simplify_onnx
+    from vitedge.models import make_trained_like
+    from vitedge.models.registry import input_stats
+    from vitedge.targets.graph.qdq import quantize_qdq
+    from vitedge.tests._plant import plant_int8_scale
+
+    imgsz = overrides["img_size"]
+    train = make_trained_like(vitedge.create_model(name, **overrides), seed=0).eval()
+    deploy = vitedge.reparameterize(train, imgsz=imgsz)
+    calib = natural_calibration(8, imgsz, *input_stats(train))
+    graph = quantize_qdq(simplify_onnx(check_onnx(export_onnx(deploy, imgsz, batch=None))), calib.x).model
+    onnx.save(graph, str(tmp_path / "good.int8.onnx"))
+    good = wc.check_weights(deploy, tmp_path / "good.int8.onnx", "int8")
+    assert good.status == "passed" and good.checked >= 8, good.as_dict()
+    for plant, position in (("sign_flip", 0.5), ("x1.1", 0.75), ("zero_layer", 0.25)):
+        bad_path = tmp_path / f"{plant}.int8.onnx"
+        plant_int8_scale(tmp_path / "good.int8.onnx", bad_path, plant, position)
+        bad = wc.check_weights(deploy, bad_path, "int8")
+        assert bad.status == "failed" and bad.worst["ratio"] > 2, (plant, bad.as_dict())
