@@ -161,7 +161,8 @@ class Hop:
     subset: str | None = None
     # fp16 and compressed artifacts: their stored weights against the deploy-form's, per output channel
     # (exporter/weight_check.py) {"status" (passed / failed / not run / error: it raised, and the hop is
-    # unverified), "checked", "unmatched", "worst" {"weight", "channel", "deviation", "allowance", "ratio"}, "why"};
+    # unverified / not applicable: a TensorRT engine), "checked", "unmatched", "worst" {"weight", "channel",
+    # "deviation", "allowance", "ratio"}, "why"};
     # None where it does not apply.
     weights: dict | None = None
 

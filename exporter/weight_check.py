@@ -35,6 +35,7 @@ WEIGHT_FLOOR = 2.0 ** -11      # relative to the channel's norm: half an fp16 ul
 # a palette's lookup table serves a whole tensor (iOS 16-17) or 16 channels (iOS 18), and another k-means lands its
 # centres elsewhere: its channels are judged together
 PER_TENSOR = ("palette4", "palette6")
+READERS = (".onnx", ".mlpackage")
 SUFFIXES = ("_palettized", "_quantized", "_dequantized", "_to_fp16", "_fp16")
 
 
@@ -66,6 +67,10 @@ def judge_weights(hop, deploy: nn.Module, path: str | Path, precision: str) -> N
     """After an fp16 or compressed artifact's hop that ran: its weights check in `hop.weights`; a failed check fails
     the hop, one that raised leaves a passed hop unverified (a check that raised is never a pass)."""
     if hop.status not in ("passed", "failed") or precision not in WEIGHT_K:
+        return
+    if Path(path).suffix not in READERS:  # a TensorRT engine: its weights are not readable outside TensorRT
+        hop.weights = {"status": "not applicable", "why": f"the stored weights of a {Path(path).suffix} artifact "
+                                                          "are not read (ONNX graphs and CoreML packages are)"}
         return
     try:
         check = check_weights(deploy, path, precision)

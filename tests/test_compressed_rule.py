@@ -126,6 +126,9 @@ def test_a_weights_check_that_did_not_run_or_raised_is_never_a_pass(tmp_path, mo
     wc.judge_weights(hop, deploy, tmp_path / "renamed.onnx", "fp16")
     assert hop.status == "unverified" and "RuntimeError: unreadable weight.bin" in hop.reason
     assert hop.weights == {"status": "error", "why": "RuntimeError: unreadable weight.bin"}
+    engine = Hop("tensorrt", "tensorrt", "passed")
+    wc.judge_weights(engine, deploy, tmp_path / "model.fp16.engine", "fp16")  # no reader: not applicable, no raise
+    assert engine.status == "passed" and engine.weights["status"] == "not applicable"
     failed = Hop("coreml", "coreml", "failed", reason="noise_ratio 9 > 1")
     wc.judge_weights(failed, deploy, tmp_path / "renamed.onnx", "fp16")
     assert failed.status == "failed"                  # a failed hop stays failed
