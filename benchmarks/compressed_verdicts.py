@@ -184,6 +184,7 @@ def summary(rows: list[dict]) -> dict:
 
 def main(argv=None) -> int:
     ap = C.parser("compressed_verdicts", __doc__)
+    ap.add_argument("--models", default=None, help="comma-separated subset of the models (default: all)")
     args = ap.parse_args(argv)
     started, info = C.begin("compressed_verdicts", args.quick)
     work = Path(tempfile.mkdtemp(prefix="vitedge-compressed-"))
@@ -192,6 +193,8 @@ def main(argv=None) -> int:
     rows = []
     try:
         for name, make in _models(args.quick).items():
+            if args.models and name not in args.models.split(","):
+                continue
             done = partial / f"{name}.json"
             if not done.is_file():
                 done.write_text(json.dumps(measure(name, make, work, args.quick)))
