@@ -75,17 +75,48 @@ _positive_int = _positive(int, "integer")
 _positive_float = _positive(float, "number")
 
 
-def _add_model_flags(p: argparse.ArgumentParser, required: bool = True) -> None:
-    p.add_argument("--model", required=required,
-                   help="model name (see `vitedge models`)" if required else
+def _add_model_flags(p: argparse.ArgumentParser, required: bool = True, named: bool = False) -> None:
+    p.add_argument("--model", required=required and not named,
+                   help=("model name (see `vitedge models`); optional with a --checkpoint that names its model (a "
+                         "transformers folder or hf-hub: repo with config.json, or timm:NAME)") if named else
+                   "model name (see `vitedge models`)" if required else
                    "model name (default: the one the artifact's or deploy checkpoint's metadata names)")
-    p.add_argument("--checkpoint", help="train-form checkpoint; without it, seeded trained-like demo weights "
-                                        "are used and the report says weights: untrained")
+    p.add_argument("--checkpoint", help="train-form checkpoint: a .pth/.safetensors file (official or timm "
+                                        "layout), a transformers save_pretrained folder or its weight file, "
+                                        "hf-hub:ORG/REPO[:FILE] or timm:NAME; without it, seeded trained-like demo "
+                                        "weights are used and the report says weights: untrained")
     p.add_argument("--set", dest="overrides", action="append", type=_kv, default=[], metavar="KEY=VALUE",
                    help="constructor override, official keyword names (e.g. --set depth=2); repeatable")
     p.add_argument("--imgsz", type=_positive_int, help="input size (default: the model's)")
     p.add_argument("--attn-order", choices=ATTN_ORDERS, default=None,
                    help="SLA/SimA attention order for the export size (default auto: the FLOP rule)")
+
+
+def _three(text: str):
+    from vitedge.errors import VitedgeError
+    from vitedge.models.preprocess import three  # torch-free
+
+    try:
+        return three(text, "R,G,B")
+    except VitedgeError:
+        raise argparse.ArgumentTypeError(f"expected three numbers R,G,B (e.g. 0.5,0.5,0.5), got {text!r}") from None
+
+
+def _add_preprocess_flags(p: argparse.ArgumentParser) -> None:
+    from vitedge.models.preprocess import INTERPOLATIONS  # torch-free
+
+    g = p.add_argument_group("preprocessing", "the model's eval preprocessing (default: its official one, or a "
+                                              "transformers checkpoint's preprocessor_config.json); used for --images, "
+                                              "calibration and the bundle, recorded in report.json and the artifacts")
+    g.add_argument("--crop-pct", type=_positive_float, metavar="F",
+                   help="resize the shorter side to imgsz / F, then centre-crop imgsz (1.0: resize only)")
+    g.add_argument("--interpolation", choices=tuple(INTERPOLATIONS), help="resize filter")
+    g.add_argument("--mean", type=_three, metavar="R,G,B", help="per-channel mean of pixels scaled to [0, 1]")
+    g.add_argument("--std", type=_three, metavar="R,G,B", help="per-channel std of pixels scaled to [0, 1]")
+
+
+def _preprocess(args) -> dict:
+    return {k: getattr(args, k) for k in ("crop_pct", "interpolation", "mean", "std") if getattr(args, k) is not None}
 
 
 def _add_rewrites_flag(p: argparse.ArgumentParser) -> None:
@@ -198,7 +229,7 @@ def add_export(sub) -> None:
     p = sub.add_parser("export", help="re-parameterize, export and check parity at every hop",
                        description="Export a model to ONNX (always: the hub graph) and the requested targets, "
                                    "with the parity ladder; writes OUT/NAME.onnx, other artifacts and OUT/report.json.")
-    _add_model_flags(p)
+    _add_model_flags(p, named=True)
     p.add_argument("--target", default="onnx", help="comma list of onnx,coreml,tensorrt (default onnx)")
     p.add_argument("--batch", type=_positive_int, help="static batch size (default 1)")
     p.add_argument("--dynamic-batch", action="store_true", help="dynamic batch axis (onnx, tensorrt)")
@@ -223,6 +254,7 @@ def add_export(sub) -> None:
     p.add_argument("--clean", action="store_true", help="with --force: also delete files vitedge did not write")
     _add_parity_flags(p)
     _add_inputs_flags(p, "; coreml: a classifier")
+    _add_preprocess_flags(p)
     g = p.add_argument_group("coreml")
     g.add_argument("--ios", type=int, choices=IOS_TARGETS, help="minimum deployment target")
     g.add_argument("--input", choices=INPUT_KINDS, help="input type (image: RGB pixels, normalization built in)")
@@ -247,7 +279,7 @@ def cmd_export(args) -> int:
                     overrides=_overrides(args), options={k: getattr(args, k) for k in TARGET_OPTIONS},
                     progress=args.progress, rewrites=args.rewrites, require_ane=args.require_ane,
                     images=args.images, labels=args.labels, calib=args.calib, calib_images=args.calib_images,
-                    truth_cache=not args.no_truth_cache, **_exporter(args))
+                    truth_cache=not args.no_truth_cache, preprocess=_preprocess(args), **_exporter(args))
     print(format_summary(report, os.path.join(report.out_dir, "report.json")))
     return report.exit_code
 
