@@ -574,10 +574,12 @@ def add_package(sub) -> None:
                                        "manifest, Swift README",
                        description="Export to CoreML (image input; classifier with --labels), run the parity ladder "
                                    "and write a deterministic BUNDLE.zip. Exit 1 (nothing written) if a hop fails.")
-    p.add_argument("--model", required=True, help="model name (see `vitedge models`)")
-    p.add_argument("--checkpoint", help="train-form checkpoint; without it the bundle holds seeded demo weights "
-                                        "(untrained, said in the manifest and README)")
+    p.add_argument("--model", help="model name (see `vitedge models`); optional with a --checkpoint that names its "
+                                   "model (a transformers folder or hf-hub: repo with config.json, or timm:NAME)")
+    p.add_argument("--checkpoint", help="train-form checkpoint (as for export); without it the bundle holds seeded "
+                                        "demo weights (untrained, said in the manifest and README)")
     _add_inputs_flags(p, "; the model becomes a classifier and the bundle holds labels.txt")
+    _add_preprocess_flags(p)
     p.add_argument("--ios", type=int, choices=IOS_TARGETS, default=None,
                    help=f"minimum deployment target (default {DEFAULT_IOS}; 17 with --precision w8a8)")
     p.add_argument("--precision", choices=("fp16",) + COREML_COMPRESSED, default="fp16",
@@ -603,7 +605,8 @@ def cmd_package(args) -> int:
     res = package(args.model, args.out, checkpoint=args.checkpoint, labels=args.labels, ios=args.ios,
                   imgsz=args.imgsz, samples=args.samples, overrides=_overrides(args),
                   tolerances=args.tol or None, force=args.force, progress=args.progress, precision=args.precision,
-                  calib=args.calib, calib_images=args.calib_images, images=args.images, **_exporter(args))
+                  calib=args.calib, calib_images=args.calib_images, images=args.images, preprocess=_preprocess(args),
+                  **_exporter(args))
     if res.exit_code != 0:
         print(f"FAILED: {res.reason}; no bundle written. The export is kept in {res.export_dir}")
         return res.exit_code

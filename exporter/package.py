@@ -35,7 +35,8 @@ import numpy as np
 import torch
 
 from ..errors import VitedgeError
-from ..models.registry import get_spec, input_stats
+from ..models.preprocess import Recipe
+from ..models.registry import recipe_of
 from ..targets.coreml.compress import KINDS
 from ..targets.coreml.options import parse_ios, read_labels
 from ..targets.coreml.runners import EmulatedCoreMLRunner
@@ -151,12 +152,12 @@ def _tree_files(root: Path, prefix: str) -> dict[str, bytes]:
 # ------------------------------------------------------------------------------------------------ golden vectors
 
 def golden_vectors(model, imgsz: int, mean, std, n: int = GOLDEN_SAMPLES,
-                   natural: bool = False) -> tuple[np.ndarray, np.ndarray]:
+                   natural: bool = False, recipe=None) -> tuple[np.ndarray, np.ndarray]:
     """(uint8 NHWC RGB pixels, float32 train-form logits on exactly those pixels). `natural`: views of the shipped
-    photos that never calibrate (compressed bundles: quantization is judged on natural images), else the
-    structured stress images."""
+    photos that never calibrate (compressed bundles: quantization is judged on natural images), preprocessed by
+    `recipe` (the model's eval preprocessing), else the structured stress images."""
     if natural:
-        x, names = natural_inputs(4 * n, imgsz, GOLDEN_SEED, mean, std)
+        x, names = natural_inputs(4 * n, imgsz, GOLDEN_SEED, mean, std, recipe=recipe)
         keep = [i for i, nm in enumerate(names) if nm.split(":", 1)[1].split("/")[0] not in calibration_photos()]
         x = x.numpy()[keep[:n]]
     else:
@@ -194,6 +195,15 @@ def _compression_line(precision: str) -> str:
             "and the golden vectors' tolerance is that profile's).")
 
 
+def _recipe_text(recipe: dict | None, imgsz: int) -> str:
+    """How the photo becomes the input, as the model was evaluated (report.json `preprocess`)."""
+    if not recipe:
+        return ""
+    r = Recipe.from_dict(recipe)
+    return (f", made from the photo as the model was evaluated: {r.describe(imgsz)}; mean {list(r.mean)}, "
+            f"std {list(r.std)}")
+
+
 def _readme(name: str, imgsz: int, classifier: bool, weights: str, ios: int, precision: str, golden: dict) -> str:
     demo = ("\n> **Demo weights.** This bundle was packaged without `--checkpoint`: the model has seeded random "
             "(trained-like) weights. Its predictions are meaningless; use it to wire up the app, then package a "
@@ -223,8 +233,8 @@ try VNImageRequestHandler(cgImage: cgImage).perform([request])
 `{name}.mlpackage` is an ML Program converted by vitedge from the re-parameterized deploy-form of `{name}` and
 checked against the original PyTorch model (see `manifest.json` -> `parity`).
 
-- **Input** `image`: an RGB image of {imgsz}x{imgsz} pixels, values 0-255. ImageNet mean/std normalization happens
-  inside the model; pass the pixels as they are.
+- **Input** `image`: an RGB image of {imgsz}x{imgsz} pixels, values 0-255{_recipe_text(golden.get("preprocess"), imgsz)}. The
+  mean/std normalization happens inside the model; pass the pixels as they are.
 - **Outputs**: `logits` (float32, 1 x classes){', `classLabel` (String) and `classLabel_probs` ([String: Double])' if classifier else ''}.
 - Static shape, fp16 compute with fp32 islands for normalizations (`manifest.json` -> `precision_policy`), so the
   Neural Engine can run it.{_compression_line(precision)}
@@ -274,13 +284,15 @@ def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = N
             samples: int | None = None, overrides: dict | None = None, tolerances=None, force: bool = False,
             seed: int | None = None, progress=None, calib: int | None = None,
             calib_images: str | Path | None = None, images: str | Path | None = None,
-            exporter: str = DEFAULT_EXPORTER) -> PackageResult:
+            exporter: str = DEFAULT_EXPORTER, preprocess: dict | None = None) -> PackageResult:
     """Build BUNDLE.zip at `out`: `vitedge package`. Returns the PackageResult (`path`, `exit_code`, the export
     `report`, the `manifest`). Raises VitedgeError on bad input (nothing written); a failed parity hop gives
     exit_code 1, no zip, and the export folder kept at `out` + '.failed/' for inspection. `ios` None: 16, or what
     the precision needs (w8a8: 17, recorded in the manifest). `labels` (class names in index order) make the model
     a classifier; `images` is the parity set of the export's ladder (as for `export`). `exporter`: the ONNX
-    exporter of the ladder's hub graph (the CoreML package itself is converted from the deploy-form)."""
+    exporter of the ladder's hub graph (the CoreML package itself is converted from the deploy-form).
+    `model_or_name` None: the model a transformers checkpoint names (its id2label names stand in for `labels`);
+    `preprocess`: eval preprocessing fields (crop_pct, interpolation, mean, std) over the model's own."""
     out = Path(out)
     if out.suffix != ".zip":
         raise VitedgeError(f"--out must name a .zip file; got {out}")
@@ -303,7 +315,7 @@ def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = N
                         out=work / "export", samples=samples, tolerances=tolerances,
                         overrides=overrides, seed=DEMO_SEED if seed is None else seed, progress=progress,
                         options={"input": "image", "ios": ios}, labels=labels, images=images,
-                        calib=calib, calib_images=calib_images, exporter=exporter)
+                        calib=calib, calib_images=calib_images, exporter=exporter, preprocess=preprocess)
         hop = report.hop("coreml")
         why = None
         if report.exit_code != 0 or hop is None or hop.status != "passed":
@@ -312,7 +324,7 @@ def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = N
         else:
             try:
                 return _assemble(report, work / "export", out, checkpoint, overrides, labels, precision, tol, seed,
-                                 progress)
+                                 progress, preprocess)
             except GoldenMismatch as e:
                 why = str(e)
         failed_dir = out.with_name(out.name + ".failed")
@@ -324,15 +336,18 @@ def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = N
 
 
 def _assemble(report, export_dir: Path, out: Path, checkpoint, overrides, labels, precision: str, tol,
-              seed, progress) -> PackageResult:
+              seed, progress, preprocess: dict | None = None) -> PackageResult:
     name = report.model
     entry = report.artifacts["coreml"]
     mlpackage = export_dir / entry.path
     ios = int(entry.info["ios"])
     compressed = precision in KINDS
-    mean, std = input_stats(get_spec(name))
-    loaded = build_train_form(name, checkpoint, overrides, DEMO_SEED if seed is None else seed)
-    pixels, logits = golden_vectors(loaded.model, report.imgsz, mean, std, natural=compressed)
+    loaded = build_train_form(name, checkpoint, overrides, DEMO_SEED if seed is None else seed,
+                              preprocess=preprocess)
+    recipe = recipe_of(loaded.model)  # the export's own (report.preprocess)
+    labels = labels if labels is not None else loaded.labels  # (a transformers checkpoint's id2label)
+    pixels, logits = golden_vectors(loaded.model, report.imgsz, recipe.mean, recipe.std, natural=compressed,
+                                    recipe=recipe)
     golden_check = check_golden(mlpackage, pixels, logits, tol)
     if not golden_check["passed"]:
         raise GoldenMismatch(f"the packaged model fails its own golden vectors: {'; '.join(golden_check['problems'])}")
@@ -355,6 +370,7 @@ def _assemble(report, export_dir: Path, out: Path, checkpoint, overrides, labels
         "outputs": {"file": "golden/outputs.npy", "dtype": "float32", "shape": list(logits.shape), "name": "logits",
                     "source": "train-form PyTorch model (float32) on the same pixels, normalized with mean/std"},
         "preprocessing": info["input_spec"],
+        "preprocess": report.preprocess,
         "tolerance": tol_d,
         "check": "per image: feed the pixels to `image`, compare `logits` with the expected row; over all images: "
                  "lowest cosine, PSNR = 20*log10(max|expected|/RMSE) and top-1 agreement must meet `tolerance`",
@@ -377,6 +393,8 @@ def _assemble(report, export_dir: Path, out: Path, checkpoint, overrides, labels
         "compression": _compression_entry(entry.info.get("compression")),
         "calibration": report.calibration,
         "input": info["input_spec"],
+        "preprocess": report.preprocess,
+        "from_checkpoint": report.from_checkpoint,
         "outputs": info["outputs"],
         "labels": {"file": "labels.txt", "count": len(label_list)} if label_list else None,
         "precision_policy": {"rules": [r["name"] for r in (info.get("precision_policy") or {}).get("rules", [])],

@@ -55,6 +55,14 @@ class Recipe:
         """The size the resize step makes (the shorter side, or both sides when squashing)."""
         return int(math.floor(imgsz / self.crop_pct))
 
+    def describe(self, imgsz: int) -> str:
+        """How a photo becomes the model's input, in words (for an app developer)."""
+        size = self.resize_to(imgsz)
+        how = (f"resized to {size}x{size}" if self.crop_mode == "squash" else
+               f"its shorter side resized to {size}")
+        crop = f", the centre {imgsz}x{imgsz} cropped" if size != imgsz or self.crop_mode != "squash" else ""
+        return f"{how} ({self.interpolation}){crop}"
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d.update(mean=list(self.mean), std=list(self.std))
