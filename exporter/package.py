@@ -36,7 +36,7 @@ import torch
 
 from ..errors import VitedgeError
 from ..models.preprocess import Recipe
-from ..models.registry import recipe_of
+from ..models.registry import input_stats, recipe_of
 from ..targets.coreml.compress import KINDS
 from ..targets.coreml.options import parse_ios, read_labels
 from ..targets.coreml.runners import EmulatedCoreMLRunner
@@ -195,15 +195,6 @@ def _compression_line(precision: str) -> str:
             "and the golden vectors' tolerance is that profile's).")
 
 
-def _recipe_text(recipe: dict | None, imgsz: int) -> str:
-    """How the photo becomes the input, as the model was evaluated (report.json `preprocess`)."""
-    if not recipe:
-        return ""
-    r = Recipe.from_dict(recipe)
-    return (f", made from the photo as the model was evaluated: {r.describe(imgsz)}; mean {list(r.mean)}, "
-            f"std {list(r.std)}")
-
-
 def _readme(name: str, imgsz: int, classifier: bool, weights: str, ios: int, precision: str, golden: dict) -> str:
     demo = ("\n> **Demo weights.** This bundle was packaged without `--checkpoint`: the model has seeded random "
             "(trained-like) weights. Its predictions are meaningless; use it to wire up the app, then package a "
@@ -233,8 +224,8 @@ try VNImageRequestHandler(cgImage: cgImage).perform([request])
 `{name}.mlpackage` is an ML Program converted by vitedge from the re-parameterized deploy-form of `{name}` and
 checked against the original PyTorch model (see `manifest.json` -> `parity`).
 
-- **Input** `image`: an RGB image of {imgsz}x{imgsz} pixels, values 0-255{_recipe_text(golden.get("preprocess"), imgsz)}. The
-  mean/std normalization happens inside the model; pass the pixels as they are.
+- **Input** `image`: RGB pixels 0-255, made as at evaluation: {Recipe.from_dict(golden["preprocess"]).describe(imgsz)}.
+  Normalization (mean {golden["preprocess"]["mean"]}, std {golden["preprocess"]["std"]}) is inside the model.
 - **Outputs**: `logits` (float32, 1 x classes){', `classLabel` (String) and `classLabel_probs` ([String: Double])' if classifier else ''}.
 - Static shape, fp16 compute with fp32 islands for normalizations (`manifest.json` -> `precision_policy`), so the
   Neural Engine can run it.{_compression_line(precision)}
@@ -289,10 +280,8 @@ def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = N
     `report`, the `manifest`). Raises VitedgeError on bad input (nothing written); a failed parity hop gives
     exit_code 1, no zip, and the export folder kept at `out` + '.failed/' for inspection. `ios` None: 16, or what
     the precision needs (w8a8: 17, recorded in the manifest). `labels` (class names in index order) make the model
-    a classifier; `images` is the parity set of the export's ladder (as for `export`). `exporter`: the ONNX
-    exporter of the ladder's hub graph (the CoreML package itself is converted from the deploy-form).
-    `model_or_name` None: the model a transformers checkpoint names (its id2label names stand in for `labels`);
-    `preprocess`: eval preprocessing fields (crop_pct, interpolation, mean, std) over the model's own."""
+    a classifier; `images`, `preprocess` and `model_or_name` None are as for `export`. `exporter`: the ONNX
+    exporter of the ladder's hub graph (the CoreML package itself is converted from the deploy-form)."""
     out = Path(out)
     if out.suffix != ".zip":
         raise VitedgeError(f"--out must name a .zip file; got {out}")
@@ -342,21 +331,18 @@ def _assemble(report, export_dir: Path, out: Path, checkpoint, overrides, labels
     mlpackage = export_dir / entry.path
     ios = int(entry.info["ios"])
     compressed = precision in KINDS
-    loaded = build_train_form(name, checkpoint, overrides, DEMO_SEED if seed is None else seed,
-                              preprocess=preprocess)
-    recipe = recipe_of(loaded.model)  # the export's own (report.preprocess)
+    loaded = build_train_form(name, checkpoint, overrides, DEMO_SEED if seed is None else seed, preprocess=preprocess)
     labels = labels if labels is not None else loaded.labels  # (a transformers checkpoint's id2label)
-    pixels, logits = golden_vectors(loaded.model, report.imgsz, recipe.mean, recipe.std, natural=compressed,
-                                    recipe=recipe)
+    pixels, logits = golden_vectors(loaded.model, report.imgsz, *input_stats(loaded.model), natural=compressed,
+                                    recipe=recipe_of(loaded.model))  # the export's own recipe (report.preprocess)
     golden_check = check_golden(mlpackage, pixels, logits, tol)
     if not golden_check["passed"]:
         raise GoldenMismatch(f"the packaged model fails its own golden vectors: {'; '.join(golden_check['problems'])}")
 
     root = name
     files: dict[str, bytes] = _tree_files(mlpackage, f"{root}/{mlpackage.name}")
-    label_list = None
-    if labels is not None:
-        label_list = read_labels(labels)
+    label_list = read_labels(labels) if labels is not None else None
+    if label_list:
         files[f"{root}/labels.txt"] = ("\n".join(label_list) + "\n").encode()
     info = entry.info
     tol_d = {k: v for k, v in vars(tol).items() if v is not None}
@@ -393,8 +379,7 @@ def _assemble(report, export_dir: Path, out: Path, checkpoint, overrides, labels
         "compression": _compression_entry(entry.info.get("compression")),
         "calibration": report.calibration,
         "input": info["input_spec"],
-        "preprocess": report.preprocess,
-        "from_checkpoint": report.from_checkpoint,
+        "preprocess": report.preprocess, "from_checkpoint": report.from_checkpoint,
         "outputs": info["outputs"],
         "labels": {"file": "labels.txt", "count": len(label_list)} if label_list else None,
         "precision_policy": {"rules": [r["name"] for r in (info.get("precision_policy") or {}).get("rules", [])],
