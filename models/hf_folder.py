@@ -32,11 +32,6 @@ class HFFolder:
     def model_type(self) -> str | None:
         return self.config.get("model_type")
 
-    def files(self) -> tuple[Path, ...]:
-        """Every file the model is made of (hashed into report.json's checkpoint_sha256)."""
-        extra = [self.root / n for n in (CONFIG, PREPROCESSOR) if (self.root / n).is_file()]
-        return tuple(extra) + self.weights
-
 
 def _json(path: Path) -> dict:
     try:

@@ -202,3 +202,20 @@ def _to_timm(k: str) -> str:
         k = f"stages.{i // 2}.blocks.{rest}" if i % 2 == 0 else f"stages.{(i + 1) // 2}.downsample.{rest}"
     k = k.replace(".attn.Proj.", ".attn.proj.")
     return re.sub(r"\.(layer_scale(?:_[12])?)$", r".\1.gamma", k)
+
+
+def test_an_hf_hub_repo_of_a_transformers_folder_comes_whole_from_the_cache(saved, tmp_path, monkeypatch):
+    pytest.importorskip("huggingface_hub")
+    from vitedge.tests.test_checkpoint_sources import put_in_cache
+
+    _, folder = saved
+    cache = tmp_path / "hf-cache"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    for f in ("config.json", "preprocessor_config.json", "model.safetensors"):
+        put_in_cache(cache, "acme/swiftformer-tiny", f, (folder / f).read_bytes())
+    for spec in ("hf-hub:acme/swiftformer-tiny", "hf-hub:acme/swiftformer-tiny:model.safetensors"):
+        held = hold(spec)
+        assert (held.name, held.layout, held.labels, held.imgsz) == ("swiftformer_xs", "transformers",
+                                                                     tuple(LABELS), 64), spec
+        assert held.recipe.crop_mode == "squash" and held.digest() == hold(folder).digest()
