@@ -219,3 +219,20 @@ def test_an_hf_hub_repo_of_a_transformers_folder_comes_whole_from_the_cache(save
         assert (held.name, held.layout, held.labels, held.imgsz) == ("swiftformer_xs", "transformers",
                                                                      tuple(LABELS), 64), spec
         assert held.recipe.crop_mode == "squash" and held.digest() == hold(folder).digest()
+
+
+@pytest.mark.parametrize("rewrites", [True, False, ["l2_normalize_rsqrt"]])
+def test_the_softmax_attention_folds_exactly_in_every_layout(rewrites):
+    from vitedge.exporter.forms import build_deploy_form
+
+    model = make_trained_like(create_model("swiftformer_xs", layers=TINY["depths"], embed_dims=TINY["embed_dims"],
+                                           num_classes=3, attn_weights="softmax"), 4).eval()
+    _, deploy64 = build_deploy_form(model, 32, rewrites=rewrites)
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model.double()(x)
+        assert torch.allclose(deploy64(x), want, rtol=1e-9, atol=1e-12 * want.abs().max())
+        model.float()
+        other = create_model("swiftformer_xs", layers=TINY["depths"], embed_dims=TINY["embed_dims"], num_classes=3)
+        other.load_state_dict(model.state_dict())
+        assert not torch.allclose(other.double().eval()(x), want)  # (the l2 attention computes something else)
