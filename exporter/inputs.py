@@ -78,7 +78,8 @@ def natural_view(k: int, photos: tuple[str, ...], perm: np.ndarray, imgsz: int, 
 
 
 def natural_inputs(n: int, imgsz: int = 224, seed: int = 0, mean=IMAGENET_MEAN, std=IMAGENET_STD,
-                   dtype: torch.dtype = torch.float32, recipe: Recipe | None = None) -> tuple[torch.Tensor, tuple[str, ...]]:
+                   dtype: torch.dtype = torch.float32,
+                   recipe: Recipe | None = None) -> tuple[torch.Tensor, tuple[str, ...]]:
     """`n` natural samples from the shipped photos (see the module doc) and their names."""
     if n < 0:
         raise ValueError("n must be >= 0")

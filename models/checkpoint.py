@@ -113,8 +113,9 @@ def read_checkpoint(path: str | os.PathLike) -> TorchFile:
     if p.is_dir():
         single = weight_file_in(p)
         if single is None:
-            raise CheckpointError(f"{p} is a folder, not a checkpoint: pass the .pth/.safetensors file in it, or a "
-                                  f"transformers save_pretrained folder ({CONFIG} with {' or '.join(WEIGHTS[::2])})")
+            raise CheckpointError(f"{p} is a directory, not a checkpoint file: pass the .pth/.safetensors file in it, "
+                                  f"or a transformers save_pretrained folder ({CONFIG} with "
+                                  f"{' or '.join(WEIGHTS[::2])})")
         p = single
     return _read_file(p)
 

@@ -149,7 +149,7 @@ def test_folder_errors_say_what_is_missing(tmp_path, capsys):
     assert "model.safetensors" in err and "config.json" in err, err
     (tmp_path / "plain").mkdir()
     err = _export_error(capsys, "--model", "swiftformer_xs", "--checkpoint", str(tmp_path / "plain"))
-    assert "is a folder, not a checkpoint" in err, err
+    assert "is a directory, not a checkpoint file" in err, err
     err = _export_error(capsys, "--checkpoint", str(tmp_path / "nowhere.pth"))
     assert "--model is needed" in err or "not found" in err, err
 
