@@ -162,8 +162,8 @@ def _layout_semantics(sd, name: str, overrides: dict, determined: dict, notes: d
             if new:
                 determined.update(new)
                 notes["semantics"] = f"{new} (the transformers {port.classes} forward)"
-        elif any(r.detect(set(sd), model_keys) for r in _timm_remaps()):
-            notes["layout"] = "timm"
+    if "layout" not in notes and any(r.detect(set(sd), model_keys) for r in _timm_remaps()):
+        notes["layout"] = "timm"
 
 
 def _timm_remaps():
