@@ -148,8 +148,8 @@ class Ladder:
         x, names = self.x, self.inputs.names
         with runner, self.progress.step(step or f"{hop_name} hop ({runner.backend})"):
             truth = self.truth_for(runner)
-            if tol is not None and tol.fp16_rule():
-                truth = self.with_fp16_reference(truth, runner)
+            if tol is not None and tol.fp16_rule():  # on the samples the runner runs (an emulator: a subset)
+                truth = self.with_fp16_reference(truth.head(runner.max_samples or len(truth.y64)), runner)
             if idx is not None:
                 x, truth = x[idx], truth.take(idx)
                 names = None if names is None else tuple(names[i] for i in idx)
