@@ -230,7 +230,7 @@ def add_export(sub) -> None:
                        description="Export a model to ONNX (always: the hub graph) and the requested targets, "
                                    "with the parity ladder; writes OUT/NAME.onnx, other artifacts and OUT/report.json.")
     _add_model_flags(p, named=True)
-    p.add_argument("--target", default="onnx", help="comma list of onnx,coreml,tensorrt (default onnx)")
+    p.add_argument("--target", default="onnx", help="comma list of onnx,coreml,tensorrt,executorch (default onnx)")
     p.add_argument("--batch", type=_positive_int, help="static batch size (default 1)")
     p.add_argument("--dynamic-batch", action="store_true", help="dynamic batch axis (onnx, tensorrt)")
     _add_exporter_flag(p, opset=True)
@@ -238,7 +238,7 @@ def add_export(sub) -> None:
                    help="default per target: onnx fp32, coreml fp16, tensorrt fp16; given, it applies to every "
                         "listed target that supports it: onnx fp32|fp16|int8 (OUT/NAME.fp16.onnx, OUT/NAME.int8.onnx), "
                         "coreml fp16|fp32|w8|palette4|palette6|w8a8, tensorrt fp32|fp16|int8 (built from "
-                        "OUT/NAME.int8.tensorrt.onnx)")
+                        "OUT/NAME.int8.tensorrt.onnx), executorch fp32|int8 (OUT/NAME.pte, OUT/NAME.int8.pte)")
     p.add_argument("--calib", type=int, default=None, metavar="N",
                    help="--precision int8 | w8a8: calibration images (default 64), never among the judged ones")
     p.add_argument("--calib-images", metavar="DIR",
@@ -262,10 +262,16 @@ def add_export(sub) -> None:
     g.add_argument("--max-batch", type=_positive_int, help="largest batch of the dynamic-batch profile")
     g.add_argument("--workspace", type=float, help="builder workspace in GiB")
     g.add_argument("--timing-cache", help="timing cache file (read and updated)")
+    g = p.add_argument_group("executorch")
+    g.add_argument("--executorch-backend", choices=("xnnpack", "portable"),
+                   help="delegate (default xnnpack; portable: ExecuTorch's own kernels, fp32 only)")
+    g.add_argument("--executorch-rewrites", choices=("on", "off"),
+                   help="rewrite ops XNNPACK does not take into ones it does (default on; exact, gated in float64)")
     p.set_defaults(func=cmd_export)
 
 
-TARGET_OPTIONS = ("ios", "input", "max_batch", "workspace", "timing_cache")
+TARGET_OPTIONS = ("ios", "input", "max_batch", "workspace", "timing_cache", "executorch_backend",
+                  "executorch_rewrites")
 
 
 def cmd_export(args) -> int:
@@ -448,6 +454,11 @@ def format_summary(report, report_path: str | None = None) -> str:
             extra = ""
             if a.nodes is not None:
                 extra = f"  {sum(a.nodes.values())} nodes, {norm_nodes(a.nodes)} normalization"
+            elif "outside_delegate" in (a.info or {}):  # an ExecuTorch program: what its delegate left out
+                left = a.info["outside_delegate"]
+                extra = (f"  {a.info.get('backend')}: every op delegated" if a.info.get("fully_delegated") else
+                         f"  {a.info.get('backend')}: outside the delegate: "
+                         f"{', '.join(f'{k} x{v}' for k, v in left.items()) or 'every op (no delegate)'}")
             lines.append(f"  {key:<12} {a.precision:<5} {_size(a.bytes):>9}  sha256 {a.sha256[:12]}  {where}{extra}")
     unverified = [h.hop for h in report.unverified_hops()]
     lines.append("")
@@ -570,10 +581,13 @@ def _parity_not_passed(report) -> list[str]:
 def add_package(sub) -> None:
     from vitedge.targets.coreml.options import DEFAULT_IOS, IOS_TARGETS
 
-    p = sub.add_parser("package", help="app-ready CoreML bundle (.zip): image-input .mlpackage, golden vectors, "
-                                       "manifest, Swift README",
-                       description="Export to CoreML (image input; classifier with --labels), run the parity ladder "
-                                   "and write a deterministic BUNDLE.zip. Exit 1 (nothing written) if a hop fails.")
+    p = sub.add_parser("package", help="app-ready bundle (.zip): CoreML for iOS (image-input .mlpackage, Swift "
+                                       "README) or ExecuTorch for Android (.pte, Kotlin README); golden vectors, manifest",
+                       description="Export to CoreML (image input; classifier with --labels) or ExecuTorch, run the "
+                                   "parity ladder and write a deterministic BUNDLE.zip. Exit 1 (nothing written) if a "
+                                   "hop fails.")
+    p.add_argument("--target", choices=("coreml", "executorch"), default="coreml",
+                   help="coreml (default: iOS) or executorch (Android, and iOS through ExecuTorch)")
     p.add_argument("--model", help="model name (see `vitedge models`); optional with a --checkpoint that names its "
                                    "model (a transformers folder or hf-hub: repo with config.json, or timm:NAME)")
     p.add_argument("--checkpoint", help="train-form checkpoint (as for export); without it the bundle holds seeded "
@@ -582,8 +596,9 @@ def add_package(sub) -> None:
     _add_preprocess_flags(p)
     p.add_argument("--ios", type=int, choices=IOS_TARGETS, default=None,
                    help=f"minimum deployment target (default {DEFAULT_IOS}; 17 with --precision w8a8)")
-    p.add_argument("--precision", choices=("fp16",) + COREML_COMPRESSED, default="fp16",
-                   help="fp16 (default) or a compressed kind: w8, palette4, palette6, w8a8 (iOS 17+)")
+    p.add_argument("--precision", choices=("fp16", "fp32", "int8") + COREML_COMPRESSED, default=None,
+                   help="coreml: fp16 (default) or a compressed kind: w8, palette4, palette6, w8a8 (iOS 17+); "
+                        "executorch: fp32 (default) or int8")
     p.add_argument("--calib", type=int, default=None, metavar="N", help="--precision w8a8: calibration images "
                                                                        "(default 64)")
     p.add_argument("--calib-images", metavar="DIR", help="--precision w8a8: calibrate on images of DIR")
@@ -600,20 +615,32 @@ def add_package(sub) -> None:
 
 
 def cmd_package(args) -> int:
-    from vitedge.exporter.package import package
-
-    res = package(args.model, args.out, checkpoint=args.checkpoint, labels=args.labels, ios=args.ios,
-                  imgsz=args.imgsz, samples=args.samples, overrides=_overrides(args),
-                  tolerances=args.tol or None, force=args.force, progress=args.progress, precision=args.precision,
+    common = dict(checkpoint=args.checkpoint, labels=args.labels, imgsz=args.imgsz, samples=args.samples,
+                  overrides=_overrides(args), tolerances=args.tol or None, force=args.force, progress=args.progress,
                   calib=args.calib, calib_images=args.calib_images, images=args.images, preprocess=_preprocess(args),
                   **_exporter(args))
+    if args.target == "executorch":
+        if args.ios is not None:
+            from vitedge.errors import VitedgeError
+
+            raise VitedgeError("--ios applies to --target coreml only; drop it for an ExecuTorch bundle")
+        from vitedge.exporter.package_android import package_executorch
+
+        precision = args.precision or "fp32"
+        res = package_executorch(args.model, args.out, precision=precision, **common)
+        hop_name = "executorch" if precision == "fp32" else f"executorch-{precision}"
+    else:
+        from vitedge.exporter.package import package
+
+        res = package(args.model, args.out, ios=args.ios, precision=args.precision or "fp16", **common)
+        hop_name = "coreml"
     if res.exit_code != 0:
         print(f"FAILED: {res.reason}; no bundle written. The export is kept in {res.export_dir}")
         return res.exit_code
-    hop = res.report.hop("coreml")
+    hop = res.report.hop(hop_name)
     demo = " (DEMO: untrained seeded weights)" if res.manifest["weights"] == "untrained" else ""
     m = hop.metrics
-    print(f"{res.manifest['model']} @ {res.manifest['imgsz']}{demo}: coreml hop {hop.status} ({hop.mode}, "
+    print(f"{res.manifest['model']} @ {res.manifest['imgsz']}{demo}: {hop_name} hop {hop.status} ({hop.mode}, "
           f"{hop.samples} samples, cosine {m.cosine:.6f}, PSNR {m.psnr_db:.1f} dB); golden vectors "
           f"{'passed' if res.manifest['golden']['verified']['passed'] else 'FAILED'}")
     print(f"wrote {res.path} ({res.path.stat().st_size / 1e6:.2f} MB, {len(res.manifest['files']) + 1} files)")

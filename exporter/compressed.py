@@ -157,6 +157,7 @@ def localize(hop: Hop, artifact: Artifact, deploy: nn.Module, x: np.ndarray) -> 
             div = localize_package(deploy, path, x, hop.tolerance)
             how = "the package's decompressed weights in the deploy-form, per module"
         else:
+            hop.reason = f"{hop.reason}; not localized: only the artifact's outputs are read here"
             return
     except Exception as e:  # a diagnosis aid: never mask the hop's own failure
         hop.reason = f"{hop.reason}; localization failed ({type(e).__name__}: {e})"

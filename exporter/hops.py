@@ -254,6 +254,8 @@ class Ladder:
             return unverified(hop_name, hop.backend, _mode_mismatch(mode, target, hop.mode), tol)
         if Path(artifact.path).suffix == ".onnx" and hop.status in ("passed", "failed"):
             self.check_onnx(hop, onnx.load(str(artifact.path)))
+        elif hop.status == "failed" and target.localization:
+            hop.reason = f"{hop.reason}; {target.localization}"
         return hop
 
     def localize_samples(self, hop: Hop) -> np.ndarray:

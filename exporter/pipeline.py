@@ -367,7 +367,7 @@ class _Build:
             return unverified(hop_name, plan.name, plan.missing, tol)
         compressed = plan.precision in COMPRESSED
         try:
-            qdq_path = self._int8_graph(plan, hub, ladder, tol) if plan.precision == "int8" else None
+            qdq_path = self._int8_graph(plan, hub, ladder, tol) if plan.precision == "int8" and t.qdq_encoding else None
         except VitedgeError:
             raise  # bad input (e.g. unreadable --calib-images): exit 2, nothing written
         except Exception as e:
@@ -380,7 +380,7 @@ class _Build:
         spec = LowerSpec(name=self.report.model, imgsz=self.report.imgsz, batch=self.batch, precision=plan.precision,
                          out_dir=self.tmp, onnx_path=hub, metadata=dict(meta, precision=plan.precision),
                          options=dict(plan.options), qdq_path=qdq_path,
-                         calibration=self._calibration() if plan.precision == "w8a8" else None)
+                         calibration=self._calibration() if plan.precision in ("w8a8", "int8") else None)
         try:
             with self.progress.step(f"lowering to {t.name} ({plan.precision})"):
                 artifact = t.lower(self.deploy, spec)

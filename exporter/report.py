@@ -298,7 +298,7 @@ def _json_default(o):
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
 
-_VERSIONED = ("torch", "numpy", "onnx", "onnxruntime", "onnxsim", "coremltools", "tensorrt")
+_VERSIONED = ("torch", "numpy", "onnx", "onnxruntime", "onnxsim", "coremltools", "tensorrt", "executorch", "torchao")
 
 
 def versions() -> dict:
