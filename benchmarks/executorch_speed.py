@@ -8,7 +8,7 @@ every core, candidates timed interleaved (call by call) in one run:
   et.int8    the int8 `.pte` (PT2E, XNNPACK quantizer), calibrated on 32 views of the shipped photos.
 ExecuTorch's XNNPACK pool is process-wide (`portable_lib._unsafe_reset_threadpool`), so each cell sets it and
 ONNX Runtime's intra-op threads to the same count. Every candidate's outputs are checked first (fp32: the
-pipeline's float64 noise rule; int8: cosine >= 0.99 to the deploy-form). Prints latency per candidate, then the
+pipeline's float64 noise rule; int8: the int8 profile's cosine to the deploy-form). Prints latency per candidate, then the
 ratios with paired bootstrap CIs, last, and the targets as PASS/MISS, measured, never tuned:
 ExecuTorch fp32 >= ONNX Runtime fp32 and ExecuTorch int8 >= 1.8x its fp32.
 
@@ -26,6 +26,7 @@ import torch
 import _common as C
 from vitedge.exporter.forms import build_deploy_form, build_train_form
 from vitedge.exporter.inputs import natural_inputs
+from vitedge.exporter.parity import COMPRESSED_TOLERANCES
 from vitedge.models.registry import input_stats
 from vitedge.targets import get_target
 from vitedge.targets.base import LowerSpec
@@ -36,9 +37,11 @@ MODELS = ("swiftformer_xs", "slab_deit_tiny", "sima_nano_12_p16")
 PAIRS = (("et", "ort"), ("et", "et.plain"), ("et.int8", "et"))  # (new, base): base latency / new latency
 TARGETS = {("et", "ort"): 1.0, ("et.int8", "et"): 1.8}
 CALIB = 32
+INT8_COSINE = COMPRESSED_TOLERANCES["int8"].cosine
 
 
 def _lower(target, deploy, name: str, imgsz: int, precision: str, tmp: Path, rewrites: str, calib=None):
+    tmp.mkdir(parents=True, exist_ok=True)
     spec = LowerSpec(name, imgsz, 1, precision, tmp, None, metadata={"mean": [0.0] * 3},
                      options={"executorch_rewrites": rewrites}, calibration=calib)
     return target.lower(deploy, spec)
@@ -61,13 +64,14 @@ def measure_model(name: str, overrides: dict, config: str, imgsz: int, thread_co
     truth = C.ground_truth_on(train, x)
     with torch.no_grad():
         ref = deploy(torch.from_numpy(x)).numpy()
-    checks = {"ort": C.parity_problems(truth, C.ort(graph, 1).run(x))}
+    one = C.ort(graph, 1)  # the graph's static batch of 1
+    checks = {"ort": C.parity_problems(truth, np.concatenate([one.run(x[i:i + 1]) for i in range(len(x))]))}
     runners = {k: target.runner(a) for k, a in arts.items()}
     for k, r in runners.items():
         y = r.run(x)
-        if k == "et.int8":
+        if k == "et.int8":  # the product's int8 profile (cosine), on demo weights: no task to judge accuracy on
             cos = (y * ref).sum(1) / (np.linalg.norm(y, axis=1) * np.linalg.norm(ref, axis=1))
-            checks[k] = [] if cos.min() >= 0.99 else [f"cosine {cos.min():.4f} < 0.99"]
+            checks[k] = [] if cos.min() >= INT8_COSINE else [f"cosine {cos.min():.4f} < {INT8_COSINE}"]
         else:
             checks[k] = C.parity_problems(truth, y)
     bad = {k: v for k, v in checks.items() if v}

@@ -17,8 +17,6 @@ written; the same bytes on every run (exporter/package.py's deterministic zip).
 """
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -28,13 +26,11 @@ from ..models.preprocess import Recipe
 from ..models.registry import input_stats, recipe_of
 from ..targets.executorch.target import ExecuTorchRunner
 from ..targets.labels import read_labels
-from . import outdir
-from .compressed import resolution_bounds
 from .forms import DEMO_SEED, build_train_form
 from .onnx_choice import DEFAULT_EXPORTER
-from .package import (GOLDEN_SEED, GoldenMismatch, PackageResult, _hop_entry, _json_bytes, _npy_bytes,
-                      _portable_reference, _round, _sha256, golden_vectors, write_deterministic_zip)
-from .parity import DEFAULT_TOLERANCES, compute_metrics, profile_for
+from .bundle import (GOLDEN_SEED, GoldenMismatch, PackageResult, _json_bytes, _npy_bytes, build_bundle,
+                     check_bundle_out, finish_bundle, golden_vectors, golden_verdict)
+from .parity import DEFAULT_TOLERANCES, profile_for
 from .pipeline import export
 
 BUNDLE_FORMAT = "vitedge-executorch-bundle/1"
@@ -54,12 +50,7 @@ def check_golden(pte: Path, pixels_nhwc: np.ndarray, expected: np.ndarray, recip
     x = ((pixels_nhwc.transpose(0, 3, 1, 2).astype(np.float32) / 255.0 - m) / s).astype(np.float32)
     with ExecuTorchRunner(pte) as runner:
         y = runner.run(x)
-    metrics = compute_metrics(expected, y)
-    problems = resolution_bounds(tolerance, len(y), 0).violations(metrics)
-    if not np.isfinite(y).all():
-        problems.insert(0, "non-finite outputs")
-    return {"mode": runner.mode, "backend": runner.backend, "passed": not problems, "problems": problems,
-            "metrics": _round(vars(metrics)), "samples": int(len(y))}
+    return golden_verdict(runner, y, expected, tolerance)
 
 
 def _readme(name: str, pte: str, imgsz: int, recipe: Recipe, classes: int, labelled: bool, weights: str,
@@ -123,41 +114,21 @@ def package_executorch(model_or_name, out: str | Path, *, checkpoint=None, label
                        calib: int | None = None, calib_images=None, images=None, exporter: str = DEFAULT_EXPORTER,
                        preprocess: dict | None = None) -> PackageResult:
     """Build the Android bundle at `out` (a .zip): as `package.package`, for the executorch target."""
-    out = Path(out)
-    if out.suffix != ".zip":
-        raise VitedgeError(f"--out must name a .zip file; got {out}")
-    if out.exists() and not force:
-        raise VitedgeError(f"{out} exists; pass --force to replace it or choose another --out")
-    if out.is_dir():
-        raise VitedgeError(f"--out {out} is a folder; give a .zip file path")
-    outdir.check_parent(out)
+    out = check_bundle_out(out, force)
     if precision not in PRECISIONS:
         raise VitedgeError(f"vitedge package --target executorch --precision must be fp32 or int8; got {precision!r}")
     if labels is not None:
         read_labels(labels)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.stem}.pkg-", dir=out.parent))
-    try:
-        report = export(model_or_name, "executorch", checkpoint=checkpoint, imgsz=imgsz, precision=precision,
-                        out=work / "export", samples=samples, tolerances=tolerances, overrides=overrides,
-                        seed=DEMO_SEED if seed is None else seed, progress=progress, labels=labels, images=images,
-                        calib=calib, calib_images=calib_images, exporter=exporter, preprocess=preprocess)
-        hop_name = "executorch" if precision == "fp32" else f"executorch-{precision}"
-        hop = report.hop(hop_name)
-        if report.exit_code != 0 or hop is None or hop.status != "passed":
-            why = f"parity hop {', '.join(h.hop for h in report.failed_hops()) or hop_name} did not pass"
-        else:
-            try:
-                return _assemble(report, work / "export", out, hop_name, checkpoint, overrides, labels, precision,
-                                 seed, preprocess)
-            except GoldenMismatch as e:
-                why = str(e)
-        failed_dir = out.with_name(out.name + ".failed")
-        shutil.rmtree(failed_dir, ignore_errors=True)
-        shutil.move(str(work / "export"), failed_dir)
-        return PackageResult(None, 1, report, None, failed_dir, why)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    hop_name = "executorch" if precision == "fp32" else f"executorch-{precision}"
+
+    def run(export_dir: Path):
+        return export(model_or_name, "executorch", checkpoint=checkpoint, imgsz=imgsz, precision=precision,
+                      out=export_dir, samples=samples, tolerances=tolerances, overrides=overrides,
+                      seed=DEMO_SEED if seed is None else seed, progress=progress, labels=labels, images=images,
+                      calib=calib, calib_images=calib_images, exporter=exporter, preprocess=preprocess)
+
+    return build_bundle(out, run, hop_name, lambda report, export_dir: _assemble(
+        report, export_dir, out, hop_name, checkpoint, overrides, labels, precision, seed, preprocess))
 
 
 def _assemble(report, export_dir: Path, out: Path, hop_name: str, checkpoint, overrides, labels, precision: str,
@@ -212,13 +183,5 @@ def _assemble(report, export_dir: Path, out: Path, hop_name: str, checkpoint, ov
         "calibration": report.calibration,
         "preprocess": report.preprocess, "from_checkpoint": report.from_checkpoint,
         "labels": {"file": "labels.txt", "count": len(label_list)} if label_list else None,
-        "parity": [_hop_entry(h) for h in report.parity],
-        "parity_inputs": report.inputs, "compressed_inputs": report.compressed_inputs,
-        "parity_reference": _round(_portable_reference(report.reference)),
-        "golden": {"description": "golden/golden.json", "verified": golden_check},
-        "versions": report.versions,
-        "files": {k[len(root) + 1:]: _sha256(v) for k, v in sorted(files.items())},
     }
-    files[f"{root}/manifest.json"] = _json_bytes(manifest)
-    write_deterministic_zip(files, out)
-    return PackageResult(out, 0, report, manifest, None)
+    return finish_bundle(out, report, root, files, manifest, golden_check)

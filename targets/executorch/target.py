@@ -67,9 +67,10 @@ def _runtime():
 
 def set_threads(threads: int) -> None:
     """XNNPACK's thread pool size for every program in this process (it is global in ExecuTorch)."""
-    from executorch.extension.pybindings import portable_lib
+    with quiet_native():  # (the runtime logs every reset)
+        from executorch.extension.pybindings import portable_lib
 
-    portable_lib._unsafe_reset_threadpool(int(threads))
+        portable_lib._unsafe_reset_threadpool(int(threads))
 
 
 def outside_delegate(edge_program) -> dict[str, int]:
