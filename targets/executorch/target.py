@@ -66,7 +66,8 @@ def _runtime():
 
 
 def set_threads(threads: int) -> None:
-    """XNNPACK's thread pool size for every program in this process (it is global in ExecuTorch)."""
+    """XNNPACK's thread pool size for the programs loaded after it in this process (the pool is global in
+    ExecuTorch; a program keeps the pool it was loaded with: measured, benchmarks/executorch_speed.py)."""
     with quiet_native():  # (the runtime logs every reset)
         from executorch.extension.pybindings import portable_lib
 
