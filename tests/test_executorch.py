@@ -151,3 +151,14 @@ def test_bench_artifact_times_a_pte(exported):
     res = next(r for r in rep.results if r.backend == "executorch")
     assert rep.artifact["format"] == "pte" and rep.artifact["parity"] == "run"
     assert res.status == "ok" and res.mode == "device" and res.valid and res.latency["p50_ms"] > 0
+
+
+def test_bench_lowers_and_times_executorch_beside_onnx_runtime(tmp_path):
+    from vitedge.exporter.bench import run_bench
+
+    rep = run_bench(SMALL[0], backends="onnxruntime,executorch", imgsz=SMALL[2], overrides=SMALL[1], threads=1,
+                    warmup_s=0.01, min_iters=3, max_s=0.2, tmp_dir=tmp_path)
+    res = {r.backend: r for r in rep.results}
+    assert res["executorch"].status == "ok" and res["executorch"].mode == "device" and res["executorch"].valid
+    assert res["executorch"].precision == "fp32" and res["executorch"].latency["p50_ms"] > 0
+    assert res["onnxruntime"].valid
