@@ -449,6 +449,7 @@ def format_summary(report, report_path: str | None = None) -> str:
         lines += [""] + notes
     if report.artifacts:
         lines.append("")
+        width = max(12, *(len(k) for k in report.artifacts))
         for key, a in report.artifacts.items():
             where = os.path.join(report.out_dir, a.path) if report.out_dir else a.path
             extra = ""
@@ -459,7 +460,7 @@ def format_summary(report, report_path: str | None = None) -> str:
                 extra = (f"  {a.info.get('backend')}: every op delegated" if a.info.get("fully_delegated") else
                          f"  {a.info.get('backend')}: outside the delegate: "
                          f"{', '.join(f'{k} x{v}' for k, v in left.items()) or 'every op (no delegate)'}")
-            lines.append(f"  {key:<12} {a.precision:<5} {_size(a.bytes):>9}  sha256 {a.sha256[:12]}  {where}{extra}")
+            lines.append(f"  {key:<{width}} {a.precision:<5} {_size(a.bytes):>9}  sha256 {a.sha256[:12]}  {where}{extra}")
     unverified = [h.hop for h in report.unverified_hops()]
     lines.append("")
     if report.failed_hops():
@@ -619,21 +620,11 @@ def cmd_package(args) -> int:
                   overrides=_overrides(args), tolerances=args.tol or None, force=args.force, progress=args.progress,
                   calib=args.calib, calib_images=args.calib_images, images=args.images, preprocess=_preprocess(args),
                   **_exporter(args))
-    if args.target == "executorch":
-        if args.ios is not None:
-            from vitedge.errors import VitedgeError
+    from vitedge.exporter.package import package
 
-            raise VitedgeError("--ios applies to --target coreml only; drop it for an ExecuTorch bundle")
-        from vitedge.exporter.package_android import package_executorch
-
-        precision = args.precision or "fp32"
-        res = package_executorch(args.model, args.out, precision=precision, **common)
-        hop_name = "executorch" if precision == "fp32" else f"executorch-{precision}"
-    else:
-        from vitedge.exporter.package import package
-
-        res = package(args.model, args.out, ios=args.ios, precision=args.precision or "fp16", **common)
-        hop_name = "coreml"
+    res = package(args.model, args.out, ios=args.ios, precision=args.precision, target=args.target, **common)
+    hop_name = "coreml" if args.target == "coreml" else (
+        "executorch" if (args.precision or "fp32") == "fp32" else f"executorch-{args.precision}")
     if res.exit_code != 0:
         print(f"FAILED: {res.reason}; no bundle written. The export is kept in {res.export_dir}")
         return res.exit_code

@@ -154,17 +154,30 @@ Integrity: `manifest.json` lists the sha256 of every file in this bundle.
 # ------------------------------------------------------------------------------------------------ package
 
 def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = None, labels: str | Path | None = None,
-            ios: int | str | None = None, imgsz: int | None = None, precision: str = "fp16",
+            ios: int | str | None = None, imgsz: int | None = None, precision: str | None = None,
             samples: int | None = None, overrides: dict | None = None, tolerances=None, force: bool = False,
             seed: int | None = None, progress=None, calib: int | None = None,
             calib_images: str | Path | None = None, images: str | Path | None = None,
-            exporter: str = DEFAULT_EXPORTER, preprocess: dict | None = None) -> PackageResult:
+            exporter: str = DEFAULT_EXPORTER, preprocess: dict | None = None, target: str = "coreml") -> PackageResult:
     """Build BUNDLE.zip at `out`: `vitedge package`. Returns the PackageResult (`path`, `exit_code`, the export
     `report`, the `manifest`). Raises VitedgeError on bad input (nothing written); a failed parity hop gives
     exit_code 1, no zip, and the export folder kept at `out` + '.failed/' for inspection. `ios` None: 16, or what
     the precision needs (w8a8: 17, recorded in the manifest). `labels` (class names in index order) make the model
     a classifier; `images`, `preprocess` and `model_or_name` None are as for `export`. `exporter`: the ONNX
-    exporter of the ladder's hub graph (the CoreML package itself is converted from the deploy-form)."""
+    exporter of the ladder's hub graph (the CoreML package itself is converted from the deploy-form). `target`
+    "executorch": the Android bundle instead (exporter/package_android.py; `precision` fp32, default, or int8)."""
+    if target == "executorch":
+        if ios is not None:
+            raise VitedgeError("--ios applies to --target coreml only; drop it for an ExecuTorch bundle")
+        from .package_android import package_executorch
+
+        return package_executorch(model_or_name, out, checkpoint=checkpoint, labels=labels, imgsz=imgsz,
+                                  precision=precision or "fp32", samples=samples, overrides=overrides,
+                                  tolerances=tolerances, force=force, seed=seed, progress=progress, calib=calib,
+                                  calib_images=calib_images, images=images, exporter=exporter, preprocess=preprocess)
+    if target != "coreml":
+        raise VitedgeError(f"vitedge package --target must be coreml or executorch; got {target!r}")
+    precision = precision or "fp16"
     out = check_bundle_out(out, force)
     ios = parse_ios(ios) if ios is not None else None
     if precision not in ("fp16",) + KINDS:

@@ -162,3 +162,13 @@ def test_bench_lowers_and_times_executorch_beside_onnx_runtime(tmp_path):
     assert res["executorch"].status == "ok" and res["executorch"].mode == "device" and res["executorch"].valid
     assert res["executorch"].precision == "fp32" and res["executorch"].latency["p50_ms"] > 0
     assert res["onnxruntime"].valid
+
+
+def test_package_command_takes_the_target_and_refuses_ios_for_it(tmp_path, capsys):
+    out = tmp_path / "b.zip"
+    code = cli.main(["package", *SMALL_FLAGS, "--target", "executorch", "--ios", "17", "--out", str(out)])
+    assert code == 2 and "--ios applies to --target coreml only" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    code = cli.main(["package", *SMALL_FLAGS, "--target", "executorch", "--samples", "8", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0 and out.is_file() and "executorch hop passed (device" in printed
