@@ -623,15 +623,13 @@ def cmd_package(args) -> int:
     from vitedge.exporter.package import package
 
     res = package(args.model, args.out, ios=args.ios, precision=args.precision, target=args.target, **common)
-    hop_name = "coreml" if args.target == "coreml" else (
-        "executorch" if (args.precision or "fp32") == "fp32" else f"executorch-{args.precision}")
     if res.exit_code != 0:
         print(f"FAILED: {res.reason}; no bundle written. The export is kept in {res.export_dir}")
         return res.exit_code
-    hop = res.report.hop(hop_name)
+    hop = res.report.hop(res.hop)
     demo = " (DEMO: untrained seeded weights)" if res.manifest["weights"] == "untrained" else ""
     m = hop.metrics
-    print(f"{res.manifest['model']} @ {res.manifest['imgsz']}{demo}: {hop_name} hop {hop.status} ({hop.mode}, "
+    print(f"{res.manifest['model']} @ {res.manifest['imgsz']}{demo}: {res.hop} hop {hop.status} ({hop.mode}, "
           f"{hop.samples} samples, cosine {m.cosine:.6f}, PSNR {m.psnr_db:.1f} dB); golden vectors "
           f"{'passed' if res.manifest['golden']['verified']['passed'] else 'FAILED'}")
     print(f"wrote {res.path} ({res.path.stat().st_size / 1e6:.2f} MB, {len(res.manifest['files']) + 1} files)")

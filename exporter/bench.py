@@ -88,7 +88,7 @@ def _target_runner(name: str, deploy: nn.Module, imgsz: int, batch: int, tmp: Pa
     spec = LowerSpec(name="bench", imgsz=imgsz, batch=batch, precision=target.default_precision, out_dir=tmp,
                      onnx_path=onnx_path)
     artifact = target.lower(deploy, spec)
-    runner = target.runner(artifact, **({"threads": threads} if name == "executorch" else {}))
+    runner = target.runner(artifact, **({"threads": threads} if target.threaded else {}))
     runner.precision = artifact.precision  # the precision truth its parity is judged by (runner_precision)
     if runner.mode not in ("device", None):  # (a device runner says "device" once it has predicted)
         runner.close()

@@ -304,7 +304,7 @@ def _target_runner(plan: _Plan, threads: int | None = None) -> Runner:
         raise UnavailableError(why or f"{plan.kind} cannot run here")
     precision = plan.meta.get("precision") or target.default_precision
     runner = target.runner(Artifact(plan.kind, plan.path, precision), mode="device",
-                           **({"threads": threads} if plan.kind == "executorch" else {}))
+                           **({"threads": threads} if target.threaded else {}))
     runner.precision = precision  # its parity's tolerance profile (bench.runner_precision)
     return runner
 

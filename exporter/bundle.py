@@ -41,6 +41,7 @@ class PackageResult:
     manifest: dict | None
     export_dir: Path | None     # kept for inspection when a hop failed
     reason: str | None = None   # why no zip was written (exit_code 1)
+    hop: str | None = None      # the parity hop of the bundled artifact (its report entry: report.hop(hop))
 
 
 def _sha256(data: bytes) -> str:
@@ -109,6 +110,13 @@ def _tree_files(root: Path, prefix: str) -> dict[str, bytes]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def normalize_pixels(pixels_nchw: np.ndarray, mean, std) -> np.ndarray:
+    """8-bit RGB pixels (NCHW) as the model's float32 input: (p / 255 - mean) / std, channel by channel."""
+    m = np.asarray(mean, np.float32).reshape(1, 3, 1, 1)
+    s = np.asarray(std, np.float32).reshape(1, 3, 1, 1)
+    return ((pixels_nchw.astype(np.float32) / 255.0 - m) / s).astype(np.float32)
+
+
 def golden_vectors(model, imgsz: int, mean, std, n: int = GOLDEN_SAMPLES,
                    natural: bool = False, recipe=None) -> tuple[np.ndarray, np.ndarray]:
     """(uint8 NHWC RGB pixels, float32 train-form logits on exactly those pixels). `natural`: views of the shipped
@@ -123,7 +131,7 @@ def golden_vectors(model, imgsz: int, mean, std, n: int = GOLDEN_SAMPLES,
     m = np.asarray(mean, np.float32).reshape(1, 3, 1, 1)
     s = np.asarray(std, np.float32).reshape(1, 3, 1, 1)
     pixels = np.clip(np.round((x * s + m) * 255.0), 0, 255).astype(np.uint8)
-    normalized = ((pixels.astype(np.float32) / 255.0 - m) / s).astype(np.float32)
+    normalized = normalize_pixels(pixels, mean, std)
     with torch.no_grad():  # in float64, rounded once to float32: the same bytes on any thread count
         logits = copy.deepcopy(model).double().eval()(torch.from_numpy(normalized).double()).float().numpy()
     return np.ascontiguousarray(pixels.transpose(0, 2, 3, 1)), logits.astype(np.float32)
@@ -155,13 +163,15 @@ def build_bundle(out: Path, run_export, hop_name: str, assemble) -> PackageResul
             why = f"parity hop {', '.join(h.hop for h in report.failed_hops()) or hop_name} did not pass"
         else:
             try:
-                return assemble(report, work / "export")
+                done = assemble(report, work / "export")
+                done.hop = hop_name
+                return done
             except GoldenMismatch as e:
                 why = str(e)
         failed_dir = out.with_name(out.name + ".failed")
         shutil.rmtree(failed_dir, ignore_errors=True)
         shutil.move(str(work / "export"), failed_dir)
-        return PackageResult(None, 1, report, None, failed_dir, why)
+        return PackageResult(None, 1, report, None, failed_dir, why, hop_name)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -28,6 +28,7 @@ import numpy as np
 from ..errors import VitedgeError
 from ..models.preprocess import Recipe
 from ..models.registry import input_stats, recipe_of
+from ..targets import get_target
 from ..targets.coreml.compress import KINDS
 from ..targets.coreml.options import parse_ios, read_labels
 from ..targets.coreml.runners import EmulatedCoreMLRunner
@@ -166,18 +167,18 @@ def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = N
     a classifier; `images`, `preprocess` and `model_or_name` None are as for `export`. `exporter`: the ONNX
     exporter of the ladder's hub graph (the CoreML package itself is converted from the deploy-form). `target`
     "executorch": the Android bundle instead (exporter/package_android.py; `precision` fp32, default, or int8)."""
+    if target not in ("coreml", "executorch"):
+        raise VitedgeError(f"vitedge package --target must be coreml or executorch; got {target!r}")
+    precision = precision or get_target(target).default_precision
     if target == "executorch":
         if ios is not None:
             raise VitedgeError("--ios applies to --target coreml only; drop it for an ExecuTorch bundle")
         from .package_android import package_executorch
 
         return package_executorch(model_or_name, out, checkpoint=checkpoint, labels=labels, imgsz=imgsz,
-                                  precision=precision or "fp32", samples=samples, overrides=overrides,
+                                  precision=precision, samples=samples, overrides=overrides,
                                   tolerances=tolerances, force=force, seed=seed, progress=progress, calib=calib,
                                   calib_images=calib_images, images=images, exporter=exporter, preprocess=preprocess)
-    if target != "coreml":
-        raise VitedgeError(f"vitedge package --target must be coreml or executorch; got {target!r}")
-    precision = precision or "fp16"
     out = check_bundle_out(out, force)
     ios = parse_ios(ios) if ios is not None else None
     if precision not in ("fp16",) + KINDS:

@@ -24,12 +24,13 @@ import numpy as np
 from ..errors import VitedgeError
 from ..models.preprocess import Recipe
 from ..models.registry import input_stats, recipe_of
+from ..targets import get_target
 from ..targets.executorch.target import ExecuTorchRunner
 from ..targets.labels import read_labels
 from .forms import DEMO_SEED, build_train_form
 from .onnx_choice import DEFAULT_EXPORTER
 from .bundle import (GOLDEN_SEED, GoldenMismatch, PackageResult, _json_bytes, _npy_bytes, build_bundle,
-                     check_bundle_out, finish_bundle, golden_vectors, golden_verdict)
+                     check_bundle_out, finish_bundle, golden_vectors, golden_verdict, normalize_pixels)
 from .parity import DEFAULT_TOLERANCES, profile_for
 from .pipeline import export
 
@@ -45,9 +46,7 @@ def golden_tolerance(precision: str):
 
 def check_golden(pte: Path, pixels_nhwc: np.ndarray, expected: np.ndarray, recipe: Recipe, tolerance) -> dict:
     """Run the golden pixels, normalized by `recipe`, through the `.pte` here; metrics and verdict."""
-    m = np.asarray(recipe.mean, np.float32).reshape(1, 3, 1, 1)
-    s = np.asarray(recipe.std, np.float32).reshape(1, 3, 1, 1)
-    x = ((pixels_nhwc.transpose(0, 3, 1, 2).astype(np.float32) / 255.0 - m) / s).astype(np.float32)
+    x = normalize_pixels(pixels_nhwc.transpose(0, 3, 1, 2), recipe.mean, recipe.std)
     with ExecuTorchRunner(pte) as runner:
         y = runner.run(x)
     return golden_verdict(runner, y, expected, tolerance)
@@ -119,7 +118,7 @@ def package_executorch(model_or_name, out: str | Path, *, checkpoint=None, label
         raise VitedgeError(f"vitedge package --target executorch --precision must be fp32 or int8; got {precision!r}")
     if labels is not None:
         read_labels(labels)
-    hop_name = "executorch" if precision == "fp32" else f"executorch-{precision}"
+    hop_name = get_target("executorch").hop_name(precision)
 
     def run(export_dir: Path):
         return export(model_or_name, "executorch", checkpoint=checkpoint, imgsz=imgsz, precision=precision,

@@ -93,6 +93,7 @@ class Target(ABC):
     qdq_encoding: str | None = None  # int8: which QDQ encoding the pipeline writes for it (targets/graph/qdq.py);
     #                                  None: the target quantizes the deploy-form itself (LowerSpec.calibration)
     localization: str | None = None  # why a failed hop of this target's artifacts is not localized, where it is not
+    threaded: bool = False           # its runner takes `threads` (a CPU runtime's pool), as the bench sets them
 
     def hop_name(self, precision: str | None) -> str:
         """The parity hop this target's artifact of `precision` is reported as."""

@@ -104,7 +104,8 @@ class ExecuTorchRunner(Runner):
             self.method = self.program.load_method("forward")
         meta = self.method.metadata.input_tensor_meta(0)
         self.batch = int(meta.sizes()[0])
-        self.backend = f"executorch {executorch_version()} ({read_metadata(path).get('executorch_backend', '?')})"
+        backend = _program_metadata(self.program).get("executorch_backend", "?")
+        self.backend = f"executorch {executorch_version()} ({backend})"
 
     def run(self, x: np.ndarray) -> np.ndarray:
         out = []
@@ -126,7 +127,11 @@ class ExecuTorchRunner(Runner):
 
 def read_metadata(path: str | Path) -> dict:
     """The vitedge metadata a `.pte` carries ({} for a program without it)."""
-    program = _runtime().load_program(str(path))
+    return _program_metadata(_runtime().load_program(str(path)))
+
+
+def _program_metadata(program) -> dict:
+    """The vitedge metadata of a loaded program ({} without it)."""
     if METADATA_METHOD not in program.method_names:
         return {}
     raw = program.load_method(METADATA_METHOD).execute([])[0]
@@ -142,6 +147,7 @@ class ExecuTorchTarget(Target):
     dynamic_batch = False
     hop_names = {"int8": "executorch-int8"}
     qdq_encoding = None  # int8 is quantized in PT2E from the deploy-form, not from a QDQ graph
+    threaded = True      # runner(threads=N): XNNPACK's pool, sized before the program loads
     localization = ("not localized: a .pte exposes only its outputs; the onnx hop of the same deploy-form "
                     "localizes module by module")
 
