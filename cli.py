@@ -75,17 +75,48 @@ _positive_int = _positive(int, "integer")
 _positive_float = _positive(float, "number")
 
 
-def _add_model_flags(p: argparse.ArgumentParser, required: bool = True) -> None:
-    p.add_argument("--model", required=required,
-                   help="model name (see `vitedge models`)" if required else
+def _add_model_flags(p: argparse.ArgumentParser, required: bool = True, named: bool = False) -> None:
+    p.add_argument("--model", required=required and not named,
+                   help=("model name (see `vitedge models`); optional with a --checkpoint that names its model (a "
+                         "transformers folder or hf-hub: repo with config.json, or timm:NAME)") if named else
+                   "model name (see `vitedge models`)" if required else
                    "model name (default: the one the artifact's or deploy checkpoint's metadata names)")
-    p.add_argument("--checkpoint", help="train-form checkpoint; without it, seeded trained-like demo weights "
-                                        "are used and the report says weights: untrained")
+    p.add_argument("--checkpoint", help="train-form checkpoint: a .pth/.safetensors file (official or timm "
+                                        "layout), a transformers save_pretrained folder or its weight file, "
+                                        "hf-hub:ORG/REPO[:FILE] or timm:NAME; without it, seeded trained-like demo "
+                                        "weights are used and the report says weights: untrained")
     p.add_argument("--set", dest="overrides", action="append", type=_kv, default=[], metavar="KEY=VALUE",
                    help="constructor override, official keyword names (e.g. --set depth=2); repeatable")
     p.add_argument("--imgsz", type=_positive_int, help="input size (default: the model's)")
     p.add_argument("--attn-order", choices=ATTN_ORDERS, default=None,
                    help="SLA/SimA attention order for the export size (default auto: the FLOP rule)")
+
+
+def _three(text: str):
+    from vitedge.errors import VitedgeError
+    from vitedge.models.preprocess import three  # torch-free
+
+    try:
+        return three(text, "R,G,B")
+    except VitedgeError:
+        raise argparse.ArgumentTypeError(f"expected three numbers R,G,B (e.g. 0.5,0.5,0.5), got {text!r}") from None
+
+
+def _add_preprocess_flags(p: argparse.ArgumentParser) -> None:
+    from vitedge.models.preprocess import INTERPOLATIONS  # torch-free
+
+    g = p.add_argument_group("preprocessing", "the model's eval preprocessing (default: its official one, or a "
+                                              "transformers checkpoint's preprocessor_config.json); used for --images, "
+                                              "calibration and the bundle, recorded in report.json and the artifacts")
+    g.add_argument("--crop-pct", type=_positive_float, metavar="F",
+                   help="resize the shorter side to imgsz / F, then centre-crop imgsz (1.0: resize only)")
+    g.add_argument("--interpolation", choices=tuple(INTERPOLATIONS), help="resize filter")
+    g.add_argument("--mean", type=_three, metavar="R,G,B", help="per-channel mean of pixels scaled to [0, 1]")
+    g.add_argument("--std", type=_three, metavar="R,G,B", help="per-channel std of pixels scaled to [0, 1]")
+
+
+def _preprocess(args) -> dict:
+    return {k: getattr(args, k) for k in ("crop_pct", "interpolation", "mean", "std") if getattr(args, k) is not None}
 
 
 def _add_rewrites_flag(p: argparse.ArgumentParser) -> None:
@@ -198,8 +229,8 @@ def add_export(sub) -> None:
     p = sub.add_parser("export", help="re-parameterize, export and check parity at every hop",
                        description="Export a model to ONNX (always: the hub graph) and the requested targets, "
                                    "with the parity ladder; writes OUT/NAME.onnx, other artifacts and OUT/report.json.")
-    _add_model_flags(p)
-    p.add_argument("--target", default="onnx", help="comma list of onnx,coreml,tensorrt (default onnx)")
+    _add_model_flags(p, named=True)
+    p.add_argument("--target", default="onnx", help="comma list of onnx,coreml,tensorrt,executorch (default onnx)")
     p.add_argument("--batch", type=_positive_int, help="static batch size (default 1)")
     p.add_argument("--dynamic-batch", action="store_true", help="dynamic batch axis (onnx, tensorrt)")
     _add_exporter_flag(p, opset=True)
@@ -207,7 +238,7 @@ def add_export(sub) -> None:
                    help="default per target: onnx fp32, coreml fp16, tensorrt fp16; given, it applies to every "
                         "listed target that supports it: onnx fp32|fp16|int8 (OUT/NAME.fp16.onnx, OUT/NAME.int8.onnx), "
                         "coreml fp16|fp32|w8|palette4|palette6|w8a8, tensorrt fp32|fp16|int8 (built from "
-                        "OUT/NAME.int8.tensorrt.onnx)")
+                        "OUT/NAME.int8.tensorrt.onnx), executorch fp32|int8 (OUT/NAME.pte, OUT/NAME.int8.pte)")
     p.add_argument("--calib", type=int, default=None, metavar="N",
                    help="--precision int8 | w8a8: calibration images (default 64), never among the judged ones")
     p.add_argument("--calib-images", metavar="DIR",
@@ -223,6 +254,7 @@ def add_export(sub) -> None:
     p.add_argument("--clean", action="store_true", help="with --force: also delete files vitedge did not write")
     _add_parity_flags(p)
     _add_inputs_flags(p, "; coreml: a classifier")
+    _add_preprocess_flags(p)
     g = p.add_argument_group("coreml")
     g.add_argument("--ios", type=int, choices=IOS_TARGETS, help="minimum deployment target")
     g.add_argument("--input", choices=INPUT_KINDS, help="input type (image: RGB pixels, normalization built in)")
@@ -230,10 +262,16 @@ def add_export(sub) -> None:
     g.add_argument("--max-batch", type=_positive_int, help="largest batch of the dynamic-batch profile")
     g.add_argument("--workspace", type=float, help="builder workspace in GiB")
     g.add_argument("--timing-cache", help="timing cache file (read and updated)")
+    g = p.add_argument_group("executorch")
+    g.add_argument("--executorch-backend", choices=("xnnpack", "portable"),
+                   help="delegate (default xnnpack; portable: ExecuTorch's own kernels, fp32 only)")
+    g.add_argument("--executorch-rewrites", choices=("on", "off"),
+                   help="rewrite ops XNNPACK does not take into ones it does (default on; exact, gated in float64)")
     p.set_defaults(func=cmd_export)
 
 
-TARGET_OPTIONS = ("ios", "input", "max_batch", "workspace", "timing_cache")
+TARGET_OPTIONS = ("ios", "input", "max_batch", "workspace", "timing_cache", "executorch_backend",
+                  "executorch_rewrites")
 
 
 def cmd_export(args) -> int:
@@ -247,7 +285,7 @@ def cmd_export(args) -> int:
                     overrides=_overrides(args), options={k: getattr(args, k) for k in TARGET_OPTIONS},
                     progress=args.progress, rewrites=args.rewrites, require_ane=args.require_ane,
                     images=args.images, labels=args.labels, calib=args.calib, calib_images=args.calib_images,
-                    truth_cache=not args.no_truth_cache, **_exporter(args))
+                    truth_cache=not args.no_truth_cache, preprocess=_preprocess(args), **_exporter(args))
     print(format_summary(report, os.path.join(report.out_dir, "report.json")))
     return report.exit_code
 
@@ -417,12 +455,18 @@ def format_summary(report, report_path: str | None = None) -> str:
         lines += [""] + notes
     if report.artifacts:
         lines.append("")
+        width = max(12, *(len(k) for k in report.artifacts))
         for key, a in report.artifacts.items():
             where = os.path.join(report.out_dir, a.path) if report.out_dir else a.path
             extra = ""
             if a.nodes is not None:
                 extra = f"  {sum(a.nodes.values())} nodes, {norm_nodes(a.nodes)} normalization"
-            lines.append(f"  {key:<12} {a.precision:<5} {_size(a.bytes):>9}  sha256 {a.sha256[:12]}  {where}{extra}")
+            elif "outside_delegate" in (a.info or {}):  # an ExecuTorch program: what its delegate left out
+                left = a.info["outside_delegate"]
+                extra = (f"  {a.info.get('backend')}: every op delegated" if a.info.get("fully_delegated") else
+                         f"  {a.info.get('backend')}: outside the delegate: "
+                         f"{', '.join(f'{k} x{v}' for k, v in left.items()) or 'every op (no delegate)'}")
+            lines.append(f"  {key:<{width}} {a.precision:<5} {_size(a.bytes):>9}  sha256 {a.sha256[:12]}  {where}{extra}")
     unverified = [h.hop for h in report.unverified_hops()]
     lines.append("")
     if report.failed_hops():
@@ -544,18 +588,24 @@ def _parity_not_passed(report) -> list[str]:
 def add_package(sub) -> None:
     from vitedge.targets.coreml.options import DEFAULT_IOS, IOS_TARGETS
 
-    p = sub.add_parser("package", help="app-ready CoreML bundle (.zip): image-input .mlpackage, golden vectors, "
-                                       "manifest, Swift README",
-                       description="Export to CoreML (image input; classifier with --labels), run the parity ladder "
-                                   "and write a deterministic BUNDLE.zip. Exit 1 (nothing written) if a hop fails.")
-    p.add_argument("--model", required=True, help="model name (see `vitedge models`)")
-    p.add_argument("--checkpoint", help="train-form checkpoint; without it the bundle holds seeded demo weights "
-                                        "(untrained, said in the manifest and README)")
+    p = sub.add_parser("package", help="app-ready bundle (.zip): CoreML for iOS (image-input .mlpackage, Swift "
+                                       "README) or ExecuTorch for Android (.pte, Kotlin README); golden vectors, manifest",
+                       description="Export to CoreML (image input; classifier with --labels) or ExecuTorch, run the "
+                                   "parity ladder and write a deterministic BUNDLE.zip. Exit 1 (nothing written) if a "
+                                   "hop fails.")
+    p.add_argument("--target", choices=("coreml", "executorch"), default="coreml",
+                   help="coreml (default: iOS) or executorch (Android, and iOS through ExecuTorch)")
+    p.add_argument("--model", help="model name (see `vitedge models`); optional with a --checkpoint that names its "
+                                   "model (a transformers folder or hf-hub: repo with config.json, or timm:NAME)")
+    p.add_argument("--checkpoint", help="train-form checkpoint (as for export); without it the bundle holds seeded "
+                                        "demo weights (untrained, said in the manifest and README)")
     _add_inputs_flags(p, "; the model becomes a classifier and the bundle holds labels.txt")
+    _add_preprocess_flags(p)
     p.add_argument("--ios", type=int, choices=IOS_TARGETS, default=None,
                    help=f"minimum deployment target (default {DEFAULT_IOS}; 17 with --precision w8a8)")
-    p.add_argument("--precision", choices=("fp16",) + COREML_COMPRESSED, default="fp16",
-                   help="fp16 (default) or a compressed kind: w8, palette4, palette6, w8a8 (iOS 17+)")
+    p.add_argument("--precision", choices=("fp16", "fp32", "int8") + COREML_COMPRESSED, default=None,
+                   help="coreml: fp16 (default) or a compressed kind: w8, palette4, palette6, w8a8 (iOS 17+); "
+                        "executorch: fp32 (default) or int8")
     p.add_argument("--calib", type=int, default=None, metavar="N", help="--precision w8a8: calibration images "
                                                                        "(default 64)")
     p.add_argument("--calib-images", metavar="DIR", help="--precision w8a8: calibrate on images of DIR")
@@ -572,19 +622,20 @@ def add_package(sub) -> None:
 
 
 def cmd_package(args) -> int:
+    common = dict(checkpoint=args.checkpoint, labels=args.labels, imgsz=args.imgsz, samples=args.samples,
+                  overrides=_overrides(args), tolerances=args.tol or None, force=args.force, progress=args.progress,
+                  calib=args.calib, calib_images=args.calib_images, images=args.images, preprocess=_preprocess(args),
+                  **_exporter(args))
     from vitedge.exporter.package import package
 
-    res = package(args.model, args.out, checkpoint=args.checkpoint, labels=args.labels, ios=args.ios,
-                  imgsz=args.imgsz, samples=args.samples, overrides=_overrides(args),
-                  tolerances=args.tol or None, force=args.force, progress=args.progress, precision=args.precision,
-                  calib=args.calib, calib_images=args.calib_images, images=args.images, **_exporter(args))
+    res = package(args.model, args.out, ios=args.ios, precision=args.precision, target=args.target, **common)
     if res.exit_code != 0:
         print(f"FAILED: {res.reason}; no bundle written. The export is kept in {res.export_dir}")
         return res.exit_code
-    hop = res.report.hop("coreml")
+    hop = res.report.hop(res.hop)
     demo = " (DEMO: untrained seeded weights)" if res.manifest["weights"] == "untrained" else ""
     m = hop.metrics
-    print(f"{res.manifest['model']} @ {res.manifest['imgsz']}{demo}: coreml hop {hop.status} ({hop.mode}, "
+    print(f"{res.manifest['model']} @ {res.manifest['imgsz']}{demo}: {res.hop} hop {hop.status} ({hop.mode}, "
           f"{hop.samples} samples, cosine {m.cosine:.6f}, PSNR {m.psnr_db:.1f} dB); golden vectors "
           f"{'passed' if res.manifest['golden']['verified']['passed'] else 'FAILED'}")
     print(f"wrote {res.path} ({res.path.stat().st_size / 1e6:.2f} MB, {len(res.manifest['files']) + 1} files)")

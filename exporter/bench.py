@@ -38,7 +38,7 @@ from .onnx_export import DEFAULT_EXPORTER, check_exporter, check_onnx, export_on
 from .parity import (FLOAT64_TOLERANCES, check_hop, ground_truth, profile_for, tolerances as make_tolerances,
                      with_fp16_reference)
 
-BACKENDS = ("torch", "torch-deploy", "onnxruntime", "coreml", "tensorrt")
+BACKENDS = ("torch", "torch-deploy", "onnxruntime", "coreml", "tensorrt", "executorch")
 DEFAULT_BACKENDS = ("torch", "torch-deploy", "onnxruntime")
 PARITY_SAMPLES = 8
 ORDER_BACKENDS = ("torch-deploy", "onnxruntime")  # where `--order measured` can time both orders
@@ -67,8 +67,9 @@ def _ort_runner(deploy: nn.Module, imgsz: int, batch: int, threads: int, spinnin
 
 
 def _target_runner(name: str, deploy: nn.Module, imgsz: int, batch: int, tmp: Path,
-                   exporter: str = DEFAULT_EXPORTER) -> Runner:
-    """CoreML / TensorRT through their targets; raises UnavailableError with the reason when they cannot run."""
+                   exporter: str = DEFAULT_EXPORTER, threads: int | None = None) -> Runner:
+    """CoreML / TensorRT / ExecuTorch through their targets; raises UnavailableError with the reason when they
+    cannot run. `threads`: ExecuTorch's XNNPACK pool (the bench's --threads, as for ONNX Runtime)."""
     try:
         target = get_target(name)
     except ImportError as e:
@@ -87,7 +88,7 @@ def _target_runner(name: str, deploy: nn.Module, imgsz: int, batch: int, tmp: Pa
     spec = LowerSpec(name="bench", imgsz=imgsz, batch=batch, precision=target.default_precision, out_dir=tmp,
                      onnx_path=onnx_path)
     artifact = target.lower(deploy, spec)
-    runner = target.runner(artifact)
+    runner = target.runner(artifact, **({"threads": threads} if target.threaded else {}))
     runner.precision = artifact.precision  # the precision truth its parity is judged by (runner_precision)
     if runner.mode not in ("device", None):  # (a device runner says "device" once it has predicted)
         runner.close()
@@ -105,8 +106,8 @@ def build_runner(backend: str, train: nn.Module, deploy: nn.Module, imgsz: int, 
         return TorchRunner(deploy, "deploy-form")
     if backend == "onnxruntime":
         return _ort_runner(deploy, imgsz, batch, threads, spinning, exporter)
-    if backend in ("coreml", "tensorrt"):
-        return _target_runner(backend, deploy, imgsz, batch, tmp, exporter)
+    if backend in ("coreml", "tensorrt", "executorch"):
+        return _target_runner(backend, deploy, imgsz, batch, tmp, exporter, threads)
     raise VitedgeError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
 
 

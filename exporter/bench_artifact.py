@@ -42,7 +42,7 @@ from .inputs import parity_inputs
 from .parity import FLOAT64_TOLERANCES, PROFILE_OF, ground_truth, profile_for, tolerances, with_fp16_reference
 from .verify import check_checkpoint, read_artifact, recorded_calibration_ids
 
-KINDS = {"onnx": "onnx", "tensorrt": "engine", "coreml": "mlpackage"}
+KINDS = {"onnx": "onnx", "tensorrt": "engine", "coreml": "mlpackage", "executorch": "pte"}
 DEFAULT_PROVIDERS = ("cpu",)
 _ALIASES = {"directml": "DmlExecutionProvider", "trt": "TensorrtExecutionProvider"}
 _NP = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16, onnx.TensorProto.DOUBLE: np.float64,
@@ -283,7 +283,7 @@ def _backends(plan: _Plan, eps: list[str], batch: int | None, imgsz: int | None,
             if not plan.imgsz:
                 raise VitedgeError(f"{plan.path} does not say its input size; pass --imgsz")
         plan.xb = parity_inputs(batch or 1, plan.imgsz, seed=99).numpy()
-        plan.backends[plan.kind] = lambda: _target_runner(plan)
+        plan.backends[plan.kind] = lambda: _target_runner(plan, threads)
     if plan.train is not None:
         plan.inputs = parity_inputs_for(plan.train, plan.imgsz, PARITY_SAMPLES)
         plan.x = plan.inputs.numpy()
@@ -291,8 +291,9 @@ def _backends(plan: _Plan, eps: list[str], batch: int | None, imgsz: int | None,
             raise VitedgeError(f"{plan.path}'s input {tuple(plan.xb.shape)} does not take {plan.imgsz}px images")
 
 
-def _target_runner(plan: _Plan) -> Runner:
-    """TensorRT or CoreML on the target's own runtime ("device"); UnavailableError where it cannot run here."""
+def _target_runner(plan: _Plan, threads: int | None = None) -> Runner:
+    """TensorRT, CoreML or ExecuTorch on the target's own runtime ("device"); UnavailableError where it cannot run
+    here. `threads`: ExecuTorch's XNNPACK pool (--threads, as for ONNX Runtime)."""
     try:
         target = get_target(plan.kind)
     except ImportError as e:
@@ -302,7 +303,8 @@ def _target_runner(plan: _Plan) -> Runner:
     if not ok:
         raise UnavailableError(why or f"{plan.kind} cannot run here")
     precision = plan.meta.get("precision") or target.default_precision
-    runner = target.runner(Artifact(plan.kind, plan.path, precision), mode="device")
+    runner = target.runner(Artifact(plan.kind, plan.path, precision), mode="device",
+                           **({"threads": threads} if target.threaded else {}))
     runner.precision = precision  # its parity's tolerance profile (bench.runner_precision)
     return runner
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import VitedgeError
+from ..models.preprocess import Recipe
 from ..targets.calibration import Calibration
 from . import images
 from .inputs import natural_view
@@ -78,14 +79,14 @@ def _photo_of(sample_name: str) -> str | None:
     return sample_name.split(":", 1)[1].split("/", 1)[0]
 
 
-def natural_calibration(n: int, imgsz: int, mean, std) -> Calibration:
+def natural_calibration(n: int, imgsz: int, mean, std, recipe: Recipe | None = None) -> Calibration:
     """`n` views of the calibration photos (see the module doc)."""
     photos = calibration_photos()
     perm = np.arange(len(photos))
     x = np.empty((n, 3, imgsz, imgsz), np.float32)
     ids = []
     for k in range(n):
-        view, name = natural_view(k, photos, perm, imgsz, CALIB_SEED, mean, std)
+        view, name = natural_view(k, photos, perm, imgsz, CALIB_SEED, mean, std, recipe)
         x[k] = view
         ids.append(name)
     note = (f"{n} views of the shipped photos {', '.join(photos)} (one in {CALIBRATION_PHOTO_EVERY} in sorted order; eval "
@@ -93,10 +94,10 @@ def natural_calibration(n: int, imgsz: int, mean, std) -> Calibration:
     return Calibration(x, tuple(ids), "natural", note, {"photos": list(photos)})
 
 
-def _load(paths, imgsz: int, mean, std) -> np.ndarray:
+def _load(paths, imgsz: int, mean, std, recipe: Recipe | None = None) -> np.ndarray:
     x = np.empty((len(paths), 3, imgsz, imgsz), np.float32)
     for i, p in enumerate(paths):
-        x[i] = images.eval_transform(images.load_image(p), imgsz, mean, std)
+        x[i] = images.eval_transform(images.load_image(p), imgsz, mean, std, recipe=recipe)
     return x
 
 
@@ -121,13 +122,13 @@ def user_name(root: Path, path: Path) -> str:
 
 
 def images_calibration(folder: str | Path, n: int, imgsz: int, mean, std,
-                       labels_file: str | Path | None = None) -> Calibration:
+                       labels_file: str | Path | None = None, recipe: Recipe | None = None) -> Calibration:
     root = images.scan_folder(folder, labels_file).root
     calib, rest = split_images(folder, n, labels_file)
     ids = tuple(user_name(root, p) for p in calib)
     note = (f"{len(calib)} of the {len(calib) + len(rest)} --images ({root}) calibrate: ordered by sha256 of the "
             f"relative path, the first min(--calib {n}, half); the other {len(rest)} are judged")
-    return Calibration(_load(calib, imgsz, mean, std), ids, "images", note, {"images": list(ids)})
+    return Calibration(_load(calib, imgsz, mean, std, recipe), ids, "images", note, {"images": list(ids)})
 
 
 def _digest(path: Path) -> str:
@@ -155,7 +156,7 @@ def check_disjoint(chosen: list[Path], evaluated: list[Path] | None) -> None:
 
 
 def folder_calibration(folder: str | Path, n: int, imgsz: int, mean, std,
-                       evaluated: list[Path] | None = None) -> Calibration:
+                       evaluated: list[Path] | None = None, recipe: Recipe | None = None) -> Calibration:
     """`n` images of --calib-images `folder` (spread over its sorted order; all when it holds fewer). An image
     whose bytes equal one of `evaluated` (--images) or a shipped photo is a VitedgeError."""
     found, chosen = _chosen(folder, n)
@@ -163,18 +164,19 @@ def folder_calibration(folder: str | Path, n: int, imgsz: int, mean, std,
     check_disjoint(chosen, evaluated)
     ids = tuple(f"calib:{p.relative_to(found.root)}" for p in chosen)
     note = f"{len(chosen)} of the {len(paths)} --calib-images ({found.root}), spread over its sorted order"
-    return Calibration(_load(chosen, imgsz, mean, std), ids, "calib-images", note, {})
+    return Calibration(_load(chosen, imgsz, mean, std, recipe), ids, "calib-images", note, {})
 
 
 def calibration_set(n: int, imgsz: int, mean, std, images_dir: str | Path | None = None,
-                    calib_images: str | Path | None = None, labels_file: str | Path | None = None) -> Calibration:
-    """The run's calibration set (see the module doc)."""
+                    calib_images: str | Path | None = None, labels_file: str | Path | None = None,
+                    recipe: Recipe | None = None) -> Calibration:
+    """The run's calibration set (see the module doc), preprocessed by `recipe` (the model's eval preprocessing)."""
     if calib_images is not None:
         evaluated = list(images.scan_folder(images_dir, labels_file).paths) if images_dir is not None else None
-        return folder_calibration(calib_images, n, imgsz, mean, std, evaluated)
+        return folder_calibration(calib_images, n, imgsz, mean, std, evaluated, recipe)
     if images_dir is not None:
-        return images_calibration(images_dir, n, imgsz, mean, std, labels_file)
-    return natural_calibration(n, imgsz, mean, std)
+        return images_calibration(images_dir, n, imgsz, mean, std, labels_file, recipe)
+    return natural_calibration(n, imgsz, mean, std, recipe)
 
 
 def evaluation_indices(names: tuple[str, ...], sets: tuple[str, ...], used_ids=()) -> np.ndarray:

@@ -161,12 +161,16 @@ def compressed_hop(hop_name: str, target: Target, artifact: Artifact, tol: Toler
         judge_weights(hop, deploy, artifact.path, artifact.precision)
     if hop.status == "failed":
         with progress.step(f"localizing the {hop_name} divergence"):
-            localize(hop, artifact, deploy, judged.x[:LOCALIZE_SAMPLES])
+            localize(hop, artifact, deploy, judged.x[:LOCALIZE_SAMPLES], target.localization)
     return hop
 
 
-def localize(hop: Hop, artifact: Artifact, deploy: nn.Module, x: np.ndarray) -> None:
-    """Name the first diverging module of a failed compressed hop in `hop` (see the module doc)."""
+OUTPUTS_ONLY = "not localized: only the artifact's outputs are read here"
+
+
+def localize(hop: Hop, artifact: Artifact, deploy: nn.Module, x: np.ndarray, why_not: str | None = None) -> None:
+    """Name the first diverging module of a failed compressed hop in `hop` (see the module doc); for an artifact
+    read only by its outputs, say so (`why_not`: the target's own words, Target.localization)."""
     path = Path(artifact.path)
     try:
         if path.suffix == ".onnx":
@@ -176,6 +180,7 @@ def localize(hop: Hop, artifact: Artifact, deploy: nn.Module, x: np.ndarray) -> 
             div = localize_package(deploy, path, x, hop.tolerance)
             how = "the package's decompressed weights in the deploy-form, per module"
         else:
+            hop.reason = f"{hop.reason}; {why_not or OUTPUTS_ONLY}"
             return
     except Exception as e:  # a diagnosis aid: never mask the hop's own failure
         hop.reason = f"{hop.reason}; localization failed ({type(e).__name__}: {e})"

@@ -135,7 +135,7 @@ class GroundTruth:
     @property
     def noise(self) -> np.ndarray:
         """Per-sample intrinsic float32 noise: max|y32 - y64| / max|y64|, the envelope over the float32 computations
-        run (the default path and, where computed, a second layout: NOISE_LAYOUTS)."""
+        run (the default layout and, where computed, channels-last: y32_alt)."""
         noise = sample_errors(self.y64, self.y32)
         return noise if self.y32_alt is None else np.maximum(noise, sample_errors(self.y64, self.y32_alt))
 

@@ -21,7 +21,7 @@ import onnx
 import torch
 import torch.nn as nn
 
-from ..models.registry import input_stats
+from ..models.registry import recipe_of
 from ..targets.base import Artifact, Runner, Target, UnavailableError, sha256_file, size_bytes
 from ..targets.labels import read_labels
 from ..targets.ort import OnnxRuntimeRunner
@@ -52,14 +52,14 @@ RAW_SUBSET = ("the onnx-simplified hop runs this graph, simplified, on every inp
 
 def parity_inputs_for(model: nn.Module, imgsz: int, samples: int, images: str | Path | None = None,
                       labels: str | Path | None = None) -> ParitySet:
-    """The run's parity set, normalized with `model`'s mean/std: the default set (`samples` natural and stress
+    """The run's parity set, preprocessed by `model`'s recipe (models.registry.recipe_of): the default set (`samples` natural and stress
     inputs interleaved 3:1), or with `images` every image of that folder followed by a small stress set (labels
     from an ImageFolder layout, class index by `labels`' lines, else sorted folder order). Bad images or folders
     raise VitedgeError naming the file."""
-    mean, std = input_stats(model)
+    recipe = recipe_of(model)
     if images is not None:
-        return parity_inputs.user_set(images, imgsz, mean, std, labels_file=labels, seed=PARITY_SEED)
-    return parity_inputs.parity_set(samples, imgsz, PARITY_SEED, mean, std)
+        return parity_inputs.user_set(images, imgsz, labels_file=labels, seed=PARITY_SEED, recipe=recipe)
+    return parity_inputs.parity_set(samples, imgsz, PARITY_SEED, recipe=recipe)
 
 
 def check_images(images: str | Path | None, labels: str | Path | None = None) -> None:
@@ -258,6 +258,8 @@ class Ladder:
                 judge_weights(hop, self.deploy, artifact.path, artifact.precision)
         if Path(artifact.path).suffix == ".onnx" and hop.status in ("passed", "failed"):
             self.check_onnx(hop, onnx.load(str(artifact.path)))
+        elif hop.status == "failed" and target.localization:
+            hop.reason = f"{hop.reason}; {target.localization}"
         return hop
 
     def localize_samples(self, hop: Hop) -> np.ndarray:

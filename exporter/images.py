@@ -1,8 +1,9 @@
 """Real images: the photos shipped with vitedge, a user's image folder, and the eval transform.
 
-The eval transform is the one the models were validated with (timm / torchvision style): resize the shorter side
-to floor(imgsz / crop_pct) with bicubic interpolation, centre-crop imgsz x imgsz, scale to [0, 1], normalize with
-the model's mean/std. Computed in float64 from the uint8 pixels Pillow produces.
+The eval transform is the model's own (its recipe, models/preprocess.py: the official evaluation's, a transformers
+folder's preprocessor_config.json, or the user's --crop-pct / --interpolation / --mean / --std): resize the
+shorter side to floor(imgsz / crop_pct) (or both sides, "squash"), centre-crop imgsz x imgsz, scale to [0, 1],
+normalize with the recipe's mean/std. Computed in float64 from the uint8 pixels Pillow produces.
 
 A user folder is either flat (image files) or in ImageFolder layout (DIR/<class>/<image>), which also gives
 labels: the class index is the class name's line in a labels file when one is given (one name per line, in
@@ -10,7 +11,6 @@ index order), else the position of the folder in sorted order, as torchvision's 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import VitedgeError
+from ..models.preprocess import INTERPOLATIONS, Recipe
 from ..targets.labels import read_labels
 
 PHOTOS_DIR = Path(__file__).resolve().parent / "photos"
@@ -55,26 +56,36 @@ def load_image(path: str | Path):
         raise VitedgeError(f"cannot read image {path}: {type(e).__name__}: {e}; remove or replace the file") from None
 
 
-def eval_transform(img, imgsz: int, mean, std, crop_pct: float = CROP_PCT) -> np.ndarray:
-    """(3, imgsz, imgsz) float64: shorter side resized to floor(imgsz / crop_pct) (bicubic), centre crop,
-    normalized with mean/std."""
+def eval_transform(img, imgsz: int, mean, std, crop_pct: float = CROP_PCT, recipe: Recipe | None = None) -> np.ndarray:
+    """(3, imgsz, imgsz) float64 by `recipe` (models/preprocess.py; its mean/std replace `mean`/`std`), else
+    the shorter side resized to floor(imgsz / crop_pct) (bicubic), centre crop, normalized with mean/std."""
+    r = recipe or Recipe(mean, std, crop_pct)
     Image, _ = _pil()
     w, h = img.size
-    size = int(math.floor(imgsz / crop_pct))
-    if w <= h:  # torchvision Resize(int): the shorter side becomes `size`, the other keeps the aspect ratio
+    size = r.resize_to(imgsz)
+    if r.crop_mode == "squash":  # both sides to `size`, the aspect ratio not kept
+        nw = nh = size
+    elif w <= h:  # torchvision Resize(int): the shorter side becomes `size`, the other keeps the aspect ratio
         nw, nh = size, int(size * h / w)
     else:
         nw, nh = int(size * w / h), size
-    img = img.resize((nw, nh), Image.Resampling.BICUBIC)
+    img = img.resize((nw, nh), resampling(r.interpolation))
     top, left = int(round((nh - imgsz) / 2.0)), int(round((nw - imgsz) / 2.0))
-    return normalize(np.asarray(img.crop((left, top, left + imgsz, top + imgsz))), mean, std)
+    return normalize(np.asarray(img.crop((left, top, left + imgsz, top + imgsz))), r.mean, r.std)
 
 
-def crop_transform(img, box: tuple[float, float, float, float], imgsz: int, flip: bool, mean, std) -> np.ndarray:
-    """(3, imgsz, imgsz) float64: the `box` (left, top, right, bottom) region resized to imgsz (bicubic),
+def resampling(name: str):
+    """Pillow's resampling filter called `name` (models/preprocess.INTERPOLATIONS)."""
+    Image, _ = _pil()
+    return Image.Resampling(INTERPOLATIONS[name])
+
+
+def crop_transform(img, box: tuple[float, float, float, float], imgsz: int, flip: bool, mean, std,
+                   interpolation: str = "bicubic") -> np.ndarray:
+    """(3, imgsz, imgsz) float64: the `box` (left, top, right, bottom) region resized to imgsz (`interpolation`),
     mirrored left-right if `flip`, normalized."""
     Image, _ = _pil()
-    out = img.resize((imgsz, imgsz), Image.Resampling.BICUBIC, box=box)
+    out = img.resize((imgsz, imgsz), resampling(interpolation), box=box)
     if flip:
         out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     return normalize(np.asarray(out), mean, std)

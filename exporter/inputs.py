@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..models.registry import IMAGENET_MEAN, IMAGENET_STD
+from ..models.preprocess import IMAGENET_MEAN, IMAGENET_STD, Recipe
 from ..models.synthetic import synthetic_batch  # the pattern makers (shared with trained-like calibration)
 from . import images
 
@@ -55,13 +55,16 @@ def stress_names(n: int) -> tuple[str, ...]:
     return tuple(f"stress:{CATEGORIES[i % len(CATEGORIES)]}" for i in range(n))
 
 
-def natural_view(k: int, photos: tuple[str, ...], perm: np.ndarray, imgsz: int, seed: int, mean, std):
-    """The k-th natural sample: (float64 (3, imgsz, imgsz), name)."""
+def natural_view(k: int, photos: tuple[str, ...], perm: np.ndarray, imgsz: int, seed: int, mean, std,
+                 recipe: Recipe | None = None):
+    """The k-th natural sample: (float64 (3, imgsz, imgsz), name). `recipe`: the model's eval preprocessing
+    (models/preprocess.py; its mean/std replace `mean`/`std`)."""
+    recipe = recipe or Recipe(mean, std)
     name = photos[perm[k % len(photos)]]
     rnd = k // len(photos)
     img = images.photo(name)
     if rnd == 0:
-        return images.eval_transform(img, imgsz, mean, std), f"natural:{name}"
+        return images.eval_transform(img, imgsz, mean, std, recipe=recipe), f"natural:{name}"
     rng = np.random.Generator(np.random.PCG64([seed, k]))  # per-sample stream: the set is prefix-stable
     w, h = img.size
     area = rng.uniform(0.3, 1.0) * w * h
@@ -69,12 +72,14 @@ def natural_view(k: int, photos: tuple[str, ...], perm: np.ndarray, imgsz: int, 
     cw, ch = min(w, math.sqrt(area * aspect)), min(h, math.sqrt(area / aspect))
     left, top = rng.uniform(0, w - cw), rng.uniform(0, h - ch)
     flip = rnd % 2 == 1
-    x = images.crop_transform(img, (left, top, left + cw, top + ch), imgsz, flip, mean, std)
+    x = images.crop_transform(img, (left, top, left + cw, top + ch), imgsz, flip, recipe.mean, recipe.std,
+                              recipe.interpolation)
     return x, f"natural:{name}/crop{rnd}{'/flip' if flip else ''}"
 
 
 def natural_inputs(n: int, imgsz: int = 224, seed: int = 0, mean=IMAGENET_MEAN, std=IMAGENET_STD,
-                   dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, tuple[str, ...]]:
+                   dtype: torch.dtype = torch.float32,
+                   recipe: Recipe | None = None) -> tuple[torch.Tensor, tuple[str, ...]]:
     """`n` natural samples from the shipped photos (see the module doc) and their names."""
     if n < 0:
         raise ValueError("n must be >= 0")
@@ -83,7 +88,7 @@ def natural_inputs(n: int, imgsz: int = 224, seed: int = 0, mean=IMAGENET_MEAN, 
     out = torch.empty(n, 3, imgsz, imgsz, dtype=torch.float64)
     names = []
     for k in range(n):
-        x, name = natural_view(k, photos, perm, imgsz, seed, mean, std)
+        x, name = natural_view(k, photos, perm, imgsz, seed, mean, std, recipe)
         out[k] = torch.from_numpy(x)
         names.append(name)
     return out.to(dtype), tuple(names)
@@ -117,14 +122,17 @@ class ParitySet:
 
 
 def parity_set(n: int = DEFAULT_SAMPLES, imgsz: int = 224, seed: int = 0, mean=IMAGENET_MEAN, std=IMAGENET_STD,
-               dtype: torch.dtype = torch.float32) -> ParitySet:
+               dtype: torch.dtype = torch.float32, recipe: Recipe | None = None) -> ParitySet:
     """The default parity set: `n` samples, natural and stress interleaved 3 : 1 (sample i is a stress sample
-    iff i % 4 == 3), deterministic in (n, imgsz, seed) and prefix-stable."""
+    iff i % 4 == 3), deterministic in (n, imgsz, seed) and prefix-stable. `recipe`: the eval preprocessing of the
+    natural samples (its mean/std normalize every sample)."""
     if n <= 0:
         raise ValueError("need at least one parity sample")
+    if recipe is not None:
+        mean, std = recipe.mean, recipe.std
     is_stress = [i % STRESS_EVERY == STRESS_EVERY - 1 for i in range(n)]
     n_stress = sum(is_stress)
-    nat, nat_names = natural_inputs(n - n_stress, imgsz, seed, mean, std, dtype)
+    nat, nat_names = natural_inputs(n - n_stress, imgsz, seed, mean, std, dtype, recipe)
     st = parity_inputs(n_stress, imgsz, seed, mean, std, dtype) if n_stress else nat[:0]
     st_names = stress_names(n_stress)
     x = torch.empty(n, 3, imgsz, imgsz, dtype=dtype)
@@ -145,16 +153,18 @@ def parity_set(n: int = DEFAULT_SAMPLES, imgsz: int = 224, seed: int = 0, mean=I
 
 def user_set(folder: str | Path, imgsz: int = 224, mean=IMAGENET_MEAN, std=IMAGENET_STD,
              labels_file: str | Path | None = None, stress: int = USER_STRESS, seed: int = 0,
-             dtype: torch.dtype = torch.float32) -> ParitySet:
+             dtype: torch.dtype = torch.float32, recipe: Recipe | None = None) -> ParitySet:
     """Every image of `folder` (exporter/images.py: flat or ImageFolder layout), eval-transformed, in sorted
     order, followed by `stress` (>= USER_STRESS) stress samples. Labels (ImageFolder layout) are -1 on the
     stress samples. Unreadable or empty files raise VitedgeError naming the file."""
     stress = max(stress, USER_STRESS)
+    if recipe is not None:
+        mean, std = recipe.mean, recipe.std
     found = images.scan_folder(folder, labels_file)
     n_user = len(found.paths)
     x = torch.empty(n_user + stress, 3, imgsz, imgsz, dtype=dtype)
     for i, p in enumerate(found.paths):
-        x[i] = torch.from_numpy(images.eval_transform(images.load_image(p), imgsz, mean, std)).to(dtype)
+        x[i] = torch.from_numpy(images.eval_transform(images.load_image(p), imgsz, mean, std, recipe=recipe)).to(dtype)
     x[n_user:] = parity_inputs(stress, imgsz, seed, mean, std, dtype)
     names = tuple(f"user:{p.relative_to(found.root)}" for p in found.paths) + stress_names(stress)
     labels = None if found.labels is None else found.labels + (-1,) * stress

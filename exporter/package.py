@@ -21,102 +21,29 @@ wall-clock or temporary paths in any file, the .mlpackage's Manifest.json identi
 """
 from __future__ import annotations
 
-import copy
-import hashlib
-import io
-import json
-import shutil
-import tempfile
-import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from ..errors import VitedgeError
-from ..models.registry import get_spec, input_stats
+from ..models.preprocess import Recipe
+from ..models.registry import input_stats, recipe_of
+from ..targets import get_target
 from ..targets.coreml.compress import KINDS
 from ..targets.coreml.options import parse_ios, read_labels
 from ..targets.coreml.runners import EmulatedCoreMLRunner
-from . import outdir
-from .calibrate import calibration_photos
-from .compressed import resolution_bounds
+from .bundle import (GOLDEN_SAMPLES, GOLDEN_SEED, METRIC_DIGITS, ZIP_DATE, GoldenMismatch, PackageResult,  # noqa: F401
+                     _json_bytes, _npy_bytes, _tree_files, build_bundle, check_bundle_out, finish_bundle,
+                     golden_vectors, golden_verdict, write_deterministic_zip)
 from .forms import DEMO_SEED, build_train_form
-from .inputs import natural_inputs, parity_inputs
 from .onnx_choice import DEFAULT_EXPORTER
-from .parity import compute_metrics, profile_for, tolerances as make_tolerances
+from .parity import profile_for, tolerances as make_tolerances
 from .pipeline import export
 
 BUNDLE_FORMAT = "vitedge-coreml-bundle/1"
-GOLDEN_SAMPLES = 8          # golden vectors per bundle
-GOLDEN_SEED = 1             # their parity-input seed (the ladder uses seed 0)
-ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # the earliest date a zip can carry: no wall clock in the bytes
-METRIC_DIGITS = 6           # significant digits of metrics in manifest.json (thread-order noise stays out)
-
-
-class GoldenMismatch(RuntimeError):
-    """The package passed its parity hop but not its own golden vectors: a failed check (exit 1), no zip."""
-
-
-@dataclass
-class PackageResult:
-    path: Path | None           # the zip, or None when a parity hop failed
-    exit_code: int              # 0 written, 1 a hop failed (nothing written)
-    report: object              # the export Report
-    manifest: dict | None
-    export_dir: Path | None     # kept for inspection when a hop failed
-    reason: str | None = None   # why no zip was written (exit_code 1)
 
 
 # ------------------------------------------------------------------------------------------------ small helpers
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _round(v):
-    if isinstance(v, float):
-        return float(f"{v:.{METRIC_DIGITS}g}")
-    if isinstance(v, dict):
-        return {k: _round(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_round(x) for x in v]
-    return v
-
-
-def _npy_bytes(a: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, a, allow_pickle=False)
-    return buf.getvalue()
-
-
-def _json_bytes(d: dict) -> bytes:
-    return (json.dumps(d, indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
-
-
-def _hop_entry(hop) -> dict:
-    """A report hop without wall time (it would change the bytes on every run)."""
-    d = {"hop": hop.hop, "backend": hop.backend, "status": hop.status, "mode": hop.mode, "reason": hop.reason,
-         "samples": hop.samples}
-    if hop.metrics is not None:
-        d["metrics"] = _round({k: v for k, v in vars(hop.metrics).items()})
-    if hop.tolerance is not None:
-        d["tolerance"] = {k: v for k, v in vars(hop.tolerance).items() if v is not None}
-    if hop.sets:  # per input set, against the float64 ground truth
-        d["sets"] = {k: _round({f: v.get(f) for f in ("samples", "noise_ratio", "reference_noise", "top1_accuracy",
-                                                       "top5_accuracy")}) for k, v in hop.sets.items()}
-    return d
-
-
-def _portable_reference(reference: dict | None) -> dict | None:
-    """report.json's `reference` without what belongs to this machine and run: whether the float64 ground truth was
-    computed or read from the disk cache, and where that cache lies. A repeat must be byte-identical (the first
-    run stores the truth, the repeat reads it) and a bundle must not carry a local path; the cache key (a digest
-    of what the truth depends on) stays."""
-    if not reference or not isinstance(reference.get("cache"), dict):
-        return reference
-    return {**reference, "cache": {k: v for k, v in reference["cache"].items() if k not in ("status", "path")}}
 
 
 def _compression_entry(info: dict | None) -> dict | None:
@@ -130,56 +57,14 @@ def _compression_entry(info: dict | None) -> dict | None:
             "lut_group_sizes": info.get("lut_group_sizes")}
 
 
-def write_deterministic_zip(files: dict[str, bytes], path: Path) -> None:
-    """`files`: archive name -> bytes. Sorted, fixed date/permissions, deflate level 9."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with zipfile.ZipFile(tmp, "w") as zf:
-        for name in sorted(files):
-            info = zipfile.ZipInfo(name, date_time=ZIP_DATE)
-            info.compress_type = zipfile.ZIP_DEFLATED
-            info.external_attr = 0o644 << 16
-            info.create_system = 3  # unix, whatever the host
-            zf.writestr(info, files[name], compresslevel=9)
-    tmp.replace(path)
-
-
-def _tree_files(root: Path, prefix: str) -> dict[str, bytes]:
-    return {f"{prefix}/{p.relative_to(root).as_posix()}": p.read_bytes()
-            for p in sorted(root.rglob("*")) if p.is_file()}
-
-
 # ------------------------------------------------------------------------------------------------ golden vectors
-
-def golden_vectors(model, imgsz: int, mean, std, n: int = GOLDEN_SAMPLES,
-                   natural: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """(uint8 NHWC RGB pixels, float32 train-form logits on exactly those pixels). `natural`: views of the shipped
-    photos that never calibrate (compressed bundles: quantization is judged on natural images), else the
-    structured stress images."""
-    if natural:
-        x, names = natural_inputs(4 * n, imgsz, GOLDEN_SEED, mean, std)
-        keep = [i for i, nm in enumerate(names) if nm.split(":", 1)[1].split("/")[0] not in calibration_photos()]
-        x = x.numpy()[keep[:n]]
-    else:
-        x = parity_inputs(n, imgsz, seed=GOLDEN_SEED, mean=mean, std=std).numpy()
-    m = np.asarray(mean, np.float32).reshape(1, 3, 1, 1)
-    s = np.asarray(std, np.float32).reshape(1, 3, 1, 1)
-    pixels = np.clip(np.round((x * s + m) * 255.0), 0, 255).astype(np.uint8)
-    normalized = ((pixels.astype(np.float32) / 255.0 - m) / s).astype(np.float32)
-    with torch.no_grad():  # in float64, rounded once to float32: the same bytes on any thread count
-        logits = copy.deepcopy(model).double().eval()(torch.from_numpy(normalized).double()).float().numpy()
-    return np.ascontiguousarray(pixels.transpose(0, 2, 3, 1)), logits.astype(np.float32)
 
 
 def check_golden(mlpackage: Path, pixels_nhwc: np.ndarray, expected: np.ndarray, tolerance) -> dict:
     """Run the golden pixels through the emulated CoreML hop; metrics and verdict against `tolerance`."""
     with EmulatedCoreMLRunner(mlpackage, max_samples=None) as runner:
         y = runner.run_raw(pixels_nhwc.transpose(0, 3, 1, 2).astype(np.float32))
-    metrics = compute_metrics(expected, y)
-    problems = resolution_bounds(tolerance, len(y), 0).violations(metrics)
-    if not np.isfinite(y).all():
-        problems.insert(0, "non-finite outputs")
-    return {"mode": runner.mode, "backend": runner.backend, "passed": not problems, "problems": problems,
-            "metrics": _round(vars(metrics)), "samples": int(len(y))}
+    return golden_verdict(runner, y, expected, tolerance)
 
 
 # ------------------------------------------------------------------------------------------------ README
@@ -223,8 +108,8 @@ try VNImageRequestHandler(cgImage: cgImage).perform([request])
 `{name}.mlpackage` is an ML Program converted by vitedge from the re-parameterized deploy-form of `{name}` and
 checked against the original PyTorch model (see `manifest.json` -> `parity`).
 
-- **Input** `image`: an RGB image of {imgsz}x{imgsz} pixels, values 0-255. ImageNet mean/std normalization happens
-  inside the model; pass the pixels as they are.
+- **Input** `image`: RGB pixels 0-255, made as at evaluation: {Recipe.from_dict(golden["preprocess"]).describe(imgsz)}.
+  Normalization (mean {golden["preprocess"]["mean"]}, std {golden["preprocess"]["std"]}) is inside the model.
 - **Outputs**: `logits` (float32, 1 x classes){', `classLabel` (String) and `classLabel_probs` ([String: Double])' if classifier else ''}.
 - Static shape, fp16 compute with fp32 islands for normalizations (`manifest.json` -> `precision_policy`), so the
   Neural Engine can run it.{_compression_line(precision)}
@@ -270,25 +155,31 @@ Integrity: `manifest.json` lists the sha256 of every file in this bundle.
 # ------------------------------------------------------------------------------------------------ package
 
 def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = None, labels: str | Path | None = None,
-            ios: int | str | None = None, imgsz: int | None = None, precision: str = "fp16",
+            ios: int | str | None = None, imgsz: int | None = None, precision: str | None = None,
             samples: int | None = None, overrides: dict | None = None, tolerances=None, force: bool = False,
             seed: int | None = None, progress=None, calib: int | None = None,
             calib_images: str | Path | None = None, images: str | Path | None = None,
-            exporter: str = DEFAULT_EXPORTER) -> PackageResult:
+            exporter: str = DEFAULT_EXPORTER, preprocess: dict | None = None, target: str = "coreml") -> PackageResult:
     """Build BUNDLE.zip at `out`: `vitedge package`. Returns the PackageResult (`path`, `exit_code`, the export
     `report`, the `manifest`). Raises VitedgeError on bad input (nothing written); a failed parity hop gives
     exit_code 1, no zip, and the export folder kept at `out` + '.failed/' for inspection. `ios` None: 16, or what
     the precision needs (w8a8: 17, recorded in the manifest). `labels` (class names in index order) make the model
-    a classifier; `images` is the parity set of the export's ladder (as for `export`). `exporter`: the ONNX
-    exporter of the ladder's hub graph (the CoreML package itself is converted from the deploy-form)."""
-    out = Path(out)
-    if out.suffix != ".zip":
-        raise VitedgeError(f"--out must name a .zip file; got {out}")
-    if out.exists() and not force:
-        raise VitedgeError(f"{out} exists; pass --force to replace it or choose another --out")
-    if out.is_dir():
-        raise VitedgeError(f"--out {out} is a folder; give a .zip file path")
-    outdir.check_parent(out)
+    a classifier; `images`, `preprocess` and `model_or_name` None are as for `export`. `exporter`: the ONNX
+    exporter of the ladder's hub graph (the CoreML package itself is converted from the deploy-form). `target`
+    "executorch": the Android bundle instead (exporter/package_android.py; `precision` fp32, default, or int8)."""
+    if target not in ("coreml", "executorch"):
+        raise VitedgeError(f"vitedge package --target must be coreml or executorch; got {target!r}")
+    precision = precision or get_target(target).default_precision
+    if target == "executorch":
+        if ios is not None:
+            raise VitedgeError("--ios applies to --target coreml only; drop it for an ExecuTorch bundle")
+        from .package_android import package_executorch
+
+        return package_executorch(model_or_name, out, checkpoint=checkpoint, labels=labels, imgsz=imgsz,
+                                  precision=precision, samples=samples, overrides=overrides,
+                                  tolerances=tolerances, force=force, seed=seed, progress=progress, calib=calib,
+                                  calib_images=calib_images, images=images, exporter=exporter, preprocess=preprocess)
+    out = check_bundle_out(out, force)
     ios = parse_ios(ios) if ios is not None else None
     if precision not in ("fp16",) + KINDS:
         raise VitedgeError(f"vitedge package --precision must be one of fp16, {', '.join(KINDS)}; got {precision!r}")
@@ -296,52 +187,36 @@ def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = N
         read_labels(labels)  # the file's problems before any work (its count is checked against the model later)
     tol = make_tolerances(tolerances)[profile_for(precision)]
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.stem}.pkg-", dir=out.parent))
-    try:
-        report = export(model_or_name, "coreml", checkpoint=checkpoint, imgsz=imgsz, precision=precision,
-                        out=work / "export", samples=samples, tolerances=tolerances,
-                        overrides=overrides, seed=DEMO_SEED if seed is None else seed, progress=progress,
-                        options={"input": "image", "ios": ios}, labels=labels, images=images,
-                        calib=calib, calib_images=calib_images, exporter=exporter)
-        hop = report.hop("coreml")
-        why = None
-        if report.exit_code != 0 or hop is None or hop.status != "passed":
-            bad = ", ".join(h.hop for h in report.failed_hops()) or "coreml"
-            why = f"parity hop {bad} did not pass"
-        else:
-            try:
-                return _assemble(report, work / "export", out, checkpoint, overrides, labels, precision, tol, seed,
-                                 progress)
-            except GoldenMismatch as e:
-                why = str(e)
-        failed_dir = out.with_name(out.name + ".failed")
-        shutil.rmtree(failed_dir, ignore_errors=True)
-        shutil.move(str(work / "export"), failed_dir)
-        return PackageResult(None, 1, report, None, failed_dir, why)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    def run(export_dir: Path):
+        return export(model_or_name, "coreml", checkpoint=checkpoint, imgsz=imgsz, precision=precision,
+                      out=export_dir, samples=samples, tolerances=tolerances,
+                      overrides=overrides, seed=DEMO_SEED if seed is None else seed, progress=progress,
+                      options={"input": "image", "ios": ios}, labels=labels, images=images,
+                      calib=calib, calib_images=calib_images, exporter=exporter, preprocess=preprocess)
+
+    return build_bundle(out, run, "coreml", lambda report, export_dir: _assemble(
+        report, export_dir, out, checkpoint, overrides, labels, precision, tol, seed, progress, preprocess))
 
 
 def _assemble(report, export_dir: Path, out: Path, checkpoint, overrides, labels, precision: str, tol,
-              seed, progress) -> PackageResult:
+              seed, progress, preprocess: dict | None = None) -> PackageResult:
     name = report.model
     entry = report.artifacts["coreml"]
     mlpackage = export_dir / entry.path
     ios = int(entry.info["ios"])
     compressed = precision in KINDS
-    mean, std = input_stats(get_spec(name))
-    loaded = build_train_form(name, checkpoint, overrides, DEMO_SEED if seed is None else seed)
-    pixels, logits = golden_vectors(loaded.model, report.imgsz, mean, std, natural=compressed)
+    loaded = build_train_form(name, checkpoint, overrides, DEMO_SEED if seed is None else seed, preprocess=preprocess)
+    labels = labels if labels is not None else loaded.labels  # (a transformers checkpoint's id2label)
+    pixels, logits = golden_vectors(loaded.model, report.imgsz, *input_stats(loaded.model), natural=compressed,
+                                    recipe=recipe_of(loaded.model))  # the export's own recipe (report.preprocess)
     golden_check = check_golden(mlpackage, pixels, logits, tol)
     if not golden_check["passed"]:
         raise GoldenMismatch(f"the packaged model fails its own golden vectors: {'; '.join(golden_check['problems'])}")
 
     root = name
     files: dict[str, bytes] = _tree_files(mlpackage, f"{root}/{mlpackage.name}")
-    label_list = None
-    if labels is not None:
-        label_list = read_labels(labels)
+    label_list = read_labels(labels) if labels is not None else None
+    if label_list:
         files[f"{root}/labels.txt"] = ("\n".join(label_list) + "\n").encode()
     info = entry.info
     tol_d = {k: v for k, v in vars(tol).items() if v is not None}
@@ -355,6 +230,7 @@ def _assemble(report, export_dir: Path, out: Path, checkpoint, overrides, labels
         "outputs": {"file": "golden/outputs.npy", "dtype": "float32", "shape": list(logits.shape), "name": "logits",
                     "source": "train-form PyTorch model (float32) on the same pixels, normalized with mean/std"},
         "preprocessing": info["input_spec"],
+        "preprocess": report.preprocess,
         "tolerance": tol_d,
         "check": "per image: feed the pixels to `image`, compare `logits` with the expected row; over all images: "
                  "lowest cosine, PSNR = 20*log10(max|expected|/RMSE) and top-1 agreement must meet `tolerance`",
@@ -377,21 +253,13 @@ def _assemble(report, export_dir: Path, out: Path, checkpoint, overrides, labels
         "compression": _compression_entry(entry.info.get("compression")),
         "calibration": report.calibration,
         "input": info["input_spec"],
+        "preprocess": report.preprocess, "from_checkpoint": report.from_checkpoint,
         "outputs": info["outputs"],
         "labels": {"file": "labels.txt", "count": len(label_list)} if label_list else None,
         "precision_policy": {"rules": [r["name"] for r in (info.get("precision_policy") or {}).get("rules", [])],
                              "fp32_islands": info.get("fp32_islands")},
         "reparam": {"folded": report.reparam.folded, "unfolded": report.reparam.unfolded,
                     "attention_order": report.reparam.attention_order},
-        "parity": [_hop_entry(h) for h in report.parity],
-        "parity_inputs": report.inputs,
-        "compressed_inputs": report.compressed_inputs,
-        "parity_reference": _round(_portable_reference(report.reference)),
         "onnx_exporter": {"exporter": report.exporter, "exporter_fallback": report.exporter_fallback},
-        "golden": {"description": "golden/golden.json", "verified": golden_check},
-        "versions": report.versions,
-        "files": {k[len(root) + 1:]: _sha256(v) for k, v in sorted(files.items())},
     }
-    files[f"{root}/manifest.json"] = _json_bytes(manifest)
-    write_deterministic_zip(files, out)
-    return PackageResult(out, 0, report, manifest, None)
+    return finish_bundle(out, report, root, files, manifest, golden_check)

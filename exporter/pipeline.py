@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import VitedgeError
-from ..models.registry import input_stats
+from ..models.registry import input_stats, recipe_of, resolve_imgsz
 from ..targets import LowerSpec, UnavailableError
 from ..targets.graph.metadata import read_metadata, set_metadata
 from . import outdir
@@ -29,7 +29,7 @@ from .calibrate import COMPRESSED, calibration_set, check_flags
 from .compressed import QDQ_HOP, Judged, compressed_hop, write_qdq
 from .criteria import reference_block
 from .equivalence import verify_equivalence
-from .forms import DEMO_SEED, Loaded, build_deploy_form, build_train_form, model_name, reparam_info, resolve_imgsz
+from .forms import DEMO_SEED, Loaded, build_deploy_form, build_train_form, hold_checkpoint, model_name, reparam_info
 from .hops import (DEPLOY_SUBSET, PRE_HUB_SAMPLES, RAW_SUBSET, Ladder, ane_check, check_images, class_names,
                    parity_inputs_for, record_artifact)
 from .hub import Hub, HubStore
@@ -55,7 +55,7 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
            rewrites=True, require_ane: bool = False, hub: HubStore | None = None, images: str | Path | None = None,
            labels: str | Path | None = None, calib: int | None = None,
            calib_images: str | Path | None = None, exporter: str = DEFAULT_EXPORTER,
-           truth_cache: bool = True, clean: bool = False) -> Report:
+           truth_cache: bool = True, clean: bool = False, preprocess: dict | None = None) -> Report:
     """Export `model_or_name` to `targets` in folder `out` (default runs/NAME) and run the parity ladder.
 
     `rewrites`: the deploy-form's speed rewrites (True all, False none, or names; see `available_rewrites`).
@@ -72,6 +72,7 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
     `calib` / `calib_images`: --precision int8 | w8a8: how many calibration images (default 64) and, optionally,
     the folder they come from (else views of the shipped photos the compressed hops are not judged on; see
     exporter/calibrate.py). `truth_cache`: use the disk cache of float64 ground truths (exporter/truth_cache.py).
+    `model_or_name` None: the one a transformers checkpoint names; `preprocess`: crop_pct, interpolation, mean, std.
 
     Returns the Report also written to OUT/report.json; `report.exit_code` is 0 (all executed hops
     passed), 1 (a hop failed: artifacts in OUT/quarantine/). Raises VitedgeError (exit 2) on bad input or --out,
@@ -80,8 +81,8 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
     progress = progress or QUIET
     # -- validate everything that can be validated without work
     options = dict(options or {})
-    labels = labels if labels is not None else options.get("labels")
-    options.pop("labels", None)
+    held, labels = hold_checkpoint(model_or_name, checkpoint, overrides, labels, options.pop("labels", None))
+    made = {"held": held, "preprocess": preprocess}  # how build_train_form makes the train-form
     plans = resolve_targets(targets, precision, dynamic_batch, options, labels=labels, batch=batch)
     n_calib = check_flags(precision, calib, calib_images, images, labels)
     if any(p.precision in ("palette4", "palette6") for p in plans):
@@ -102,7 +103,7 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
         raise VitedgeError("--rewrites shapes the re-parameterized deploy-form; drop it or drop --no-reparam")
     if hub is not None and not reparam:
         raise VitedgeError("a shared hub holds the re-parameterized deploy-form; drop --no-reparam")
-    name = model_or_name if isinstance(model_or_name, str) else model_name(model_or_name)
+    name = held.name if held else model_or_name if isinstance(model_or_name, str) else model_name(model_or_name)
     out = Path(out) if out is not None else Path("runs") / name
     for line in outdir.recover(out):  # before the check: a killed --force run may have left DIR aside
         progress.note(line)
@@ -117,7 +118,7 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
             info = copy.deepcopy(reused.reparam)  # the report adds to it (fp16 analysis)
         else:
             with progress.step("building the train-form model"):
-                loaded = build_train_form(model_or_name, checkpoint, overrides, seed)
+                loaded = build_train_form(model_or_name, checkpoint, overrides, seed, **made)
             imgsz = resolve_imgsz(loaded.model, imgsz)
         classes = class_names(labels, loaded.model, imgsz)
         samples, rule = choose_samples(samples, model_or_name, imgsz, loaded.overrides, loaded.model, images)
@@ -131,17 +132,16 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
                                                      rewrites)
             info = reparam_info(deploy, reparam)
 
-        report = Report(model=loaded.name, imgsz=imgsz, batch=batch, weights=loaded.weights,
-                        checkpoint_sha256=loaded.checkpoint_sha256, reparam=info,
+        report = Report(model=loaded.name, imgsz=imgsz, batch=batch, reparam=info, **loaded.facts(),
                         versions=versions(), command="export", targets=[p.name for p in plans],
-                        overrides=loaded.overrides, samples=len(pset), samples_rule=rule, inputs=pset.note,
+                        samples=len(pset), samples_rule=rule, inputs=pset.note,
                         images=None if images is None else str(images), labels=None if labels is None else str(labels),
                         require_verified=require_verified, require_ane=require_ane, exporter=exporter,
                         opset=opset)
         with outdir.OutputFolder(out, force, interrupts) as folder:
             build = _Build(report, plans, loaded, deploy, deploy64, folder.tmp, batch, opset, attn_order, reparam,
                            tols, progress, folder.checkpoint, pset, classes, hub, reused,
-                           lambda: build_train_form(model_or_name, checkpoint, overrides, seed).model,
+                           lambda: build_train_form(model_or_name, checkpoint, overrides, seed, **made).model,
                            n_calib=n_calib, calib_images=calib_images, images=images, labels_file=labels,
                            exporter=exporter, truth_cache=truth_cache)
             build.run()
@@ -160,6 +160,7 @@ def _metadata(loaded: Loaded, imgsz: int, batch: int | None, attn_order: str, in
               vers: dict, labels: list[str] | None = None, report: Report | None = None) -> dict:
     mean, std = input_stats(loaded.model)
     extra = {"labels": labels} if labels is not None else {}  # vitedge.labels: class names travel with the graph
+    extra["preprocess"] = recipe_of(loaded.model).to_dict()  # vitedge.preprocess: the eval recipe
     if report is not None:  # vitedge.exporter / _fallback: which exporter wrote the graph (why not dynamo)
         extra.update(exporter=report.exporter, exporter_fallback=report.exporter_fallback)
     return {**extra, "model": loaded.name, "imgsz": imgsz, "batch": batch if batch else "dynamic", "mean": list(mean),
@@ -322,11 +323,10 @@ class _Build:
     def _calibration(self):
         """The run's calibration set (--precision int8 | w8a8), chosen once; None for other precisions."""
         if self.n_calib is not None and self.calibration is None:
-            mean, std = input_stats(self.deploy)
             with self.progress.step(f"choosing {self.n_calib} calibration images"):
-                self.calibration = calibration_set(self.n_calib, self.report.imgsz, mean, std,
+                self.calibration = calibration_set(self.n_calib, self.report.imgsz, *input_stats(self.deploy),
                                                    images_dir=self.images, calib_images=self.calib_images,
-                                                   labels_file=self.labels_file)
+                                                   labels_file=self.labels_file, recipe=recipe_of(self.deploy))
             self.report.calibration = self.calibration.record()
         return self.calibration
 
@@ -367,7 +367,7 @@ class _Build:
             return unverified(hop_name, plan.name, plan.missing, tol)
         compressed = plan.precision in COMPRESSED
         try:
-            qdq_path = self._int8_graph(plan, hub, ladder, tol) if plan.precision == "int8" else None
+            qdq_path = self._int8_graph(plan, hub, ladder, tol) if plan.precision == "int8" and t.qdq_encoding else None
         except VitedgeError:
             raise  # bad input (e.g. unreadable --calib-images): exit 2, nothing written
         except Exception as e:
@@ -380,7 +380,7 @@ class _Build:
         spec = LowerSpec(name=self.report.model, imgsz=self.report.imgsz, batch=self.batch, precision=plan.precision,
                          out_dir=self.tmp, onnx_path=hub, metadata=dict(meta, precision=plan.precision),
                          options=dict(plan.options), qdq_path=qdq_path,
-                         calibration=self._calibration() if plan.precision == "w8a8" else None)
+                         calibration=self._calibration() if plan.precision in ("w8a8", "int8") else None)
         try:
             with self.progress.step(f"lowering to {t.name} ({plan.precision})"):
                 artifact = t.lower(self.deploy, spec)

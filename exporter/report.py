@@ -231,6 +231,12 @@ class Report:
     exporter: str | None = None                     # ONNX exporter that wrote the graph: torchscript | dynamo
     exporter_fallback: str | None = None            # why dynamo, asked for, did not write it (None: no fallback)
     opset: int | None = None                        # the ONNX graph's opset
+    # The eval preprocessing the images were fed with (models/preprocess.Recipe: mean, std, crop_pct,
+    # interpolation, crop_mode, source): the model's official one, a checkpoint's, or the user's overrides.
+    preprocess: dict | None = None
+    # What the checkpoint determined and where from (layout, model, num_classes, labels, preprocess): None
+    # without a checkpoint (models/held.py).
+    from_checkpoint: dict | None = None
     exit_code: int = EXIT_OK
     status: str = "passed"                          # "passed" | "failed"
 
@@ -310,7 +316,7 @@ def _json_default(o):
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
 
-_VERSIONED = ("torch", "numpy", "onnx", "onnxruntime", "onnxsim", "coremltools", "tensorrt")
+_VERSIONED = ("torch", "numpy", "onnx", "onnxruntime", "onnxsim", "coremltools", "tensorrt", "executorch", "torchao")
 
 
 def versions() -> dict:

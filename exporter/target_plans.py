@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from ..errors import VitedgeError
 from ..targets import ALIASES, TARGETS, Target, get_target
-from ..targets.labels import read_labels
+from ..targets.labels import CarriedLabels, read_labels
 
 PRECISIONS = ("fp32", "fp16", "int8", "w8", "palette4", "palette6", "w8a8")  # each target lists its own
 
@@ -110,7 +110,7 @@ def resolve_targets(targets, precision: str | None = None, dynamic_batch: bool =
         read_labels(labels)  # the file must exist and hold one unique name per line, whatever the targets
         for p in loaded:
             if "labels" in p.target.options:
-                p.options["labels"] = str(labels)
+                p.options["labels"] = labels if isinstance(labels, CarriedLabels) else str(labels)
     for p in loaded:  # what a precision needs of the options (w8a8: iOS 17+), then target-specific values
         p.options = p.target.plan_precision(p.precision, p.options)
         p.target.validate_options(p.options)

@@ -18,6 +18,7 @@ import onnx
 import torch.nn as nn
 
 from ..errors import VitedgeError
+from ..models.preprocess import Recipe
 from ..targets import TARGETS
 from ..targets.base import Artifact, Runner
 from ..targets.graph.metadata import read_metadata
@@ -102,6 +103,8 @@ def parity(model_or_name=None, artifact: str | Path | None = None, *, checkpoint
 
     with progress.step("building the train-form model"):
         loaded = build_train_form(model_or_name, checkpoint, overrides, seed)
+    if isinstance(meta.get("preprocess"), dict):  # the artifact's own eval preprocessing (models/preprocess.py)
+        loaded.model.vitedge_recipe = Recipe.from_dict(meta["preprocess"])
     check_checkpoint(source, meta, checkpoint, loaded.checkpoint_sha256)
     imgsz = resolve_imgsz(loaded.model, imgsz or meta.get("imgsz"))
     classes = class_names(labels, loaded.model, imgsz)

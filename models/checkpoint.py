@@ -18,9 +18,7 @@ LinearNorm schedule buffers (`warm`, `iter`, `total_step`) are loaded as stored.
 """
 from __future__ import annotations
 
-import functools
 import os
-import re
 import struct
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -31,18 +29,18 @@ import torch
 import torch.nn as nn
 
 from ..errors import CheckpointError
-from .registry import checkpoint_remaps
+from .fit import compare, hint, match_registered, remap_state_dict
+from .hf_folder import CONFIG, WEIGHTS, is_transformers, open_folder, weight_file_in
 from .safe_pickle import Inert, TorchFile, load_torch_file
 from .sources import resolve_checkpoint
 
 CONTAINER_KEYS = ("model", "state_dict", "model_ema", "state_dict_ema")
 EMA_CONTAINER_KEYS = ("model_ema", "state_dict_ema", "model", "state_dict")
-WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 SHOW = 3  # keys shown per problem kind in one-line errors
 
-__all__ = ["LoadResult", "load_checkpoint", "read_checkpoint", "extract_state_dict", "remap_state_dict",
-           "match_registered", "CheckpointError"]
+__all__ = ["LoadResult", "load_checkpoint", "read_checkpoint", "read_weights", "extract_state_dict",
+           "remap_state_dict", "compare", "match_registered", "CheckpointError"]
 
 
 @dataclass
@@ -104,13 +102,44 @@ def _read_safetensors(path: Path) -> TorchFile:
 
 
 def read_checkpoint(path: str | os.PathLike) -> TorchFile:
-    """Read a checkpoint file safely (torch.save zip/legacy, or .safetensors); no code from it runs.
-    `hf-hub:` / `timm:` sources are resolved to a file in the Hugging Face cache first (`sources`)."""
+    """Read a checkpoint safely (torch.save zip/legacy, .safetensors, or a transformers save_pretrained folder:
+    its weight file or every shard of its index, merged); no code from it runs. `hf-hub:` / `timm:` sources are
+    resolved to a file (or a transformers repo's folder) in the Hugging Face cache first (`sources`)."""
     p = Path(resolve_checkpoint(path))
     if not p.exists():
         raise CheckpointError(f"checkpoint {p} not found: check the path")
+    if is_transformers(p):
+        return read_weights(open_folder(p).weights)
     if p.is_dir():
-        raise CheckpointError(f"{p} is a directory, not a checkpoint file: pass the .pth/.safetensors file in it")
+        single = weight_file_in(p)
+        if single is None:
+            raise CheckpointError(f"{p} is a directory, not a checkpoint file: pass the .pth/.safetensors file in it, "
+                                  f"or a transformers save_pretrained folder ({CONFIG} with "
+                                  f"{' or '.join(WEIGHTS[::2])})")
+        p = single
+    return _read_file(p)
+
+
+def read_weights(files: tuple[Path, ...]) -> TorchFile:
+    """The tensors of one weight file, or of every shard of a sharded checkpoint merged into one state_dict."""
+    if len(files) == 1:
+        return _read_file(files[0])
+    merged: OrderedDict = OrderedDict()
+    formats, placeholders = set(), []
+    for f in files:
+        part = _read_file(f)
+        sd, _ = extract_state_dict(part.obj, str(f))
+        twice = [k for k in sd if k in merged]
+        if twice:
+            raise CheckpointError(f"{f} repeats {_few(twice)} from another shard; re-save the model with "
+                                  "save_pretrained")
+        merged.update(sd)
+        formats.add(part.format)
+        placeholders += part.placeholders
+    return TorchFile(merged, f"{'+'.join(sorted(formats))} ({len(files)} shards)", placeholders)
+
+
+def _read_file(p: Path) -> TorchFile:
     size = p.stat().st_size
     if size == 0:
         raise CheckpointError(f"{p} is empty (0 bytes): the download or save did not finish")
@@ -206,26 +235,6 @@ def _metadata(obj: Any, source_key: str | None) -> tuple[list[str], dict]:
     return keys, meta
 
 
-def _strip_wrappers(sd: Mapping, model_keys: set) -> tuple[Mapping, list[str]]:
-    notes = []
-    for prefix in WRAPPER_PREFIXES:
-        if sd and all(k.startswith(prefix) for k in sd) and not any(k.startswith(prefix) for k in model_keys):
-            sd = OrderedDict((k[len(prefix):], v) for k, v in sd.items())
-            notes.append(f"stripped the {prefix!r} prefix")
-    return sd, notes
-
-
-def remap_state_dict(sd: Mapping, model_sd: Mapping) -> tuple[OrderedDict, list[str]]:
-    """`sd` rewritten to the target model's layout, and a description of every rewrite applied."""
-    sd, notes = _strip_wrappers(sd, set(model_sd))
-    sd = OrderedDict(sd)
-    for remap in checkpoint_remaps():
-        if remap.detect(set(sd), set(model_sd)):
-            sd, note = remap.apply(sd, model_sd)
-            notes.append(note)
-    return sd, notes
-
-
 # --------------------------------------------------------------------------------------------------
 # Values: precision and finiteness
 # --------------------------------------------------------------------------------------------------
@@ -248,14 +257,6 @@ def _cast_and_check(sd: OrderedDict, where: str) -> dict[str, int]:
 # --------------------------------------------------------------------------------------------------
 # Comparison, hints, loading
 # --------------------------------------------------------------------------------------------------
-def _compare(sd: Mapping, model_sd: Mapping) -> tuple[list[str], list[str], list[tuple[str, tuple, tuple]]]:
-    missing = [k for k in model_sd if k not in sd]
-    unexpected = [k for k in sd if k not in model_sd]
-    mismatched = [(k, tuple(v.shape), tuple(model_sd[k].shape)) for k, v in sd.items()
-                  if k in model_sd and tuple(v.shape) != tuple(model_sd[k].shape)]
-    return missing, unexpected, mismatched
-
-
 def _few(items: list[str]) -> str:
     more = f", +{len(items) - SHOW} more" if len(items) > SHOW else ""
     return ", ".join(items[:SHOW]) + more
@@ -273,95 +274,10 @@ def _problems(r: LoadResult) -> str:
     return ", ".join(out)
 
 
-@functools.lru_cache(maxsize=None)
-def _signature(name: str) -> OrderedDict:
-    from .flops import meta_model  # shapes only, no weights
-
-    return OrderedDict(meta_model(name).state_dict())
-
-
-def _templates(keys) -> set:
-    return {re.sub(r"\d+", "#", k) for k in keys}
-
-
-def _is_head_key(k: str) -> bool:
-    return k.split(".")[-2:-1] in (["head"], ["dist_head"], ["head_dist"])
-
-
-def match_registered(sd: Mapping) -> list[tuple[str, int | None]]:
-    """Registered variants whose official layout `sd` fits: (name, None) for an exact fit,
-    (name, num_classes) when only the classifier width differs. Builds each variant on `meta` (cached)."""
-    from .registry import list_models
-
-    fits = []
-    for name in list_models():
-        try:
-            ref = _signature(name)
-        except Exception:  # a variant that cannot be built here cannot be suggested either
-            continue
-        mapped, _ = remap_state_dict(sd, ref)
-        missing, unexpected, mismatched = _compare(mapped, ref)
-        if missing or unexpected:
-            continue
-        if not mismatched:
-            fits.append((name, None))
-        elif all(_is_head_key(k) and a[1:] == b[1:] for k, a, b in mismatched):
-            fits.append((name, mismatched[0][1][0]))
-    return fits
-
-
-def _own_layout_shapes(sd: Mapping, model: nn.Module) -> str | None:
-    """Where the checkpoint has exactly the model's key names and only shapes differ: a line naming the tensors."""
-    missing, unexpected, bad = _compare(remap_state_dict(sd, model.state_dict())[0], model.state_dict())
-    if missing or unexpected or not bad:
-        return None
-    return (f"it has this model's layout but {bad[0][0]} is {bad[0][1]} where the model has {bad[0][2]}"
-            f"{f' and {len(bad) - 1} more' if len(bad) > 1 else ''}: build the model with the options the "
-            "checkpoint was trained with (`--set KEY=VALUE`)")
-
-
-def _hint(sd: Mapping, model: nn.Module) -> str:
-    from .registry import get_spec, list_models
-
-    own = getattr(model, "vitedge_name", None)
-    fits = match_registered(sd)
-    exact = [n for n, classes in fits if classes is None]
-    heads = {n: classes for n, classes in fits if classes is not None}
-    if own in exact:
-        return (f"the checkpoint fits {own} with its default options: drop the overrides "
-                f"{getattr(model, 'vitedge_overrides', {})}")
-    if exact:
-        return f"the checkpoint fits {exact[0]}: create the model with that name"
-    if own in heads:
-        return (f"the checkpoint has {heads[own]} classes: build the model with num_classes={heads[own]} "
-                f"(`--set num_classes={heads[own]}`)")
-    if heads:
-        name, classes = next(iter(heads.items()))
-        return (f"the checkpoint fits {name} with num_classes={classes}: build that model with it (`--model {name} "
-                f"--set num_classes={classes}`)")
-    if shapes := _own_layout_shapes(sd, model):  # the model's own key names, other shapes: no guessed relative
-        return shapes
-    # No exact variant: name the family whose key names (digits ignored) overlap most.
-    ck = _templates(sd)
-    best, score = None, 0.0
-    for name in list_models():
-        try:
-            ref = _templates(_signature(name))
-        except Exception:
-            continue
-        s = len(ck & ref) / max(len(ck | ref), 1)
-        if s > score:
-            best, score = name, s
-    if best and score >= 0.5:
-        fam = get_spec(best).family
-        return (f"the checkpoint looks like a {fam} model with another configuration (closest: {best}); "
-                "pass the matching overrides")
-    return "the checkpoint does not match any registered model's layout"
-
-
-def load_checkpoint(model: nn.Module, checkpoint: str | os.PathLike | Mapping[str, Any], strict: bool = True, *,
-                    use_ema: bool = False) -> LoadResult:
-    """Load `checkpoint` (a file path, or an already loaded container/state_dict) into `model` in place.
+def load_checkpoint(model: nn.Module, checkpoint: str | os.PathLike | Mapping[str, Any] | TorchFile,
+                    strict: bool = True, *, use_ema: bool = False, where: str | None = None) -> LoadResult:
+    """Load `checkpoint` (a file or transformers folder path, an already loaded container/state_dict, or a
+    TorchFile read by `read_checkpoint`, named `where` in messages) into `model` in place.
 
     strict=True (default): any missing, unexpected or mis-shaped key raises CheckpointError (one line, the
     first few keys of each kind, counts, and a hint such as "the checkpoint fits swiftformer_s").
@@ -369,8 +285,10 @@ def load_checkpoint(model: nn.Module, checkpoint: str | os.PathLike | Mapping[st
     use_ema: prefer `model_ema` / `state_dict_ema` over `model` / `state_dict` when both are present.
     Always raises CheckpointError for unreadable/corrupt/unsafe files and NaN/Inf weights.
     """
-    if isinstance(checkpoint, Mapping):
-        where, raw = "<state_dict>", TorchFile(checkpoint, "in-memory")
+    if isinstance(checkpoint, TorchFile):
+        where, raw = where or "<checkpoint>", checkpoint
+    elif isinstance(checkpoint, Mapping):
+        where, raw = where or "<state_dict>", TorchFile(checkpoint, "in-memory")
     else:  # a timm: source names its model: checked before anything is fetched
         local = resolve_checkpoint(checkpoint, getattr(model, "vitedge_name", None))
         where, raw = str(checkpoint), read_checkpoint(local)
@@ -384,13 +302,13 @@ def load_checkpoint(model: nn.Module, checkpoint: str | os.PathLike | Mapping[st
     sd, remaps = remap_state_dict(sd, model_sd)
     remaps = dropped + remaps
     cast = _cast_and_check(sd, where)
-    missing, unexpected, mismatched = _compare(sd, model_sd)
+    missing, unexpected, mismatched = compare(sd, model_sd)
     result = LoadResult(where, raw.format, source_key, remaps, missing, unexpected, mismatched, cast,
                         container_keys=container_keys, metadata=metadata, placeholders=list(raw.placeholders))
     if strict and not result.ok:
         name = getattr(model, "vitedge_name", type(model).__name__)
         after = f" after {len(remaps)} remap(s)" if remaps else ""
-        raise CheckpointError(f"{where} does not fit {name}{after}: {_problems(result)}; {_hint(original, model)}",
+        raise CheckpointError(f"{where} does not fit {name}{after}: {_problems(result)}; {hint(original, model)}",
                               api_hint="or pass strict=False to load only what fits")
     bad = {k for k, _, _ in mismatched}
     to_load = OrderedDict((k, v) for k, v in sd.items() if k in model_sd and k not in bad)

@@ -15,9 +15,8 @@ from typing import Callable, Mapping
 import torch.nn as nn
 
 from ..errors import VitedgeError
+from .preprocess import IMAGENET_MEAN, IMAGENET_STD, Recipe
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 FALLBACK_IMGSZ = 224  # a module that is neither registered nor says its own size
 
 # Loaded in this order; it is also the order in which checkpoint remaps are tried.
@@ -36,8 +35,20 @@ class ModelSpec:
     # A size the model is locked to (SLAB-DeiT's 14x14 positional encodings), or None.
     fixed_imgsz: int | None = None
     sizes_note: str = ""
-    mean: tuple = IMAGENET_MEAN
-    std: tuple = IMAGENET_STD
+
+    @property
+    def recipe(self) -> Recipe:
+        """The eval preprocessing of the model's official evaluation (its family's, `register_family`)."""
+        family = _FAMILIES.get(self.builder.__module__.rsplit(".", 1)[-1])
+        return family.recipe if family is not None and family.recipe is not None else Recipe()
+
+    @property
+    def mean(self) -> tuple:
+        return self.recipe.mean
+
+    @property
+    def std(self) -> tuple:
+        return self.recipe.std
 
     def accepted_sizes(self) -> str:
         if self.fixed_imgsz is not None:
@@ -72,10 +83,25 @@ class Remap:
 
 
 @dataclass(frozen=True)
+class TransformersPort:
+    """A Hugging Face transformers model_type a family loads (`save_pretrained` folders, hf-hub: repos):
+    `from_config(config, where)` -> (registered model name, constructor overrides) from its config.json;
+    `layout`: the Remap of its key names to the official ones; `semantics`: constructor overrides its forward
+    needs wherever its key layout is loaded (with or without config.json)."""
+    model_type: str
+    classes: str
+    from_config: Callable[[dict, str], tuple[str, dict]]
+    layout: Remap
+    semantics: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Family:
     module: str                 # models/<module>.py: the models and their checkpoint remaps
     plan: str                   # exporter/reparam/<plan>.py: the fold plan
     remaps: tuple = ()          # (Remap, ...)
+    recipe: Recipe | None = None  # the official eval preprocessing (None: Recipe()'s ImageNet defaults)
+    ports: tuple = ()           # (TransformersPort, ...): Hugging Face transformers model_types it loads
 
 
 _REGISTRY: dict[str, ModelSpec] = {}
@@ -96,12 +122,13 @@ def register_model(name: str, family: str, *, default_imgsz: int = 224, stride: 
     return deco
 
 
-def register_family(module: str, *, plan: str, remaps: tuple = ()) -> Family:
+def register_family(module: str, *, plan: str, remaps: tuple = (), recipe: Recipe | None = None,
+                    ports: tuple = ()) -> Family:
     """Called once by each module of FAMILY_MODULES (`register_family(__name__, plan=...)`)."""
     short = module.rsplit(".", 1)[-1]
     if short not in FAMILY_MODULES:
         raise ValueError(f"family module {short!r} is not in registry.FAMILY_MODULES")
-    _FAMILIES[short] = Family(short, plan, tuple(remaps))
+    _FAMILIES[short] = Family(short, plan, tuple(remaps), recipe, tuple(ports))
     return _FAMILIES[short]
 
 
@@ -163,12 +190,14 @@ def create_model(name: str, **overrides) -> nn.Module:
 
 def default_imgsz(model: nn.Module) -> int:
     """The size `model` runs at when none is asked for: its spec's fixed size (e.g. SLAB-DeiT's 224, or the
-    `img_size` override), else the model's own `img_size`, else its spec's default, else 224."""
+    `img_size` override), else the size its checkpoint's preprocessing crops to (`vitedge_imgsz`: a transformers
+    preprocessor_config.json), else the model's own `img_size`, else its spec's default, else 224."""
     spec = getattr(model, "vitedge_spec", None)
     fixed = spec.fixed_size(getattr(model, "vitedge_overrides", {})) if spec is not None else None
     own = getattr(model, "img_size", None)
     own = own if isinstance(own, int) and not isinstance(own, bool) else None
-    return int(fixed or own or (spec.default_imgsz if spec is not None else FALLBACK_IMGSZ))
+    held = getattr(model, "vitedge_imgsz", None)
+    return int(fixed or held or own or (spec.default_imgsz if spec is not None else FALLBACK_IMGSZ))
 
 
 def resolve_imgsz(model: nn.Module, imgsz: int | None = None) -> int:
@@ -180,7 +209,25 @@ def resolve_imgsz(model: nn.Module, imgsz: int | None = None) -> int:
     return imgsz
 
 
+def transformers_ports() -> dict:
+    """{transformers model_type: TransformersPort} over every family (the model_types a transformers folder of
+    `save_pretrained` may hold)."""
+    return {p.model_type: p for f in families() for p in f.ports}
+
+
+def recipe_of(model: nn.Module | ModelSpec | None) -> Recipe:
+    """The eval preprocessing `model` is fed with: the one set on it (`vitedge_recipe`: a checkpoint's
+    preprocessor_config.json, the user's overrides), else its registered family's, else ImageNet defaults."""
+    if isinstance(model, ModelSpec):
+        return model.recipe
+    own = getattr(model, "vitedge_recipe", None)
+    if own is not None:
+        return own
+    spec = getattr(model, "vitedge_spec", None)
+    return spec.recipe if spec is not None else Recipe()
+
+
 def input_stats(model: nn.Module | ModelSpec | None) -> tuple[tuple, tuple]:
-    """(mean, std) the model's inputs are normalized with (ImageNet's for a module that is not registered)."""
-    spec = model if isinstance(model, ModelSpec) else getattr(model, "vitedge_spec", None)
-    return (tuple(spec.mean), tuple(spec.std)) if spec is not None else (IMAGENET_MEAN, IMAGENET_STD)
+    """(mean, std) the model's inputs are normalized with (`recipe_of`)."""
+    r = recipe_of(model)
+    return tuple(r.mean), tuple(r.std)

@@ -16,6 +16,7 @@ import torch.nn as nn
 
 from ..errors import VitedgeError
 from .layers import ORDERS, DropPath, Mlp, SimAAttention, init_vit_weights
+from .preprocess import SIMA_RECIPE
 from .registry import register_family, register_model
 
 __all__ = ["SimADeiT", "SimADeiTBlock", "PatchEmbed16"]
@@ -111,4 +112,4 @@ register_model("sima_deit_small", "sima_deit", stride=None, fixed_imgsz=224, siz
                embed_dim=384, depth=12, num_heads=6, mlp_ratio=4, qkv_bias=True, drop_path_rate=0.1)(SimADeiT)
 
 
-register_family(__name__, plan="sima_deit")
+register_family(__name__, plan="sima_deit", recipe=SIMA_RECIPE)

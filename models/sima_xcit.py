@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from ..errors import VitedgeError
 from .layers import ORDERS, DropPath, Mlp, SimAAttention, init_vit_weights
+from .preprocess import SIMA_RECIPE
 from .registry import register_family, register_model
 
 __all__ = ["SimAVisionTransformer", "ConvPatchEmbed", "PositionalEncodingFourier", "LPI", "SimABlock",
@@ -290,4 +291,4 @@ for _name, (_dim, _depth, _heads, _eta, _tn) in _VARIANTS.items():
                        tokens_norm=_tn)(SimAVisionTransformer)
 
 
-register_family(__name__, plan="sima")
+register_family(__name__, plan="sima", recipe=SIMA_RECIPE)

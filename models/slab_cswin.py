@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from ..errors import VitedgeError
 from .layers import (ORDERS, DropPath, LinearNorm, Mlp, RepBN, init_vit_weights, linear_attention, resolve_order,
                      sla_rule)
+from .preprocess import SLAB_RECIPE
 from .registry import register_family, register_model
 from .slab_pvt import merge_heads, split_heads
 
@@ -314,4 +315,4 @@ def slab_cswin_small(**kwargs) -> CSWinTransformer:
     return CSWinTransformer(**kwargs)
 
 
-register_family(__name__, plan="slab_cswin")
+register_family(__name__, plan="slab_cswin", recipe=SLAB_RECIPE)

@@ -26,6 +26,7 @@ import torch.nn as nn
 
 from ..errors import VitedgeError
 from .layers import DropPath, LinearNorm, Mlp, RepBN, SimplifiedLinearAttention, init_vit_weights
+from .preprocess import SLAB_RECIPE
 from .registry import Remap, register_family, register_model
 
 NormFactory = Callable[[int], nn.Module]
@@ -358,4 +359,4 @@ NORM_LAYOUT_REMAPS = (
     Remap("slab_linearnorm_to_repbn", lambda ck, m: bool(_linearnorm_prefixes(ck, m)), _linearnorm_to_repbn),
     Remap("slab_repbn_to_linearnorm", lambda ck, m: bool(_repbn_prefixes(ck, m)), _repbn_to_linearnorm),
 )
-register_family(__name__, plan="slab_deit", remaps=NORM_LAYOUT_REMAPS)
+register_family(__name__, plan="slab_deit", remaps=NORM_LAYOUT_REMAPS, recipe=SLAB_RECIPE)

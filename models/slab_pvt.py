@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from ..errors import VitedgeError
 from .layers import (ORDERS, DropPath, LinearNorm, Mlp, RepBN, init_vit_weights, linear_attention, resolve_order,
                      sla_rule)
+from .preprocess import SLAB_RECIPE
 from .registry import register_family, register_model
 
 __all__ = ["PyramidVisionTransformer", "PVTPatchEmbed", "PVTBlock", "PVTAttention", "PVTLinearAttention",
@@ -289,4 +290,4 @@ for _size, (_depths, _dpr) in _DEPTHS.items():
                    drop_path_rate=_dpr, attn_type="SSSS")(PyramidVisionTransformer)
 
 
-register_family(__name__, plan="slab_pvt")
+register_family(__name__, plan="slab_pvt", recipe=SLAB_RECIPE)

@@ -21,6 +21,7 @@ import torch.utils.checkpoint as checkpoint
 
 from ..errors import VitedgeError
 from .layers import DropPath, LinearNorm, Mlp, RepBN, SimplifiedLinearAttention, init_vit_weights
+from .preprocess import SLAB_RECIPE
 from .registry import register_family, register_model
 
 __all__ = ["SlabSwinTransformer", "SwinTransformer", "SwinTransformerBlock", "WindowAttention", "PatchMerging",
@@ -432,4 +433,4 @@ def prepbn_swin_tiny(**kwargs) -> SwinTransformer:
     return SwinTransformer(**kwargs)
 
 
-register_family(__name__, plan="slab_swin")
+register_family(__name__, plan="slab_swin", recipe=SLAB_RECIPE)

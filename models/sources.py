@@ -127,45 +127,97 @@ def hub_unreachable(timeout: float = HUB_PROBE_TIMEOUT_S) -> str | None:
 
 
 def fetch(source: HubSource) -> Path:
-    """The first of `source.files` that the repo has, as a local file (download or cache)."""
+    """The first of `source.files` that the repo has, as a local file (download or cache). An `hf-hub:` repo
+    whose config.json names a transformers model_type (a save_pretrained upload) comes as its snapshot folder:
+    config.json, preprocessor_config.json when it has one, and its weights (every shard of a sharded index)."""
     try:
         import huggingface_hub  # noqa: F401  (an optional extra)
     except ImportError:
         raise CheckpointError(f"--checkpoint {source.spec} needs huggingface_hub: {HUB_HINT}") from None
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import (EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
-
-    offline, cache = hub_settings()
-    unreachable = None if offline else hub_unreachable()
-    at = f"@{source.revision}" if source.revision else ""
-    where = f"{source.repo_id}{at}"
-    not_cached = []
+    hub = _Hub(source)
+    if source.spec.startswith(HF_PREFIX):
+        folder = hub.transformers_folder()
+        if folder is not None:
+            return folder
     for filename in source.files:
+        got = hub.get(filename)
+        if got is not None:
+            return got
+    hub.raise_missing(source.files)
+
+
+class _Hub:
+    """One repo's files through huggingface_hub: the offline / unreachable decision is taken once."""
+
+    def __init__(self, source: HubSource):
+        self.source = source
+        self.offline, self.cache = hub_settings()
+        self.unreachable = None if self.offline else hub_unreachable()
+        self.where = f"{source.repo_id}{f'@{source.revision}' if source.revision else ''}"
+        self.not_cached: list[str] = []
+
+    def get(self, filename: str) -> Path | None:
+        """The file, or None when the repo has no such file (or it is not cached offline: `not_cached`)."""
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import (EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError,
+                                            RevisionNotFoundError)
+
+        s = self.source
         try:
-            return Path(hf_hub_download(source.repo_id, filename, revision=source.revision, cache_dir=cache,
-                                        local_files_only=offline or unreachable is not None))
+            return Path(hf_hub_download(s.repo_id, filename, revision=s.revision, cache_dir=self.cache,
+                                        local_files_only=self.offline or self.unreachable is not None))
         except LocalEntryNotFoundError:  # offline (or unreachable hub) and not in the cache
-            not_cached.append(filename)
+            self.not_cached.append(filename)
         except EntryNotFoundError:  # the hub answered: the repo has no such file
-            continue
+            return None
         except (RepositoryNotFoundError, RevisionNotFoundError) as e:
-            raise CheckpointError(f"--checkpoint {source.spec}: {type(e).__name__} for {where} on the Hugging Face "
+            raise CheckpointError(f"--checkpoint {s.spec}: {type(e).__name__} for {self.where} on the Hugging Face "
                                   "Hub (check the name, or log in with `hf auth login` for a private or gated "
                                   "repo)") from None
         except OSError as e:  # network errors other than "not cached" (ConnectionError, timeouts)
-            raise CheckpointError(f"--checkpoint {source.spec}: could not fetch {filename} from {where} "
+            raise CheckpointError(f"--checkpoint {s.spec}: could not fetch {filename} from {self.where} "
                                   f"({type(e).__name__}); retry, or fetch it first with `hf download "
-                                  f"{source.repo_id} {filename}`") from None
-    files = " or ".join(source.files)
-    if not_cached:
-        mode = "HF_HUB_OFFLINE=1 is set" if offline else f"the Hugging Face Hub is unreachable ({unreachable})"
-        then = ("or unset HF_HUB_OFFLINE" if offline else
-                "or, offline on purpose, set HF_HUB_OFFLINE=1 to skip the connection attempt")
-        revision = f" --revision {source.revision}" if source.revision else ""
-        raise CheckpointError(f"--checkpoint {source.spec}: {' or '.join(not_cached)} of {where} is not in the "
-                              f"Hugging Face cache ({cache or 'default location'}) and {mode}; fetch it on a "
-                              f"machine with network: `hf download {source.repo_id} {not_cached[0]}{revision}` "
-                              f"(into the same HF_HUB_CACHE), {then}")
-    raise CheckpointError(f"--checkpoint {source.spec}: {where} has no {files}; name the file: "
-                          f"hf-hub:{source.repo_id}{at}:FILE")
+                                  f"{s.repo_id} {filename}`") from None
+        return None
+
+    def transformers_folder(self) -> Path | None:
+        """The snapshot folder of a transformers repo (config.json with model_type), or None for other repos."""
+        from .hf_folder import CONFIG, PREPROCESSOR, WEIGHTS, is_transformers
+
+        config = self.get(CONFIG)
+        if config is None or not is_transformers(config.parent):
+            self.not_cached = []  # (a repo without config.json is looked up file by file)
+            return None
+        self.get(PREPROCESSOR)
+        if self.source.files != DEFAULT_FILES:  # the weight file was named: that one
+            names = self.source.files
+        else:
+            names = WEIGHTS
+        for name in names:
+            got = self.get(name)
+            if got is not None:
+                if name.endswith(".index.json"):
+                    import json
+
+                    shards = dict.fromkeys(json.loads(got.read_text()).get("weight_map", {}).values())
+                    missing = [n for n in shards if isinstance(n, str) and self.get(n) is None]
+                    if missing:
+                        self.raise_missing(tuple(missing))
+                return got if self.source.files != DEFAULT_FILES else config.parent
+        self.raise_missing(names)
+
+    def raise_missing(self, files: tuple[str, ...]):
+        s = self.source
+        if self.not_cached:
+            mode = ("HF_HUB_OFFLINE=1 is set" if self.offline else
+                    f"the Hugging Face Hub is unreachable ({self.unreachable})")
+            then = ("or unset HF_HUB_OFFLINE" if self.offline else
+                    "or, offline on purpose, set HF_HUB_OFFLINE=1 to skip the connection attempt")
+            revision = f" --revision {s.revision}" if s.revision else ""
+            raise CheckpointError(f"--checkpoint {s.spec}: {' or '.join(self.not_cached)} of {self.where} is not in "
+                                  f"the Hugging Face cache ({self.cache or 'default location'}) and {mode}; fetch "
+                                  f"it on a machine with network: `hf download {s.repo_id} {self.not_cached[0]}"
+                                  f"{revision}` (into the same HF_HUB_CACHE), {then}")
+        at = f"@{s.revision}" if s.revision else ""
+        raise CheckpointError(f"--checkpoint {s.spec}: {self.where} has no {' or '.join(files)}; name the file: "
+                              f"hf-hub:{s.repo_id}{at}:FILE")

@@ -5,7 +5,8 @@ Sequential stem (indices 0-5), `network` is [stage0, Embedding, stage1, Embeddin
 each stage a Sequential of ConvEncoders ending in `vit_num` SwiftFormerEncoders, then `norm`, `head`,
 `dist_head`. The attention uses the current official math (alpha l2-normalized over tokens, not softmax).
 timm's port names the same weights differently (`stem`, `stages.i.blocks`, ...): `TIMM_NAMES` below maps them
-back, registered with the family like timm's own `checkpoint_filter_fn`.
+back, registered with the family like timm's own `checkpoint_filter_fn`; Hugging Face transformers' port
+(`swiftformer.encoder.network.i.blocks.j`, ...) is mapped in models/swiftformer_hf.py.
 """
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ import torch.nn as nn
 
 from ..errors import VitedgeError
 from .layers import DropPath, EfficientAdditiveAttention, init_trunc_normal
+from .preprocess import SWIFTFORMER_RECIPE
 from .registry import Remap, register_family, register_model
+from .swiftformer_hf import TRANSFORMERS_NAMES, TRANSFORMERS_PORT
 
 __all__ = ["SwiftFormer", "ConvEncoder", "SwiftFormerLocalRepresentation", "SwiftFormerEncoder", "Mlp", "Embedding"]
 
@@ -102,12 +105,13 @@ class SwiftFormerEncoder(nn.Module):
     """LocalRep, then `x + ls1 * Attn(tokens)` (tokens = NHWC rows), then `x + ls2 * Mlp(x)`."""
 
     def __init__(self, dim: int, mlp_ratio: float = 4.0, act_layer=nn.GELU, drop: float = 0.0,
-                 drop_path: float = 0.0, use_layer_scale: bool = True, layer_scale_init_value: float = 1e-5):
+                 drop_path: float = 0.0, use_layer_scale: bool = True, layer_scale_init_value: float = 1e-5,
+                 attn_weights: str = "l2"):
         super().__init__()
         # The official code hard-codes the local branch's layer scale and its zero drop path.
         self.local_representation = SwiftFormerLocalRepresentation(dim=dim, kernel_size=3, drop_path=0.0,
                                                                    use_layer_scale=True)
-        self.attn = EfficientAdditiveAttention(in_dims=dim, token_dim=dim, num_heads=1)
+        self.attn = EfficientAdditiveAttention(in_dims=dim, token_dim=dim, num_heads=1, weights=attn_weights)
         self.linear = Mlp(in_features=dim, hidden_features=int(dim * mlp_ratio), act_layer=act_layer, drop=drop)
         self.drop_path = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
         self.use_layer_scale = use_layer_scale
@@ -126,7 +130,7 @@ class SwiftFormerEncoder(nn.Module):
 
 def Stage(dim: int, index: int, layers: list[int], mlp_ratio: float = 4.0, act_layer=nn.GELU,
           drop_rate: float = 0.0, drop_path_rate: float = 0.0, use_layer_scale: bool = True,
-          layer_scale_init_value: float = 1e-5, vit_num: int = 1) -> nn.Sequential:
+          layer_scale_init_value: float = 1e-5, vit_num: int = 1, attn_weights: str = "l2") -> nn.Sequential:
     """The official stage builder: the last `vit_num` blocks are SwiftFormerEncoders, the rest ConvEncoders.
 
     As in the official code only the encoders receive the drop-path rate (ConvEncoders get 0), and
@@ -138,7 +142,8 @@ def Stage(dim: int, index: int, layers: list[int], mlp_ratio: float = 4.0, act_l
         if layers[index] - block_idx <= vit_num:
             blocks.append(SwiftFormerEncoder(dim, mlp_ratio=mlp_ratio, act_layer=act_layer, drop_path=block_dpr,
                                              use_layer_scale=use_layer_scale,
-                                             layer_scale_init_value=layer_scale_init_value))
+                                             layer_scale_init_value=layer_scale_init_value,
+                                             attn_weights=attn_weights))
         else:
             blocks.append(ConvEncoder(dim=dim, hidden_dim=int(mlp_ratio * dim), kernel_size=3))
     return nn.Sequential(*blocks)
@@ -146,13 +151,15 @@ def Stage(dim: int, index: int, layers: list[int], mlp_ratio: float = 4.0, act_l
 
 class SwiftFormer(nn.Module):
     """The classification SwiftFormer. Eval returns `(head(p) + dist_head(p)) / 2`, train the tuple of both
-    heads, `distillation=False` only `head(p)`; p is the spatial mean of `norm(x)`."""
+    heads, `distillation=False` only `head(p)`; p is the spatial mean of `norm(x)`. `attn_weights`: "l2" (the
+    current official attention) or "softmax" (the first release's, kept by the transformers port: every token
+    weight 1; layers.EfficientAdditiveAttention)."""
 
     def __init__(self, layers: list[int], embed_dims: list[int], mlp_ratios: float = 4,
                  downsamples: list[bool] | None = None, act_layer=nn.GELU, num_classes: int = 1000,
                  down_patch_size: int = 3, down_stride: int = 2, down_pad: int = 1, drop_rate: float = 0.0,
                  drop_path_rate: float = 0.0, use_layer_scale: bool = True, layer_scale_init_value: float = 1e-5,
-                 vit_num: int = 1, distillation: bool = True):
+                 vit_num: int = 1, distillation: bool = True, attn_weights: str = "l2"):
         super().__init__()
         if len(layers) != len(embed_dims) or not layers:
             raise VitedgeError(f"layers ({len(layers)} stages) and embed_dims ({len(embed_dims)} widths) must have "
@@ -166,7 +173,7 @@ class SwiftFormer(nn.Module):
             network.append(Stage(embed_dims[i], i, layers, mlp_ratio=mlp_ratios, act_layer=act_layer,
                                  drop_rate=drop_rate, drop_path_rate=drop_path_rate,
                                  use_layer_scale=use_layer_scale, layer_scale_init_value=layer_scale_init_value,
-                                 vit_num=vit_num))
+                                 vit_num=vit_num, attn_weights=attn_weights))
             if i >= len(layers) - 1:
                 break
             if downsamples[i] or embed_dims[i] != embed_dims[i + 1]:
@@ -249,4 +256,5 @@ def _from_timm(sd: Mapping, model_sd: Mapping) -> tuple[OrderedDict, str]:
 
 
 TIMM_NAMES = Remap("timm_swiftformer", _is_timm_layout, _from_timm)
-register_family(__name__, plan="swiftformer", remaps=(TIMM_NAMES,))
+register_family(__name__, plan="swiftformer", remaps=(TIMM_NAMES, TRANSFORMERS_NAMES), recipe=SWIFTFORMER_RECIPE,
+                ports=(TRANSFORMERS_PORT,))

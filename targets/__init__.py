@@ -14,9 +14,11 @@ TARGETS: dict[str, str] = {
     "onnx": "vitedge.targets.ort:OnnxTarget",
     "coreml": "vitedge.targets.coreml.target:CoreMLTarget",
     "tensorrt": "vitedge.targets.tensorrt:TensorRTTarget",
+    "executorch": "vitedge.targets.executorch.target:ExecuTorchTarget",
 }
 
-ALIASES = {"trt": "tensorrt", "engine": "tensorrt", "mlpackage": "coreml", "ios": "coreml", "onnxruntime": "onnx"}
+ALIASES = {"trt": "tensorrt", "engine": "tensorrt", "mlpackage": "coreml", "ios": "coreml", "onnxruntime": "onnx",
+           "pte": "executorch", "android": "executorch"}
 
 
 def get_target(name: str) -> Target:

@@ -90,7 +90,10 @@ class Target(ABC):
     options: tuple = ()          # target-specific CLI option names it accepts
     dynamic_batch: bool = False  # whether --dynamic-batch applies
     hop_names: dict = {}         # precision -> parity hop name, where it is not the target's name
-    qdq_encoding: str | None = None  # int8: which QDQ encoding the pipeline writes for it (targets/graph/qdq.py)
+    qdq_encoding: str | None = None  # int8: which QDQ encoding the pipeline writes for it (targets/graph/qdq.py);
+    #                                  None: the target quantizes the deploy-form itself (LowerSpec.calibration)
+    localization: str | None = None  # why a failed hop of this target's artifacts is not localized, where it is not
+    threaded: bool = False           # its runner takes `threads` (a CPU runtime's pool), as the bench sets them
 
     def hop_name(self, precision: str | None) -> str:
         """The parity hop this target's artifact of `precision` is reported as."""

@@ -10,10 +10,25 @@ from pathlib import Path
 from ..errors import VitedgeError
 
 
-def read_labels(path: str | Path, num_classes: int | None = None) -> list[str]:
+class CarriedLabels(tuple):
+    """Class names that came with the checkpoint (a transformers config.json's id2label), standing in for a --labels
+    file wherever one is accepted; `str()` says where they came from."""
+
+    def __new__(cls, names, source: str):
+        self = super().__new__(cls, names)
+        self.source = source
+        return self
+
+    def __str__(self) -> str:
+        return self.source
+
+
+def read_labels(path: str | Path | CarriedLabels, num_classes: int | None = None) -> list[str]:
     """The class names in `path`, in index order: one per line, surrounding whitespace and trailing blank lines
     dropped. An unreadable or empty file, an empty line, a repeated name or (with `num_classes`) a count other
-    than the model's classes is a VitedgeError naming the file."""
+    than the model's classes is a VitedgeError naming the file. CarriedLabels are checked alike."""
+    if isinstance(path, CarriedLabels):
+        return _checked([str(x).strip() for x in path], path.source, num_classes)
     p = Path(path)
     if not p.is_file():
         raise VitedgeError(f"--labels file {p} not found; give a text file with one class label per line")
@@ -24,15 +39,18 @@ def read_labels(path: str | Path, num_classes: int | None = None) -> list[str]:
             from None
     while lines and not lines[-1].strip():
         lines.pop()
-    labels = [ln.strip() for ln in lines]
+    return _checked([ln.strip() for ln in lines], f"--labels file {p}", num_classes)
+
+
+def _checked(labels: list[str], p: str, num_classes: int | None) -> list[str]:
     if not labels:
-        raise VitedgeError(f"--labels file {p} is empty; it needs one class name per line, in index order")
+        raise VitedgeError(f"{p} is empty; it needs one class name per line, in index order")
     if any(not lb for lb in labels):
-        raise VitedgeError(f"--labels file {p} has empty lines; write exactly one non-empty label per line")
+        raise VitedgeError(f"{p} has empty lines; write exactly one non-empty label per line")
     dup = sorted({lb for lb in labels if labels.count(lb) > 1})
     if dup:
-        raise VitedgeError(f"--labels file {p} repeats {dup[:3]}; class labels must be unique")
+        raise VitedgeError(f"{p} repeats {dup[:3]}; class labels must be unique")
     if num_classes is not None and len(labels) != num_classes:
-        raise VitedgeError(f"--labels file {p} has {len(labels)} labels but the model has {num_classes} classes; "
+        raise VitedgeError(f"{p} has {len(labels)} labels but the model has {num_classes} classes; "
                            "give one label per class")
     return labels

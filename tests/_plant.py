@@ -1,7 +1,7 @@
 """Planted errors for sensitivity checks: one output channel of one mid-network weight of an ONNX graph, scaled;
-errors planted in saved fp16 artifacts (a CoreML package's weight.bin, an fp16 ONNX initializer); and in saved
-compressed artifacts (an int8 QDQ graph's per-channel weight scales, a compressed package's scales or lookup table
-in weight.bin).
+errors planted in saved fp16 artifacts (a CoreML package's weight.bin, an fp16 ONNX initializer, a weight in an
+ExecuTorch program); and in saved compressed artifacts (an int8 QDQ graph's per-channel weight scales, a compressed
+package's scales or lookup table in weight.bin).
 
 Used by the criteria tests, benchmarks/parity_noise.py (the study that picks the noise rule's floor and K),
 benchmarks/fp16_verdicts.py (the fp16 rule's) and benchmarks/compressed_verdicts.py (the compressed rule's).
@@ -85,10 +85,12 @@ PLANT_FACTORS = {"zero_layer": None, "sign_flip": -1.0, "x10": 10.0, "x2": 2.0, 
 
 
 def change_weight(w: np.ndarray, plant: str) -> np.ndarray:
+    """`w` (output channels first) with `plant` applied: a PLANT_FACTORS name, or "xF" for any factor F."""
     w = w.copy()
-    if PLANT_FACTORS[plant] is None:
+    factor = PLANT_FACTORS[plant] if plant in PLANT_FACTORS else float(plant.removeprefix("x"))
+    if factor is None:
         return w * 0
-    w[w.shape[0] // 2] *= PLANT_FACTORS[plant]
+    w[w.shape[0] // 2] *= factor
     return w
 
 
@@ -219,3 +221,16 @@ def plant_int8_scale(src, dst, plant: str, position: float) -> str:
     scale.CopyFrom(numpy_helper.from_array(changed.astype(numpy_helper.to_array(scale).dtype), scale.name))
     onnx.save(graph, str(dst))
     return node.input[0]
+
+
+def plant_pte_weight(src, dst, weight: np.ndarray, plant: str) -> None:
+    """Copy the ExecuTorch program `src` to `dst` with `plant` applied to `weight` (a float32 deploy-form parameter,
+    output channels first) where the program stores it: XNNPACK's delegate keeps linear and 1x1 convolution
+    weights as raw float32 bytes, found by their exact contents."""
+    raw = bytearray(open(src, "rb").read())
+    w = np.ascontiguousarray(weight, np.float32)
+    at = raw.find(w.tobytes())
+    if at < 0 or raw.find(w.tobytes(), at + 1) >= 0:
+        raise ValueError("the weight is not stored once as raw float32 in the program")
+    raw[at:at + w.nbytes] = change_weight(w.reshape(w.shape[0], -1), plant).astype(np.float32).tobytes()
+    open(dst, "wb").write(bytes(raw))

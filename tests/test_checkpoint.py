@@ -367,9 +367,12 @@ def test_strict_error_suggests_num_classes_for_a_finetuned_head():
 def test_cli_checkpoint_errors_give_cli_hints_only(tmp_path, capsys):
     from vitedge.cli import main
 
-    path = tmp_path / "ten.pth"
-    torch.save({"model": create_model("sima_nano_12_p16", num_classes=10).state_dict()}, path)
+    path = tmp_path / "wide.pth"
+    sd = create_model("sima_nano_12_p16").state_dict()
+    sd["norm.weight"] = torch.ones(sd["norm.weight"].shape[0] + 1)  # one mis-shaped tensor, not the head
+    torch.save({"model": sd}, path)
     assert main(["-q", "export", "--model", "sima_nano_12_p16", "--checkpoint", str(path), "--out",
                  str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
-    assert "--set num_classes=10" in err and "strict=False" not in err and "create_model(" not in err, err
+    assert "norm.weight" in err and "--set KEY=VALUE" in err, err
+    assert "strict=False" not in err and "create_model(" not in err and "closest" not in err, err

@@ -365,3 +365,21 @@ def test_toml_plans_read_like_yaml(tmp_path):
                                        "swiftformer_xs/32/coreml-fp32", "swiftformer_xs/64/coreml-fp32"]
     assert r.cells[2].cached is False and not (tmp_path / "out").exists()
     assert vitedge.matrix is matrix  # the public API
+
+
+def test_the_matrix_plans_executorch_cells_keyed_by_its_version(tmp_path):
+    """The executorch target joins plans like any row of the targets table; its cells' keys hold the executorch
+    and torchao versions that lowered them."""
+    from vitedge.exporter.matrix.cache import Env, cell_key
+    from vitedge.exporter.matrix.plan import Cell
+
+    r = matrix(plan_of([XS], targets=["onnx", "executorch"], precisions=["fp16", "int8"]), out=tmp_path / "out",
+               dry_run=True)
+    assert [c.id for c in r.cells] == ["swiftformer_xs/32/onnx-fp16", "swiftformer_xs/32/onnx-int8",
+                                       "swiftformer_xs/32/executorch-int8"]
+    assert [(s["target"], s["precision"]) for s in r.skipped] == [("executorch", "fp16")]
+    versions = {"vitedge": "0.1.0", "torch": "2.13.0", "executorch": "1.5.1", "torchao": "0.18.0"}
+    cell = Cell("swiftformer_xs", "xs", 224, "executorch", "fp32", "executorch")
+    key, inputs, why = cell_key(cell, Env(versions=versions, source="src"))
+    assert why is None and inputs["toolchain"]["executorch"] == "1.5.1" and inputs["toolchain"]["torchao"] == "0.18.0"
+    assert cell_key(cell, Env(versions={**versions, "executorch": "1.6.0"}, source="src"))[0] != key

@@ -12,7 +12,7 @@ from packaging.utils import canonicalize_name
 REPO = Path(__file__).resolve().parents[1]
 LOWER, UPPER = {">=", ">", "~=", "=="}, {"<", "<=", "~=", "=="}
 OPTIONAL = {"matplotlib": "plot", "huggingface-hub": "hub", "ray": "ray", "tensorrt-cu12": "tensorrt",
-            "scikit-learn": "compress"}
+            "scikit-learn": "compress", "executorch": "executorch", "torchao": "executorch"}
 
 
 def _project() -> dict:
@@ -68,11 +68,12 @@ def test_ci_installs_pinned_versions_inside_the_declared_ranges():
             continue  # e.g. tomli on Python < 3.11: not installed where CI runs
         name = canonicalize_name(r.name)
         assert name in pins and r.specifier.contains(pins[name], prereleases=True), (name, r.specifier, pins.get(name))
+    extras = {k: _core(v) for k, v in _project()["optional-dependencies"].items()}
     for package, extra in OPTIONAL.items():
-        if extra in ("hub", "plot", "compress"):  # the extras CI installs (compress's scikit-learn: through test)
-            assert package in pins, package
+        if extra in ("hub", "plot", "compress", "executorch"):  # the extras CI installs (compress: through test)
+            assert package in pins and extras[extra][package].contains(pins[package], prereleases=True), package
     run = (REPO / ".ci" / "run").read_text()
-    assert "-c .ci/constraints.txt" in run and '-e ".[test,hub,plot]"' in run
+    assert "-c .ci/constraints.txt" in run and '-e ".[test,hub,plot,executorch]"' in run
 
 
 def test_tensorrt_extras_name_their_major_and_cuda_build():

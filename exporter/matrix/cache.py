@@ -35,7 +35,8 @@ from .plan import Cell
 
 SCHEMA = 1
 BASE_PACKAGES = ("torch", "numpy", "onnx", "onnxruntime", "onnxsim")
-TARGET_PACKAGES = {"onnx": (), "coreml": ("coremltools",), "tensorrt": ("tensorrt",)}
+TARGET_PACKAGES = {"onnx": (), "coreml": ("coremltools",), "tensorrt": ("tensorrt",),
+                   "executorch": ("executorch", "torchao")}
 
 
 @dataclass

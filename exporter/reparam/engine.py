@@ -204,7 +204,7 @@ def reparameterize(model: nn.Module, imgsz: int | None = None, attn_order: str =
         d.reparam_summary = ctx.summary
         d.reparam_blocks = ctx.blocks
         d.reparam_imgsz = imgsz
-        for attr in ("vitedge_name", "vitedge_overrides", "vitedge_spec"):
+        for attr in ("vitedge_name", "vitedge_overrides", "vitedge_spec", "vitedge_recipe", "vitedge_imgsz"):
             if hasattr(model, attr):
                 setattr(d, attr, getattr(model, attr))
     if deploy is not deploy64:

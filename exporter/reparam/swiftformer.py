@@ -77,9 +77,10 @@ class AdditiveAttention2d(nn.Module):
 
     q, k l2-normalized over channels; alpha = w_g(q) (scale folded into w_g), l2-normalized over the pixels;
     g = sum over pixels of alpha * q, shape (B, C, 1, 1), broadcast-multiplied with k; out = final(Proj(g * k) + q).
+    `w_g` None: the "softmax" attention (every token weight 1, layers.EfficientAdditiveAttention): g = sum of q.
     """
 
-    def __init__(self, to_query: nn.Conv2d, to_key: nn.Conv2d, w_g: nn.Conv2d, Proj: nn.Conv2d,
+    def __init__(self, to_query: nn.Conv2d, to_key: nn.Conv2d, w_g: nn.Conv2d | None, Proj: nn.Conv2d,
                  final: nn.Conv2d, eps: float = 1e-12, rsqrt: bool = True, reduce_l2: bool = False):
         super().__init__()
         self.to_query, self.to_key, self.w_g, self.Proj, self.final = to_query, to_key, w_g, Proj, final
@@ -92,8 +93,11 @@ class AdditiveAttention2d(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q = self.norm(self.to_query(x), 1, self.eps)
         k = self.norm(self.to_key(x), 1, self.eps)
-        a = self.norm(self.w_g(q), (2, 3), self.eps)  # (B, 1, H, W)
-        g = (a * q).sum(dim=(2, 3), keepdim=True)          # (B, C, 1, 1)
+        if self.w_g is None:
+            g = q.sum(dim=(2, 3), keepdim=True)
+        else:
+            a = self.norm(self.w_g(q), (2, 3), self.eps)  # (B, 1, H, W)
+            g = (a * q).sum(dim=(2, 3), keepdim=True)      # (B, C, 1, 1)
         return self.final(self.Proj(g * k) + q)
 
 
@@ -106,7 +110,7 @@ class AdditiveAttentionTokens(EfficientAdditiveAttention):
         nn.Module.__init__(self)
         self.to_query, self.to_key, self.w_g, self.Proj, self.final = (attn.to_query, attn.to_key, attn.w_g,
                                                                       attn.Proj, attn.final)
-        self.scale_factor = attn.scale_factor
+        self.scale_factor, self.weights = attn.scale_factor, attn.weights
         self.rsqrt, self.reduce_l2 = rsqrt, reduce_l2
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -115,8 +119,11 @@ class AdditiveAttentionTokens(EfficientAdditiveAttention):
 
         query = norm(self.to_query(x), -1)
         key = norm(self.to_key(x), -1)
-        a = norm((query @ self.w_g) * self.scale_factor, 1)
-        g = torch.sum(a * query, dim=1, keepdim=True)
+        if self.weights == "softmax":  # every token weight 1 (layers.EfficientAdditiveAttention)
+            g = torch.sum(query, dim=1, keepdim=True)
+        else:
+            a = norm((query @ self.w_g) * self.scale_factor, 1)
+            g = torch.sum(a * query, dim=1, keepdim=True)
         return self.final(self.Proj(g * key) + query)
 
 
@@ -184,8 +191,10 @@ def _fold_attention(attn: EfficientAdditiveAttention, final: nn.Linear, ctx: Fol
         attn.w_g.copy_(w_g)
         attn.scale_factor = 1.0
         return AdditiveAttentionTokens(attn, rsqrt, reduce_l2) if rsqrt or reduce_l2 else attn
-    g = nn.Conv2d(w_g.shape[0], 1, 1, bias=False).to(w_g)
-    g.weight.copy_(w_g.t().reshape(1, -1, 1, 1))
+    g = None
+    if attn.weights != "softmax":  # (with softmax weights w_g has no effect: every token weight is 1)
+        g = nn.Conv2d(w_g.shape[0], 1, 1, bias=False).to(w_g)
+        g.weight.copy_(w_g.t().reshape(1, -1, 1, 1))
     conv = linear_to_conv1x1
     return AdditiveAttention2d(conv(attn.to_query), conv(attn.to_key), g, conv(attn.Proj), conv(final),
                                rsqrt=rsqrt, reduce_l2=reduce_l2)

@@ -100,15 +100,24 @@ class SimplifiedLinearAttention(nn.Module):
         return self.proj(_merge_heads(out, h))
 
 
-class EfficientAdditiveAttention(nn.Module):
-    """SwiftFormer's additive attention, current official semantics (keys `to_query`, `to_key`, `w_g`, `Proj`, `final`).
+ATTN_WEIGHTS = ("l2", "softmax")
 
-    q, k l2-normalized per token; alpha = (q . w_g) * D^-1/2, l2-normalized over the tokens;
-    global query g = sum_n alpha_n q_n; out = final(Proj(g * k) + q).
+
+class EfficientAdditiveAttention(nn.Module):
+    """SwiftFormer's additive attention (keys `to_query`, `to_key`, `w_g`, `Proj`, `final`).
+
+    q, k l2-normalized per token; alpha = (q . w_g) * D^-1/2; global query g = sum_n alpha'_n q_n;
+    out = final(Proj(g * k) + q). `weights` says what alpha' is:
+    - "l2" (the current official code): alpha l2-normalized over the tokens;
+    - "softmax" (the first official release, and the Hugging Face transformers port to this day): a softmax over
+      alpha's last axis, which has size 1, so every weight is exactly 1 and g = sum_n q_n (w_g has no effect).
     """
 
-    def __init__(self, in_dims: int = 512, token_dim: int = 256, num_heads: int = 1):
+    def __init__(self, in_dims: int = 512, token_dim: int = 256, num_heads: int = 1, weights: str = "l2"):
         super().__init__()
+        if weights not in ATTN_WEIGHTS:
+            raise ValueError(f"attn_weights must be one of {ATTN_WEIGHTS}; got {weights!r}")
+        self.weights = weights
         self.to_query = nn.Linear(in_dims, token_dim * num_heads)
         self.to_key = nn.Linear(in_dims, token_dim * num_heads)
         self.w_g = nn.Parameter(torch.randn(token_dim * num_heads, 1))
@@ -119,7 +128,8 @@ class EfficientAdditiveAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         query = F.normalize(self.to_query(x), dim=-1)
         key = F.normalize(self.to_key(x), dim=-1)
-        a = F.normalize((query @ self.w_g) * self.scale_factor, dim=1)
+        a = (query @ self.w_g) * self.scale_factor
+        a = a.softmax(dim=-1) if self.weights == "softmax" else F.normalize(a, dim=1)
         g = torch.sum(a * query, dim=1, keepdim=True)  # (B, 1, D), broadcast over tokens
         return self.final(self.Proj(g * key) + query)
 

@@ -25,6 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...models.layers.normalize import l1_normalize_div, l2_normalize_rsqrt
+from ...models.preprocess import Recipe
 from ...models.registry import IMAGENET_MEAN, IMAGENET_STD
 from ..base import LowerSpec
 from ..graph.precision import default_policy
@@ -243,6 +244,7 @@ def _set_metadata(ml, spec: LowerSpec, opts: CoreMLOptions, mean, std, fold_note
     user = {
         "model": spec.name, "imgsz": str(spec.imgsz), "batch": str(spec.batch), "input": opts.input,
         "preprocessing": json.dumps(_input_spec(opts, None, mean, std, fold_note), sort_keys=True),
+        "preprocess": json.dumps(meta.get("preprocess") or {}, sort_keys=True),
         "reparam": json.dumps(meta.get("reparam", {}), sort_keys=True),
         "checkpoint_sha256": str(meta.get("checkpoint_sha256") or "null"),
         "weights": str(weights), "precision": spec.precision, "ios": str(opts.ios),
@@ -260,12 +262,23 @@ def _set_metadata(ml, spec: LowerSpec, opts: CoreMLOptions, mean, std, fold_note
         if k in spec_pb.description.metadata.userDefined:
             del spec_pb.description.metadata.userDefined[k]
     # Xcode's description pane
+    resize = _resize_text(meta.get("preprocess"), spec.imgsz)
     spec_pb.description.input[0].shortDescription = (
-        "RGB image, pixels 0-255 (normalized inside the model)" if opts.input == "image"
-        else "float32 NCHW RGB, normalized with ImageNet mean/std")
+        f"RGB image, pixels 0-255 ({resize}; normalized inside the model)" if opts.input == "image"
+        else f"float32 NCHW RGB ({resize}), normalized: (pixel / 255 - mean) / std, mean {_fmt3(mean)}, "
+             f"std {_fmt3(std)}")
     for o in spec_pb.description.output:
         o.shortDescription = {"logits": "class scores before softmax", "classLabel": "most likely class",
                               "classLabel_probs": "probability of every class"}.get(o.name, "")
+
+
+def _fmt3(v) -> str:
+    return "[" + ", ".join(f"{x:.4g}" for x in v) + "]"
+
+
+def _resize_text(recipe: dict | None, imgsz: int) -> str:
+    """How the app makes the model's input from a photo (the export's eval preprocessing, models/preprocess.py)."""
+    return Recipe.from_dict(recipe).describe(imgsz) if recipe else f"{imgsz}x{imgsz}"
 
 
 def _input_spec(opts: CoreMLOptions, shape, mean, std, fold_note) -> dict:

@@ -48,10 +48,13 @@ class MILProgramError(VitedgeError):
 
 @contextlib.contextmanager
 def quiet_coremltools():
-    """Import/use coremltools without its Linux noise ("Failed to load _MLModelProxy", untested-torch warnings)."""
-    lg = logging.getLogger("coremltools")
-    level = lg.level
-    lg.setLevel(logging.ERROR)
+    """Import/use coremltools without its Linux noise ("Failed to load _MLModelProxy", untested-torch warnings, and
+    where torchao is installed (the executorch extra), the torchao import coremltools makes: its CUDA kernels that
+    cannot load, torch's pytree deprecation note)."""
+    loggers = [logging.getLogger(n) for n in ("coremltools", "torchao", "torch.utils._pytree")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -59,7 +62,8 @@ def quiet_coremltools():
                 import coremltools  # noqa: F401  (first import prints the noise)
             yield
     finally:
-        lg.setLevel(level)
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 _BLAS: list = []  # [ctypes lib or None], looked up once

@@ -1,0 +1,248 @@
+"""ExecuTorchTarget: lower() exports the deploy-form (`torch.export`, never TorchScript), rewrites it into
+XNNPACK-delegable ops (delegable.py, gated in float64; `--executorch-rewrites off` skips them), quantizes it for
+int8 (quantize.py), lowers it with the XNNPACK partitioner (or none: `--executorch-backend portable`) and writes
+NAME.pte / NAME.int8.pte. The program carries vitedge's metadata (model, preprocessing, labels, precision,
+checkpoint hash, ...) as a second method, `vitedge_metadata`, returning the UTF-8 JSON as a uint8 tensor: an app
+can read it with the same runtime, and nothing sits beside the file to get lost.
+
+ExecuTorchRunner runs a `.pte` with ExecuTorch's own runtime (`executorch.runtime`, XNNPACK's real kernels):
+mode "device".
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.metadata
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from ...errors import VitedgeError
+from ..base import Artifact, LowerSpec, Runner, Target, UnavailableError, pad_batch, reraise_interrupt
+from .delegable import GATE_RTOL, gate, make_delegable
+
+BACKENDS = ("xnnpack", "portable")
+METADATA_METHOD = "vitedge_metadata"
+INSTALL_HINT = "pip install 'vitedge[executorch]'"
+THREADS_ENV = "VITEDGE_THREADS"
+
+
+def executorch_version() -> str | None:
+    try:
+        return importlib.metadata.version("executorch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@contextlib.contextmanager
+def quiet_native():
+    """Silence what the native libraries print on their first use (cpuinfo's probing of /sys on every start,
+    torchao's optional CUDA kernels that a CPU machine cannot load) and torch.export's deprecation warnings:
+    none of it is about the user's model. Errors still raise."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _runtime():
+    with quiet_native():
+        from executorch.runtime import Runtime
+
+        return Runtime.get()
+
+
+def set_threads(threads: int) -> None:
+    """XNNPACK's thread pool size for the programs loaded after it in this process (the pool is global in
+    ExecuTorch; a program keeps the pool it was loaded with: measured, benchmarks/executorch_speed.py)."""
+    with quiet_native():  # (the runtime logs every reset)
+        from executorch.extension.pybindings import portable_lib
+
+        portable_lib._unsafe_reset_threadpool(int(threads))
+
+
+def outside_delegate(edge_program) -> dict[str, int]:
+    """{op: count} of the ops a lowered program runs outside every delegate (ExecuTorch's portable kernels)."""
+    left: dict[str, int] = {}
+    for n in edge_program.graph_module.graph.nodes:
+        if n.op != "call_function" or "executorch_call_delegate" in str(n.target) or "getitem" in str(n.target):
+            continue
+        name = getattr(n.target, "__name__", str(n.target)).replace("aten.", "")
+        left[name] = left.get(name, 0) + 1
+    return dict(sorted(left.items()))
+
+
+def delegate_calls(edge_program) -> int:
+    return sum(1 for n in edge_program.graph_module.graph.nodes if "executorch_call_delegate" in str(n.target))
+
+
+class ExecuTorchRunner(Runner):
+    """ExecuTorch's runtime on a `.pte` (its static batch: inputs are run in chunks of it, the last padded)."""
+    mode = "device"
+
+    def __init__(self, path: str | Path, threads: int | None = None):
+        if threads is None and os.environ.get(THREADS_ENV):
+            threads = int(os.environ[THREADS_ENV])
+        if threads:
+            set_threads(threads)
+        self.threads = threads
+        with quiet_native():
+            self.program = _runtime().load_program(str(path))
+            self.method = self.program.load_method("forward")
+        meta = self.method.metadata.input_tensor_meta(0)
+        self.batch = int(meta.sizes()[0])
+        backend = _program_metadata(self.program).get("executorch_backend", "?")
+        self.backend = f"executorch {executorch_version()} ({backend})"
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        out = []
+        for i in range(0, len(x), self.batch):
+            chunk = np.ascontiguousarray(x[i:i + self.batch], np.float32)
+            y = self.method.execute([torch.from_numpy(pad_batch(chunk, self.batch))])[0]
+            out.append(y.detach().numpy()[:len(chunk)])
+        return np.concatenate(out).astype(np.float32, copy=False)
+
+    def max_batch(self) -> int | None:
+        return self.batch
+
+    def info(self) -> dict:
+        return {"runtime": "executorch.runtime", "threads": self.threads or "default"}
+
+    def close(self) -> None:
+        self.method = self.program = None
+
+
+def read_metadata(path: str | Path) -> dict:
+    """The vitedge metadata a `.pte` carries ({} for a program without it)."""
+    return _program_metadata(_runtime().load_program(str(path)))
+
+
+def _program_metadata(program) -> dict:
+    """The vitedge metadata of a loaded program ({} without it)."""
+    if METADATA_METHOD not in program.method_names:
+        return {}
+    raw = program.load_method(METADATA_METHOD).execute([])[0]
+    return json.loads(bytes(raw.numpy().astype(np.uint8).tobytes()).decode("utf-8"))
+
+
+class ExecuTorchTarget(Target):
+    name = "executorch"
+    suffix = ".pte"
+    default_precision = "fp32"
+    precisions = ("fp32", "int8")
+    options = ("executorch_backend", "executorch_rewrites")
+    dynamic_batch = False
+    hop_names = {"int8": "executorch-int8"}
+    qdq_encoding = None  # int8 is quantized in PT2E from the deploy-form, not from a QDQ graph
+    threaded = True      # runner(threads=N): XNNPACK's pool, sized before the program loads
+    localization = ("not localized: a .pte exposes only its outputs; the onnx hop of the same deploy-form "
+                    "localizes module by module")
+
+    def available(self) -> tuple[bool, str | None]:
+        try:
+            with quiet_native():
+                import executorch.exir  # noqa: F401
+                import executorch.runtime  # noqa: F401
+        except ImportError as e:
+            reraise_interrupt(e)
+            return False, f"executorch is not installed ({e}); {INSTALL_HINT}"
+        return True, None
+
+    def validate_options(self, options: dict) -> None:
+        """Refused before any work without the package (exit 2: the user asked for this target)."""
+        ok, why = self.available()
+        if not ok:
+            raise VitedgeError(f"--target executorch needs the executorch package: {INSTALL_HINT}")
+        backend = options.get("executorch_backend")
+        if backend is not None and backend not in BACKENDS:
+            raise VitedgeError(f"--executorch-backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+        rw = options.get("executorch_rewrites")
+        if rw is not None and rw not in ("on", "off"):
+            raise VitedgeError(f"--executorch-rewrites must be on or off; got {rw!r}")
+
+    def plan_precision(self, precision: str, options: dict) -> dict:
+        if precision == "int8" and options.get("executorch_backend") == "portable":
+            raise VitedgeError("--precision int8 for executorch needs the xnnpack backend (ExecuTorch's portable "
+                               "kernels have no int8 convolutions): drop --executorch-backend portable")
+        return options
+
+    def lower(self, deploy_model: nn.Module, spec: LowerSpec) -> Artifact:
+        ok, why = self.available()
+        if not ok:
+            raise UnavailableError(why)
+        from executorch.exir import to_edge_transform_and_lower
+
+        backend = spec.options.get("executorch_backend") or "xnnpack"
+        model = copy.deepcopy(deploy_model).float().eval()
+        shape = (spec.batch or 1, len(spec.metadata.get("mean") or (0, 0, 0)), spec.imgsz, spec.imgsz)
+        example = torch.zeros(shape)
+        info: dict = {"backend": backend, "executorch": executorch_version()}
+        with torch.no_grad(), quiet_native():
+            ep = torch.export.export(model, (example,))
+            if backend == "xnnpack" and spec.options.get("executorch_rewrites", "on") != "off":
+                ep, info["rewrites"] = _rewritten(ep, example)
+            if spec.precision == "int8":
+                if spec.calibration is None:
+                    raise ValueError("executorch int8 needs the pipeline's calibration set (spec.calibration)")
+                from .quantize import METHOD, quantize_pt2e
+
+                ep = quantize_pt2e(ep, example, spec.calibration)
+                info["calibration"] = spec.calibration.record(METHOD)
+            meta = dict(spec.metadata, precision=spec.precision, executorch_backend=backend)
+            blob = torch.tensor(list(json.dumps(meta, sort_keys=True, default=str).encode()), dtype=torch.uint8)
+            partitioners = [_xnnpack_partitioner()] if backend == "xnnpack" else []
+            edge = to_edge_transform_and_lower(ep, partitioner=partitioners, constant_methods={METADATA_METHOD: blob})
+            program = edge.exported_program()
+            info["outside_delegate"] = outside_delegate(program)
+            info["delegate_calls"] = delegate_calls(program)
+            info["fully_delegated"] = backend == "xnnpack" and not info["outside_delegate"]
+            buffer = edge.to_executorch().buffer
+        stem = spec.name if spec.precision == "fp32" else f"{spec.name}.{spec.precision}"
+        path = Path(spec.out_dir) / f"{stem}{self.suffix}"
+        path.write_bytes(buffer)
+        return Artifact(self.name, path, spec.precision, info=info)
+
+    def runner(self, artifact: Artifact, mode: str | None = None, **kw) -> Runner:
+        if mode not in (None, "device"):
+            raise UnavailableError("an ExecuTorch program runs on ExecuTorch's runtime here: mode 'device' only")
+        ok, why = self.available()
+        if not ok:
+            raise UnavailableError(why)
+        runner = ExecuTorchRunner(artifact.path, threads=kw.get("threads"))
+        runner.precision = artifact.precision
+        return runner
+
+    def read_metadata(self, path: str | Path) -> dict:
+        return read_metadata(path)
+
+
+def _xnnpack_partitioner():
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    return XnnpackPartitioner()
+
+
+def _rewritten(ep, example: torch.Tensor) -> tuple[object, dict]:
+    """(the program with the delegable rewrites, their record); the unrewritten program where the float64 gate
+    refuses them (a vitedge bug: the record says so and the report shows the ops left outside)."""
+    before = ep.module()
+    gm, done = make_delegable(copy.deepcopy(before))
+    probe = torch.randn(example.shape, generator=torch.Generator().manual_seed(0))
+    err = gate(before, gm, probe)
+    record = {"applied": done, "float64_rel_err": err, "gate": GATE_RTOL}
+    if not err <= GATE_RTOL:
+        return ep, {**record, "refused": f"changed the function in float64 ({err:.2e} > {GATE_RTOL:g})"}
+    return torch.export.export(gm, (example,)), record

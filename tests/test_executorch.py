@@ -1,0 +1,174 @@
+"""The executorch target: `.pte` programs lowered from the deploy-form, run here by ExecuTorch's own runtime
+(a real "device" hop), judged by the same rules as every artifact; planted errors in a saved program fail;
+the Android bundle; `.pte` in bench; the refusal without the package. (Delegation per family and int8 on
+trained weights: test_executorch_delegation.py.)"""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+import executorch  # noqa: F401 - a missing package fails here, loudly (CI installs it)
+
+from vitedge import cli
+from vitedge.exporter.forms import build_deploy_form, build_train_form
+from vitedge.exporter.pipeline import export
+from vitedge.targets import get_target
+from vitedge.targets.base import LowerSpec
+from vitedge.targets.executorch.target import read_metadata
+from vitedge.tests._families import CASES
+from vitedge.tests._plant import plant_pte_weight
+
+SMALL = CASES["swiftformer"]
+SMALL_FLAGS = ["--model", SMALL[0], "--set", "layers=[1,1,2,1]", "--set", "embed_dims=[16,24,32,48]",
+               "--set", "num_classes=10", "--imgsz", str(SMALL[2])]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """One fp32 export of the small SwiftFormer with labels, through the CLI."""
+    root = tmp_path_factory.mktemp("et")
+    labels = root / "labels.txt"
+    labels.write_text("\n".join(f"class{i}" for i in range(10)) + "\n")
+    out = root / "out"
+    code = cli.main(["export", *SMALL_FLAGS, "--target", "executorch", "--labels", str(labels), "--out", str(out),
+                     "--samples", "16"])
+    return code, out, json.loads((out / "report.json").read_text())
+
+
+def test_fp32_export_runs_on_executorch_and_passes_as_a_device_hop(exported):
+    code, out, rep = exported
+    hop = next(h for h in rep["parity"] if h["hop"] == "executorch")
+    assert code == 0 and hop["status"] == "passed" and hop["mode"] == "device"
+    assert hop["backend"].startswith("executorch ") and "xnnpack" in hop["backend"]
+    art = rep["artifacts"]["executorch"]
+    assert art["path"] == f"{SMALL[0]}.pte" and (out / art["path"]).is_file()
+    assert art["info"]["fully_delegated"] is True and art["info"]["outside_delegate"] == {}
+    assert art["info"]["rewrites"]["float64_rel_err"] <= art["info"]["rewrites"]["gate"]
+
+
+def test_the_program_carries_its_metadata(exported):
+    _, out, rep = exported
+    meta = read_metadata(out / f"{SMALL[0]}.pte")
+    assert meta["model"] == SMALL[0] and meta["imgsz"] == SMALL[2] and meta["precision"] == "fp32"
+    assert meta["labels"] == [f"class{i}" for i in range(10)]
+    assert meta["preprocess"] == rep["preprocess"] and meta["executorch_backend"] == "xnnpack"
+
+
+@pytest.mark.parametrize("plant", ["zero_layer", "sign_flip", "x1.01"])
+def test_errors_planted_in_the_saved_program_fail_parity(exported, tmp_path, plant):
+    """A zeroed layer, a sign-flipped and a 1 % output channel of one mid-network weight, in the .pte's bytes:
+    `vitedge parity --artifact` exits 1 and says why (the untouched program passes: the test below)."""
+    _, out, _ = exported
+    src = out / f"{SMALL[0]}.pte"
+    train = build_train_form(SMALL[0], overrides=SMALL[1]).model
+    deploy, _ = build_deploy_form(train, SMALL[2])
+    weights = [p for n, p in deploy.named_parameters() if p.ndim >= 2 and "pwconv1" in n]
+    dst = tmp_path / src.name
+    plant_pte_weight(src, dst, weights[len(weights) // 2].detach().numpy(), plant)
+    bad = cli.main(["parity", *SMALL_FLAGS, "--samples", "16", "--artifact", str(dst), "--report",
+                    str(tmp_path / "bad.json")])
+    hop = json.loads((tmp_path / "bad.json").read_text())["parity"][-1]
+    assert bad == 1 and hop["status"] == "failed" and "not localized" in hop["reason"]
+
+
+def test_the_untouched_program_passes_the_same_parity_check(exported, tmp_path):
+    _, out, _ = exported
+    good = cli.main(["parity", *SMALL_FLAGS, "--samples", "16", "--artifact", str(out / f"{SMALL[0]}.pte"),
+                     "--report", str(tmp_path / "good.json")])
+    hop = json.loads((tmp_path / "good.json").read_text())["parity"][-1]
+    assert good == 0 and hop["hop"] == "executorch" and hop["status"] == "passed" and hop["mode"] == "device"
+
+
+def test_rewrites_off_leaves_the_ops_outside_and_says_which(tmp_path):
+    name, overrides, imgsz = SMALL
+    deploy, _ = build_deploy_form(build_train_form(name, overrides=overrides).model, imgsz)
+    art = get_target("executorch").lower(deploy, LowerSpec(name, imgsz, 1, "fp32", tmp_path, None,
+                                                          metadata={"mean": [0.5] * 3},
+                                                          options={"executorch_rewrites": "off"}))
+    assert art.info["fully_delegated"] is False and "rewrites" not in art.info
+    assert {"sum.dim_IntList"} <= set(art.info["outside_delegate"])  # SwiftFormer's l2 normalization
+
+
+def test_without_the_package_the_target_is_refused_with_the_pip_hint(tmp_path, monkeypatch, capsys):
+    for mod in [m for m in sys.modules if m == "executorch" or m.startswith("executorch.")]:
+        monkeypatch.delitem(sys.modules, mod)
+    monkeypatch.setitem(sys.modules, "executorch", None)  # import executorch -> ImportError
+    out = tmp_path / "never"
+    assert cli.main(["export", *SMALL_FLAGS, "--target", "onnx,executorch", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install 'vitedge[executorch]'" in err[0]
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_portable_backend_refuses_int8_before_any_work(tmp_path, capsys):
+    out = tmp_path / "never"
+    code = cli.main(["export", *SMALL_FLAGS, "--target", "executorch", "--executorch-backend", "portable",
+                     "--precision", "int8", "--out", str(out)])
+    assert code == 2 and "xnnpack" in capsys.readouterr().err and not out.exists()
+
+
+def test_portable_backend_runs_without_a_delegate(tmp_path):
+    rep = export(SMALL[0], "executorch", overrides=SMALL[1], imgsz=SMALL[2], samples=8, out=tmp_path / "p",
+                 options={"executorch_backend": "portable"})
+    hop = rep.hop("executorch")
+    info = rep.artifacts["executorch"].info
+    assert rep.exit_code == 0 and hop.status == "passed" and hop.mode == "device"
+    assert info["delegate_calls"] == 0 and info["fully_delegated"] is False and info["outside_delegate"]
+
+
+def test_android_bundle_is_deterministic_and_checks_its_golden_vectors(tmp_path):
+    import hashlib
+    import zipfile
+
+    from vitedge.exporter.package_android import package_executorch
+
+    labels = tmp_path / "labels.txt"
+    labels.write_text("\n".join(f"c{i}" for i in range(10)) + "\n")
+    kw = dict(overrides=SMALL[1], imgsz=SMALL[2], samples=8, labels=labels)
+    a = package_executorch(SMALL[0], tmp_path / "a.zip", **kw)
+    b = package_executorch(SMALL[0], tmp_path / "b.zip", **kw)
+    assert a.exit_code == 0 and a.path.read_bytes() == b.path.read_bytes()
+    names = set(zipfile.ZipFile(a.path).namelist())
+    root = SMALL[0]
+    assert {f"{root}/{f}" for f in ("swiftformer_xs.pte", "labels.txt", "golden/inputs.npy", "golden/outputs.npy",
+                                    "golden/golden.json", "README.md", "manifest.json")} == names
+    m = a.manifest
+    assert m["golden"]["verified"]["passed"] is True and m["golden"]["verified"]["mode"] == "device"
+    assert m["delegation"]["fully_delegated"] is True and m["labels"]["count"] == 10
+    readme = zipfile.ZipFile(a.path).read(f"{root}/README.md").decode()
+    assert "org.pytorch.executorch.Module" in readme and "Module.load" in readme
+    pte = zipfile.ZipFile(a.path).read(f"{root}/swiftformer_xs.pte")
+    assert m["files"]["swiftformer_xs.pte"] == hashlib.sha256(pte).hexdigest()
+
+
+def test_bench_artifact_times_a_pte(exported):
+    from vitedge.exporter.bench_artifact import bench_artifact
+
+    _, out, _ = exported
+    rep = bench_artifact(out / f"{SMALL[0]}.pte", min_iters=3, max_s=0.2, warmup_s=0.01)
+    res = next(r for r in rep.results if r.backend == "executorch")
+    assert rep.artifact["format"] == "pte" and rep.artifact["parity"] == "run"
+    assert res.status == "ok" and res.mode == "device" and res.valid and res.latency["p50_ms"] > 0
+
+
+def test_bench_lowers_and_times_executorch_beside_onnx_runtime(tmp_path):
+    from vitedge.exporter.bench import run_bench
+
+    rep = run_bench(SMALL[0], backends="onnxruntime,executorch", imgsz=SMALL[2], overrides=SMALL[1], threads=1,
+                    warmup_s=0.01, min_iters=3, max_s=0.2, tmp_dir=tmp_path)
+    res = {r.backend: r for r in rep.results}
+    assert res["executorch"].status == "ok" and res["executorch"].mode == "device" and res["executorch"].valid
+    assert res["executorch"].precision == "fp32" and res["executorch"].latency["p50_ms"] > 0
+    assert res["onnxruntime"].valid
+
+
+def test_package_command_takes_the_target_and_refuses_ios_for_it(tmp_path, capsys):
+    out = tmp_path / "b.zip"
+    code = cli.main(["package", *SMALL_FLAGS, "--target", "executorch", "--ios", "17", "--out", str(out)])
+    assert code == 2 and "--ios applies to --target coreml only" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    code = cli.main(["package", *SMALL_FLAGS, "--target", "executorch", "--samples", "8", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0 and out.is_file() and "executorch hop passed (device" in printed

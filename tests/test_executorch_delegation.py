@@ -1,0 +1,63 @@
+"""Every family's deploy-form is delegated to XNNPACK whole (the delegable rewrites, gated in float64), and
+int8 programs of the trained reference models keep their accuracy, judged by the product's compressed rule.
+
+fp32 is checked for every family here; int8 delegation on the two trained references here, and for every family
+(reduced configs and the three real-size models) in benchmarks/results/executorch_delegation.json and
+executorch_speed.json (an int8 lowering of each family would add minutes to the suite)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vitedge.exporter.forms import build_deploy_form, build_train_form
+from vitedge.targets import get_target
+from vitedge.targets.base import LowerSpec
+from vitedge.targets.calibration import Calibration
+from vitedge.tests._families import CASES
+
+
+@pytest.mark.parametrize("family", sorted(CASES))
+def test_every_family_is_delegated_whole(family, tmp_path):
+    """No op outside XNNPACK for any family's fp32 deploy-form, and the program computes its function."""
+    name, overrides, imgsz = CASES[family]
+    deploy, _ = build_deploy_form(build_train_form(name, overrides=overrides).model, imgsz)
+    target = get_target("executorch")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, imgsz, imgsz)).astype(np.float32)
+    with torch.no_grad():
+        ref = deploy(torch.from_numpy(x)).numpy()
+    art = target.lower(deploy, LowerSpec(name, imgsz, 1, "fp32", tmp_path, None, metadata={"mean": [0.5] * 3}))
+    assert art.info["outside_delegate"] == {}, (family, art.info["outside_delegate"])
+    assert art.info["fully_delegated"] and not art.info["rewrites"].get("refused")
+    assert art.info["rewrites"]["applied"]  # each family has ops XNNPACK would not take as written
+    with target.runner(art) as r:
+        y = r.run(x)
+    assert np.abs(y - ref).max() <= 1e-4 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("name", ["swiftformer_digits", "slab_deit_digits"])
+def test_int8_on_trained_weights_keeps_the_accuracy(name, tmp_path):
+    """PT2E int8 of the trained reference models, calibrated on 64 training images, judged on the 364 held-out
+    digits by the product's compressed rule (int8 profile: accuracy drop, agreement, cosine, PSNR)."""
+    from vitedge.exporter.compressed import Judged, judge_compressed
+    from vitedge.exporter.parity import FLOAT64_TOLERANCES, ground_truth
+    from vitedge.tests import trained_fixtures as tf
+
+    train, deploy = tf.deploy_form(name)
+    imgsz = tf.manifest()["models"][name]["imgsz"]
+    xc, ids = tf.calibration_images(name, 64)
+    calib = Calibration(xc, tuple(str(i) for i in ids), "images")
+    target = get_target("executorch")
+    art = target.lower(deploy, LowerSpec(name, imgsz, 1, "int8", tmp_path, None, metadata={"mean": [0.5] * 3},
+                                         calibration=calib))
+    assert art.info["outside_delegate"] == {} and art.info["calibration"]["samples"] == 64
+    x, y = tf.heldout(name)
+    sets = ("user",) * len(x)  # labelled images of the user's task, as --images gives them
+    judged = Judged(train, x, ground_truth(train, x, sets, y), tuple(f"digit:{i}" for i in range(len(x))))
+    with target.runner(art) as runner:
+        hop = judge_compressed("executorch-int8", runner, judged, FLOAT64_TOLERANCES["int8"])
+        acc = tf.accuracy(runner.run(x), y)
+    acc32 = tf.accuracy(tf.torch_logits(train, x), y)
+    assert hop.status == "passed", hop.reason
+    assert acc["correct"] >= acc32["correct"] - 2  # at most 2 of 364 (0.55 points) lost
