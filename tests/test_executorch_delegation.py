@@ -56,7 +56,7 @@ def test_int8_on_trained_weights_keeps_the_accuracy(name, tmp_path):
     sets = ("user",) * len(x)  # labelled images of the user's task, as --images gives them
     judged = Judged(train, x, ground_truth(train, x, sets, y), tuple(f"digit:{i}" for i in range(len(x))))
     with target.runner(art) as runner:
-        hop = judge_compressed("executorch-int8", runner, judged, FLOAT64_TOLERANCES["int8"])
+        hop = judge_compressed("executorch-int8", runner, judged, FLOAT64_TOLERANCES["int8"], "int8")
         acc = tf.accuracy(runner.run(x), y)
     acc32 = tf.accuracy(tf.torch_logits(train, x), y)
     assert hop.status == "passed", hop.reason
