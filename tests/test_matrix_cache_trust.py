@@ -78,8 +78,8 @@ def test_verify_cache_without_a_cache_is_a_usage_error(tmp_path, capsys):
 
 
 def test_matrix_runs_from_a_plain_script_without_a_main_guard(tmp_path):
-    """The README's five lines as a plain script: the workers never re-run it (its top level runs once) and every
-    cell is built (before: every cell "error: the worker process died")."""
+    """The Python API guide's five lines (docs/python.md) as a plain script: the workers never re-run it (its top
+    level runs once) and every cell is built (before: every cell "error: the worker process died")."""
     import subprocess
     import sys
 

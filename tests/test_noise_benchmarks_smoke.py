@@ -1,4 +1,4 @@
-"""The noise study scripts run (`--quick`) and write the JSON that docs/parity_criteria.md and the README quote."""
+"""The noise study scripts run (`--quick`) and write the JSON that docs/parity_criteria.md and docs/parity.md quote."""
 from __future__ import annotations
 
 import json

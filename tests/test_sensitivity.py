@@ -43,7 +43,7 @@ FAMILIES = {
 }
 SAMPLES = "12"  # 9 natural + 3 stress: the planted x1.001 stands 1.4x (sima_deit) to 140x above its allowance
 # All small configs are well-conditioned (float32 noise ~1e-7..6e-7 of max|y|): x1.001 is caught in each. At full
-# size it is not everywhere (README "Parity sensitivity"; benchmarks/results/parity_noise.json).
+# size it is not everywhere (docs/parity.md "Parity sensitivity"; benchmarks/results/parity_noise.json).
 FACTORS = (1.01, 1.001)
 # A correct export's worst ratio to its allowance: the kernels' rounding differs by CPU (slab_swin's onnx hop read
 # 0.503 on natural images on an AMD EPYC, under 0.5 on an Intel Xeon); the verdict's own bound is 1.
