@@ -5,19 +5,12 @@ from __future__ import annotations
 import pytest
 
 import vitedge
-from vitedge.tests.conftest import REPO
+from vitedge.tests._scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def gen():
-    import importlib.util
-    import sys
-
-    spec = importlib.util.spec_from_file_location("vitedge_gen_docs", REPO / "scripts" / "gen_docs.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["vitedge_gen_docs"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gen_docs")
 
 
 def test_generated_pages_are_current(gen):

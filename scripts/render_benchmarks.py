@@ -1,0 +1,388 @@
+"""Render the measurement tables of the README, benchmarks/README.md and docs/ from benchmarks/results/*.json.
+
+A rendered block sits between two marker comments,
+
+    <!-- rendered: NAME ARG ... -->
+    ...
+    <!-- /rendered -->
+
+and is replaced by RENDERERS[NAME](*ARGS): one function per table, reading the JSON's own fields, so no figure in
+a block is typed by hand. Prose outside the markers is not touched. `python scripts/render_benchmarks.py` rewrites
+the files; `--check` only compares (exit 1 on drift). tests/test_rendered_tables.py re-renders and fails on drift.
+Torch-free: json and the standard library only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+# the files that hold rendered blocks
+FILES = ("README.md", "benchmarks/README.md", "docs/onnx.md", "docs/parity.md")
+BLOCK = re.compile(r"(<!-- rendered: ([^>]*?) -->\n)(.*?)(<!-- /rendered -->)", re.S)
+
+
+class RenderError(ValueError):
+    """A marker names no renderer, or its JSON lacks what the renderer reads."""
+
+
+@lru_cache(maxsize=None)
+def load(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def ratio(r: dict, sign: str = "×") -> str:
+    """A paired ratio with its 95 % CI, as every table prints it."""
+    return f"{r['ratio']:.3f}{sign} [{r['ci'][0]:.3f}–{r['ci'][1]:.3f}]"
+
+
+def table(head: list[str], rows: list[list], sep: str = "|---") -> str:
+    line = "| " + " | ".join(head) + " |"
+    rule = "|" + "---|" * len(head) if sep == "|---" else "| " + " | ".join("---" for _ in head) + " |"
+    return "\n".join([line, rule] + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+
+
+def run_line(d: dict) -> str:
+    m = d["machine"]
+    return f"{m['date'][:16].replace('T', ' ')} UTC, {m['cpu']}, {m['cores']} cores, ONNX Runtime {m['onnxruntime']}"
+
+
+# ---------------------------------------------------------------------------------------------- deploy speed
+def _threads(c: dict) -> str:
+    if c["threads"] == 1:
+        return "1"
+    return "all no-spin" if c.get("spinning") == "off" else "all"
+
+
+def _cell(m: dict, threads, batch: int, spinning: str = "default") -> dict | None:
+    return next((c for c in m["cells"] if c["threads"] == threads and c["batch"] == batch
+                 and c.get("spinning", "default") == spinning), None)
+
+
+def _target(d: dict, model: str, key: str) -> dict | None:
+    return next((t for t in d.get("targets", []) if t.get("model") == model and t["target"].endswith(f"({key})")),
+                None)
+
+
+def _with_target(d: dict, model: str, key: str, r: dict) -> str:
+    t = _target(d, model, key)
+    if t is None:
+        return ratio(r)
+    met = "met" if t["status"] == "PASS" else "**missed**"
+    return f"{ratio(r)} (target ≥ {t['threshold']:.2f}: {met})"
+
+
+def deploy_speed_headline(name: str = "deploy_speed.json") -> str:
+    """Per model: vitedge's deploy-form over the best plain export (c/a) at 1 thread and all threads, batch 1,
+    and over timm's port (c/d), with the run's targets."""
+    d = load(name)
+    rows = []
+    for m in d["models"]:
+        one, every = _cell(m, 1, 1), _cell(m, "all", 1)
+        rows.append([m["model"], _with_target(d, m["model"], "c/a", one["speedups"]["c/a"]),
+                     ratio(every["speedups"]["c/a"]) if every else "",
+                     _with_target(d, m["model"], "c/d", one["speedups"]["c/d"]) if "c/d" in one["speedups"] else ""])
+    head = ["model", "deploy-form vs best plain export, 1 thread, batch 1", "same, all threads, batch 1",
+            "vs timm's port (its best export), 1 thread"]
+    return f"Run: {run_line(d)} (`benchmarks/results/{name}`):\n\n" + table(head, rows, sep="| ---")
+
+
+def deploy_speed_model(name: str, model: str) -> str:
+    """One model's cells: latencies of (a) the best plain export, (b) folded, (c) folded + rewrites, (d) the best
+    timm export, GFLOP/s, % of the GEMM and the paired ratios."""
+    m = next(m for m in load(name)["models"] if m["model"] == model)
+    timm = any("d" in c["baselines"] for c in m["cells"])
+    nodes = ", ".join(f"({k}) {n['total']}" for k, n in m["nodes"].items())
+    head = ["threads", "batch", "rounds", "(a) =", "(a) ms", "(b) ms", "(c) ms"] + (["(d) =", "(d) ms"] if timm else [])
+    head += ["(c) GFLOP/s", "(c) % GEMM", "b/a", "c/a"] + (["c/d"] if timm else [])
+    rows = []
+    for c in m["cells"]:
+        a = c["baselines"]["a"]["best"]
+        row = [_threads(c), c["batch"], c["rounds"], a, f"{c['latency'][a]['p50_ms']:.2f}",
+               f"{c['latency']['b']['p50_ms']:.2f}", f"{c['latency']['c']['p50_ms']:.2f}"]
+        if timm:
+            dd = c["baselines"]["d"]["best"]
+            row += [dd, f"{c['latency'][dd]['p50_ms']:.2f}"]
+        pct = c["pct_gemm"].get("c") if c["threads"] == 1 else None
+        row += [f"{c['gflops']['c']:.1f}", "" if pct is None else f"{pct:.1f}", ratio(c["speedups"]["b/a"]),
+                ratio(c["speedups"]["c/a"])] + ([ratio(c["speedups"]["c/d"])] if timm else [])
+        rows.append(row)
+    return f"Rewrites in (c): {', '.join(m['rewrites'])}. ONNX nodes: {nodes}.\n\n" + table(head, rows)
+
+
+def deploy_speed_targets(name: str) -> str:
+    """The run's targets as the script judged them (PASS / MISS on the point estimate, the CI stated)."""
+    rows = []
+    for t in load(name)["targets"]:
+        if "ratio" in t:
+            clears = "clears the target" if t["ci_clears"] else "reaches below the target"
+            got = f"{t['ratio']:.3f}× [{t['ci'][0]:.3f}–{t['ci'][1]:.3f}] (base {t['base']}); the CI {clears}"
+        elif "below" in t:
+            got = f"{t['ratios'] - len(t['below'])}/{t['ratios']} ratios clear it"
+        elif "pct_gemm" in t:
+            got = f"{t['pct_gemm']:.1f} % of the GEMM"
+        else:
+            got = t["why"]
+        rows.append([t["target"], got, f"**{t['status']}**"])
+    return table(["target", "measured", "status"], rows)
+
+
+# ------------------------------------------------------------------------------------------- attention order
+def attention_order(index: str) -> str:
+    """One series of attention_order.json: qk/kv and rule/best per token count N, ONNX Runtime and torch."""
+    s = load("attention_order.json")["series"][int(index)]
+    rows = []
+    for p in s["points"]:
+        n = f"{p['N']} ({p['imgsz']} px)" if p.get("imgsz") else str(p["N"])
+        row = [n, p["rule"]]
+        for b in ("onnxruntime", "torch"):
+            row += [ratio(p[b]["qk_over_kv"]), f"{p[b]['rule_over_best']['ratio']:.3f}"]
+        rows.append(row)
+    title = f"**{s['name']}** — d = {s['head_dim']}, the rule flips at N = {s['rule_crossover_N']}"
+    bullets = [f"- {label}: {_attention_summary(s['backends'][b], len(s['points']))}"
+               for b, label in (("onnxruntime", "ONNX Runtime"), ("torch", "torch"))]
+    return (title + "\n\n" + table(["N", "rule", "ORT qk/kv", "ORT rule/best", "torch qk/kv", "torch rule/best"], rows)
+            + "\n\n" + "\n".join(bullets))
+
+
+def _attention_summary(b: dict, points: int) -> str:
+    """One backend's crossover and the rule's distance from the best order, in words."""
+    x = b["crossover"]
+    if x["N"] is not None:
+        where = (f"kv_first is the faster median from N = {x['between'][1]} on "
+                 f"(interpolated crossover N* ≈ {x['N']:g})")
+    else:
+        where = x["note"]
+    slow = b["rule_significantly_slower_at"]
+    worst = b["max_rule_over_best"]
+    return (f"{where}; kv_first faster beyond noise from N = {x['kv_significantly_faster_from']}; the rule picked the "
+            f"faster median at {len(b['rule_is_best_at'])}/{points} N; worst rule/best {ratio(worst)} at N = "
+            f"{worst['N']}; the rule's order is "
+            + ("never slower beyond noise." if not slow else
+               "slower beyond noise at " + ", ".join(f"N = {p['N']} ({ratio(p)})" for p in slow) + "."))
+
+
+# ---------------------------------------------------------------------------------------------- export time
+def _last_hop(t: dict) -> str:
+    h = t["hops"][-1]
+    return f"{h['hop']} {h['status']} ({h['mode']})"
+
+
+def export_time_targets() -> str:
+    """Per model and target: wall time (median of the rounds), the target's hop, the ratio to the onnx pipeline."""
+    d = load("export_time.json")
+    rows = []
+    for m in d["models"]:
+        for key, t in m["targets"].items():
+            r = m["ratios"].get(f"{key}/onnx")
+            rows.append([m["model"], key, f"{t['wall']['p50_ms'] / 1000:.2f}",
+                         ", ".join(f"{w:.2f}" for w in t["walls_s"]),
+                         _last_hop(t), ratio(r) if r else "1 (baseline)"])
+    s = d["settings"]
+    intro = (f"Run: {run_line(d)}; {s['samples']} parity samples per hop, {s['repeats']} interleaved rounds per model, "
+             f"torch {s['torch_threads']} thread(s).")
+    unavailable = "".join(f"\n\n- **{k}: unavailable here** — {v}" for k, v in d.get("unavailable", {}).items())
+    return intro + unavailable + "\n\n" + table(["model", "target", "wall s (median)", "rounds (s)", "target hop",
+                                                  "vs onnx fp32"], rows)
+
+
+def export_time_stages() -> str:
+    """Median seconds of each pipeline step, per model and target (the pipeline's own progress steps)."""
+    d = load("export_time.json")
+    cols = [(m["model"], key, t["steps_s"]) for m in d["models"] for key, t in m["targets"].items()]
+    stages: list[str] = []
+    for _, _, steps in cols:
+        stages += [s for s in steps if s not in stages]
+    rows = [[st] + [f"{steps[st]:.2f}" if st in steps else "" for _, _, steps in cols] for st in stages]
+    return table(["stage"] + [f"{m} {k}" for m, k, _ in cols], rows)
+
+
+def export_time_summary() -> str:
+    """The per-target figures of export_time.json in one sentence (the summary quotes it)."""
+    d = load("export_time.json")
+    onnx = [m["targets"]["onnx"]["wall"]["p50_ms"] / 1000 for m in d["models"]]
+    gate = [t["steps_s"]["equivalence gate (float64)"] for m in d["models"] for t in m["targets"].values()]
+
+    def span(key: str) -> str:
+        r = [m["ratios"][f"{key}/onnx"]["ratio"] for m in d["models"] if f"{key}/onnx" in m["ratios"]]
+        return f"{min(r):.2f}–{max(r):.2f}×"
+    return (f"With {d['settings']['samples']} parity samples the onnx pipeline takes "
+            f"{min(onnx):.1f}–{max(onnx):.1f} s "
+            f"per model, onnx fp16 {span('onnx-fp16')} that, coreml {span('coreml')} (the coremltools conversion "
+            f"dominates); the float64 equivalence gate is the largest fixed stage "
+            f"({min(gate):.1f}–{max(gate):.1f} s).")
+
+
+# ---------------------------------------------------------------------------------------- resolution scaling
+def resolution_scaling() -> str:
+    """ONNX Runtime p50 per size and model, with the measured best attention order and the rule's verdict: the
+    table resolution_scaling.py rendered from its own `sizes` and stored beside them in the JSON."""
+    return load("resolution_scaling.json")["markdown"]
+
+
+# ----------------------------------------------------------------------------------------- rewrite ablation
+def rewrite_ablation(name: str = "rewrite_ablation.json") -> str:
+    """Per model and rewrite: all rewrites over all but that one (> 1: the rewrite makes the graph faster)."""
+    rows = []
+    for m in load(name)["models"]:
+        for rw in m["rewrites"]:
+            r = m["speedups"][f"all/all-but-{rw}"]
+            nodes = f"{m['nodes']['all']['total']} / {m['nodes'][f'all-but-{rw}']['total']}"
+            rows.append([m["model"], f"`{rw}`", nodes,
+                         ratio(r)])
+    return table(["model", "without this rewrite", "ONNX nodes (all / without)", "all / all-but"], rows)
+
+
+# ---------------------------------------------------------------------------------------------- executorch
+def _x(r: dict) -> str:
+    return f"{r['ratio']:.2f}x ({r['ci'][0]:.2f}-{r['ci'][1]:.2f})"
+
+
+def executorch_speed() -> str:
+    """ExecuTorch fp32 / int8 against ONNX Runtime fp32 on the same deploy-form, per thread count."""
+    d = load("executorch_speed.json")
+    rows = []
+    for m in d["models"]:
+        for c in m["cells"]:
+            lat, sp = c["latency_ms"], c["speedups"]
+            rows.append([m["model"], c["threads"]]
+                        + [f"{lat[k]['p50_ms']:.2f} ms" for k in ("ort", "et", "et.plain", "et.int8")]
+                        + [_x(sp["et vs ort"]), _x(sp["et vs et.plain"]), _x(sp["et.int8 vs et"])])
+    head = ["model", "threads", "ONNX Runtime fp32", "ExecuTorch fp32", "fp32, no rewrites", "ExecuTorch int8",
+            "ET fp32 vs ORT", "rewrites gain", "int8 vs fp32"]
+    mach = d["machine"]
+    sizes = ", ".join(f"{m['model']} {m['pte_bytes']['et'] / 1e6:.1f} MB fp32 / "
+                      f"{m['pte_bytes']['et.int8'] / 1e6:.1f} MB int8" for m in d["models"])
+    met = sum(t["status"] == "PASS" for t in d["targets"])
+    return (table(head, rows, sep="| ---") + f"\n\nMedians (batch {d['settings']['batch']}) on {mach['cpu']}, "
+            f"{mach['cores']} cores, {mach['date']}; ratios are paired bootstrap 95 % intervals. "
+            f"Program sizes: {sizes}.\n"
+            f"Targets: {met} of {len(d['targets'])} met.")
+
+
+# -------------------------------------------------------------------------------------------- quantization
+def quantization_speed() -> str:
+    """int8 QDQ (the graph vitedge writes) over the faster fp32 deploy-form graph, 1 thread and all threads."""
+    d = load("quantization.json")
+    goals = d["settings"]["targets"]["int8_speedup"]
+    rows = []
+    for m in d["latency"]:
+        row = [m["model"]]
+        for c in m["cells"]:
+            r = c["speedups"][f"{c['baseline']}/int8"]
+            goal = goals.get(m["model"]) if c["threads"] == 1 else None
+            met = "" if goal is None else f" (target ≥ {goal:g}: {'met' if r['ratio'] >= goal else '**missed**'})"
+            row.append(ratio(r) + met)
+        rows.append(row + [f"{m['bytes']['fp32/int8']:.2f}×"])
+    return table(["model", "int8 speed-up, 1 thread", "all threads", "ONNX size fp32 / int8"], rows, sep="| ---")
+
+
+# ----------------------------------------------------------------------------------------------- exporters
+def exporters() -> str:
+    """Per model: the faster TorchScript graph over the faster dynamo graph (> 1: dynamo faster), and export time."""
+    rows = []
+    for m in load("exporters.json")["models"]:
+        lat = [ratio(c["speedups"]["torchscript-best/dynamo-best"]) for c in m["cells"]]
+        t = m["export_time"]
+        rows.append([m["model"]] + lat + [f"{t['dynamo']['p50_ms'] / t['torchscript']['p50_ms']:.1f}×"])
+    return table(["model", "latency, 1 thread", "all threads", "export time"], rows, sep="| ---")
+
+
+# ------------------------------------------------------------------------------------------ parity (docs/)
+def _noise_ratio_text(r: float) -> str:
+    if r < 1:
+        return f"{r:.2f}"
+    return f"{r:.0f}" if r >= 1000 else f"{r:#.3g}".rstrip(".")
+
+
+def parity_sensitivity() -> str:
+    """Per config of parity_noise.json: the float32 noise medians, each hop's worst error with its noise ratio
+    under the chosen rule (per sample max(floor, K x its noise raised to its set's median)), and the planted
+    errors'."""
+    d = load("parity_noise.json")
+    floor, k = d["chosen"]["floor"], d["chosen"]["k"]
+    hops = ("deploy-form", "onnx", "onnx-simplified", "planted x1.01", "planted x1.001")
+    rows = []
+    for c in d["configs"]:
+        by_set: dict[str, list[float]] = {}
+        for n, s in zip(c["noise"], c["sets"]):
+            by_set.setdefault(s, []).append(n)
+        median = {s: sorted(v)[len(v) // 2] if len(v) % 2 else sum(sorted(v)[len(v) // 2 - 1:len(v) // 2 + 1]) / 2
+                  for s, v in by_set.items()}
+        cells, ratios = [], {}
+        for h in hops:
+            err = c["candidates"][h]["error"]
+            ratios[h] = max(e / max(floor, k * max(n, median[s])) for e, n, s in zip(err, c["noise"], c["sets"]))
+            cells.append(f"{max(err):.1e} ({_noise_ratio_text(ratios[h])})")
+        caught = next((f for f in ("1.001", "1.01") if ratios[f"planted x{f}"] > 1), "none")
+        rows.append([c["label"], f"{median['natural']:.1e} / {median['stress']:.1e}"] + cells + [caught])
+    head = ["config", "noise median natural / stress", "deploy-form", "onnx", "onnx-simplified", "× 1.01", "× 1.001",
+            "smallest caught"]
+    return table(head, rows, sep="| ---")
+
+
+def all_models_summary() -> str:
+    """What benchmarks/results/all_models.json holds, counted from its rows."""
+    ms = load("all_models.json")["models"]
+    n = len(ms)
+    missed = [m["model"] for m in ms if not m["planted"]["x1.01"]["caught"]]
+    probe = sum(m.get("measured_in") == "this run" for m in ms)
+    worst = [max(m["worst_noise_ratio"].values()) for m in ms]
+    return (f"`benchmarks/results/all_models.json` as committed: {n} models, {sum(m['exit_code'] == 0 for m in ms)} "
+            f"exit 0, the worst hop at {min(worst):.2f}–{max(worst):.2f} of its allowance on the logits; × 1.01 "
+            f"caught in {n - len(missed)} of {n} rows" + (f" (not in {', '.join(missed)})" if missed else "")
+            + f", × 1.001 in {sum(m['planted']['x1.001']['caught'] for m in ms)} of {n}; {probe} rows measured with "
+            f"the feature probe, {n - probe} from the earlier run without it (`measured_in`).")
+
+
+RENDERERS = {f.__name__: f for f in (
+    deploy_speed_headline, deploy_speed_model, deploy_speed_targets, attention_order, export_time_targets,
+    export_time_stages, export_time_summary, resolution_scaling, rewrite_ablation, executorch_speed,
+    quantization_speed, exporters, parity_sensitivity, all_models_summary)}
+
+
+def render_text(text: str) -> str:
+    """`text` with every rendered block replaced by its renderer's output."""
+    def one(match: re.Match) -> str:
+        name, *args = match.group(2).split()
+        if name not in RENDERERS:
+            raise RenderError(f"no renderer named {name!r} (known: {', '.join(sorted(RENDERERS))})")
+        try:
+            body = RENDERERS[name](*args)
+        except (KeyError, IndexError, StopIteration, TypeError) as e:
+            raise RenderError(f"{match.group(2)}: {type(e).__name__}: {e}") from e
+        return f"{match.group(1)}{body}\n{match.group(4)}"
+    return BLOCK.sub(one, text)
+
+
+def blocks(text: str) -> list[str]:
+    """The marker lines (`NAME ARG ...`) of `text`, in order."""
+    return [m.group(2) for m in BLOCK.finditer(text)]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="compare only; exit 1 when a file differs from its render")
+    args = ap.parse_args(argv)
+    drift = []
+    for rel in FILES:
+        path = REPO / rel
+        text = path.read_text()
+        new = render_text(text)
+        if new != text:
+            drift.append(rel)
+            if not args.check:
+                path.write_text(new)
+    verb = "out of date" if args.check else "re-rendered"
+    for rel in drift:
+        print(f"{rel}: {verb}")
+    return 1 if (drift and args.check) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""The measurement tables of the README, benchmarks/README.md and docs/ are rendered from benchmarks/results/*.json
+(scripts/render_benchmarks.py): re-rendered here and compared, so no quoted figure can drift from its JSON."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from vitedge.tests._scripts import load_script
+from vitedge.tests.conftest import REPO
+
+
+@pytest.fixture(scope="module")
+def rb():
+    return load_script("render_benchmarks")
+
+
+def test_every_rendered_block_matches_its_json(rb):
+    stale = [rel for rel in rb.FILES if rb.render_text((REPO / rel).read_text()) != (REPO / rel).read_text()]
+    assert not stale, f"{stale} differ from benchmarks/results/*.json: run python scripts/render_benchmarks.py"
+
+
+def test_every_renderer_renders_somewhere_and_the_readme_has_one_headline(rb):
+    used = [b.split()[0] for rel in rb.FILES for b in rb.blocks((REPO / rel).read_text())]
+    assert set(used) == set(rb.RENDERERS), set(rb.RENDERERS) ^ set(used)
+    readme = rb.blocks((REPO / "README.md").read_text())
+    assert readme == ["deploy_speed_headline"], readme
+
+
+def test_a_changed_figure_in_the_json_changes_the_render(rb, monkeypatch):
+    """The drift check can fail: a JSON whose c/a ratio moved renders a README that differs, with the new figure."""
+    real = rb.load("deploy_speed.json")
+    moved = copy.deepcopy(real)
+    cell = next(c for c in moved["models"][0]["cells"] if c["threads"] == 1 and c["batch"] == 1)
+    cell["speedups"]["c/a"]["ratio"] = 1.234
+    monkeypatch.setattr(rb, "load", lambda name: moved if name == "deploy_speed.json" else real)
+    text = (REPO / "README.md").read_text()
+    new = rb.render_text(text)
+    assert new != text and f"{moved['models'][0]['model']} | 1.234× [" in new
+
+
+def test_a_block_naming_no_renderer_or_a_missing_row_is_an_error(rb):
+    with pytest.raises(rb.RenderError, match="no renderer named 'nope'"):
+        rb.render_text("<!-- rendered: nope -->\nx\n<!-- /rendered -->")
+    with pytest.raises(rb.RenderError, match="no_such_model"):
+        rb.render_text("<!-- rendered: deploy_speed_model deploy_speed.json no_such_model -->\n<!-- /rendered -->")
