@@ -6,8 +6,9 @@ A rendered block sits between two marker comments,
     ...
     <!-- /rendered -->
 
-and is replaced by RENDERERS[NAME](*ARGS): one function per table, reading the JSON's own fields, so no figure in
-a block is typed by hand. Prose outside the markers is not touched. `python scripts/render_benchmarks.py` rewrites
+(or, for figures inside a sentence, `<!-- rendered: NAME ARG -->...<!-- /rendered -->` on one line) and is replaced
+by RENDERERS[NAME](*ARGS): one function per table or figure, reading the JSON's own fields, so no figure in a block
+is typed by hand. Prose outside the markers is not touched. `python scripts/render_benchmarks.py` rewrites
 the files; `--check` only compares (exit 1 on drift). tests/test_rendered_tables.py re-renders and fails on drift.
 Torch-free: json and the standard library only.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -23,8 +25,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 # the files that hold rendered blocks
-FILES = ("README.md", "benchmarks/README.md", "docs/onnx.md", "docs/parity.md")
-BLOCK = re.compile(r"(<!-- rendered: ([^>]*?) -->\n)(.*?)(<!-- /rendered -->)", re.S)
+FILES = ("README.md", "benchmarks/README.md", "docs/onnx.md", "docs/parity.md", "docs/parity_criteria.md",
+         "docs/quantization.md", "docs/executorch.md")
+# a block (the markers on lines of their own) or a fragment inside a sentence (markers and figures on one line:
+# Markdown ends a paragraph at a line that starts with a comment)
+BLOCK = re.compile(r"<!-- rendered: ([^>]*?) -->(\n?)(.*?)<!-- /rendered -->", re.S)
 
 
 class RenderError(ValueError):
@@ -300,6 +305,14 @@ def _noise_ratio_text(r: float) -> str:
     return f"{r:.0f}" if r >= 1000 else f"{r:#.3g}".rstrip(".")
 
 
+def _set_medians(c: dict) -> dict[str, float]:
+    """The median float32 noise of each input set of one parity_noise.json config."""
+    by_set: dict[str, list[float]] = {}
+    for n, s in zip(c["noise"], c["sets"]):
+        by_set.setdefault(s, []).append(n)
+    return {s: statistics.median(v) for s, v in by_set.items()}
+
+
 def parity_sensitivity() -> str:
     """Per config of parity_noise.json: the float32 noise medians, each hop's worst error with its noise ratio
     under the chosen rule (per sample max(floor, K x its noise raised to its set's median)), and the planted
@@ -309,11 +322,7 @@ def parity_sensitivity() -> str:
     hops = ("deploy-form", "onnx", "onnx-simplified", "planted x1.01", "planted x1.001")
     rows = []
     for c in d["configs"]:
-        by_set: dict[str, list[float]] = {}
-        for n, s in zip(c["noise"], c["sets"]):
-            by_set.setdefault(s, []).append(n)
-        median = {s: sorted(v)[len(v) // 2] if len(v) % 2 else sum(sorted(v)[len(v) // 2 - 1:len(v) // 2 + 1]) / 2
-                  for s, v in by_set.items()}
+        median = _set_medians(c)
         cells, ratios = [], {}
         for h in hops:
             err = c["candidates"][h]["error"]
@@ -324,6 +333,85 @@ def parity_sensitivity() -> str:
     head = ["config", "noise median natural / stress", "deploy-form", "onnx", "onnx-simplified", "× 1.01", "× 1.001",
             "smallest caught"]
     return table(head, rows, sep="| ---")
+
+
+def _e(x: float) -> str:
+    """1.0e-7 rather than 1.0e-07."""
+    return f"{x:.1e}".replace("e-0", "e-").replace("e+0", "e+")
+
+
+def _sig3(r: float) -> str:
+    """Three significant digits, never an exponent: 1.50, 43.1, 431, 17300."""
+    s = f"{r:#.3g}"
+    return f"{float(s):.0f}" if "e" in s else s.rstrip(".")
+
+
+def parity_noise_ratios() -> str:
+    """parity_criteria.md's study table: each candidate's worst error over its noise (raised to the set median),
+    floor-free, per config of parity_noise.json."""
+    rows = []
+    for c in load("parity_noise.json")["configs"]:
+        median = _set_medians(c)
+        cells = []
+        for h in ("deploy-form", "onnx", "onnx-simplified", "planted x1.01", "planted x1.001"):
+            err = c["candidates"][h]["error"]
+            cells.append(_sig3(max(e / max(n, median[s]) for e, n, s in zip(err, c["noise"], c["sets"]))))
+        rows.append([c["label"], f"{c['max_abs_y']:.2g}" if c["max_abs_y"] < 10 else f"{c['max_abs_y']:.1f}",
+                     f"{_e(median['natural'])} / {_e(median['stress'])}"] + cells)
+    return table(["config", "max\\|y\\|", "noise median (natural / stress)", "deploy-form", "onnx", "onnx-simplified",
+                  "× 1.01", "× 1.001"], rows)
+
+
+def reference_threads() -> str:
+    """The natural-set float32 noise median per thread count, and the worst correct ratio against the 1- and
+    2-thread references."""
+    rows = []
+    for m in load("reference_threads.json")["models"]:
+        th = m["threads"]
+
+        def worst(n: str) -> float:
+            return max(r for s in th[n].values() for r in s["worst_ratio"].values())
+        noise = [f"{th[n]['natural']['noise_median']:.2e}".replace("e-0", "e-") for n in ("1", "2", "4")]
+        rows.append([m["model"]] + noise
+                    + [f"{worst('1'):.2f} / {worst('2'):.2f}"])
+    return table(["model", "1 thread", "2 threads", "4 threads",
+                  "worst correct ratio vs the 1-thread / 2-thread reference"], rows)
+
+
+def compressed_profiles() -> str:
+    """Per compressed profile and criterion: the worst correct value | the threshold | the best planted value."""
+    def num(x, spec: str) -> str:
+        return "-" if x is None else format(x, spec)
+    rows = []
+    for kind, s in load("compressed_profiles.json")["summary"].items():
+        row = [kind]
+        for key, spec in (("cosine", ".4f"), ("psnr_db", ".1f"), ("top1_agreement", ".3f"), ("accuracy_drop", ".2g")):
+            c = s[key]
+            row.append(f"{num(c['worst_correct'], spec)} \\| {c['threshold']:g} \\| {num(c['best_planted'], spec)}")
+        rows.append(row)
+    return table(["profile", "cosine", "PSNR dB", "top-1 agreement", "accuracy drop"], rows)
+
+
+def quantization_fixtures() -> str:
+    """Top-1 of every artifact kind on the trained fixtures' held-out digits, and its agreement with fp32."""
+    fx = load("quantization.json")["fixtures"]
+    names = {"fp32": "fp32", "int8": "int8 (ONNX Runtime encoding)",
+             "int8-tensorrt-encoding": "int8 (TensorRT encoding, on ONNX Runtime)", "coreml-fp16": "CoreML fp16",
+             "coreml-w8": "w8", "coreml-palette4": "palette4", "coreml-palette6": "palette6", "coreml-w8a8": "w8a8"}
+    order = ("swiftformer_digits", "slab_deit_digits")
+
+    def top1(r: dict, full: bool) -> str:
+        lo, hi = r["wilson95"]
+        return f"{r['correct']} ({100 * r['top1']:.2f} %, {100 * lo:.1f}-{100 * hi:.1f})" if full else str(r["correct"])
+    rows = []
+    for key, label in names.items():
+        row = [label]
+        for f in order:
+            r = fx[f][key]
+            row += [top1(r, key == "fp32" or r["correct"] != fx[f]["fp32"]["correct"]),
+                    "" if key == "fp32" else f"{r['agreement_with_fp32']:.4f}"]
+        rows.append(row)
+    return table(["artifact", "SwiftFormer top-1", "agreement with fp32", "SLAB-DeiT top-1", "agreement"], rows)
 
 
 def all_models_summary() -> str:
@@ -340,29 +428,128 @@ def all_models_summary() -> str:
             f"the feature probe, {n - probe} from the earlier run without it (`measured_in`).")
 
 
+
+# ----------------------------------------------------------------------- figures inside sentences (fragments)
+def _runs(job: dict) -> str:
+    return ", ".join(f"{r['wall_s']:.1f}" for r in job["runs"])
+
+
+def export_main_job() -> str:
+    """The README's main job, cold and warm, from export_time.json."""
+    d = load("export_time.json")
+    cold, warm = d["main_job"], d["main_job_warm"]
+    return (f"**the main job takes {cold['wall_median_s']:.1f} s on a first export** (median of {len(cold['runs'])} "
+            f"fresh processes with an empty ground-truth cache: {_runs(cold)} s) and **{warm['wall_median_s']:.1f} s "
+            f"when re-exporting the same weights** (the cache holds their float64 ground truth: {_runs(warm)} s, "
+            f"interleaved with the cold runs)")
+
+
+def export_allocator() -> str:
+    """The cold main job with glibc's default allocator, over the command's own setting."""
+    d = load("export_time.json")
+    return f"**{ratio(d['allocator_ratio'])}** as long ({d['main_job_default_malloc']['wall_median_s']:.1f} s)"
+
+
+def export_all_time() -> str:
+    """Every registered model's default export, from export_all_time.json."""
+    d = load("export_all_time.json")
+    ms = sorted(d["models"], key=lambda m: m["wall_s"])
+    ok = [m for m in ms if m["exit_code"] == 0 and m["wall_s"] <= d["settings"]["target_s"]]
+    rest, slow = ms[:-3], ms[-3:][::-1]
+    return (f"**{len(ok)} of {len(ms)} exit 0 within {d['settings']['target_s'] / 60:g} minutes**: "
+            f"{rest[0]['wall_s']:.0f}–{rest[-1]['wall_s']:.0f} s for {len(rest)} of them, median "
+            f"{statistics.median(m['wall_s'] for m in ms):.0f} s; the slowest are "
+            + ", ".join(f"{m['model']} {m['wall_s']:.0f} s" for m in slow))
+
+
+def matrix_scale() -> str:
+    """The 12-cell plan on 1 and 2 local workers, Ray, and a fully cached re-run, from matrix_scale.json."""
+    d = load("matrix_scale.json")
+    med, r = d["median_s"], d["ratios"]
+    return (f"1 local worker {med['local1']:.2f} s, 2 workers {med['local2']:.2f} s ({ratio(r['local1/local2'])}), "
+            f"Ray with 2 CPUs {med['ray2']:.2f} s ({ratio(r['ray2/local2'])} of the 2-worker pool's time; Ray's "
+            f"start-up, {d['ray_start_s']:.1f} s, not included); **a fully cached re-run of the "
+            f"{d['settings']['cells']} cells in a fresh process: {med['cached']:.2f} s**")
+
+
+def coreml_sizes() -> str:
+    """How much smaller each compressed CoreML package is than the fp16 one, from quantization.json."""
+    q = load("quantization.json")
+    d, goals = q["coreml_sizes"], q["settings"]["targets"]
+
+    def one(kind: str, x: float, first: bool) -> str:
+        goal = goals.get(f"{kind}_smaller")
+        verdict = "met" if goal is not None and x >= goal else "**missed**"
+        met = "" if goal is None else f" ({'target ' if first else ''}≥ {goal:g}: {verdict})"
+        return f"{kind} {x:.2f}×" + (" smaller than fp16" if first else "") + met
+    packs = [(k, v["smaller_than_fp16"]) for k, v in d["packages"].items() if "smaller_than_fp16" in v]
+    return (f"CoreML sizes on {d['model']} ({d['params'] / 1e6:.1f} M parameters): "
+            + ", ".join(one(k, x, i == 0) for i, (k, x) in enumerate(packs)))
+
+
+def executorch_ratios() -> str:
+    """ET fp32 over ORT fp32 and int8 over fp32, per model, 1 thread / 2 threads, from executorch_speed.json."""
+    d = load("executorch_speed.json")
+
+    def per(key: str) -> str:
+        return ", ".join(f"{m['model']} " + " / ".join(f"{c['speedups'][key]['ratio']:.2f}×" for c in m["cells"])
+                         for m in d["models"])
+    return f"{per('et vs ort')}; the int8 `.pte` against its fp32 {per('et.int8 vs et')}"
+
+
+def fp16_verdicts() -> str:
+    """What the fp16 rule caught and passed, from fp16_verdicts.json."""
+    s = load("fp16_verdicts.json")["summary"]
+    names = {"zero_layer": "a zeroed layer", "sign_flip": "a sign-flipped channel", "x10": "a channel × 10",
+             "x2": "× 2", "x0": "× 0", "x1.1": "× 1.1"}
+    plants = s["plants"]
+    return (f"correct artifacts reach at most {s['worst_correct_ratio']:.2f} × their reference error and "
+            f"{s['worst_correct_weights_ratio']:.2f} of the weights check's allowance ("
+            + ("none failed" if not s["correct_failed"] else f"{len(s['correct_failed'])} failed") + "); caught: "
+            + ", ".join(f"{names.get(k, k)} {v['caught']}/{v['of']}" for k, v in plants.items())
+            + " (by the outputs alone: " + ", ".join(str(v["caught_by_outputs"]) for v in plants.values())
+            + f"). The smallest error caught was {_e(s['smallest_caught_error'])} of the largest logit")
+
+
+def deploy_speed_line(name: str) -> str:
+    """A deploy-speed run's 1-thread, batch-1 c/a per model (c/d beside it) and its floor, in one sentence."""
+    d = load(name)
+    parts = []
+    for m in d["models"]:
+        sp = _cell(m, 1, 1)["speedups"]
+        cd = f" (c/d {ratio(sp['c/d'])})" if "c/d" in sp else ""
+        parts.append(f"{m['model']} {ratio(sp['c/a'])}{cd}")
+    floor = next(t for t in d["targets"] if "below" in t)
+    return (f"1 thread, batch 1, c/a: {', '.join(parts)}; floor: {floor['ratios'] - len(floor['below'])}/"
+            f"{floor['ratios']} lower bounds ≥ {floor['threshold']:g}")
+
+
 RENDERERS = {f.__name__: f for f in (
     deploy_speed_headline, deploy_speed_model, deploy_speed_targets, attention_order, export_time_targets,
     export_time_stages, export_time_summary, resolution_scaling, rewrite_ablation, executorch_speed,
-    quantization_speed, exporters, parity_sensitivity, all_models_summary)}
+    quantization_speed, exporters, parity_sensitivity, all_models_summary, parity_noise_ratios,
+    reference_threads, compressed_profiles, quantization_fixtures, export_main_job, export_allocator,
+    export_all_time, matrix_scale, coreml_sizes, executorch_ratios, fp16_verdicts, deploy_speed_line)}
 
 
 def render_text(text: str) -> str:
     """`text` with every rendered block replaced by its renderer's output."""
     def one(match: re.Match) -> str:
-        name, *args = match.group(2).split()
+        name, *args = match.group(1).split()
         if name not in RENDERERS:
             raise RenderError(f"no renderer named {name!r} (known: {', '.join(sorted(RENDERERS))})")
         try:
             body = RENDERERS[name](*args)
         except (KeyError, IndexError, StopIteration, TypeError) as e:
-            raise RenderError(f"{match.group(2)}: {type(e).__name__}: {e}") from e
-        return f"{match.group(1)}{body}\n{match.group(4)}"
+            raise RenderError(f"{match.group(1)}: {type(e).__name__}: {e}") from e
+        nl = match.group(2)
+        return f"<!-- rendered: {match.group(1)} -->{nl}{body}{nl}<!-- /rendered -->"
     return BLOCK.sub(one, text)
 
 
 def blocks(text: str) -> list[str]:
     """The marker lines (`NAME ARG ...`) of `text`, in order."""
-    return [m.group(2) for m in BLOCK.finditer(text)]
+    return [m.group(1) for m in BLOCK.finditer(text)]
 
 
 def main(argv=None) -> int:
