@@ -429,6 +429,29 @@ def all_models_summary() -> str:
 
 
 
+
+def trained_verdicts() -> str:
+    """Each trained model's hops on its labelled held-out images (status and worst ratio over the sets) and the
+    errors planted in its saved ONNX, from trained_verdicts.json."""
+    d = load("trained_verdicts.json")
+    hops = [h["hop"] for h in d["models"][0]["hops"]]
+    plants = list(d["models"][0]["planted"])
+    rows = []
+    for m in d["models"]:
+        by = {h["hop"]: h for h in m["hops"]}
+        cells = []
+        for name in hops:
+            h = by.get(name)
+            worst = max(h["noise_ratio"].values()) if h else None
+            cells.append("" if h is None else ("passed" if h["status"] == "passed" else f"**{h['status']}**")
+                         + f" {worst:.2f}")
+        caught = ", ".join(f"{k} {'caught' if v['caught'] else '**missed**'}" for k, v in m["planted"].items())
+        rows.append([m["model"], f"{100 * m['reference_top1_accuracy']:.1f} %"] + cells + [caught])
+    head = (["model", "train-form top-1"] + [f"{h} (worst ratio)" for h in hops]
+            + [f"planted in the ONNX ({len(plants)})"])
+    return table(head, rows, sep="| ---")
+
+
 # ----------------------------------------------------------------------- figures inside sentences (fragments)
 def _runs(job: dict) -> str:
     return ", ".join(f"{r['wall_s']:.1f}" for r in job["runs"])
@@ -511,6 +534,18 @@ def fp16_verdicts() -> str:
             + f"). The smallest error caught was {_e(s['smallest_caught_error'])} of the largest logit")
 
 
+
+def compressed_int8() -> str:
+    """The int8 profile's worst correct values against its thresholds, from compressed_profiles.json."""
+    s = load("compressed_profiles.json")["summary"]["int8"]
+    return (f"worst correct int8 artifact cosine {s['cosine']['worst_correct']:.3f} (threshold "
+            f"{s['cosine']['threshold']:g}), PSNR {s['psnr_db']['worst_correct']:.1f} dB "
+            f"({s['psnr_db']['threshold']:g}), "
+            f"top-1 agreement {s['top1_agreement']['worst_correct']:.3f} ({s['top1_agreement']['threshold']:g}); "
+            + ("every planted-broken int8 artifact fails" if not s["planted_passed"]
+               else f"{len(s['planted_passed'])} planted-broken int8 artifacts pass"))
+
+
 def deploy_speed_line(name: str) -> str:
     """A deploy-speed run's 1-thread, batch-1 c/a per model (c/d beside it) and its floor, in one sentence."""
     d = load(name)
@@ -529,7 +564,8 @@ RENDERERS = {f.__name__: f for f in (
     export_time_stages, export_time_summary, resolution_scaling, rewrite_ablation, executorch_speed,
     quantization_speed, exporters, parity_sensitivity, all_models_summary, parity_noise_ratios,
     reference_threads, compressed_profiles, quantization_fixtures, export_main_job, export_allocator,
-    export_all_time, matrix_scale, coreml_sizes, executorch_ratios, fp16_verdicts, deploy_speed_line)}
+    export_all_time, matrix_scale, coreml_sizes, executorch_ratios, fp16_verdicts, deploy_speed_line,
+    trained_verdicts, compressed_int8)}
 
 
 def render_text(text: str) -> str:
