@@ -11,7 +11,8 @@ Per model (smallest first, so a partial run covers the most models; the JSON is 
 - sensitivity: one output channel of the mid-network Conv/Gemm/MatMul weight of the exported ONNX scaled by 1.01
   and by 1.001 (tests/_plant.py), each judged like `vitedge parity` judges an ONNX artifact (same parity set,
   same ground truth: the export's own, reused, no second float64 run; `Ladder.onnx_hop`: logits, feature probe,
-  localization), with the module localization names and `caught_by` (logits or feature probe).
+  localization), with the module localization names, the module whose weight was planted (`planted_module`:
+  the deploy-form parameter the planted initializer held, matched by value) and `caught_by` (logits or feature probe).
   Some mid-network weights are numerically blind to a per-channel scale: SimA's q/k projections are
   l1-normalized over tokens right after, so scaling one channel's weights changes the output only through that
   channel's bias. A plant whose x1.01 moves neither the logits (ONNX Runtime, planted vs unplanted, first 16
@@ -46,7 +47,7 @@ from vitedge.exporter.probe import deploy_reference, onnx_tensor, probe_point
 from vitedge.exporter.pipeline import export
 from vitedge.models import get_spec, list_models
 from vitedge.targets.ort import OnnxRuntimeRunner
-from vitedge.tests._plant import plant_channel_scale, weight_nodes
+from vitedge.tests._plant import plant_channel_scale, planted_module, weight_nodes
 
 QUICK_MODELS = ("swiftformer_xs", "sima_nano_12_p16")  # --quick: their reduced configs (_common.REDUCED) at 64 px
 QUICK_SAMPLES = 8
@@ -110,6 +111,14 @@ def visible_position(graph: onnx.ModelProto, ladder, noise: float) -> tuple[floa
     return 0.5, skipped, float("nan")
 
 
+def _planted_module(graph: onnx.ModelProto, where, deploy) -> str | None:
+    """The module whose weight was planted; None where no single deploy-form parameter holds the planted values."""
+    try:
+        return planted_module(graph, where, deploy)
+    except ValueError:
+        return None
+
+
 def sets_summary(hop) -> dict:
     return {s: {"noise_ratio": d["noise_ratio"], "error": (d.get("worst_sample") or {}).get("error"),
                 "allowance": (d.get("worst_sample") or {}).get("allowance"), "reference_noise": d["reference_noise"]}
@@ -165,7 +174,8 @@ def measure(name: str, samples: int | None, work: Path, overrides: dict | None =
         hop = ladder.onnx_hop("onnx", bad, tol)  # as `vitedge parity` judges it: logits, feature probe, localization
         out["planted"][f"x{f}"] = {"caught": hop.status == "failed", "node": where.node, "op": where.op,
                                    "channel": where.channel, "sets": sets_summary(hop), "probe": probe_summary(hop),
-                                   "caught_by": _caught_by(hop), "diverging_module": hop.diverging_module}
+                                   "caught_by": _caught_by(hop), "diverging_module": hop.diverging_module,
+                                   "planted_module": _planted_module(graph, where, ladder.deploy)}
     caught = [f for f in FACTORS if out["planted"][f"x{f}"]["caught"]]
     out["smallest_caught"] = min(caught, key=lambda f: abs(f - 1)) if caught else None
     out["wall_s"] = round(time.perf_counter() - t0, 1)

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 import _common as C
-from vitedge.exporter.criteria import NOISE_FLOOR, NOISE_K, effective_noise, rows, sample_errors
+from vitedge.exporter.criteria import NOISE_FLOOR, NOISE_K, allowances, effective_noise, rows, sample_errors
 from vitedge.exporter.inputs import natural_inputs, parity_inputs
 from vitedge.exporter.onnx_export import check_onnx, export_onnx, simplify_onnx
 from vitedge.exporter.parity import ground_truth, run_batched
@@ -114,7 +114,7 @@ def noise_of(r: dict, kind: str = "", median: bool = True) -> np.ndarray:
 
 def ratios(r: dict, cand: str, floor: float, k: float, kind: str = "", median: bool = True) -> np.ndarray:
     err = np.asarray(r["candidates"][cand][f"error{kind}"])
-    return err / np.maximum(floor, k * noise_of(r, kind, median))
+    return err / allowances(noise_of(r, kind, median), floor, k)
 
 
 def evaluate(results: list[dict]) -> list[dict]:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 import _common as C
-from vitedge.exporter.criteria import NOISE_FLOOR, NOISE_K, effective_noise, sample_errors
+from vitedge.exporter.criteria import NOISE_FLOOR, NOISE_K, NoiseRule, sample_errors
 from vitedge.exporter.forms import build_deploy_form
 from vitedge.exporter.inputs import parity_set
 from vitedge.exporter.onnx_export import check_onnx, export_onnx, simplify_onnx
@@ -61,7 +61,7 @@ def measure(name: str, samples: int, overrides: dict | None, imgsz: int | None =
         per = {}
         for s in ps.present():
             m = sets == s
-            allow = np.maximum(NOISE_FLOOR, NOISE_K * effective_noise(nz[m]))
+            allow = NoiseRule().allowance(nz[m])
             per[s] = {"noise_median": float(np.median(nz[m])), "noise_max": float(nz[m].max()),
                       "worst_ratio": {c: float((e[m] / allow).max()) for c, e in cands.items()}}
         out["threads"][str(t)] = per

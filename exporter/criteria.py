@@ -90,7 +90,8 @@ def effective_noise(noise: np.ndarray) -> np.ndarray:
 
 
 def allowances(noise: np.ndarray, floor: float, k: float) -> np.ndarray:
-    """Per-sample allowance max(floor, K * noise) (pass the effective noise)."""
+    """Per-sample allowance max(floor, K * noise) (pass the effective noise). The one place this formula is
+    written (tests/test_criteria.py checks no other module does): judges use NoiseRule.allowance."""
     return np.maximum(float(floor), float(k) * np.asarray(noise, dtype=np.float64))
 
 
@@ -100,11 +101,15 @@ class NoiseRule:
     floor: float = NOISE_FLOOR
     k: float = NOISE_K
 
+    def allowance(self, noise: np.ndarray) -> np.ndarray:
+        """Per-sample allowance from each sample's reference error `noise` (the samples given form one set):
+        max(floor, K * that error raised to the set's median)."""
+        return allowances(effective_noise(noise), self.floor, self.k)
+
     def ratios(self, truth: np.ndarray, candidate: np.ndarray, noisy: np.ndarray) -> np.ndarray:
         """Per-sample error / allowance, where `noisy` is the reference model's float32 output (its error vs
         `truth` is the sample's noise; the samples given form one set). NaN/Inf candidates give +inf."""
-        noise = effective_noise(sample_errors(truth, noisy))
-        return sample_errors(truth, candidate) / allowances(noise, self.floor, self.k)
+        return sample_errors(truth, candidate) / self.allowance(sample_errors(truth, noisy))
 
     def worst(self, truth: np.ndarray, candidate: np.ndarray, noisy: np.ndarray) -> tuple[float, int]:
         """(worst ratio, index of that sample); passes iff the ratio is <= 1."""

@@ -209,7 +209,7 @@ def judge(truth: GroundTruth, out: np.ndarray, tolerance: Tolerance,
         ratio = worst = None
         if rule is not None:
             eff = effective_noise(noise[idx])
-            allowed = np.maximum(rule.floor, rule.k * eff)
+            allowed = rule.allowance(noise[idx])
             r = errors[idx] / allowed
             w = int(np.argmax(r))
             ratio = float(r[w])
@@ -224,7 +224,8 @@ def judge(truth: GroundTruth, out: np.ndarray, tolerance: Tolerance,
         bound_key, median_key, ref_key, ref_name = MEDIANS.get(what, (None,) * 4)
         bound = getattr(tolerance, bound_key) if bound_key else None
         if bound is not None and len(idx) >= FP16_MEDIAN_MIN_SAMPLES:
-            median = float(np.median(errors[idx] / np.maximum(effective_noise(noise[idx]), rule.floor)))
+            # each sample's error over its (floored) reference error: the rule's allowance at K = 1
+            median = float(np.median(errors[idx] / replace(rule, k=1.0).allowance(noise[idx])))
             if not median <= bound:
                 found.append(f"{s}: {median_key.removesuffix('_ratio').replace('_', ' ')} ratio {median:.3g} > "
                              f"{bound:.3g} (the typical sample's error over the {ref_name}'s: a systematic error)")

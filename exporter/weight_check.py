@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from .criteria import NoiseRule
 from .emulate import stored_weight
 
 # correct artifacts' channels: fp16 and the int8 kinds exactly the emulation's rounding (ratio 1, 1.6 for a near-dead
@@ -108,7 +109,7 @@ def check_weights(deploy: nn.Module, path: str | Path, precision: str) -> Weight
         norm = torch.maximum(norm, norm.median()).clamp(min=1e-30)  # a near-dead channel is judged at its tensor's scale
         dev = ((art - w).norm(dim=1) / norm).numpy()
         ref = ((emul - w).norm(dim=1) / norm).numpy()
-        allowed = np.maximum(WEIGHT_FLOOR, k * np.maximum(ref, np.median(ref)))
+        allowed = NoiseRule(WEIGHT_FLOOR, k).allowance(ref)
         ratio = np.where(np.isfinite(dev), dev / allowed, np.inf)
         check.checked += 1
         c = int(np.argmax(ratio))

@@ -80,6 +80,19 @@ def plant_channel_scale(model: onnx.ModelProto, factor: float, position: float =
     return m, Planted(node.name, node.op_type, name, int(ch), float(factor))
 
 
+def planted_module(graph: onnx.ModelProto, where: Planted, deploy) -> str:
+    """The deploy-form module owning the weight a plant changed, known from the plant itself rather than from
+    localization's own node-to-module mapping: the one deploy-form parameter whose values the planted initializer
+    held in the unplanted `graph`, as stored or transposed (a Linear becomes a Gemm/MatMul on W^T)."""
+    w = numpy_helper.to_array(next(i for i in graph.graph.initializer if i.name == where.initializer))
+    owners = [name.rpartition(".")[0] for name, p in list(deploy.named_parameters()) + list(deploy.named_buffers())
+              if any(v.shape == w.shape and np.array_equal(v, w)
+                     for v in (p.detach().numpy(), p.detach().numpy().T))]
+    if len(owners) != 1:
+        raise ValueError(f"{where.initializer} holds the values of {len(owners)} deploy-form parameters, not one")
+    return owners[0]
+
+
 # what a plant does to a (output channels, ...) weight: the whole layer zeroed, or its middle channel scaled
 PLANT_FACTORS = {"zero_layer": None, "sign_flip": -1.0, "x10": 10.0, "x2": 2.0, "x0": 0.0, "x1.1": 1.1}
 

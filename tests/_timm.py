@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import types
 
-import pytest
+from vitedge.tests._ci import unavailable
 
 _STUBBED = ("torchvision._meta_registrations", "torchvision._autograd_registrations")
 
@@ -22,27 +22,29 @@ def stub_torchvision() -> None:
 
 
 def import_timm():
-    """Return the `timm` module, or skip the calling test with the reason it cannot be imported."""
+    """Return the `timm` module, or skip the calling test with the reason it cannot be imported (fail it in CI:
+    tests/_ci.py)."""
     stub_torchvision()
     try:
         import timm
     except ImportError as e:
-        pytest.skip(f"timm is not importable ({e}); install it for reference tests: "
+        unavailable(f"timm is not importable ({e}); install it for reference tests: "
                     "pip install timm==1.0.31 torchvision==0.28.0 --no-deps")
     except RuntimeError as e:  # a torchvision/torch operator mismatch beyond the stubbed modules
-        pytest.skip(f"timm import failed against this torch build ({e})")
+        unavailable(f"timm import failed against this torch build ({e})")
     return timm
 
 
 def import_transformers():
-    """Return the `transformers` module with SwiftFormer importable, or skip the calling test saying why."""
+    """Return the `transformers` module with SwiftFormer importable, or skip the calling test saying why (fail
+    it in CI)."""
     stub_torchvision()
     try:
         import transformers
         from transformers import SwiftFormerConfig, SwiftFormerForImageClassification  # noqa: F401
     except ImportError as e:
-        pytest.skip(f"transformers is not importable ({e}); install it for reference tests: "
+        unavailable(f"transformers is not importable ({e}); install it for reference tests: "
                     "pip install -c .ci/constraints.txt transformers")
     except RuntimeError as e:
-        pytest.skip(f"transformers import failed against this torch build ({e})")
+        unavailable(f"transformers import failed against this torch build ({e})")
     return transformers

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from vitedge.tests._ci import unavailable
+
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 TIMEOUT = 300
@@ -216,7 +218,7 @@ def test_console_script_same_error(tmp_path):
     """The installed `vitedge` entry point behaves as `python cli.py` for the same bad input."""
     exe = shutil.which("vitedge")
     if exe is None:
-        pytest.skip("the `vitedge` console script is not on PATH (pip install -e . installs it)")
+        unavailable("the `vitedge` console script is not on PATH (pip install -e . installs it)")
     case = CASES[0]
     r = run(case_argv(case, tmp_path), exe=[exe])
     assert_usage_error(r, tmp_path, case.expect)

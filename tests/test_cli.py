@@ -13,6 +13,7 @@ import torch
 
 from vitedge import cli
 from vitedge.models import catalog
+from vitedge.tests._ci import unavailable
 
 REPO = Path(__file__).resolve().parents[1]
 MINI = ["--model", "swiftformer_xs", "--set", "layers=[1,1,2,1]", "--set", "embed_dims=[16,24,32,48]",
@@ -23,7 +24,7 @@ def run_cli(*args, script: bool = False) -> subprocess.CompletedProcess:
     if script:
         exe = shutil.which("vitedge")
         if exe is None:
-            pytest.skip("the `vitedge` console script is not installed (pip install -e .)")
+            unavailable("the `vitedge` console script is not installed (pip install -e .)")
         cmd = [exe, *args]
     else:
         cmd = [sys.executable, "cli.py", *args]

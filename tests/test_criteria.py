@@ -1,11 +1,14 @@
 """The noise-aware parity rule: per-sample errors against float64, allowances, per-set verdicts, --tol keys."""
 from __future__ import annotations
 
+import ast
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import vitedge
 from vitedge.exporter import parity
 from vitedge.exporter.criteria import (NOISE_FLOOR, NOISE_K, GroundTruth, NoiseRule, accuracy, allowances,
                                        effective_noise, reference_summary, sample_errors)
@@ -228,3 +231,74 @@ def test_accuracy_and_reference_summary_with_labels():
     assert ref["user"]["reference_noise"] == pytest.approx(1e-7, rel=1e-6)
     _, sets, _ = parity.judge(truth, y, parity.FLOAT64_TOLERANCES["fp32"])
     assert sets["user"]["top5_accuracy"] == pytest.approx(2 / 3)
+
+
+# ---- one allowance: only the module defining NoiseRule writes max(floor, K * noise) -----------------------------
+
+ROOT = Path(vitedge.__file__).resolve().parent
+SCANNED = ("exporter", "targets", "models", "benchmarks", "scripts", "examples", "tests")
+MAX_CALLS = {"max", "maximum", "fmax", "clamp", "clip"}
+
+
+def _names(node: ast.AST) -> set[str]:
+    """Identifiers and attribute names read in `node` (the callee of a call excluded: np.floor(x) is no floor)."""
+    out = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name):
+            out.add(n.id.lower())
+        elif isinstance(n, ast.Attribute):
+            out.add(n.attr.lower())
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call):
+            out.discard((n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")).lower())
+    return out
+
+
+def _scaled_noise(node: ast.AST) -> bool:
+    """A product (K * noise) or the median-raised noise itself (K = 1)."""
+    return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) for n in ast.walk(node)) or any(
+        isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", None)) == "effective_noise"
+        for n in ast.walk(node))
+
+
+def allowance_copies(source: str | ast.AST) -> list[int]:
+    """Lines of `source` computing an allowance by hand: a max of a floor and a scaled noise."""
+    found = []
+    for n in ast.walk(ast.parse(source) if isinstance(source, str) else source):
+        if not isinstance(n, ast.Call):
+            continue
+        name = n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
+        args = list(n.args) + [k.value for k in n.keywords]  # clamp(x, min=floor)
+        if name not in MAX_CALLS or len(args) < 2:
+            continue
+        floors = [i for i, a in enumerate(args) if any("floor" in s for s in _names(a))]
+        if floors and any(_scaled_noise(a) for i, a in enumerate(args) if i not in floors):
+            found.append(n.lineno)
+    return found
+
+
+def test_the_allowance_detector_sees_the_hand_written_forms():
+    for copy in ("allowed = np.maximum(rule.floor, rule.k * eff)",
+                 "a = max(NOISE_FLOOR, NOISE_K * noise)",
+                 "a = np.maximum(WEIGHT_FLOOR, k * np.maximum(ref, np.median(ref)))",
+                 "m = np.median(err / np.maximum(effective_noise(noise), rule.floor))",
+                 "a = torch.clamp(tol.fp16_k * n, min=tol.fp16_floor)"):
+        assert allowance_copies(copy) == [1], copy
+    for fine in ("allowed = rule.allowance(noise)", "a = NoiseRule(WEIGHT_FLOOR, k).allowance(ref)",
+                 "y = np.maximum(x, np.floor(2 * x))", "s = max(scale, 1e-30)"):
+        assert allowance_copies(fine) == [], fine
+
+
+def test_only_the_noise_rule_module_computes_the_allowance():
+    """parity.judge, the weights check, localization and the benchmarks all go through NoiseRule (or
+    criteria.allowances beside it): a second copy of the formula could drift from the one the verdict uses."""
+    files = sorted(p for d in SCANNED for p in (ROOT / d).rglob("*.py")) + sorted(ROOT.glob("*.py"))
+    trees = {str(p.relative_to(ROOT)): ast.parse(p.read_text()) for p in files}
+    home = [f for f, tree in trees.items() if any(isinstance(n, ast.ClassDef) and n.name == "NoiseRule"
+                                                  for n in tree.body)]
+    assert len(home) == 1, home
+    copies = {f: lines for f, tree in trees.items() if f not in home for lines in [allowance_copies(tree)] if lines}
+    assert copies == {}, f"allowance computed outside {home[0]}: {copies}"
+    assert allowance_copies(trees[home[0]])  # the formula is there, and the detector sees it
+    rule = NoiseRule(floor=1e-5, k=20)
+    np.testing.assert_array_equal(rule.allowance(np.array([1e-9, 1e-3, 2e-3])), [2e-2, 2e-2, 4e-2])  # median-raised

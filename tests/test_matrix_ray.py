@@ -8,7 +8,9 @@ import time
 
 import pytest
 
-ray = pytest.importorskip("ray", reason="the Ray tests need `pip install vitedge[ray]` (.ci/run installs it)")
+from vitedge.tests._ci import require
+
+ray = require("ray", "the Ray tests need `pip install vitedge[ray]` (.ci/run installs it)", module_level=True)
 
 from vitedge.exporter.matrix import matrix  # noqa: E402
 from vitedge.exporter.matrix.ray_engine import LABEL_SHARE, missing_resources, resources_for  # noqa: E402

@@ -46,8 +46,10 @@ def test_all_models_quick(tmp_path):
         for p in m["invisible_plants"]:  # passed over only when invisible, or a grouped (depthwise) Conv
             assert p.get("why") == "grouped (depthwise) Conv" or p["effect"] <= 2 * noise, p
         assert m["plant_effect_x1.01"] > 2 * noise
-    for m in data["models"]:  # reduced configs: x1.01 is caught and localized (tests/test_sensitivity.py: x1.001 too)
-        assert m["planted"]["x1.01"]["caught"] and m["planted"]["x1.01"]["diverging_module"]
+    for m in data["models"]:  # reduced configs: x1.01 is caught and localized to exactly the planted module
+        planted = m["planted"]["x1.01"]  # (tests/test_sensitivity.py: x1.001 too)
+        assert planted["caught"] and planted["planted_module"], planted
+        assert planted["diverging_module"] == planted["planted_module"], planted
 
 
 def test_reference_threads_quick(tmp_path):

@@ -164,19 +164,25 @@ def test_corrupted_deploy_form_weight_fails_and_names_the_module(tmp_path):
 def test_corrupted_fold_fails_the_gate_before_any_export(tmp_path, monkeypatch):
     # A wrong weight in the deploy-form the export builds: the float64 gate names the block, nothing is exported.
     build = pipeline.build_deploy_form
+    planted = "network.2.0.linear.fc1"
+    gate_blocks = []
 
     def corrupt(*a, **kw):
         d32, d64 = build(*a, **kw)
         for d in (d32, d64):
-            w = d.get_submodule("network.2.0.linear.fc1").weight
+            w = d.get_submodule(planted).weight
             w.mul_(1.5)
+        gate_blocks.extend(c.name for c in d64.reparam_blocks)
         return d32, d64
 
     monkeypatch.setattr(pipeline, "build_deploy_form", corrupt)
     report = export("swiftformer_xs", "onnx", imgsz=IMGSZ, out=tmp_path / "run", samples=6, overrides=SWIFT)
     assert report.exit_code == 1
     hop = report.hop("deploy-form")
-    assert hop.status == "failed" and hop.diverging_module.startswith("network.2.0")
+    # the gate compares train and deploy forms block by block (their module trees differ inside a fold): it must
+    # name exactly the block holding the planted weight, not a later or an enclosing one
+    block = max((b for b in gate_blocks if planted.startswith(b + ".")), key=len)
+    assert hop.status == "failed" and hop.diverging_module == block == "network.2.0", (hop.diverging_module, block)
     assert all(h.status == "unverified" for h in report.parity[1:])
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".vitedge-files.json", "report.json"]  # no ONNX at all
 

@@ -14,6 +14,7 @@ from vitedge.errors import CheckpointError
 from vitedge.exporter.forms import build_train_form
 from vitedge.models import create_model, make_trained_like
 from vitedge.models.held import hold
+from vitedge.tests._ci import require
 from vitedge.tests._timm import import_transformers
 
 TINY = {"depths": [1, 1, 2, 1], "embed_dims": [16, 24, 32, 48]}
@@ -205,7 +206,7 @@ def _to_timm(k: str) -> str:
 
 
 def test_an_hf_hub_repo_of_a_transformers_folder_comes_whole_from_the_cache(saved, tmp_path, monkeypatch):
-    pytest.importorskip("huggingface_hub")
+    require("huggingface_hub", "the [hub] extra (huggingface_hub) is needed for hub sources")
     from vitedge.tests.test_checkpoint_sources import put_in_cache
 
     _, folder = saved
