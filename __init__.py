@@ -20,14 +20,14 @@ _API = {
     "make_trained_like": "vitedge.models.trained_like",
     "load_checkpoint": "vitedge.models.checkpoint",
     "reparameterize": "vitedge.exporter.reparam",
-    "verify_equivalence": "vitedge.exporter.equivalence",
-    "export": "vitedge.exporter.pipeline",
-    "parity": "vitedge.exporter.verify",
-    "load_deploy_checkpoint": "vitedge.exporter.deploy_checkpoint",
-    "save_deploy_checkpoint": "vitedge.exporter.deploy_checkpoint",
+    "verify_equivalence": "vitedge.exporter.verdict.equivalence",
+    "export": "vitedge.exporter.flow.pipeline",
+    "parity": "vitedge.exporter.flow.verify",
+    "load_deploy_checkpoint": "vitedge.exporter.flow.deploy_checkpoint",
+    "save_deploy_checkpoint": "vitedge.exporter.flow.deploy_checkpoint",
     "matrix": "vitedge.exporter.matrix",
-    "bench": "vitedge.exporter.bench_api",
-    "package": "vitedge.exporter.package",
+    "bench": "vitedge.exporter.timing.bench_api",
+    "package": "vitedge.exporter.packaging.package",
 }
 # `vitedge.models` is the models package, made callable: vitedge.models(family=None) -> the `vitedge models` rows
 _MODULES = {"models": "vitedge.models"}

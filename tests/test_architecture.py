@@ -140,7 +140,7 @@ def test_no_import_cycles():
 def test_the_layers_are_all_there():
     graph = import_graph()
     assert {layer(m) for m in graph} == {None, *range(len(ORDER))}
-    assert "vitedge.targets.graph.precision" in graph and "vitedge.exporter.forms" in graph
+    assert "vitedge.targets.graph.precision" in graph and "vitedge.exporter.reparam.forms" in graph
 
 
 def test_every_subpackage_is_packaged():
