@@ -39,7 +39,7 @@ if __package__ in (None, ""):
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 ATTN_ORDERS = ("auto", "qk_first", "kv_first")
-# exporter.target_plans.PRECISIONS (each target applies those it lists); kept here so parsers import no torch
+# exporter.core.target_plans.PRECISIONS (each target applies those it lists); kept here so parsers import no torch
 PRECISIONS = ("fp32", "fp16", "int8", "w8", "palette4", "palette6", "w8a8")
 COREML_COMPRESSED = ("w8", "palette4", "palette6", "w8a8")
 CRASH_DIR_ENV = "VITEDGE_CRASH_DIR"  # where an internal error's traceback is saved (default: the temp folder)
@@ -168,7 +168,7 @@ def _add_inputs_flags(p: argparse.ArgumentParser, labels_extra: str = "") -> Non
 
 
 def _add_exporter_flag(p: argparse.ArgumentParser, opset: bool = False, what: str = "") -> None:
-    from vitedge.exporter.onnx_choice import DEFAULT_EXPORTER, DEFAULT_OPSET, DYNAMO_OPSET, EXPORTERS  # torch-free
+    from vitedge.exporter.onnx.onnx_choice import DEFAULT_EXPORTER, DEFAULT_OPSET, DYNAMO_OPSET, EXPORTERS  # torch-free
 
     p.add_argument("--exporter", choices=EXPORTERS, default=None,
                    help=what or f"ONNX exporter (default {DEFAULT_EXPORTER}): torchscript (torch.onnx.export("
@@ -190,7 +190,7 @@ def _overrides(args) -> dict:
 
 
 def _samples(args) -> int | None:
-    """--samples, or None: the API's default (the GMACs rule, exporter/parity_cost.py)."""
+    """--samples, or None: the API's default (the GMACs rule, exporter/verdict/parity_cost.py)."""
     return args.samples
 
 
@@ -275,7 +275,7 @@ TARGET_OPTIONS = ("ios", "input", "max_batch", "workspace", "timing_cache", "exe
 
 
 def cmd_export(args) -> int:
-    from vitedge.exporter.pipeline import export
+    from vitedge.exporter.flow.pipeline import export
 
     report = export(args.model, args.target, checkpoint=args.checkpoint, imgsz=args.imgsz, batch=args.batch,
                     dynamic_batch=args.dynamic_batch, opset=args.opset, precision=args.precision,
@@ -316,7 +316,7 @@ def add_parity(sub) -> None:
 
 
 def cmd_parity(args) -> int:
-    from vitedge.exporter.verify import parity
+    from vitedge.exporter.flow.verify import parity
 
     report = parity(args.model, args.artifact, checkpoint=args.checkpoint, deploy_checkpoint=args.deploy_checkpoint,
                     target=args.target, imgsz=args.imgsz, precision=args.precision, attn_order=args.attn_order,
@@ -342,7 +342,7 @@ def add_reparam(sub) -> None:
 
 
 def cmd_reparam(args) -> int:
-    from vitedge.exporter.deploy_checkpoint import reparam_checkpoint
+    from vitedge.exporter.flow.deploy_checkpoint import reparam_checkpoint
 
     result = reparam_checkpoint(args.model, args.out, checkpoint=args.checkpoint, imgsz=args.imgsz,
                                 attn_order=args.attn_order or "auto", strict_schedule=args.strict_schedule,
@@ -399,8 +399,8 @@ def _reference_line(ref: dict) -> str:
 
 
 def format_summary(report, report_path: str | None = None) -> str:
-    from vitedge.exporter.classes import describe
-    from vitedge.exporter.onnx_export import norm_nodes
+    from vitedge.exporter.verdict.classes import describe
+    from vitedge.exporter.onnx.onnx_export import norm_nodes
 
     lines = [f"{report.model}  imgsz {report.imgsz}  batch {report.batch or 'dynamic'}  weights: {report.weights}"
              + (" (seeded trained-like demo weights)" if report.weights == "untrained" else "")]
@@ -487,7 +487,7 @@ def format_summary(report, report_path: str | None = None) -> str:
 
 # ---- bench ----------------------------------------------------------------------------------------
 
-BENCH_BACKENDS = ("torch", "torch-deploy", "onnxruntime", "coreml", "tensorrt")  # validated in exporter.bench
+BENCH_BACKENDS = ("torch", "torch-deploy", "onnxruntime", "coreml", "tensorrt")  # validated in exporter.timing.bench
 BENCH_DEFAULT = ("torch", "torch-deploy", "onnxruntime")
 
 
@@ -553,8 +553,8 @@ def add_bench(sub) -> None:
 
 
 def cmd_bench(args) -> int:
-    from vitedge.exporter.bench_api import bench
-    from vitedge.exporter.bench_report import format_table
+    from vitedge.exporter.timing.bench_api import bench
+    from vitedge.exporter.timing.bench_report import format_table
 
     report = bench(args.model, artifact=args.artifact, providers=args.providers, checkpoint=args.checkpoint,
                    backends=args.backends, imgsz=args.imgsz, batch=args.batch, threads=args.threads,
@@ -626,7 +626,7 @@ def cmd_package(args) -> int:
                   overrides=_overrides(args), tolerances=args.tol or None, force=args.force, progress=args.progress,
                   calib=args.calib, calib_images=args.calib_images, images=args.images, preprocess=_preprocess(args),
                   **_exporter(args))
-    from vitedge.exporter.package import package
+    from vitedge.exporter.packaging.package import package
 
     res = package(args.model, args.out, ios=args.ios, precision=args.precision, target=args.target, **common)
     if res.exit_code != 0:
@@ -921,7 +921,7 @@ def _crash(e: BaseException, argv: list[str]) -> int:
     text = (f"vitedge {__version__}: internal error\ncommand: vitedge {shlex.join(argv)}\n"
             f"python {platform.python_version()} on {platform.platform()}\n")
     try:
-        from vitedge.exporter.report import versions
+        from vitedge.exporter.core.report import versions
 
         text += f"versions: {json.dumps(versions(), sort_keys=True)}\n"
     except Exception:  # noqa: BLE001  (the crash report must not crash)
@@ -950,7 +950,7 @@ def _run(argv: list[str]) -> int:
     args = parser.parse_args(argv)  # bad usage: argparse prints it and exits 2
     if getattr(args, "config", None) != applied:
         raise VitedgeError("give --config once, as --config FILE")
-    from vitedge.exporter.progress import Progress
+    from vitedge.exporter.core.progress import Progress
 
     args.progress = Progress(enabled=not args.quiet)
     warnings.showwarning = _one_line_warnings
@@ -961,7 +961,7 @@ def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0 passed, 1 a hop failed (or a regression, or a matrix cell failed), 2 bad usage or input,
     3 an internal error (its traceback saved to a file), 130 interrupted."""
     from vitedge.errors import VitedgeError
-    from vitedge.exporter.allocator import keep_freed_memory
+    from vitedge.exporter.core.allocator import keep_freed_memory
 
     keep_freed_memory()  # this process is vitedge's own: freed activations are reused, not page-faulted back
     argv = list(sys.argv[1:] if argv is None else argv)

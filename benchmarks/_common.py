@@ -1,7 +1,7 @@
 """Shared pieces of the benchmark scripts: the command line, interleaved timing, paired speedups with
 confidence intervals, ONNX builds, the machine description and the JSON results.
 
-Timing and statistics are the project's own (`vitedge.exporter.latency`): every script times its
+Timing and statistics are the project's own (`vitedge.exporter.timing.latency`): every script times its
 candidates *interleaved* in rounds, so load from other processes hits all of them alike, and reports
 ratios of medians with a paired bootstrap interval. The scripts run as `python benchmarks/NAME.py`.
 """
@@ -28,13 +28,13 @@ import onnx
 import torch
 import torch.nn as nn
 
-from vitedge.exporter import latency
-from vitedge.exporter.onnx_export import (DEFAULT_OPSET, INPUT_NAME, OUTPUT_NAME, check_onnx, export_onnx, node_counts,
-                                          simplify_onnx)
-from vitedge.exporter.criteria import GroundTruth
-from vitedge.exporter.parity import FLOAT64_TOLERANCES, compute_metrics, ground_truth, judge, tolerances
+from vitedge.exporter.timing import latency
+from vitedge.exporter.onnx.onnx_export import (DEFAULT_OPSET, INPUT_NAME, OUTPUT_NAME, check_onnx, export_onnx,
+                                               node_counts, simplify_onnx)
+from vitedge.exporter.verdict.criteria import GroundTruth
+from vitedge.exporter.verdict.parity import FLOAT64_TOLERANCES, compute_metrics, ground_truth, judge, tolerances
 from vitedge.models.flops import model_macs
-from vitedge.targets.ort import OnnxRuntimeRunner
+from vitedge.targets.onnx.target import OnnxRuntimeRunner
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -255,7 +255,7 @@ def total_nodes(model: onnx.ModelProto) -> dict:
 
 def ground_truth_on(train: nn.Module, x: np.ndarray) -> GroundTruth:
     """The train-form's float64 ground truth (and per-sample float32 noise) on `x`, judged as one stress set: what
-    the pipeline judges every hop against (exporter/parity.py)."""
+    the pipeline judges every hop against (exporter/verdict/parity.py)."""
     return ground_truth(train, np.ascontiguousarray(x, np.float32), ("stress",) * len(x))
 
 

@@ -3,11 +3,11 @@ does the correct export pass, how far inside its allowance, and what is the smal
 
 Per model (smallest first, so a partial run covers the most models; the JSON is rewritten after each):
 - the export exactly as `vitedge export --model NAME --target onnx` runs it (default settings: the default
-  parity set, its size chosen by the GMACs rule (exporter/parity_cost.py) unless --samples), its exit code, wall
+  parity set, its size chosen by the GMACs rule (exporter/verdict/parity_cost.py) unless --samples), its exit code, wall
   time and sample count;
 - the train-form's intrinsic float32 noise per input set (report.json `reference`), each hop's worst
   error / allowance (noise_ratio) and worst-sample error per set;
-- each ONNX hop's feature probe (exporter/probe.py): the module, its worst noise_ratio per set;
+- each ONNX hop's feature probe (exporter/verdict/probe.py): the module, its worst noise_ratio per set;
 - sensitivity: one output channel of the mid-network Conv/Gemm/MatMul weight of the exported ONNX scaled by 1.01
   and by 1.001 (tests/_plant.py), each judged like `vitedge parity` judges an ONNX artifact (same parity set,
   same ground truth: the export's own, reused, no second float64 run; `Ladder.onnx_hop`: logits, feature probe,
@@ -39,14 +39,14 @@ import numpy as np
 import onnx
 
 import _common as C
-from vitedge.exporter import hops
-from vitedge.exporter.parity_cost import SAMPLES_RULE
-from vitedge.exporter.criteria import sample_errors
-from vitedge.exporter.parity import FLOAT64_TOLERANCES, run_batched
-from vitedge.exporter.probe import deploy_reference, onnx_tensor, probe_point
-from vitedge.exporter.pipeline import export
+from vitedge.exporter.verdict import hops
+from vitedge.exporter.verdict.parity_cost import SAMPLES_RULE
+from vitedge.exporter.verdict.criteria import sample_errors
+from vitedge.exporter.verdict.parity import FLOAT64_TOLERANCES, run_batched
+from vitedge.exporter.verdict.probe import deploy_reference, onnx_tensor, probe_point
+from vitedge.exporter.flow.pipeline import export
 from vitedge.models import get_spec, list_models
-from vitedge.targets.ort import OnnxRuntimeRunner
+from vitedge.targets.onnx.target import OnnxRuntimeRunner
 from vitedge.tests._plant import plant_channel_scale, planted_module, weight_nodes
 
 QUICK_MODELS = ("swiftformer_xs", "sima_nano_12_p16")  # --quick: their reduced configs (_common.REDUCED) at 64 px
@@ -79,7 +79,7 @@ def _grouped(node: onnx.NodeProto) -> bool:
 def visible_position(graph: onnx.ModelProto, ladder, noise: float) -> tuple[float, list[dict], float]:
     """The first dense weight from the middle of the graph whose x1.01 plant changes what the ladder looks at by
     more than 2 x the float32 noise there: the logits (vs `noise`) or the feature probe's tensor (vs the
-    deploy-form's float32 noise at that module, exporter/probe.py), as plant_channel_scale's `position`; the
+    deploy-form's float32 noise at that module, exporter/verdict/probe.py), as plant_channel_scale's `position`; the
     plants passed over; the chosen plant's effect on the logits (max over the inputs of max|dy| / max|y|).
     Grouped (depthwise) Convs are passed over: one of their output channels is a single k x k filter, whose 1 %
     change moves the logits of these models by 3-10x their float32 noise, inside the spread of correct hops (all_models'

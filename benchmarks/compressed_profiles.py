@@ -8,12 +8,12 @@ a palette4 lookup table reversed; w8a8 calibrated on blank images), and one subt
 detection limit (one output channel's int8 stem scale doubled: an error of the size of quantization noise, which
 the profiles are not meant to catch; the fp32 hops before quantization catch such errors in the hub graph), are
 run on
-  - natural: the parity set's natural samples from photos that do not calibrate (exporter/calibrate.py), as the
+  - natural: the parity set's natural samples from photos that do not calibrate (exporter/quantize/calibrate.py), as the
     compressed hops see them; for CoreML also the first 16 (the emulated hop's prefix);
   - digits: the 364 held-out digits with their labels (a labelled --images folder), calibrated on 64
     training-split digits,
-and judged against the train-form in float64 by exporter/parity.judge with the kind's profile
-(COMPRESSED_TOLERANCES, with the one-sample resolution bounds of exporter/compressed.py). No timing: the figures
+and judged against the train-form in float64 by exporter/verdict/parity.judge with the kind's profile
+(COMPRESSED_TOLERANCES, with the one-sample resolution bounds of exporter/quantize/compressed.py). No timing: the figures
 are deterministic, and benchmarks/results/compressed_profiles.json is what docs/quantization.md quotes.
 Printed last: per profile and criterion, the worst value a correct artifact reached, the threshold, and the
 best value a planted-broken one reached; and which detection-limit cases passed.
@@ -33,11 +33,11 @@ import onnx
 from onnx import numpy_helper
 
 import _common as C
-from vitedge.exporter.calibrate import natural_calibration
-from vitedge.exporter.compressed import Judged, resolution_bounds
-from vitedge.exporter.criteria import GroundTruth
-from vitedge.exporter.inputs import parity_set
-from vitedge.exporter.parity import COMPRESSED_TOLERANCES, ground_truth, judge, profile_for
+from vitedge.exporter.quantize.calibrate import natural_calibration
+from vitedge.exporter.quantize.compressed import Judged, resolution_bounds
+from vitedge.exporter.verdict.criteria import GroundTruth
+from vitedge.exporter.verdict.inputs import parity_set
+from vitedge.exporter.verdict.parity import COMPRESSED_TOLERANCES, ground_truth, judge, profile_for
 from vitedge.models.registry import input_stats
 from vitedge.targets.base import LowerSpec
 from vitedge.targets.coreml import CoreMLTarget, EmulatedCoreMLRunner

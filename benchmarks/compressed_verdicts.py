@@ -2,16 +2,16 @@
 
 For each model and compressed kind, `vitedge export` writes the artifact (int8: the QDQ ONNX graph, run by ONNX Runtime;
 w8 / palette4 / palette6 / w8a8: the CoreML package, run by vitedge's MIL interpreter), and the product's own judge
-(exporter.compressed.judge_compressed: the kind's profile, the resolution bounds and the compressed rule) grades it on
+(exporter.quantize.compressed.judge_compressed: the kind's profile, the resolution bounds and the compressed rule) grades it on
 the samples `vitedge export` judges it on (the parity set's natural samples that did not calibrate; the emulated
 CoreML hop runs the first 16). Each sample's reference error is that of an independent emulation of the kind in torch
-(exporter.emulate.compressed_reference), raised to its set's median. Reported: the ratio error / reference error of
+(exporter.verdict.emulate.compressed_reference), raised to its set's median. Reported: the ratio error / reference error of
 the correct artifacts (what K must clear), and of errors planted in the saved artifact: a whole layer zeroed, and one
 output channel x0, x-1, x1.1, x2, x10 at three depths, written into the int8 graph's per-channel weight scales or the
 package's scales / lookup table in weight.bin (a palette's lookup table on iOS 16 serves the whole tensor: its
 "channel" plants scale the whole layer). A plant is caught when the judge fails it, and "visible" when it moves some
 sample's outputs by more than 3x the correct artifact's own error on that sample. After the outputs, the artifact's
-stored weights are judged against the deploy-form's per output channel (exporter/weight_check.py, as every compressed
+stored weights are judged against the deploy-form's per output channel (exporter/verdict/weight_check.py, as every compressed
 hop is): each row says what the outputs alone decided (`caught_by_outputs`) and the weights check's worst ratio.
 
 Models: the trained reference fixtures (tests/fixtures/trained/: SwiftFormer and SLAB-DeiT trained on scikit-learn's
@@ -34,15 +34,15 @@ import numpy as np
 
 import _common as C
 import vitedge
-from vitedge.exporter.compressed import Judged, judge_compressed
-from vitedge.exporter.criteria import COMPRESSED_K, COMPRESSED_MEDIAN, effective_noise, sample_errors
-from vitedge.exporter.forms import build_deploy_form
-from vitedge.exporter.hops import parity_inputs_for
-from vitedge.exporter.parity import FLOAT64_TOLERANCES, profile_for, run_batched
-from vitedge.exporter.weight_check import WEIGHT_K, judge_weights
+from vitedge.exporter.quantize.compressed import Judged, judge_compressed
+from vitedge.exporter.verdict.criteria import COMPRESSED_K, COMPRESSED_MEDIAN, effective_noise, sample_errors
+from vitedge.exporter.reparam.forms import build_deploy_form
+from vitedge.exporter.verdict.hops import parity_inputs_for
+from vitedge.exporter.verdict.parity import FLOAT64_TOLERANCES, profile_for, run_batched
+from vitedge.exporter.verdict.weight_check import WEIGHT_K, judge_weights
 from vitedge.models import make_trained_like
 from vitedge.targets.coreml.runners import EmulatedCoreMLRunner
-from vitedge.targets.ort import OnnxRuntimeRunner
+from vitedge.targets.onnx.target import OnnxRuntimeRunner
 from vitedge.tests import trained_fixtures as tf
 from vitedge.tests._plant import PLANT_FACTORS, plant_int8_scale, plant_package_compression
 

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import _common as C
-from vitedge.exporter.forms import build_deploy_form, build_train_form
-from vitedge.exporter.inputs import natural_inputs
+from vitedge.exporter.reparam.forms import build_deploy_form, build_train_form
+from vitedge.exporter.verdict.inputs import natural_inputs
 from vitedge.models.registry import input_stats
 from vitedge.targets import get_target
 from vitedge.targets.base import LowerSpec

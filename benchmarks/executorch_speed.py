@@ -26,9 +26,9 @@ import numpy as np
 import torch
 
 import _common as C
-from vitedge.exporter.forms import build_deploy_form, build_train_form
-from vitedge.exporter.inputs import natural_inputs
-from vitedge.exporter.parity import COMPRESSED_TOLERANCES
+from vitedge.exporter.reparam.forms import build_deploy_form, build_train_form
+from vitedge.exporter.verdict.inputs import natural_inputs
+from vitedge.exporter.verdict.parity import COMPRESSED_TOLERANCES
 from vitedge.models.registry import input_stats
 from vitedge.targets import get_target
 from vitedge.targets.base import LowerSpec

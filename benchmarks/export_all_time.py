@@ -2,7 +2,7 @@
 
 Issue 17's target: every registered model exports with default settings in <= 5 minutes on the 2-core development
 machine. Each export runs as a user runs it: a fresh process, the default parity set (its size by the GMACs rule,
-exporter/parity_cost.py), and an empty float64 ground-truth cache (a first export of those weights: the cache would
+exporter/verdict/parity_cost.py), and an empty float64 ground-truth cache (a first export of those weights: the cache would
 only make a re-export faster). Smallest model first; the JSON is rewritten after each model, with the 1-min load
 average before and after every export, the parity sample count, exit code and each pipeline step's seconds (from
 the progress lines). The summary printed last: the slowest exports and how many are within the target.

@@ -4,7 +4,7 @@
    onnx,coreml --out DIR`, default settings, 256 parity inputs), in a fresh process per run, median of
    `--main-repeats` (3) runs with the 1-min load average beside each, three series interleaved: **cold** (an
    empty float64 ground-truth cache: a first export of these weights), **warm** (the cache primed by one uncounted
-   run: a re-export, the CI case; exporter/truth_cache.py) and cold with glibc's default allocator
+   run: a re-export, the CI case; exporter/verdict/truth_cache.py) and cold with glibc's default allocator
    (VITEDGE_KEEP_FREED_MEMORY=0; its ratio to cold prints last). Each run is split into phases:
    the pipeline's own progress steps (train-form build, re-parameterization, float64 gate, reference runs,
    every hop, ONNX export, onnxsim, lowering) plus sub-phases timed by wrapping the functions that do them
@@ -34,8 +34,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from vitedge.exporter.allocator import ENV as KEEP_FREED_ENV
-from vitedge.exporter.progress import Progress  # light: the child process times the heavy imports
+from vitedge.exporter.core.allocator import ENV as KEEP_FREED_ENV
+from vitedge.exporter.core.progress import Progress  # light: the child process times the heavy imports
 
 MODELS = ("swiftformer_xs", "slab_deit_tiny", "sima_nano_12_p16")  # one small model per family
 QUICK_MODELS = ("swiftformer_xs",)
@@ -49,14 +49,14 @@ MAIN_JOB_QUICK = ["--imgsz", "64", "--samples", "8", "--set", "layers=[1,1,2,1]"
 # Sub-phases: (label, module, attribute path), wrapped wherever the function object is referenced.
 SUB_PHASES = (
     ("demo weights (make_trained_like)", "vitedge.models.trained_like", "make_trained_like"),
-    ("parity inputs (parity_inputs)", "vitedge.exporter.inputs", "parity_inputs"),
-    ("float64 ground truth (parity.ground_truth)", "vitedge.exporter.parity", "ground_truth"),
+    ("parity inputs (parity_inputs)", "vitedge.exporter.verdict.inputs", "parity_inputs"),
+    ("float64 ground truth (parity.ground_truth)", "vitedge.exporter.verdict.parity", "ground_truth"),
     ("torch.jit.trace", "torch.jit", "trace"),
     ("CoreML conversion (coremltools.convert)", "coremltools", "convert"),
     ("MIL program load", "vitedge.targets.coreml.mil_interpreter", "load_program"),
     ("MIL interpreter run", "vitedge.targets.coreml.mil_interpreter", "MILProgram.run"),
-    ("report.json write", "vitedge.exporter.report", "Report.write"),
-    ("commit (tmp -> out)", "vitedge.exporter.outdir", "OutputFolder.commit"),
+    ("report.json write", "vitedge.exporter.core.report", "Report.write"),
+    ("commit (tmp -> out)", "vitedge.exporter.core.outdir", "OutputFolder.commit"),
 )
 
 
@@ -128,8 +128,8 @@ def child_main_job(out_json: str, argv: list[str]) -> int:
     import coremltools  # noqa: F401  (imported here so its wrappers exist; the job imports it anyway)
     import torch  # noqa: F401
     import vitedge.cli
-    import vitedge.exporter.pipeline  # noqa: F401
-    import vitedge.exporter.progress as progress_mod
+    import vitedge.exporter.flow.pipeline  # noqa: F401
+    import vitedge.exporter.core.progress as progress_mod
     from vitedge.targets.coreml import mil_interpreter  # noqa: F401
 
     imports_s = time.perf_counter() - t0
@@ -156,9 +156,9 @@ if __name__ == "__main__" and sys.argv[1:2] == ["--child"]:  # before the heavy 
     raise SystemExit(child_main_job(sys.argv[2], sys.argv[4:] if sys.argv[3:4] == ["--"] else sys.argv[3:]))
 
 import _common as C  # noqa: E402
-from vitedge.exporter import latency  # noqa: E402
-from vitedge.exporter.pipeline import export  # noqa: E402
-from vitedge.exporter.target_plans import resolve_targets  # noqa: E402
+from vitedge.exporter.timing import latency  # noqa: E402
+from vitedge.exporter.flow.pipeline import export  # noqa: E402
+from vitedge.exporter.core.target_plans import resolve_targets  # noqa: E402
 from vitedge.models import list_models  # noqa: E402
 
 
@@ -187,7 +187,7 @@ def run_main_job(quick: bool, repeats: int, tmp: Path) -> tuple[dict, dict, dict
     """The README's main job in fresh processes, `repeats` cold runs (an empty ground-truth cache: a first export)
     interleaved with `repeats` warm ones (the cache primed by one uncounted run: a re-export of the same weights,
     the CI case) and `repeats` cold ones with glibc's default allocator ($VITEDGE_KEEP_FREED_MEMORY=0: what
-    exporter/allocator.py is worth), each round in a seeded random order; wall time, phases and load average per
+    exporter/core/allocator.py is worth), each round in a seeded random order; wall time, phases and load average per
     run. Returns (cold, warm, cold with the default allocator)."""
     warm_dir = tmp / "cache-warm"
     print("  priming the warm runs' ground-truth cache (not counted)", flush=True)
@@ -385,7 +385,7 @@ def main(argv=None) -> int:
             "unavailable": unavailable, "missing": missing, "models": results}
     path = C.write_results(C.out_path("export_time", args), "export_time", info, args, body, started)
     print(f"\nresults: {path}\n{info['load_note']}")
-    print(f"\nmain job, cold: glibc's default allocator / the command's own setting (exporter/allocator.py): "
+    print(f"\nmain job, cold: glibc's default allocator / the command's own setting (exporter/core/allocator.py): "
           f"{C.fmt_ratio(allocator)}")
     print(f"\nratios (pipeline wall time relative to the onnx fp32 pipeline, {samples} parity samples):")
     for label, why in unavailable.items():

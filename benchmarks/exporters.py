@@ -24,9 +24,9 @@ import time
 import numpy as np
 
 import _common as C
-from vitedge.exporter.hops import parity_inputs_for
-from vitedge.exporter.onnx_export import EXPORTERS, check_onnx, default_opset, export_onnx_info, simplify_onnx
-from vitedge.exporter.parity import FLOAT64_TOLERANCES, judge, run_batched
+from vitedge.exporter.verdict.hops import parity_inputs_for
+from vitedge.exporter.onnx.onnx_export import EXPORTERS, check_onnx, default_opset, export_onnx_info, simplify_onnx
+from vitedge.exporter.verdict.parity import FLOAT64_TOLERANCES, judge, run_batched
 from vitedge.exporter.reparam import reparameterize
 from vitedge.models import create_model, get_spec, list_models, make_trained_like
 

@@ -3,7 +3,7 @@
 For each model: an fp16 CoreML package (run by vitedge's MIL interpreter, the hop `vitedge export` judges here) and an
 fp16 ONNX graph (ONNX Runtime), both written by `vitedge export`, are judged against the train-form in float64 on the
 parity set. Each sample's reference error is that of an independent fp16 computation: the deploy-form with weights
-and module outputs rounded to float16 (exporter.parity.fp16_reference), raised to its set's median. The ratio
+and module outputs rounded to float16 (exporter.verdict.parity.fp16_reference), raised to its set's median. The ratio
 error / reference error is reported for the correct artifacts (what K must clear) and for errors planted in the saved
 artifact: a whole layer zeroed, and one output channel x0, x-1, x1.1, x2, x10, at three depths (weight.bin of the
 package, a float16 initializer of the ONNX graph). A plant is caught when the fp16 profile's own judge fails it (the
@@ -12,7 +12,7 @@ per-sample rule with K, the median rule, the metric bounds) and "visible" when i
 Models: the trained reference fixtures (tests/fixtures/trained/, SwiftFormer and SLAB-DeiT trained on scikit-learn's
 digits) and small demo configs of SimA and SLAB-Swin; the full run adds SwiftFormer-XS at its full size (224 px, demo
 weights) and, where scripts/train_reference.py has cached it, the full SwiftFormer-XS trained on digits (64 px). After
-the outputs, each artifact's stored weights are judged against the deploy-form's (exporter/weight_check.py, as every
+the outputs, each artifact's stored weights are judged against the deploy-form's (exporter/verdict/weight_check.py, as every
 fp16 hop is): `caught_by_outputs` says what the outputs alone decided, `weights_ratio` the weights check's worst.
 
     python benchmarks/fp16_verdicts.py [--quick] [--out FILE]
@@ -28,14 +28,14 @@ import numpy as np
 
 import _common as C
 import vitedge
-from vitedge.exporter.criteria import FP16_K, FP16_MEDIAN, effective_noise, sample_errors
-from vitedge.exporter.forms import build_deploy_form
-from vitedge.exporter.hops import parity_inputs_for
-from vitedge.exporter.parity import FLOAT64_TOLERANCES, ground_truth, judge, run_batched, with_fp16_reference
-from vitedge.exporter.weight_check import check_weights
+from vitedge.exporter.verdict.criteria import FP16_K, FP16_MEDIAN, effective_noise, sample_errors
+from vitedge.exporter.reparam.forms import build_deploy_form
+from vitedge.exporter.verdict.hops import parity_inputs_for
+from vitedge.exporter.verdict.parity import FLOAT64_TOLERANCES, ground_truth, judge, run_batched, with_fp16_reference
+from vitedge.exporter.verdict.weight_check import check_weights
 from vitedge.models import make_trained_like
 from vitedge.targets.coreml.runners import EmulatedCoreMLRunner
-from vitedge.targets.ort import OnnxRuntimeRunner
+from vitedge.targets.onnx.target import OnnxRuntimeRunner
 from vitedge.tests import trained_fixtures as tf
 from vitedge.tests._plant import PLANT_FACTORS, plant_fp16_initializer, plant_package_weights
 
@@ -80,7 +80,7 @@ def _caught(truth, out) -> bool:
 
 
 def _weights(deploy, path) -> dict:
-    """The product's verdict on the stored weights (exporter/weight_check.py), as every fp16 hop runs it."""
+    """The product's verdict on the stored weights (exporter/verdict/weight_check.py), as every fp16 hop runs it."""
     c = check_weights(deploy, path, "fp16")
     return {"weights": c.status, "weights_ratio": (c.worst or {}).get("ratio")}
 

@@ -2,7 +2,7 @@
 
 For every model at its default size, with `make_trained_like(seed=0)` (the demo weights `vitedge export` uses
 without a checkpoint), the train-form runs in float64 and in float32 on the default parity set (natural photos and
-synthetic stress images interleaved 3:1). Per sample, noise = max|y32 - y64| / max|y64| (exporter/criteria.py).
+synthetic stress images interleaved 3:1). Per sample, noise = max|y32 - y64| / max|y64| (exporter/verdict/criteria.py).
 Records max|y64| (is the residual stream bounded at full depth?) and the noise per set (median, max), which is
 what the noise-aware parity rule scales its allowance by. Timing is irrelevant here.
 
@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 import _common as C
-from vitedge.exporter.inputs import parity_set
-from vitedge.exporter.parity import ground_truth
+from vitedge.exporter.verdict.inputs import parity_set
+from vitedge.exporter.verdict.parity import ground_truth
 from vitedge.models import create_model, get_spec, list_models, make_trained_like
 
 QUICK_MODELS = ("swiftformer_xs", "slab_deit_tiny", "prepbn_deit_tiny", "sima_nano_12_p16")

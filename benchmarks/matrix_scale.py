@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 
 import _common as C
-from vitedge.exporter import latency
+from vitedge.exporter.timing import latency
 from vitedge.exporter.matrix import matrix
 
 CACHED_TARGET_S = 5.0

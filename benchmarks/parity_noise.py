@@ -7,7 +7,7 @@ and synthetic stress images. Then each correct hop -- deploy-form fp32 (torch), 
 Conv/Gemm/MatMul weight of the simplified ONNX scaled by 1.01 and by 1.001) are measured per sample:
 
     error_i = max_c |y_ic - y64_ic| / max_c |y64_ic|     (and, for comparison, the relative L2 form)
-    noise_i = error_i of the float32 train-form (the rule raises it to its set's median: exporter/criteria.py)
+    noise_i = error_i of the float32 train-form (the rule raises it to its set's median: exporter/verdict/criteria.py)
 
 The summary evaluates candidate (floor, K) pairs of the rule error_i <= max(floor, K * noise_i): the worst
 correct-hop ratio (must stay well below 1) and which planted errors are caught, and compares error forms (max-abs,
@@ -28,13 +28,13 @@ import numpy as np
 import torch
 
 import _common as C
-from vitedge.exporter.criteria import NOISE_FLOOR, NOISE_K, allowances, effective_noise, rows, sample_errors
-from vitedge.exporter.inputs import natural_inputs, parity_inputs
-from vitedge.exporter.onnx_export import check_onnx, export_onnx, simplify_onnx
-from vitedge.exporter.parity import ground_truth, run_batched
-from vitedge.exporter.forms import build_deploy_form
+from vitedge.exporter.verdict.criteria import NOISE_FLOOR, NOISE_K, allowances, effective_noise, rows, sample_errors
+from vitedge.exporter.verdict.inputs import natural_inputs, parity_inputs
+from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, simplify_onnx
+from vitedge.exporter.verdict.parity import ground_truth, run_batched
+from vitedge.exporter.reparam.forms import build_deploy_form
 from vitedge.models import create_model, get_spec, make_trained_like
-from vitedge.targets.ort import OnnxRuntimeRunner
+from vitedge.targets.onnx.target import OnnxRuntimeRunner
 from vitedge.tests._plant import plant_channel_scale
 
 # (label, model, overrides, natural samples, stress samples): small configs of every family, then full size.

@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 
 import _common as C
-from vitedge.exporter.calibrate import natural_calibration
-from vitedge.exporter.onnx_export import check_onnx, export_onnx, simplify_onnx
+from vitedge.exporter.quantize.calibrate import natural_calibration
+from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, simplify_onnx
 from vitedge.exporter.reparam import reparameterize
 from vitedge.models import create_model, make_trained_like
 from vitedge.models.registry import input_stats

@@ -1,4 +1,4 @@
-"""Why the ladder's float32 reference runs on a fixed thread count (exporter/parity.py REFERENCE_THREADS).
+"""Why the ladder's float32 reference runs on a fixed thread count (exporter/verdict/parity.py REFERENCE_THREADS).
 
 The float32 train-form's deviation from float64 (each sample's intrinsic noise, which scales the parity allowance)
 depends on the reduction order, hence on torch's intra-op thread count. For a few full-size models with the seeded
@@ -18,13 +18,13 @@ import numpy as np
 import torch
 
 import _common as C
-from vitedge.exporter.criteria import NOISE_FLOOR, NOISE_K, NoiseRule, sample_errors
-from vitedge.exporter.forms import build_deploy_form
-from vitedge.exporter.inputs import parity_set
-from vitedge.exporter.onnx_export import check_onnx, export_onnx, simplify_onnx
-from vitedge.exporter.parity import REFERENCE_THREADS, run_batched
+from vitedge.exporter.verdict.criteria import NOISE_FLOOR, NOISE_K, NoiseRule, sample_errors
+from vitedge.exporter.reparam.forms import build_deploy_form
+from vitedge.exporter.verdict.inputs import parity_set
+from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, simplify_onnx
+from vitedge.exporter.verdict.parity import REFERENCE_THREADS, run_batched
 from vitedge.models import create_model, get_spec, make_trained_like
-from vitedge.targets.ort import OnnxRuntimeRunner
+from vitedge.targets.onnx.target import OnnxRuntimeRunner
 
 MODELS = ("swiftformer_xs", "slab_deit_tiny", "sima_nano_12_p16", "prepbn_pvt_tiny")
 THREADS = (1, 2, 4)

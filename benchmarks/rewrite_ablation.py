@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 import _common as C
-from vitedge.exporter.inputs import parity_inputs
+from vitedge.exporter.verdict.inputs import parity_inputs
 from vitedge.exporter.reparam import available_rewrites, reparameterize
 from vitedge.models import create_model, get_spec, list_models, make_trained_like
 

@@ -4,7 +4,7 @@ Every registered family carries the recipe its official evaluation used (`regist
 a Hugging Face transformers folder's `preprocessor_config.json` replaces it (`from_preprocessor_config`), and the
 user's `--crop-pct`, `--interpolation`, `--mean`, `--std` replace single fields of either (`Recipe.replace`).
 
-The transform a recipe stands for (exporter/images.py `eval_transform`), on 8-bit RGB pixels p:
+The transform a recipe stands for (exporter/verdict/images.py `eval_transform`), on 8-bit RGB pixels p:
 - crop_mode "center" (timm, torchvision): the shorter side resized to floor(imgsz / crop_pct), the aspect ratio
   kept, then a centre crop of imgsz x imgsz. crop_pct 1.0 resizes the shorter side to imgsz (resize-only for a
   square image);

@@ -1,4 +1,4 @@
-"""Seeded synthetic images: the pixel patterns behind the parity set's categories (exporter/inputs.py) and the
+"""Seeded synthetic images: the pixel patterns behind the parity set's categories (exporter/verdict/inputs.py) and the
 calibration batch of trained-like weights (models/trained_like.py), in one place.
 
 Every maker draws from the generator it is given, in a fixed order, and returns a (3, h, w) image in [0, 1]

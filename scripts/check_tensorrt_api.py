@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Check vitedge's TensorRT API table (targets/tensorrt_api.py) against NVIDIA's pybind11 sources.
+"""Check vitedge's TensorRT API table (targets/tensorrt/api.py) against NVIDIA's pybind11 sources.
 
 Usage: python scripts/check_tensorrt_api.py TENSORRT_GIT_DIR [REF ...]
 TENSORRT_GIT_DIR is a clone (or bare mirror) of github.com/NVIDIA/TensorRT; the refs default to the table's
@@ -18,10 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1].parent))
 try:
-    from vitedge.targets.tensorrt_api import CHECKED_AGAINST, ROWS, SOURCES
+    from vitedge.targets.tensorrt.api import CHECKED_AGAINST, ROWS, SOURCES
 except ImportError:  # run from a checkout that is not installed: load the table file directly
     import importlib.util
-    _p = Path(__file__).resolve().parents[1] / "targets" / "tensorrt_api.py"
+    _p = Path(__file__).resolve().parents[1] / "targets" / "tensorrt" / "api.py"
     _spec = importlib.util.spec_from_file_location("tensorrt_api", _p)
     _mod = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(_mod)

@@ -20,7 +20,7 @@ MODELS=(swiftformer_xs slab_deit_tiny sima_nano_12_p16)   # one per family: Swif
 SAMPLES=64
 
 step tensorrt-import python -c "import tensorrt; print('tensorrt', tensorrt.__version__)"
-step cuda-runtime python -c "from vitedge.targets.cuda_memory import memory_backend as m; b, why = m(); print(b or why); assert b"
+step cuda-runtime python -c "from vitedge.targets.tensorrt.cuda_memory import memory_backend as m; b, why = m(); print(b or why); assert b"
 step gpu nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 
 for model in "${MODELS[@]}"; do

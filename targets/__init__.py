@@ -11,9 +11,9 @@ import importlib
 from .base import Artifact, LowerSpec, Runner, Target, UnavailableError
 
 TARGETS: dict[str, str] = {
-    "onnx": "vitedge.targets.ort:OnnxTarget",
+    "onnx": "vitedge.targets.onnx.target:OnnxTarget",
     "coreml": "vitedge.targets.coreml.target:CoreMLTarget",
-    "tensorrt": "vitedge.targets.tensorrt:TensorRTTarget",
+    "tensorrt": "vitedge.targets.tensorrt.target:TensorRTTarget",
     "executorch": "vitedge.targets.executorch.target:ExecuTorchTarget",
 }
 

@@ -2,7 +2,7 @@
 overlap check.
 
 Calibration samples must never be the samples an artifact is evaluated on (a model calibrated on its test images
-looks better than it is). The pipeline chooses both sets (exporter/calibrate.py) and hands the quantizers a
+looks better than it is). The pipeline chooses both sets (exporter/quantize/calibrate.py) and hands the quantizers a
 `Calibration`; quantizers record it (the ids the caller gave: file names, photo views, dataset indices; and a
 sha256 of the exact array), and `calibration_overlap` tells a caller which of its evaluation ids calibrated.
 """

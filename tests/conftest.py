@@ -13,7 +13,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 # Many tiny float64 ops: one intra-op thread is several times faster than two on small CI machines.
 torch.set_num_threads(1)
-# The float64 ground-truth cache (exporter/truth_cache.py) in a folder of this test session's own, shared by the CLI
+# The float64 ground-truth cache (exporter/verdict/truth_cache.py) in a folder of this test session's own, shared by the CLI
 # subprocesses it starts: tests never read a developer's cache or leave entries in it.
 _CACHE = tempfile.mkdtemp(prefix="vitedge-test-cache-")
 os.environ["VITEDGE_CACHE_DIR"] = _CACHE
@@ -55,10 +55,10 @@ def onnx_parity(train_model, deploy_model, imgsz: int, samples: int = 4, seed: i
     compare it in fp32 with the train-form eval model; returns (metrics, node counts of the simplified graph)."""
     import copy
 
-    from vitedge.exporter.inputs import parity_inputs
-    from vitedge.exporter.onnx_export import check_onnx, export_onnx, node_counts, simplify_onnx
-    from vitedge.exporter.parity import compute_metrics, run_batched
-    from vitedge.targets.ort import OnnxRuntimeRunner
+    from vitedge.exporter.verdict.inputs import parity_inputs
+    from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, node_counts, simplify_onnx
+    from vitedge.exporter.verdict.parity import compute_metrics, run_batched
+    from vitedge.targets.onnx.target import OnnxRuntimeRunner
 
     graph = simplify_onnx(check_onnx(export_onnx(copy.deepcopy(deploy_model), imgsz, batch=None)))
     x = parity_inputs(samples, imgsz, seed=seed)
@@ -83,5 +83,5 @@ def load_test_helper(name: str):
 
 @pytest.fixture(scope="session")
 def trt_fake():
-    """tests/trt_fake.py: the spec_set fake `tensorrt` module built from targets/tensorrt_api.py."""
+    """tests/trt_fake.py: the spec_set fake `tensorrt` module built from targets/tensorrt/api.py."""
     return load_test_helper("trt_fake")

@@ -1,4 +1,4 @@
-"""exporter/allocator.py: once the `vitedge` command line has raised glibc's thresholds, a 64 MiB block comes from
+"""exporter/core/allocator.py: once the `vitedge` command line has raised glibc's thresholds, a 64 MiB block comes from
 the heap, where a freed one is reused, instead of its own mmap, unmapped on free and page-faulted back (what cost
 the main job 8-10 s of system time)."""
 from __future__ import annotations
@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from vitedge.exporter.allocator import ENV
+from vitedge.exporter.core.allocator import ENV
 
 PROBE = r"""
 import numpy as np
-from vitedge.exporter.allocator import keep_freed_memory
+from vitedge.exporter.core.allocator import keep_freed_memory
 
 def in_heap(a):
     # glibc serves a block from the [heap] (reused after free) or from its own mmap (unmapped on free)
@@ -44,7 +44,7 @@ def test_the_environment_can_opt_out():
 
 def test_the_command_line_applies_it(monkeypatch):
     import vitedge.cli as cli
-    import vitedge.exporter.allocator as allocator
+    import vitedge.exporter.core.allocator as allocator
 
     calls = []
     monkeypatch.setattr(allocator, "keep_freed_memory", lambda *a: calls.append(a) or True)

@@ -3,12 +3,18 @@
 and source files short enough to read (> 400 lines only with a `Length:` line in the module docstring saying why
 one job needs more).
 
+Inside the layers, rooms: exporter/ is grouped by job, in an order of its own (EXPORTER_GROUPS: a group imports
+its own modules and the groups to its left, and no module sits loose beside the groups); in targets/, each backend
+(a module or package) imports only what the backends share (TARGETS_SHARED), never another backend. Modules that
+moved into the rooms keep their old import path for one release (vitedge._MOVED: same module, DeprecationWarning).
+
 Imports are read from the source (AST), function-level ones included, so a lazy import cannot hide an arrow that
 points up. The checkers are also run on small planted trees, so a violation is known to fail.
 """
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -17,6 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "vitedge"
 ORDER = ("errors", "models", "targets", "exporter", "cli")   # each may import only what is at or left of it
 SUBPACKAGES = ("models", "targets", "exporter")            # the package's folders (tests/, benchmarks/ are not)
+# exporter/'s job groups, in import order: each may import its own group or one to its left, nothing to its right
+EXPORTER_GROUPS = ("core", "reparam", "onnx", "verdict", "quantize", "flow", "timing", "packaging", "matrix")
+TARGETS_SHARED = ("base", "calibration", "labels", "graph")  # what targets/' backends share; the rest are backends
 MAX_LINES = 400
 
 
@@ -61,6 +70,12 @@ def import_graph(root: Path = ROOT, package: str = PACKAGE) -> dict[str, set[str
     return {name: imports_of(name, path, modules, package) for name, path in modules.items()}
 
 
+@functools.lru_cache(maxsize=None)
+def package_graph() -> dict[str, set[str]]:
+    """The package's own import graph, read once per session (the tests below only read it)."""
+    return import_graph()
+
+
 def layer(module: str) -> int | None:
     """Position of a module's layer in ORDER; None for the package root (`vitedge/__init__.py`)."""
     parts = module.split(".")
@@ -77,6 +92,31 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
                 bad.append(f"{m} -> {t}: the package root imports its layers lazily, by name, never statically")
             elif layer(t) is not None and layer(m) is not None and layer(t) > layer(m):
                 bad.append(f"{m} -> {t}: {ORDER[layer(m)]} may not import {ORDER[layer(t)]}")
+    return bad
+
+
+def room(module: str) -> tuple[str, str] | None:
+    """(layer, room) of a module below exporter/ or targets/: its job group, or its backend (or shared module)."""
+    parts = module.split(".")
+    return (parts[1], parts[2]) if len(parts) > 2 and parts[1] in ("exporter", "targets") else None
+
+
+def room_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Arrows inside exporter/ or targets/ that break the rooms' rules, and exporter modules outside any group."""
+    bad = []
+    for m in sorted(graph):
+        r = room(m)
+        if r and r[0] == "exporter" and r[1] not in EXPORTER_GROUPS:
+            bad.append(f"{m}: in none of exporter's groups {EXPORTER_GROUPS}: move it to its job's group")
+        for t in sorted(graph[m]):
+            s = room(t)
+            if not r or not s or r[0] != s[0] or r[1] == s[1]:
+                continue
+            if r[0] == "exporter" and {r[1], s[1]} <= set(EXPORTER_GROUPS) \
+                    and EXPORTER_GROUPS.index(s[1]) > EXPORTER_GROUPS.index(r[1]):
+                bad.append(f"{m} -> {t}: exporter's {r[1]} may not import its {s[1]}")
+            elif r[0] == "targets" and s[1] not in TARGETS_SHARED:
+                bad.append(f"{m} -> {t}: targets' {r[1]} may not import the {s[1]} backend")
     return bad
 
 
@@ -130,17 +170,28 @@ def too_long(files: list[Path], limit: int = MAX_LINES) -> list[str]:
 # ---- the package ------------------------------------------------------------------------------------------
 
 def test_every_import_points_down_the_layer_order():
-    assert upward_imports(import_graph()) == []
+    assert upward_imports(package_graph()) == []
+
+
+def test_every_import_inside_a_layer_respects_its_rooms():
+    assert room_imports(package_graph()) == []
+
+
+def test_the_rooms_are_all_there():
+    found = {p.name for p in (ROOT / "exporter").iterdir() if (p / "__init__.py").is_file()}
+    assert found == set(EXPORTER_GROUPS)
+    assert {room(m)[1] for m in package_graph() if room(m) and room(m)[0] == "targets"} >= {
+        *TARGETS_SHARED, "onnx", "tensorrt", "coreml", "executorch", "pytorch"}
 
 
 def test_no_import_cycles():
-    assert cycles(import_graph()) == []
+    assert cycles(package_graph()) == []
 
 
 def test_the_layers_are_all_there():
-    graph = import_graph()
+    graph = package_graph()
     assert {layer(m) for m in graph} == {None, *range(len(ORDER))}
-    assert "vitedge.targets.graph.precision" in graph and "vitedge.exporter.forms" in graph
+    assert "vitedge.targets.graph.precision" in graph and "vitedge.exporter.reparam.forms" in graph
 
 
 def test_every_subpackage_is_packaged():
@@ -175,12 +226,33 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
     ({"errors.py": "from .models import registry\n"}, "errors may not import models"),
     ({"exporter/x.py": "import vitedge.cli\n"}, "exporter may not import cli"),
     ({"models/a.py": "from .nowhere import thing\n"}, "no such module"),
+    # the rooms inside exporter/ and targets/
+    ({"exporter/verdict/parity.py": "from ..timing.bench import run\n"}, "exporter's verdict may not import its timing"),
+    ({"exporter/core/report.py": "def f():\n    from ..flow import pipeline\n"}, "core may not import its flow"),
+    ({"exporter/stray.py": ""}, "vitedge.exporter.stray: in none of exporter's groups"),
+    ({"exporter/misc/x.py": ""}, "vitedge.exporter.misc.x: in none of exporter's groups"),
+    ({"targets/onnx/target.py": "from ..tensorrt.target import X\n"}, "targets' onnx may not import the tensorrt"),
+    ({"targets/graph/qdq.py": "from ..coreml import convert\n"}, "targets' graph may not import the coreml backend"),
 ])
 def test_an_upward_import_is_caught(tmp_path, files, expected):
     base = {"errors.py": "", "cli.py": "", "exporter/pipeline.py": "", "exporter/inputs.py": "",
-            "models/registry.py": ""}
+            "models/registry.py": "", "exporter/timing/bench.py": "", "exporter/flow/__init__.py": "",
+            "exporter/flow/pipeline.py": "", "targets/tensorrt/target.py": "", "targets/coreml/__init__.py": ""}
     graph = import_graph(_tree(tmp_path, {**base, **files}))
-    assert any(expected in line for line in upward_imports(graph)), upward_imports(graph)
+    bad = upward_imports(graph) + room_imports(graph)
+    assert any(expected in line for line in bad), bad
+
+
+def test_imports_down_the_rooms_pass(tmp_path):
+    graph = import_graph(_tree(tmp_path, {
+        "exporter/timing/bench.py": "from ..verdict.parity import judge\nfrom ..core import report\n",
+        "exporter/verdict/parity.py": "from .criteria import rule\nfrom ...targets.tensorrt import target\n",
+        "exporter/verdict/criteria.py": "", "exporter/core/report.py": "",
+        "targets/tensorrt/target.py": "from ..base import Target\nfrom ..graph.precision import islands\n",
+        "targets/base.py": "from .calibration import CalibrationSet\n", "targets/calibration.py": "",
+        "targets/graph/precision.py": "",
+    }))
+    assert room_imports(graph) == [] and upward_imports(graph) == []
 
 
 def test_a_cycle_is_caught_also_through_a_function_level_import(tmp_path):
@@ -199,3 +271,62 @@ def test_a_long_file_needs_its_reason(tmp_path):
     explained = tmp_path / "explained.py"
     explained.write_text('"""A module.\n\nLength: one table of kernels.\n"""\n' + "x = 1\n" * MAX_LINES)
     assert too_long([long, explained]) == [f"{long}: {MAX_LINES + 1} lines"]
+
+
+# ---- moved import paths -----------------------------------------------------------------------------------
+
+def _moved() -> dict[str, str]:
+    import vitedge
+
+    return vitedge._MOVED
+
+
+def test_the_moved_table_names_real_modules_and_no_module_left_in_place():
+    modules, moved = package_modules(), _moved()
+    assert [new for new in moved.values() if new not in modules] == []
+    assert [old for old in moved if old in modules] == []  # an old path never shadows (or hides) a module
+    assert {old.rpartition(".")[2] for old in moved if ".exporter." in old} >= {
+        m.rpartition(".")[2] for m in modules if m.count(".") == 3 and room(m) and room(m)[0] == "exporter"
+        and room(m)[1] not in ("reparam", "matrix")}  # every module that left exporter/'s top level has its alias
+
+
+def test_every_old_path_imports_warns_and_is_the_new_module():
+    import importlib
+    import sys
+    import warnings
+
+    for old, new in sorted(_moved().items()):
+        module = importlib.import_module(new)
+        sys.modules.pop(old, None)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                alias = importlib.import_module(old)
+            assert alias is module and sys.modules[old] is module, old
+            assert module.__spec__.name == new  # the alias leaves the module's own spec alone
+            assert [str(w.message).split(";")[0] for w in caught if w.category is DeprecationWarning] == [
+                f"{old} moved to {new}"]
+        finally:
+            sys.modules.pop(old, None)
+
+
+def test_from_an_old_path_import_a_name():
+    import sys
+
+    sys.modules.pop("vitedge.exporter.parity", None)
+    try:
+        with pytest.warns(DeprecationWarning, match="vitedge.exporter.parity moved to vitedge.exporter.verdict.parity"
+                          ) as record:
+            from vitedge.exporter.parity import judge
+        from vitedge.exporter.verdict.parity import judge as moved_judge
+
+        assert judge is moved_judge
+        assert record[0].filename == __file__  # the warning names the importing line, not the import system
+    finally:
+        sys.modules.pop("vitedge.exporter.parity", None)
+    from vitedge.targets.tensorrt import TensorRTTarget  # the old module is now the package: its names resolve
+    from vitedge.targets.tensorrt.target import TensorRTTarget as moved_target
+
+    assert TensorRTTarget is moved_target
+    with pytest.raises(ImportError, match="no_such_name"):
+        from vitedge.targets.tensorrt import no_such_name  # noqa: F401

@@ -1,7 +1,7 @@
 """The export output folder is the atomic unit (issue 8): killing `vitedge export` at any moment leaves DIR
 absent, holding the old complete artifacts, or holding the new complete ones; never a half-written set.
 
-What the output-folder transaction documents (exporter/outdir.py): everything is built in a temporary sibling
+What the output-folder transaction documents (exporter/core/outdir.py): everything is built in a temporary sibling
 `.DIR.tmp-*` and renamed into place in one step; with --force the old folder is first moved aside to `.DIR.old-*`.
 After a SIGKILL nothing can clean up at once, so hidden siblings remain: they must never be merged into DIR,
 and the next run that writes DIR recovers them (their names carry the owning pid@host; an abandoned build folder
@@ -28,7 +28,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from vitedge.exporter.outdir import MANIFEST
+from vitedge.exporter.core.outdir import MANIFEST
 from vitedge.tests._signals import sigint_default
 
 REPO = Path(__file__).resolve().parents[1]
@@ -111,7 +111,7 @@ def run_cli(out: Path, *extra: str) -> subprocess.CompletedProcess:
 
 
 def start_paused(out: Path, at: str, marker: Path, *extra: str) -> subprocess.Popen:
-    """Start the CLI so that it waits at the named point `at` (exporter/outdir.py) once it writes `marker`."""
+    """Start the CLI so that it waits at the named point `at` (exporter/core/outdir.py) once it writes `marker`."""
     env = {**ENV, "VITEDGE_TEST_PAUSE_AT": at, "VITEDGE_TEST_PAUSE_FILE": str(marker)}
     return subprocess.Popen([sys.executable, "cli.py", *export_argv(out, *extra)], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
@@ -341,7 +341,7 @@ def test_committed_folder_has_normal_permissions(good_export):
     assert mode == 0o777 & ~umask, f"{out} has mode {oct(mode)}, expected {oct(0o777 & ~umask)}"
 
 
-# ---- recovery rules on their own (exporter/outdir.py) --------------------------------------------------
+# ---- recovery rules on their own (exporter/core/outdir.py) --------------------------------------------------
 
 def _dead_pid() -> int:
     p = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -350,7 +350,7 @@ def _dead_pid() -> int:
 
 
 def _fake_sibling(out: Path, kind: str, pid: int, host: str | None = None) -> Path:
-    from vitedge.exporter import outdir
+    from vitedge.exporter.core import outdir
 
     name = outdir.sibling(out, kind).name
     if host is not None:
@@ -363,7 +363,7 @@ def _fake_sibling(out: Path, kind: str, pid: int, host: str | None = None) -> Pa
 
 
 def test_recovery_touches_only_abandoned_siblings(tmp_path):
-    from vitedge.exporter import outdir
+    from vitedge.exporter.core import outdir
 
     out = tmp_path / OUT
     dead = _dead_pid()
@@ -385,8 +385,8 @@ def test_recovery_touches_only_abandoned_siblings(tmp_path):
 
 
 def test_deploy_checkpoint_write_clears_its_abandoned_temp_file(tmp_path):
-    from vitedge.exporter import outdir
-    from vitedge.exporter.deploy_checkpoint import save_deploy_checkpoint
+    from vitedge.exporter.core import outdir
+    from vitedge.exporter.flow.deploy_checkpoint import save_deploy_checkpoint
     from vitedge.exporter.reparam import reparameterize
     from vitedge.models import create_model
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from vitedge import cli
-from vitedge.exporter.bench import run_bench
-from vitedge.exporter.bench_report import format_table, require_matplotlib, write_plot
-from vitedge.exporter.iphone import check_device
+from vitedge.exporter.timing.bench import run_bench
+from vitedge.exporter.timing.bench_report import format_table, require_matplotlib, write_plot
+from vitedge.exporter.timing.iphone import check_device
 from vitedge.errors import VitedgeError
 from vitedge.targets.base import Runner
 
@@ -72,7 +72,7 @@ def test_unavailable_backends_say_why():
 
 
 def test_ort_spinning_reaches_the_session_and_the_report(tmp_path):
-    from vitedge.targets.ort import OnnxRuntimeRunner
+    from vitedge.targets.onnx.target import OnnxRuntimeRunner
 
     def spin_entry(runner):
         return runner.session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
@@ -86,7 +86,7 @@ def test_ort_spinning_reaches_the_session_and_the_report(tmp_path):
     assert d["settings"]["ort_spinning"] == "off" and d["threads"] == 0
     assert d["results"][0]["valid"] and d["results"][0]["status"] == "ok"
     # the session itself carries the setting (ONNX Runtime keeps its config entries readable)
-    from vitedge.exporter.bench import _ort_runner
+    from vitedge.exporter.timing.bench import _ort_runner
     from vitedge.models import create_model
     m = create_model("swiftformer_xs", **TINY).eval()
     assert spin_entry(_ort_runner(m, 64, 1, 0, spinning=False)) == "0"

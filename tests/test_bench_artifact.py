@@ -19,8 +19,8 @@ from onnx import numpy_helper
 import vitedge
 from vitedge import cli
 from vitedge.errors import VitedgeError
-from vitedge.exporter import bench_api
-from vitedge.exporter.bench_report import BenchReport
+from vitedge.exporter.timing import bench_api
+from vitedge.exporter.timing.bench_report import BenchReport
 from vitedge.targets.graph.metadata import read_metadata, set_metadata
 
 QUICK = ["--min-iters", "3", "--warmup-s", "0", "--max-s", "0"]
@@ -97,7 +97,7 @@ def test_a_vitedge_artifact_gets_parity_first_and_its_class_names(ours, tmp_path
     assert res.status == "ok" and res.valid and res.parity["max_rel"] <= 1e-4 and res.imgsz == 32
     assert [p["name"] for p in res.predictions] == [f"class {p['top1']}" for p in res.predictions]
     assert all(p["top1"] == p["reference"] for p in res.predictions)
-    from vitedge.exporter.bench_report import format_table
+    from vitedge.exporter.timing.bench_report import format_table
     assert f"top-1 on the first parity inputs: {res.predictions[0]['name']}" in format_table(r)
 
     # the same graph with one weight x1.5: parity fails, the latency is never measured as if it were right
@@ -151,7 +151,7 @@ def package(tmp_path_factory):
 def test_a_coreml_package_off_macos_and_on_a_tethered_iphone(package, monkeypatch):
     from types import SimpleNamespace
 
-    from vitedge.exporter import iphone
+    from vitedge.exporter.timing import iphone
     from vitedge.targets.coreml import EmulatedCoreMLRunner
 
     r = vitedge.bench(artifact=package, min_iters=2, warmup_s=0.0, max_s=0.0)
@@ -170,7 +170,7 @@ def test_a_coreml_package_off_macos_and_on_a_tethered_iphone(package, monkeypatc
                 y = emu.run_raw(feed)
             return {"load_ms": [30.0, 31.0], "predict_ms": [2.0] * iterations, "outputs": y * (1.0 + wrong)}
 
-        monkeypatch.setattr("vitedge.exporter.device_bench.benchmark_on_device", on_phone)
+        monkeypatch.setattr("vitedge.exporter.timing.device_bench.benchmark_on_device", on_phone)
         r = vitedge.bench(artifact=package, device="iphone", team_id="ABCDE12345", min_iters=3, warmup_s=0.0,
                           max_s=0.0)
         (res,) = r.device["results"]

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from vitedge.exporter import bench
-from vitedge.exporter.bench import run_bench
+from vitedge.exporter.timing import bench
+from vitedge.exporter.timing.bench import run_bench
 from vitedge.targets.base import Artifact, Runner, Target
 
 TINY = dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10)

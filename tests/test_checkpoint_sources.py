@@ -97,7 +97,7 @@ def test_without_a_file_name_safetensors_comes_first_then_pytorch_model_bin(cach
 
 def test_the_command_line_takes_a_hub_checkpoint_and_records_the_files_sha256(cache, tmp_path, capsys):
     from vitedge import cli
-    from vitedge.exporter.deploy_checkpoint import read_deploy_checkpoint
+    from vitedge.exporter.flow.deploy_checkpoint import read_deploy_checkpoint
 
     data = _pth(_mini(seed=7).state_dict())
     put_in_cache(cache, "acme/swift-mini", "weights.pth", data)

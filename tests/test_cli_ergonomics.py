@@ -224,7 +224,7 @@ def test_a_ctrl_c_inside_a_backend_import_exits_130_never_not_installed(tmp_path
     import builtins
 
     from vitedge.cli import main
-    from vitedge.targets.ort import OnnxTarget
+    from vitedge.targets.onnx.target import OnnxTarget
 
     monkeypatch.setattr(builtins, "__import__", _interrupted_import("onnxruntime"))
     with pytest.raises(KeyboardInterrupt):  # the target's probe: an interrupt, not "onnxruntime is not installed"

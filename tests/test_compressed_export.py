@@ -17,13 +17,13 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from vitedge.exporter import calibrate
-from vitedge.exporter.compressed import QDQ_HOP, Judged, compressed_hop, write_qdq
-from vitedge.exporter.inputs import parity_set, user_set
-from vitedge.exporter.parity import COMPRESSED_TOLERANCES, profile_for, tolerances
-from vitedge.exporter.pipeline import export
-from vitedge.exporter.progress import QUIET
-from vitedge.exporter.verify import parity
+from vitedge.exporter.quantize import calibrate
+from vitedge.exporter.quantize.compressed import QDQ_HOP, Judged, compressed_hop, write_qdq
+from vitedge.exporter.verdict.inputs import parity_set, user_set
+from vitedge.exporter.verdict.parity import COMPRESSED_TOLERANCES, profile_for, tolerances
+from vitedge.exporter.flow.pipeline import export
+from vitedge.exporter.core.progress import QUIET
+from vitedge.exporter.flow.verify import parity
 from vitedge.models.registry import input_stats
 from vitedge.targets import get_target
 from vitedge.targets.base import Artifact
@@ -277,7 +277,7 @@ def test_package_records_the_compression_and_its_parity(work):
     import zipfile
 
     from vitedge.errors import VitedgeError
-    from vitedge.exporter.package import package
+    from vitedge.exporter.packaging.package import package
 
     name = "swiftformer_digits"
     res = package(model_of(name), work / "bundle.zip", samples=SAMPLES, precision="w8a8", **fixture_args(name))

@@ -9,11 +9,11 @@ import torch
 import torch.nn as nn
 from onnx import helper, numpy_helper
 
-from vitedge.exporter import parity
-from vitedge.exporter.criteria import COMPRESSED_K, GroundTruth
-from vitedge.exporter.emulate import compressed_reference, stored_weight
-from vitedge.exporter.report import Hop, ReparamInfo, Report, Tolerance
-from vitedge.exporter import weight_check as wc
+from vitedge.exporter.verdict import parity
+from vitedge.exporter.verdict.criteria import COMPRESSED_K, GroundTruth
+from vitedge.exporter.verdict.emulate import compressed_reference, stored_weight
+from vitedge.exporter.core.report import Hop, ReparamInfo, Report, Tolerance
+from vitedge.exporter.verdict import weight_check as wc
 
 
 def _rule(profile: str) -> Tolerance:
@@ -143,8 +143,8 @@ def test_planted_int8_scales_fail_the_weights_check_on_the_other_families(name, 
     deploy-form passes the weights check; a sign-flipped or x1.1 channel, or a zeroed layer, written into its saved
     scales fails it and is named (SimA's unnamed MatMul weights included, through their modules' scopes)."""
     import vitedge
-    from vitedge.exporter.calibrate import natural_calibration
-    from vitedge.exporter.onnx_export import check_onnx, export_onnx, simplify_onnx
+    from vitedge.exporter.quantize.calibrate import natural_calibration
+    from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, simplify_onnx
     from vitedge.models import make_trained_like
     from vitedge.models.registry import input_stats
     from vitedge.targets.graph.qdq import quantize_qdq

@@ -17,8 +17,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import vitedge
-from vitedge.exporter.inputs import parity_inputs
-from vitedge.exporter.parity import DEFAULT_TOLERANCES, check_hop, compute_metrics
+from vitedge.exporter.verdict.inputs import parity_inputs
+from vitedge.exporter.verdict.parity import DEFAULT_TOLERANCES, check_hop, compute_metrics
 from vitedge.errors import VitedgeError
 from vitedge.models.trained_like import make_trained_like
 from vitedge.targets import get_target
@@ -419,7 +419,7 @@ def test_info_reports_unavailable_plans_but_not_bugs(build, monkeypatch):
     (["cpu"] * 10, None, False, "inconclusive"),                            # a virtualized Mac: no Neural Engine
 ])
 def test_require_ane_gate(build, monkeypatch, devices, weights, ane, status):
-    from vitedge.exporter.hops import ane_check as _ane_check
+    from vitedge.exporter.verdict.hops import ane_check as _ane_check
     from vitedge.targets.coreml import CoreMLFramework, summarize_compute_plan
     b, art = build("swiftformer", "fp16")
     model_cls, plan_cls = _plan_fakes(monkeypatch, devices, weights, ane_available=ane)
@@ -437,7 +437,7 @@ def test_require_ane_gate(build, monkeypatch, devices, weights, ane, status):
 
 
 def test_require_ane_off_macos_is_inconclusive_and_fails_only_require_verified(build, tmp_path):
-    from vitedge.exporter.verify import parity
+    from vitedge.exporter.flow.verify import parity
     b, art = build("swiftformer", "fp16")
     name, overrides, imgsz = FAMILIES["swiftformer"]
     kw = dict(overrides=overrides, imgsz=imgsz, samples=4, require_ane=True)

@@ -189,9 +189,9 @@ def product_hop(workdir: Path, name: str, kind: str, path: Path):
     """The compressed hop `vitedge export` / `vitedge parity` would report for the package at `path` (the product's
     compressed_hop: the emulated CoreML runner on the held-out digits, the kind's profile and compressed rule, then
     the weights check)."""
-    from vitedge.exporter.compressed import Judged, compressed_hop
-    from vitedge.exporter.parity import FLOAT64_TOLERANCES, ground_truth, profile_for
-    from vitedge.exporter.progress import QUIET
+    from vitedge.exporter.quantize.compressed import Judged, compressed_hop
+    from vitedge.exporter.verdict.parity import FLOAT64_TOLERANCES, ground_truth, profile_for
+    from vitedge.exporter.core.progress import QUIET
     from vitedge.targets.base import Artifact
 
     if ("judged", name) not in _CACHE:
@@ -221,7 +221,7 @@ def test_planted_channel_errors_in_the_saved_package_fail_the_products_hop(workd
 
 
 def _key(name: str) -> str:
-    from vitedge.exporter.weight_check import _key as key
+    from vitedge.exporter.verdict.weight_check import _key as key
 
     return key(name)
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from vitedge.errors import VitedgeError
-from vitedge.exporter import pipeline
+from vitedge.exporter.flow import pipeline
 from vitedge.targets import LowerSpec, get_target
 from vitedge.targets.coreml.convert import input_channels
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vitedge.exporter import parity
-from vitedge.exporter.compressed import resolution_bounds
-from vitedge.exporter.criteria import GroundTruth
-from vitedge.exporter.report import Metrics, Tolerance, allowed_count, required_count
+from vitedge.exporter.verdict import parity
+from vitedge.exporter.quantize.compressed import resolution_bounds
+from vitedge.exporter.verdict.criteria import GroundTruth
+from vitedge.exporter.core.report import Metrics, Tolerance, allowed_count, required_count
 
 # every lower bound the shipped profiles state, as the integers a reader means by it
 STATED = {0.99: (99, 100), 0.95: (95, 100), 0.9: (9, 10), 0.7: (7, 10), 0.8: (4, 5), 0.5: (1, 2)}

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import vitedge
-from vitedge.exporter import parity
-from vitedge.exporter.criteria import (NOISE_FLOOR, NOISE_K, GroundTruth, NoiseRule, accuracy, allowances,
-                                       effective_noise, reference_summary, sample_errors)
+from vitedge.exporter.verdict import parity
+from vitedge.exporter.verdict.criteria import (NOISE_FLOOR, NOISE_K, GroundTruth, NoiseRule, accuracy, allowances,
+                                               effective_noise, reference_summary, sample_errors)
 from vitedge.models import VitedgeError
 from vitedge.targets.base import Runner
 

@@ -8,7 +8,7 @@ import torch
 
 from vitedge import cli
 from vitedge.errors import CheckpointError
-from vitedge.exporter.deploy_checkpoint import load_deploy_checkpoint, reparam_checkpoint
+from vitedge.exporter.flow.deploy_checkpoint import load_deploy_checkpoint, reparam_checkpoint
 
 SLAB = dict(embed_dim=64, depth=2, num_heads=2, num_classes=10)
 EDITS = {  # state_dict key suffix -> (what the error names, how one copy is edited)

@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from vitedge.exporter.onnx_export import check_onnx, export_onnx, node_counts, simplify_onnx
+from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, node_counts, simplify_onnx
 from vitedge.exporter.reparam import reparameterize
 from vitedge.models import create_model, make_trained_like
 from vitedge.tests.conftest import onnx_parity

@@ -11,10 +11,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from vitedge import cli
-from vitedge.exporter import forms
-from vitedge.exporter.deploy_checkpoint import FORMAT, load_deploy_checkpoint, reparam_checkpoint
-from vitedge.exporter.hops import parity_set_for
-from vitedge.exporter.verify import parity
+from vitedge.exporter.reparam import forms
+from vitedge.exporter.flow.deploy_checkpoint import FORMAT, load_deploy_checkpoint, reparam_checkpoint
+from vitedge.exporter.verdict.hops import parity_set_for
+from vitedge.exporter.flow.verify import parity
 from vitedge.errors import CheckpointError
 
 SWIFT = dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10)

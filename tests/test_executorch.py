@@ -12,8 +12,8 @@ import pytest
 import executorch  # noqa: F401 - a missing package fails here, loudly (CI installs it)
 
 from vitedge import cli
-from vitedge.exporter.forms import build_deploy_form, build_train_form
-from vitedge.exporter.pipeline import export
+from vitedge.exporter.reparam.forms import build_deploy_form, build_train_form
+from vitedge.exporter.flow.pipeline import export
 from vitedge.targets import get_target
 from vitedge.targets.base import LowerSpec
 from vitedge.targets.executorch.target import read_metadata
@@ -122,7 +122,7 @@ def test_android_bundle_is_deterministic_and_checks_its_golden_vectors(tmp_path)
     import hashlib
     import zipfile
 
-    from vitedge.exporter.package_android import package_executorch
+    from vitedge.exporter.packaging.package_android import package_executorch
 
     labels = tmp_path / "labels.txt"
     labels.write_text("\n".join(f"c{i}" for i in range(10)) + "\n")
@@ -144,7 +144,7 @@ def test_android_bundle_is_deterministic_and_checks_its_golden_vectors(tmp_path)
 
 
 def test_bench_artifact_times_a_pte(exported):
-    from vitedge.exporter.bench_artifact import bench_artifact
+    from vitedge.exporter.timing.bench_artifact import bench_artifact
 
     _, out, _ = exported
     rep = bench_artifact(out / f"{SMALL[0]}.pte", min_iters=3, max_s=0.2, warmup_s=0.01)
@@ -154,7 +154,7 @@ def test_bench_artifact_times_a_pte(exported):
 
 
 def test_bench_lowers_and_times_executorch_beside_onnx_runtime(tmp_path):
-    from vitedge.exporter.bench import run_bench
+    from vitedge.exporter.timing.bench import run_bench
 
     rep = run_bench(SMALL[0], backends="onnxruntime,executorch", imgsz=SMALL[2], overrides=SMALL[1], threads=1,
                     warmup_s=0.01, min_iters=3, max_s=0.2, tmp_dir=tmp_path)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from vitedge.exporter.forms import build_deploy_form, build_train_form
+from vitedge.exporter.reparam.forms import build_deploy_form, build_train_form
 from vitedge.targets import get_target
 from vitedge.targets.base import LowerSpec
 from vitedge.targets.calibration import Calibration
@@ -40,8 +40,8 @@ def test_every_family_is_delegated_whole(family, tmp_path):
 def test_int8_on_trained_weights_keeps_the_accuracy(name, tmp_path):
     """PT2E int8 of the trained reference models, calibrated on 64 training images, judged on the 364 held-out
     digits by the product's compressed rule (int8 profile: accuracy drop, agreement, cosine, PSNR)."""
-    from vitedge.exporter.compressed import Judged, judge_compressed
-    from vitedge.exporter.parity import FLOAT64_TOLERANCES, ground_truth
+    from vitedge.exporter.quantize.compressed import Judged, judge_compressed
+    from vitedge.exporter.verdict.parity import FLOAT64_TOLERANCES, ground_truth
     from vitedge.tests import trained_fixtures as tf
 
     train, deploy = tf.deploy_form(name)

@@ -14,8 +14,8 @@ from onnx import numpy_helper
 
 import vitedge
 from vitedge.errors import VitedgeError
-from vitedge.exporter import onnx_dynamo, onnx_export
-from vitedge.exporter.onnx_choice import DEFAULT_EXPORTER, EXPORTERS, default_opset
+from vitedge.exporter.onnx import onnx_dynamo, onnx_export
+from vitedge.exporter.onnx.onnx_choice import DEFAULT_EXPORTER, EXPORTERS, default_opset
 from vitedge.targets.graph.metadata import read_metadata
 from vitedge.tests.conftest import load_test_helper
 
@@ -123,7 +123,7 @@ def test_bench_package_and_matrix_carry_the_exporter(tmp_path, monkeypatch):
         seen.update(k)
         raise KeyboardInterrupt  # stop before any work: only the keywords matter here
 
-    monkeypatch.setattr("vitedge.exporter.package.export", capture)
+    monkeypatch.setattr("vitedge.exporter.packaging.package.export", capture)
     with pytest.raises(KeyboardInterrupt):
         vitedge.package("swiftformer_xs", tmp_path / "b.zip", exporter="dynamo")
     assert seen["exporter"] == "dynamo"

@@ -18,17 +18,17 @@ import torch
 import torch.nn as nn
 from onnx import numpy_helper
 
-from vitedge.exporter import onnx_dynamo
-from vitedge.exporter.inputs import parity_inputs
-from vitedge.exporter.localize import localize_onnx, node_scopes, param_owners
-from vitedge.exporter.onnx_export import (EXPORTERS, OnnxExportError, check_onnx, check_opset, default_opset,
-                                          export_onnx_info, node_counts, simplify_onnx)
-from vitedge.exporter.parity import DEFAULT_TOLERANCES, compute_metrics, run_batched
+from vitedge.exporter.onnx import onnx_dynamo
+from vitedge.exporter.verdict.inputs import parity_inputs
+from vitedge.exporter.verdict.localize import localize_onnx, node_scopes, param_owners
+from vitedge.exporter.onnx.onnx_export import (EXPORTERS, OnnxExportError, check_onnx, check_opset, default_opset,
+                                               export_onnx_info, node_counts, simplify_onnx)
+from vitedge.exporter.verdict.parity import DEFAULT_TOLERANCES, compute_metrics, run_batched
 from vitedge.exporter.reparam import reparameterize
 from vitedge.errors import VitedgeError
 from vitedge.models import create_model, make_trained_like
 from vitedge.targets.graph.metadata import input_shape
-from vitedge.targets.ort import OnnxRuntimeRunner
+from vitedge.targets.onnx.target import OnnxRuntimeRunner
 from vitedge.tests.conftest import load_test_helper
 
 CASES = load_test_helper("_families").CASES  # family: (model, reduced overrides, imgsz)

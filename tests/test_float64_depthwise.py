@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from vitedge.exporter.parity import _in_dtype, float64_depthwise
+from vitedge.exporter.verdict.parity import _in_dtype, float64_depthwise
 from vitedge.models import create_model
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from vitedge.exporter.pipeline import export
+from vitedge.exporter.flow.pipeline import export
 from vitedge.models import get_spec, list_models
 
 ONE_PER_FAMILY = ("swiftformer_xs", "slab_deit_tiny", "prepbn_deit_tiny", "slab_swin_tiny", "prepbn_swin_tiny",

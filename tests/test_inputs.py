@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from vitedge.exporter import images, inputs
+from vitedge.exporter.verdict import images, inputs
 from vitedge.models import VitedgeError
 
 from vitedge.tests.conftest import REPO
@@ -189,5 +189,5 @@ def test_photos_ship_in_the_wheel(tmp_path):
     wheel = next((tmp_path / "dist").glob("vitedge-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     for n in images.photo_names():
-        assert f"vitedge/exporter/photos/{n}.jpg" in names
-    assert "vitedge/exporter/photos/SOURCES.md" in names
+        assert f"vitedge/exporter/verdict/photos/{n}.jpg" in names
+    assert "vitedge/exporter/verdict/photos/SOURCES.md" in names

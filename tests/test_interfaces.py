@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vitedge.exporter import pipeline
-from vitedge.exporter.pipeline import export
-from vitedge.exporter.verify import parity
+from vitedge.exporter.flow import pipeline
+from vitedge.exporter.flow.pipeline import export
+from vitedge.exporter.flow.verify import parity
 from vitedge.targets import TARGETS
 from vitedge.targets.base import Artifact, LowerSpec, Runner, Target, pad_batch
-from vitedge.targets.ort import OnnxRuntimeRunner
+from vitedge.targets.onnx.target import OnnxRuntimeRunner
 
 SWIFT = dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10)
 FAST = dict(imgsz=32, samples=6, overrides=SWIFT)

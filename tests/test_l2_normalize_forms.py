@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitedge.exporter.onnx_export import check_onnx, export_onnx, node_counts, simplify_onnx
+from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, node_counts, simplify_onnx
 from vitedge.exporter.reparam import available_rewrites, reparameterize
 from vitedge.models import create_model, make_trained_like
 from vitedge.models.layers.normalize import l2_normalize_reduce_l2, l2_normalize_rsqrt

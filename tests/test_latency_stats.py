@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from vitedge.exporter.latency import (bootstrap_ci, paired_ratio, percentile, regression_check, summarize,
-                                      time_interleaved, time_loop)
+from vitedge.exporter.timing.latency import (bootstrap_ci, paired_ratio, percentile, regression_check, summarize,
+                                             time_interleaved, time_loop)
 
 
 def test_percentiles_on_known_series():

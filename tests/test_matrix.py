@@ -22,13 +22,13 @@ import pytest
 
 import vitedge
 from vitedge.cli import main
-from vitedge.exporter import pipeline
+from vitedge.exporter.flow import pipeline
 from vitedge.exporter.matrix import matrix
 from vitedge.exporter.matrix.folders import KEY_FILE, TRACEBACK
 from vitedge.exporter.matrix.hub import FolderHub
 from vitedge.targets.base import sha256_file
 from vitedge.targets import TARGETS
-from vitedge.targets.ort import OnnxTarget
+from vitedge.targets.onnx.target import OnnxTarget
 from vitedge.tests._matrix import TINY, XS, built, plan_of, save_checkpoint, statuses, write_plan
 from vitedge.tests._signals import sigint_default
 
@@ -319,7 +319,7 @@ def test_cells_of_one_model_and_size_share_one_hub(tmp_path):
 def test_keys_hold_what_shapes_a_cell_and_foreign_builds_are_not_cached_under_them(tmp_path):
     from vitedge.exporter.matrix.cache import Env, cell_key, hub_key, toolchain_drift, trt_mismatch
     from vitedge.exporter.matrix.plan import Cell
-    from vitedge.exporter.parity_cost import SAMPLES_RULE
+    from vitedge.exporter.verdict.parity_cost import SAMPLES_RULE
 
     env = Env(versions={"vitedge": "0.1.0", "torch": "2.13.0", "numpy": "2", "onnx": "1.23", "onnxruntime": "1.32",
                         "onnxsim": "0.8", "coremltools": "9.0", "tensorrt": None}, source="src")

@@ -15,12 +15,12 @@ import torch
 
 from onnx import numpy_helper
 
-from vitedge.exporter.inputs import parity_inputs
-from vitedge.exporter.localize import localize_onnx
-from vitedge.exporter.parity import DEFAULT_TOLERANCES
-from vitedge.exporter.forms import build_deploy_form
-from vitedge.exporter.pipeline import export
-from vitedge.exporter.report import Report
+from vitedge.exporter.verdict.inputs import parity_inputs
+from vitedge.exporter.verdict.localize import localize_onnx
+from vitedge.exporter.verdict.parity import DEFAULT_TOLERANCES
+from vitedge.exporter.reparam.forms import build_deploy_form
+from vitedge.exporter.flow.pipeline import export
+from vitedge.exporter.core.report import Report
 from vitedge.models import create_model, make_trained_like
 from vitedge.models.checkpoint import load_checkpoint
 
@@ -123,7 +123,7 @@ def test_report_json_is_truthful(exported):
         assert set(hop["sets"]) == {"natural", "stress"} and all(s["noise_ratio"] <= 1 for s in hop["sets"].values())
         assert hop["metrics"]["max_rel"] <= 1e-4
     assert set(data["reference"]["sets"]) == {"natural", "stress"} and data["reference"]["float32_threads"] == 2
-    assert data["inputs"].startswith("vitedge.exporter.inputs.parity_set(") and data["samples"] == report.samples
+    assert data["inputs"].startswith("vitedge.exporter.verdict.inputs.parity_set(") and data["samples"] == report.samples
     assert data["versions"]["torch"] == torch.__version__ and data["versions"]["onnx"] == onnx.__version__
 
 

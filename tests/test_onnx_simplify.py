@@ -12,13 +12,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from vitedge.exporter import onnx_export
+from vitedge.exporter.onnx import onnx_export
 from vitedge.targets.graph.gelu import fuse_erf_gelu, restore_gelu_halves
-from vitedge.exporter.onnx_export import check_onnx, export_onnx, run_onnxsim, simplify_keeping_fusions
+from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, run_onnxsim, simplify_keeping_fusions
 from vitedge.exporter.reparam import reparameterize
 from vitedge.models import create_model, make_trained_like
-from vitedge.targets.ort import OnnxRuntimeRunner
-from vitedge.targets.ort_fusions import fused_op_counts, lost_fusions
+from vitedge.targets.onnx.target import OnnxRuntimeRunner
+from vitedge.targets.onnx.fusions import fused_op_counts, lost_fusions
 
 SWIFT = dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10)
 # one small config per family: (name, overrides, imgsz)

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from vitedge.cli import main
-from vitedge.exporter import outdir
+from vitedge.exporter.core import outdir
 
 TINY = ["--model", "swiftformer_xs", "--set", "layers=[1,1,1,1]", "--set", "embed_dims=[8,8,16,16]",
         "--set", "num_classes=5", "--imgsz", "32", "--samples", "2"]

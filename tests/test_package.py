@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import vitedge
-from vitedge.exporter.package import PackageResult, package
-from vitedge.exporter.parity import compute_metrics
-from vitedge.exporter.report import Tolerance
+from vitedge.exporter.packaging.package import PackageResult, package
+from vitedge.exporter.verdict.parity import compute_metrics
+from vitedge.exporter.core.report import Tolerance
 from vitedge.errors import VitedgeError
 from vitedge.targets.coreml import EmulatedCoreMLRunner
 from vitedge.targets.coreml.mil_interpreter import load_program

@@ -12,15 +12,15 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-from vitedge.exporter import pipeline
-from vitedge.exporter.deploy_checkpoint import load_deploy_checkpoint, reparam_checkpoint
-from vitedge.exporter.localize import localize_onnx
-from vitedge.exporter.parity import (DEFAULT_TOLERANCES, PSNR_CAP_DB, compute_metrics, parse_tol, run_batched,
-                                     tolerances)
-from vitedge.exporter.hops import parity_set_for
-from vitedge.exporter.pipeline import export
-from vitedge.exporter.verify import parity
-from vitedge.exporter.report import Report
+from vitedge.exporter.flow import pipeline
+from vitedge.exporter.flow.deploy_checkpoint import load_deploy_checkpoint, reparam_checkpoint
+from vitedge.exporter.verdict.localize import localize_onnx
+from vitedge.exporter.verdict.parity import (DEFAULT_TOLERANCES, PSNR_CAP_DB, compute_metrics, parse_tol, run_batched,
+                                             tolerances)
+from vitedge.exporter.verdict.hops import parity_set_for
+from vitedge.exporter.flow.pipeline import export
+from vitedge.exporter.flow.verify import parity
+from vitedge.exporter.core.report import Report
 from vitedge.models import VitedgeError
 from vitedge.targets.base import Runner
 
@@ -61,7 +61,7 @@ def test_non_finite_outputs_fail_every_threshold_and_serialize_as_null():
     m = compute_metrics(ref, out)
     problems = DEFAULT_TOLERANCES["fp32"].violations(m)
     assert any("max_rel" in p for p in problems) and any("cosine" in p for p in problems)
-    from vitedge.exporter.report import Hop, ReparamInfo
+    from vitedge.exporter.core.report import Hop, ReparamInfo
     r = Report("m", 8, 1, "untrained", None, ReparamInfo(), parity=[Hop("onnx", "x", "failed", metrics=m)])
     assert json.loads(r.to_json())["parity"][0]["metrics"]["max_abs"] is None  # strict JSON, no NaN
 

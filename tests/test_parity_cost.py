@@ -5,9 +5,9 @@ import json
 import pytest
 
 from vitedge import export
-from vitedge.exporter import inputs, parity_cost
-from vitedge.exporter.parity_cost import (DEFAULT_SAMPLES, MIN_SAMPLES, SAMPLES_RULE, choose_samples, default_samples,
-                                          samples_for_gmacs)
+from vitedge.exporter.verdict import inputs, parity_cost
+from vitedge.exporter.verdict.parity_cost import (DEFAULT_SAMPLES, MIN_SAMPLES, SAMPLES_RULE, choose_samples,
+                                                  default_samples, samples_for_gmacs)
 from vitedge.models.catalog import model_table
 
 from ._matrix import TINY

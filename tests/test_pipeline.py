@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 import vitedge
-from vitedge.exporter import pipeline, verify
-from vitedge.exporter.outdir import MANIFEST
-from vitedge.exporter.pipeline import export
-from vitedge.exporter.verify import parity
+from vitedge.exporter.flow import pipeline, verify
+from vitedge.exporter.core.outdir import MANIFEST
+from vitedge.exporter.flow.pipeline import export
+from vitedge.exporter.flow.verify import parity
 from vitedge.models import VitedgeError
 from vitedge.targets import TARGETS
 from vitedge.targets.base import Artifact, Runner, Target, UnavailableError
-from vitedge.targets.ort import OnnxRuntimeRunner
+from vitedge.targets.onnx.target import OnnxRuntimeRunner
 
 SWIFT = dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10)
 IMGSZ = 32

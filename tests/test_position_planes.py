@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from vitedge.exporter.equivalence import verify_equivalence
+from vitedge.exporter.verdict.equivalence import verify_equivalence
 from vitedge.exporter.reparam import reparameterize
 from vitedge.exporter.reparam.primitives import PositionPlanesPatchEmbed
 from vitedge.models import create_model, make_trained_like

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from vitedge.exporter.fp16_ranges import analyze_fp16_ranges, check_fp16_safe
+from vitedge.exporter.verdict.fp16_ranges import analyze_fp16_ranges, check_fp16_safe
 from vitedge.targets.graph.precision import FP16_MAX, default_policy, fp16_flushes_to_zero, is_tiny_eps
 from vitedge.models import VitedgeError, create_model, make_trained_like
 from vitedge.models.layers import (EfficientAdditiveAttention, SimAAttention, SimplifiedLinearAttention,
@@ -114,7 +114,7 @@ def test_onnx_islands_cover_each_normalization_chain(hazards_graph):
 def test_onnx_islands_on_a_family_graph():
     """SimA deploy-form (reduced): every l1 normalization, rewritten as t / max(sum|t|, eps) (2 per SimA block,
     2 per class-attention block), is an island: |t|, the token sum, the eps clamp and the division."""
-    from vitedge.exporter.onnx_export import export_onnx
+    from vitedge.exporter.onnx.onnx_export import export_onnx
     from vitedge.exporter.reparam.engine import reparameterize
 
     m = make_trained_like(create_model("sima_nano_12_p16", depth=2, num_classes=10), seed=0).eval()

@@ -13,9 +13,10 @@ import torch.nn as nn
 from PIL import Image
 
 from vitedge.errors import VitedgeError
-from vitedge.exporter import calibrate, images, inputs
-from vitedge.exporter.forms import build_train_form, preprocess_recipe
-from vitedge.exporter.hops import parity_inputs_for
+from vitedge.exporter.quantize import calibrate
+from vitedge.exporter.verdict import images, inputs
+from vitedge.exporter.reparam.forms import build_train_form, preprocess_recipe
+from vitedge.exporter.verdict.hops import parity_inputs_for
 from vitedge.models import create_model
 from vitedge.models.fit import head_classes
 from vitedge.models.flops import meta_model

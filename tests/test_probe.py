@@ -1,4 +1,4 @@
-"""The feature probe (exporter/probe.py): an ONNX hop is also judged on the backbone's last feature map.
+"""The feature probe (exporter/verdict/probe.py): an ONNX hop is also judged on the backbone's last feature map.
 
 Full-size SimA-XCiT is the case it exists for: one output channel of a mid-network MLP projection scaled by 1.01
 moves the logits by only a few times the model's own float32 noise (the class-token head reads a pooled
@@ -11,7 +11,7 @@ import json
 import onnx
 
 from vitedge.cli import main
-from vitedge.exporter.report import Report
+from vitedge.exporter.core.report import Report
 from vitedge.tests._plant import plant_channel_scale, weight_nodes
 
 FULL = "sima_tiny_12_p16"   # full size, default 224 px, demo weights
@@ -94,7 +94,7 @@ def test_probe_says_not_run_where_no_module_maps(tmp_path):
 def test_a_probe_that_raises_leaves_the_hop_unverified(tmp_path, capsys, monkeypatch):
     """A check that raised is never a pass: the hop is unverified with the exception in its reason, the summary
     shows the probe's status, and --require-verified exits 1."""
-    from vitedge.exporter import hops
+    from vitedge.exporter.verdict import hops
 
     def broken(*a, **k):
         raise RuntimeError("planted probe failure")

@@ -20,12 +20,12 @@ import torch
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from vitedge.exporter.equivalence import verify_equivalence
-from vitedge.exporter.inputs import parity_inputs
-from vitedge.exporter.onnx_export import check_onnx, export_onnx, simplify_onnx
+from vitedge.exporter.verdict.equivalence import verify_equivalence
+from vitedge.exporter.verdict.inputs import parity_inputs
+from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, simplify_onnx
 from vitedge.exporter.reparam import reparameterize
 from vitedge.models import create_model, make_trained_like
-from vitedge.targets.ort import OnnxRuntimeRunner
+from vitedge.targets.onnx.target import OnnxRuntimeRunner
 
 EXAMPLES = int(os.environ.get("VITEDGE_PROPERTY_EXAMPLES", "5"))  # drawn per family, plus the explicit edges
 # No shrinking: one example costs seconds, and the falsifying Case is printed as drawn anyway.

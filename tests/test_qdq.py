@@ -2,7 +2,7 @@
 islands it keeps, the samples it records, and accuracy against the held-out labels.
 
 Graded by the product's own judge, as `vitedge export --precision int8` grades its int8 hop
-(exporter.compressed.judge_compressed: the int8 profile with the one-sample resolution bounds and the compressed
+(exporter.quantize.compressed.judge_compressed: the int8 profile with the one-sample resolution bounds and the compressed
 rule, against the train-form in float64), on the 364 held-out digits with their labels (calibrated on 64
 training digits): a correct graph passes, a graph calibrated on blank images fails.
 """
@@ -17,9 +17,9 @@ import pytest
 from onnx import numpy_helper
 
 from vitedge.errors import VitedgeError
-from vitedge.exporter.compressed import Judged, judge_compressed
-from vitedge.exporter.parity import FLOAT64_TOLERANCES, ground_truth
-from vitedge.targets.ort import OnnxRuntimeRunner
+from vitedge.exporter.quantize.compressed import Judged, judge_compressed
+from vitedge.exporter.verdict.parity import FLOAT64_TOLERANCES, ground_truth
+from vitedge.targets.onnx.target import OnnxRuntimeRunner
 from vitedge.targets.calibration import calibration_overlap, calibration_record
 from vitedge.targets.graph import qdq
 from vitedge.tests import trained_fixtures as tf
@@ -123,7 +123,7 @@ def test_int8_graph_runs_every_gelu_in_int8_or_as_one_fused_kernel(name):
     """ONNX Runtime encoding: by default every GELU of the fp32 graph runs int8, as QLinearSigmoid + QLinearMul
     (x * sigmoid(1.702 x), the gain folded into the Sigmoid's input scale: no float Gelu, no Mul by 1.702 left);
     with gelu="exact" each runs as one fused float Gelu kernel. The TensorRT encoding keeps standard ONNX ops."""
-    from vitedge.targets.ort_fusions import fused_op_counts
+    from vitedge.targets.onnx.fusions import fused_op_counts
 
     fp32_gelus = fused_op_counts(tf.onnx_fp32(name)).get("Gelu", 0)
     q = quantized(name)
@@ -209,9 +209,9 @@ def test_calibration_on_blank_images_fails_the_products_judge():
 def test_planted_errors_in_the_saved_int8_scales_fail_the_products_hop(name, plant, tmp_path):
     """One output channel's weight scale (or a whole layer's) changed in the saved int8 graph fails the hop
     `vitedge export` / `vitedge parity` reports (compressed_hop: outputs, then the stored weights), naming it."""
-    from vitedge.exporter.compressed import compressed_hop
-    from vitedge.exporter.progress import QUIET
-    from vitedge.exporter.weight_check import _key
+    from vitedge.exporter.quantize.compressed import compressed_hop
+    from vitedge.exporter.core.progress import QUIET
+    from vitedge.exporter.verdict.weight_check import _key
     from vitedge.targets import get_target
     from vitedge.targets.base import Artifact
     from vitedge.tests._plant import plant_int8_scale

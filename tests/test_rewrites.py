@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from vitedge.exporter.deploy_checkpoint import load_deploy_checkpoint, reparam_checkpoint
-from vitedge.exporter.equivalence import verify_equivalence
-from vitedge.exporter.inputs import parity_inputs
+from vitedge.exporter.flow.deploy_checkpoint import load_deploy_checkpoint, reparam_checkpoint
+from vitedge.exporter.verdict.equivalence import verify_equivalence
+from vitedge.exporter.verdict.inputs import parity_inputs
 from vitedge.exporter.reparam import available_rewrites, reparameterize
 from vitedge.models import create_model, make_trained_like
 from vitedge.errors import VitedgeError

@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from vitedge.cli import main
-from vitedge.exporter.criteria import NoiseRule
-from vitedge.exporter.forms import build_deploy_form, build_train_form
-from vitedge.exporter.inputs import parity_set
-from vitedge.exporter.localize import localize_torch
-from vitedge.exporter.parity import DEFAULT_TOLERANCES, FLOAT64_TOLERANCES
-from vitedge.exporter.pipeline import export
-from vitedge.exporter.report import Report
+from vitedge.exporter.verdict.criteria import NoiseRule
+from vitedge.exporter.reparam.forms import build_deploy_form, build_train_form
+from vitedge.exporter.verdict.inputs import parity_set
+from vitedge.exporter.verdict.localize import localize_torch
+from vitedge.exporter.verdict.parity import DEFAULT_TOLERANCES, FLOAT64_TOLERANCES
+from vitedge.exporter.flow.pipeline import export
+from vitedge.exporter.core.report import Report
 from vitedge.tests._plant import plant_channel_scale, planted_module
 
 # family: (model, overrides, imgsz): the golden-fixture sized configs (benchmarks/parity_noise.py measures the same)

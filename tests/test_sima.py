@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from vitedge.exporter.equivalence import EquivalenceError, verify_equivalence
+from vitedge.exporter.verdict.equivalence import EquivalenceError, verify_equivalence
 from vitedge.exporter.reparam import reparameterize
 from vitedge.exporter.reparam.primitives import affine_before_padded_depthwise, bn_affine
 from vitedge.exporter.reparam.sima import SimADeploy

@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from vitedge.exporter.equivalence import EquivalenceError, verify_equivalence
-from vitedge.exporter.parity import DEFAULT_TOLERANCES
+from vitedge.exporter.verdict.equivalence import EquivalenceError, verify_equivalence
+from vitedge.exporter.verdict.parity import DEFAULT_TOLERANCES
 from vitedge.exporter.reparam import reparameterize
 from vitedge.exporter.reparam.engine import FoldContext
 from vitedge.exporter.reparam.sima import FixedOrderSimA

@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
-from vitedge.exporter.equivalence import EquivalenceError, verify_equivalence
+from vitedge.exporter.verdict.equivalence import EquivalenceError, verify_equivalence
 from vitedge.exporter.reparam import reparameterize
 from vitedge.exporter.reparam.engine import FoldContext
 from vitedge.exporter.reparam.primitives import ChannelAffine
@@ -241,7 +241,7 @@ def _ort_layout_ops(deploy) -> dict:
     import onnx
     import onnxruntime as ort
 
-    from vitedge.exporter.onnx_export import export_onnx
+    from vitedge.exporter.onnx.onnx_export import export_onnx
 
     with tempfile.TemporaryDirectory() as tmp:
         opts = ort.SessionOptions()

@@ -5,9 +5,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from vitedge.exporter.equivalence import EquivalenceError, verify_equivalence
-from vitedge.exporter.onnx_export import NORM_OPS
-from vitedge.exporter.parity import DEFAULT_TOLERANCES
+from vitedge.exporter.verdict.equivalence import EquivalenceError, verify_equivalence
+from vitedge.exporter.onnx.onnx_export import NORM_OPS
+from vitedge.exporter.verdict.parity import DEFAULT_TOLERANCES
 from vitedge.exporter.reparam import reparameterize
 from vitedge.exporter.reparam.engine import FoldContext
 from vitedge.exporter.reparam.primitives import ChannelAffine

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from vitedge.exporter.equivalence import EquivalenceError, verify_equivalence
+from vitedge.exporter.verdict.equivalence import EquivalenceError, verify_equivalence
 from vitedge.exporter.reparam.engine import reparameterize
 from vitedge.exporter.reparam.primitives import ChannelAffine, count_params
 from vitedge.exporter.reparam.slab_swin import PatchMergingDeploy, SwinBlockDeploy, WindowAttentionDeploy

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from vitedge.exporter.equivalence import EquivalenceError, verify_equivalence
+from vitedge.exporter.verdict.equivalence import EquivalenceError, verify_equivalence
 from vitedge.exporter.reparam import reparameterize
 from vitedge.exporter.reparam.swiftformer import AdditiveAttention2d, EncoderBlock, SwiftFormerDeploy
 from vitedge.models import VitedgeError, create_model, make_trained_like

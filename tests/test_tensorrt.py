@@ -3,7 +3,7 @@
 CPU here: the fp16 graph preparation (walked tensor by tensor, then run by ONNX Runtime against the fp16
 tolerance), profile derivation, the sidecar, precision truth on inspector JSON in the TensorRT 10 / 11 formats
 (tests/fixtures/tensorrt/), and the 10.x / 11.x dispatch, island pinning and the runner's buffer lifetime through
-a `spec_set` fake `tensorrt` built from targets/tensorrt_api.py (tests/trt_fake.py: it proves wiring, never
+a `spec_set` fake `tensorrt` built from targets/tensorrt/api.py (tests/trt_fake.py: it proves wiring, never
 parity) and the unavailable reasons.
 The engine build, its parity and the inspector check need an NVIDIA GPU: `@pytest.mark.gpu`.
 """
@@ -23,20 +23,20 @@ import torch
 import torch.nn as nn
 from onnx import TensorProto
 
-from vitedge.exporter.inputs import parity_inputs
-from vitedge.exporter.onnx_export import export_onnx, save_onnx, simplify_onnx
+from vitedge.exporter.verdict.inputs import parity_inputs
+from vitedge.exporter.onnx.onnx_export import export_onnx, save_onnx, simplify_onnx
 from vitedge.targets.graph.onnx_fp16 import prepare_fp16
-from vitedge.exporter.parity import DEFAULT_TOLERANCES, compute_metrics
+from vitedge.exporter.verdict.parity import DEFAULT_TOLERANCES, compute_metrics
 from vitedge.targets.graph.precision import FP16_MAX, default_policy
 from vitedge.exporter.reparam.engine import reparameterize
 from vitedge.models import create_model, make_trained_like
 from vitedge.models.layers import EfficientAdditiveAttention
 from vitedge.targets import LowerSpec, UnavailableError, get_target
-from vitedge.targets.tensorrt import (MIN_FP16_SHARE, MOVE_OPS, STRONG_FP16, STRONG_INT8, WEAK_FP16, BatchProfile,
-                                      EngineBuildError, TensorRTCallError, TensorRTTarget, batch_profiles,
-                                      build_path, check_engine_precision, layer_precisions, precision_verdict,
-                                      verify_pinned)
-from vitedge.targets.tensorrt_precision import compare_outputs, dtype_of, name_members, onnx_nodes
+from vitedge.targets.tensorrt.target import (MIN_FP16_SHARE, MOVE_OPS, STRONG_FP16, STRONG_INT8, WEAK_FP16,
+                                             BatchProfile, EngineBuildError, TensorRTCallError, TensorRTTarget,
+                                             batch_profiles, build_path, check_engine_precision, layer_precisions,
+                                             precision_verdict, verify_pinned)
+from vitedge.targets.tensorrt.precision import compare_outputs, dtype_of, name_members, onnx_nodes
 
 F32, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
 # Reduced configurations of one model per family (full numerics at a size that keeps the file fast).

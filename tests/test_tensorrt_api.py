@@ -1,8 +1,8 @@
-"""The TensorRT API table (targets/tensorrt_api.py) and the code that uses it.
+"""The TensorRT API table (targets/tensorrt/api.py) and the code that uses it.
 
 TensorRT cannot be installed here, so the table is the reference: it was checked against NVIDIA's pybind11
 sources with scripts/check_tensorrt_api.py (docs/tensorrt_api.md). These tests make sure the code calls nothing
-outside it (an AST walk of targets/tensorrt.py), that nothing else in vitedge imports tensorrt, and that the
+outside it (an AST walk of targets/tensorrt/target.py), that nothing else in vitedge imports tensorrt, and that the
 spec_set fake built from it (tests/trt_fake.py) refuses what the real module would refuse.
 """
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from vitedge.targets.tensorrt_api import CHECKED_AGAINST, ROWS, VARIABLES, members, owners
+from vitedge.targets.tensorrt.api import CHECKED_AGAINST, ROWS, VARIABLES, members, owners
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCE = REPO / "targets" / "tensorrt.py"
+SOURCE = REPO / "targets" / "tensorrt" / "target.py"
 SELF_ATTRS = {"trt": "tensorrt", "engine": "ICudaEngine", "context": "IExecutionContext", "runtime": "Runtime"}
 
 
@@ -163,7 +163,7 @@ def _checker():
 
 
 def test_api_checker_matches_arguments_in_the_members_own_signature():
-    from vitedge.targets.tensorrt_api import Api
+    from vitedge.targets.tensorrt.api import Api
     chk = _checker()
     classes = chk.blocks(CONTEXT_BINDING)
     assert set(classes) == {"IExecutionContext"}

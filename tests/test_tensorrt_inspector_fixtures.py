@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from vitedge.targets.tensorrt_precision import layer_precisions, precision_verdict, verify_pinned
+from vitedge.targets.tensorrt.precision import layer_precisions, precision_verdict, verify_pinned
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tensorrt"
 FP16_LIKE = {"max_rel_diff": 3e-3, "samples": 4, "finite": True}

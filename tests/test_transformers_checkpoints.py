@@ -11,7 +11,7 @@ import torch
 
 from vitedge.cli import main
 from vitedge.errors import CheckpointError
-from vitedge.exporter.forms import build_train_form
+from vitedge.exporter.reparam.forms import build_train_form
 from vitedge.models import create_model, make_trained_like
 from vitedge.models.held import hold
 from vitedge.tests._ci import require
@@ -224,7 +224,7 @@ def test_an_hf_hub_repo_of_a_transformers_folder_comes_whole_from_the_cache(save
 
 @pytest.mark.parametrize("rewrites", [True, False, ["l2_normalize_rsqrt"]])
 def test_the_softmax_attention_folds_exactly_in_every_layout(rewrites):
-    from vitedge.exporter.forms import build_deploy_form
+    from vitedge.exporter.reparam.forms import build_deploy_form
 
     model = make_trained_like(create_model("swiftformer_xs", layers=TINY["depths"], embed_dims=TINY["embed_dims"],
                                            num_classes=3, attn_weights="softmax"), 4).eval()

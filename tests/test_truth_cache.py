@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from vitedge.exporter import truth_cache
-from vitedge.exporter.hops import parity_set_for
-from vitedge.exporter.pipeline import build_train_form, export
+from vitedge.exporter.verdict import truth_cache
+from vitedge.exporter.verdict.hops import parity_set_for
+from vitedge.exporter.flow.pipeline import build_train_form, export
 from vitedge.models.swiftformer import SwiftFormerEncoder
 
 SWIFT = dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10)

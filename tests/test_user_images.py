@@ -11,15 +11,15 @@ import onnx
 import pytest
 
 from vitedge.cli import format_summary, main
-from vitedge.exporter import images
-from vitedge.exporter.bench import run_bench
-from vitedge.exporter.forms import build_train_form
-from vitedge.exporter.inputs import USER_STRESS, user_set
-from vitedge.exporter.parity import ground_truth, run_batched
-from vitedge.exporter.report import Report
+from vitedge.exporter.verdict import images
+from vitedge.exporter.timing.bench import run_bench
+from vitedge.exporter.reparam.forms import build_train_form
+from vitedge.exporter.verdict.inputs import USER_STRESS, user_set
+from vitedge.exporter.verdict.parity import ground_truth, run_batched
+from vitedge.exporter.core.report import Report
 from vitedge.models import get_spec
 from vitedge.targets.graph.metadata import read_metadata
-from vitedge.targets.ort import OnnxRuntimeRunner
+from vitedge.targets.onnx.target import OnnxRuntimeRunner
 
 NAME = "swiftformer_xs"
 TINY = dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=3)
@@ -156,7 +156,7 @@ def test_a_missing_images_folder_exits_2_naming_it_on_every_command(command, tmp
 
 def test_carried_labels_compare_by_names_onnx_or_by_count_coreml():
     from vitedge.errors import VitedgeError
-    from vitedge.exporter.verify import _check_carried_labels
+    from vitedge.exporter.flow.verify import _check_carried_labels
 
     names = ["a", "b", "c"]
     for carried in (None, ["a", "b", "c"], 3):  # nothing carried; ONNX's vitedge.labels; CoreML's label count

@@ -133,8 +133,8 @@ def load_reference(name: str):
 
 
 def wilson(correct: int, n: int) -> tuple[float, float]:
-    """95 % Wilson score interval of a proportion correct/n (the ladder's own: exporter/criteria.wilson)."""
-    from vitedge.exporter.criteria import wilson as _wilson
+    """95 % Wilson score interval of a proportion correct/n (the ladder's own: exporter/verdict/criteria.wilson)."""
+    from vitedge.exporter.verdict.criteria import wilson as _wilson
 
     return _wilson(correct, n)
 
@@ -177,7 +177,7 @@ def onnx_fp32(name: str):
     """The checked, simplified fp32 ONNX of the deploy-form (dynamic batch), as the pipeline builds its hub."""
     key = ("onnx", name)
     if key not in _CACHE:
-        from vitedge.exporter.onnx_export import check_onnx, export_onnx, simplify_onnx
+        from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, simplify_onnx
 
         _, deploy = deploy_form(name)
         _CACHE[key] = simplify_onnx(check_onnx(export_onnx(deploy, manifest()["models"][name]["imgsz"], batch=None)))
@@ -185,8 +185,8 @@ def onnx_fp32(name: str):
 
 
 def ort_logits(model, x: np.ndarray) -> np.ndarray:
-    from vitedge.exporter.parity import run_batched
-    from vitedge.targets.ort import OnnxRuntimeRunner
+    from vitedge.exporter.verdict.parity import run_batched
+    from vitedge.targets.onnx.target import OnnxRuntimeRunner
 
     return run_batched(OnnxRuntimeRunner(model, threads=1), x, batch=128)
 

@@ -1,4 +1,4 @@
-"""A fake `tensorrt` module built from vitedge's API table (targets/tensorrt_api.py), strict like the real one.
+"""A fake `tensorrt` module built from vitedge's API table (targets/tensorrt/api.py), strict like the real one.
 
 Every class is generated with exactly the table's members for one major version (methods with the pybind11
 argument names) and faked with `create_autospec(..., spec_set=True)`: a member that the table does not list
@@ -17,7 +17,7 @@ from unittest.mock import create_autospec
 import numpy as np
 import onnx
 
-from vitedge.targets.tensorrt_api import members
+from vitedge.targets.tensorrt.api import members
 
 CLASS_OWNERS = ("Logger", "Builder", "OnnxParser", "INetworkDefinition", "ILayer", "IBuilderConfig",
                 "IOptimizationProfile", "ITimingCache", "Runtime", "ICudaEngine", "EngineInspector",

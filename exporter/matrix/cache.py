@@ -26,10 +26,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..parity_cost import SAMPLES_RULE
-from ..digests import json_digest, source_digest
+from ..verdict.parity_cost import SAMPLES_RULE
+from ..core.digests import json_digest, source_digest
 from ...targets.base import sha256_file
-from ..report import versions
+from ..core.report import versions
 from .folders import untrusted
 from .plan import Cell
 

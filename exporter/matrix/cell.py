@@ -19,7 +19,7 @@ BENCH_WARMUP_S, BENCH_MIN_ITERS, BENCH_MAX_S = 0.3, 20, 2.0
 
 def configure_threads(threads: int) -> None:
     """Intra-op threads of this worker (torch and ONNX Runtime sessions), so workers x threads <= cores."""
-    from ...targets.ort import THREADS_ENV
+    from ...targets.onnx.target import THREADS_ENV
 
     os.environ[THREADS_ENV] = str(threads)
     import torch
@@ -57,8 +57,8 @@ def run_cell(cell: dict, out: str, hub: str | None = None, bench: bool = False) 
 
 
 def _export(c: Cell, out: Path, hub: Path | None):
-    from ..pipeline import export
-    from ..progress import QUIET
+    from ..flow.pipeline import export
+    from ..core.progress import QUIET
 
     kw = {}
     if hub is not None:
@@ -75,10 +75,10 @@ def _latency(c: Cell, report, out: Path) -> dict:
     """p50 etc. of the cell's artifact on its own runtime; an emulated runtime is not a latency measurement."""
     from ...models.registry import get_spec
     from ...targets import Artifact, get_target
-    from ...targets.ort import THREADS_ENV
-    from ..inputs import parity_inputs
-    from ..latency import summarize, time_loop
-    from ..target_plans import artifact_key
+    from ...targets.onnx.target import THREADS_ENV
+    from ..verdict.inputs import parity_inputs
+    from ..timing.latency import summarize, time_loop
+    from ..core.target_plans import artifact_key
 
     key = artifact_key(c.hop)
     entry = report.artifacts.get(key)

@@ -1,6 +1,6 @@
 """Atomic cell folders: copy a cached cell into DIR, commit a built folder, pack one for Ray's object store.
 
-Every cell folder under DIR is built in a hidden sibling (exporter/outdir.py names it after its process) and
+Every cell folder under DIR is built in a hidden sibling (exporter/core/outdir.py names it after its process) and
 renamed into place in one step, as `vitedge export` does, so a killed matrix leaves each cell complete-old,
 complete-new or absent. `.matrix-key` inside a cell folder names the cache entry it holds; a folder without
 it (a crashed cell's traceback, a copy interrupted before the key was known), or whose artifacts no longer have the
@@ -14,7 +14,7 @@ import shutil
 import tarfile
 from pathlib import Path
 
-from .. import outdir
+from ..core import outdir
 from ...targets.base import sha256_file
 
 KEY_FILE = ".matrix-key"

@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from ..criteria import GroundTruth
-from ..deploy_checkpoint import load_deploy_checkpoint, save_deploy_checkpoint
-from ..hub import Hub
-from ..report import Hop, ReparamInfo
-from .. import outdir
+from ..verdict.criteria import GroundTruth
+from ..flow.deploy_checkpoint import load_deploy_checkpoint, save_deploy_checkpoint
+from ..flow.hub import Hub
+from ..core.report import Hop, ReparamInfo
+from ..core import outdir
 
 FORMAT = "vitedge-hub/3"  # /2: the float64 ground truth replaced the float32 reference; /3: hub.json records
 # how the ONNX was exported (`export`)
@@ -88,7 +88,7 @@ class FolderHub:
 def _plain(obj) -> dict:
     from dataclasses import asdict
 
-    from ..report import finite
+    from ..core.report import finite
 
     return finite(asdict(obj))
 

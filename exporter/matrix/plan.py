@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ...errors import VitedgeError
-from ..onnx_choice import DEFAULT_EXPORTER, DEFAULT_OPSET
+from ..onnx.onnx_choice import DEFAULT_EXPORTER, DEFAULT_OPSET
 
 
 class PlanError(VitedgeError):
@@ -35,7 +35,7 @@ class Cell:
     trt_arch: str | None = None
     checkpoint: str | None = None   # absolute path
     overrides: dict = field(default_factory=dict)
-    samples: int | None = None      # None: export's GMACs rule (exporter/parity_cost.py)
+    samples: int | None = None      # None: export's GMACs rule (exporter/verdict/parity_cost.py)
     batch: int = 1
     opset: int = DEFAULT_OPSET
     rewrites: object = True         # True (all) | False (none) | [names]

@@ -9,7 +9,8 @@ import onnxsim  # noqa: F401
 from ...models.registry import list_models
 from ..reparam import available_rewrites
 from . import cell  # noqa: F401
-from .. import equivalence, localize, pipeline  # noqa: F401
+from ..verdict import equivalence, localize
+from ..flow import pipeline  # noqa: F401
 
 list_models()  # imports every model family (registration)
 available_rewrites("swiftformer_xs")  # imports every fold plan (on the meta device: no weights)

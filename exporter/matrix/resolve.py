@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 
 from ...errors import VitedgeError
-from ..onnx_choice import DEFAULT_EXPORTER, EXPORTERS, default_opset
+from ..onnx.onnx_choice import DEFAULT_EXPORTER, EXPORTERS, default_opset
 from .plan import Cell, PlanError, ResolvedPlan
 
 TOP_KEYS = ("models", "defaults", "targets", "precisions", "trt_arch")
@@ -141,7 +141,7 @@ class _Resolver:
         return v  # other target options: each target's validate_options checks them per cell
 
     def tolerance_overrides(self, where: str, v) -> dict:
-        from ..parity import parse_tol, tolerances
+        from ..verdict.parity import parse_tol, tolerances
 
         out: dict = {}
         if isinstance(v, (str, list)):
@@ -350,6 +350,6 @@ class _Resolver:
 
 
 def _check_opset(opset: int, exporter: str) -> None:
-    from ..onnx_export import check_opset
+    from ..onnx.onnx_export import check_opset
 
     check_opset(opset, exporter)

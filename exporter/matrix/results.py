@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..report import EXIT_FAILED, EXIT_OK, finite
+from ..core.report import EXIT_FAILED, EXIT_OK, finite
 
 
 @dataclass

@@ -19,8 +19,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from ...errors import VitedgeError
-from ..digests import json_digest
-from ..onnx_choice import DEFAULT_EXPORTER, check_exporter
+from ..core.digests import json_digest
+from ..onnx.onnx_choice import DEFAULT_EXPORTER, check_exporter
 from .cache import Cache, Env, cell_key, hub_key, toolchain_drift, trt_mismatch
 from .engines import Job, LocalPool, size_pool
 from .folders import KEY_FILE, TRACEBACK, current_key, materialize, untrusted, unpack, write_error

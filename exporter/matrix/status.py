@@ -8,7 +8,7 @@
 """
 from __future__ import annotations
 
-from ..target_plans import artifact_key
+from ..core.target_plans import artifact_key
 from .plan import Cell
 
 STATUSES = ("passed", "failed", "unverified", "error")

@@ -167,7 +167,7 @@ def reparameterize(model: nn.Module, imgsz: int | None = None, attn_order: str =
     folding only, or a collection of names from `available_rewrites(model)` (ablation: each is exact alone).
 
     The result carries `.reparam_summary` (ReparamSummary) and `.reparam_blocks` (block pairs for the
-    equivalence gate). Verify it with `exporter.equivalence.verify_equivalence`.
+    equivalence gate). Verify it with `exporter.verdict.equivalence.verify_equivalence`.
     """
     _ensure_plans()
     if attn_order not in ORDERS:

@@ -4,5 +4,5 @@ precision.py   the fp16 precision policy: which ops stay fp32 (islands), found t
 onnx_fp16.py   the fp16 ONNX graph (fp16 everywhere but the policy's islands and the fp32 graph I/O)
 metadata.py    the `vitedge.*` metadata_props of an exported ONNX graph
 
-It imports nothing above targets/: the torch-side fp16 range analysis is vitedge.exporter.fp16_ranges.
+It imports nothing above targets/: the torch-side fp16 range analysis is vitedge.exporter.verdict.fp16_ranges.
 """

@@ -1,7 +1,7 @@
 """The fp16 precision policy shared by CoreML, TensorRT and the fp16 ONNX graph: which ops stay fp32.
 
 Graph level only (ONNX and MIL graphs, no torch): the torch-side range analysis that checks a model against this
-policy before an fp16 export is `vitedge.exporter.fp16_ranges`.
+policy before an fp16 export is `vitedge.exporter.verdict.fp16_ranges`.
 
 One policy decides which operations stay in fp32 ("fp32 islands") for every backend:
 - ONNX (`onnx_fp32_nodes`): drives the fp16-cast graph that ONNX Runtime and TensorRT 11 run

@@ -1,0 +1,3 @@
+"""The two runs: `vitedge export` (pipeline, with the verified hub it builds once per model and size, hub) and
+`vitedge parity` on existing artifacts (verify), plus deploy-form checkpoints (deploy_checkpoint).
+"""

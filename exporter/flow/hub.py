@@ -1,0 +1,73 @@
+"""A verified hub, reusable across exports: what every target of one model at one size shares.
+
+`export(hub=store)` asks the store (a HubStore) for a Hub first. When it holds one, the export skips the train-
+form, the fold, the float64 gate, the ONNX export and onnxsim and their hops: the Hub's verified deploy-form,
+simplified ONNX, the train-form's float64 ground truth on the parity set and hop records take their place, and
+only the target hops run. The
+train-form itself is rebuilt only if a hop needs it (a runner that changes its inputs, `Runner.reference_inputs`).
+When the store holds none, the export builds the hub as usual and puts it there once every hop so far passed, so
+a failed hub is never shared. The caller keys the store by everything the hub depends on (`vitedge matrix`:
+exporter/matrix/cache.py `hub_key`).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import onnx
+import torch.nn as nn
+
+from ..verdict.criteria import GroundTruth
+from ..reparam.forms import Loaded
+from ..verdict.inputs import ParitySet
+from ..core.report import Hop, ReparamInfo
+
+
+@dataclass
+class Hub:
+    """The verified deploy-form, the simplified hub ONNX (a file, with metadata) and the raw graph, the train-form's
+    ground truth on the parity set (float64 and float32: criteria.GroundTruth) and how that set was made, the hops
+    that verified them (deploy-form, onnx, onnx-simplified) and the train-form facts."""
+    deploy: nn.Module
+    onnx_path: Path
+    raw: onnx.ModelProto | None
+    truth: GroundTruth
+    inputs: str                      # the parity set's note (ParitySet.note): which inputs the truth is on
+    hops: list                       # [Hop]
+    reparam: ReparamInfo
+    attn_order: str
+    weights: str
+    checkpoint_sha256: str | None
+    overrides: dict
+    # How the hub ONNX was made (onnx_export.OnnxExport.info(): exporter, exporter_requested, opset, fallback)
+    export: dict = field(default_factory=lambda: {"exporter": None, "exporter_requested": None, "opset": None,
+                                                  "exporter_fallback": None})
+
+    def loaded(self, name: str) -> Loaded:
+        """The train-form facts of the export, with the deploy-form standing in for the train-form module (whose
+        size and input statistics it carries); the train-form is not built."""
+        return Loaded(self.deploy, name, self.weights, self.checkpoint_sha256, dict(self.overrides))
+
+    def check_fits(self, imgsz: int, inputs: ParitySet, exporter: str | None = None) -> None:
+        """A store keyed wrongly would pass off another export's verdicts: refuse it loudly."""
+        size = getattr(self.deploy, "reparam_imgsz", None)
+        if size != imgsz or len(self.truth.y64) != len(inputs) or self.inputs != inputs.note:
+            raise ValueError(f"the hub was built for size {size} and {len(self.truth.y64)} parity inputs "
+                             f"({self.inputs}), not {imgsz} and {len(inputs)} ({inputs.note})")
+        if exporter is not None and self.export.get("exporter_requested") != exporter:
+            raise ValueError(f"the hub's ONNX was exported with {self.export.get('exporter_requested')}, not "
+                             f"{exporter}")
+
+    def hop_records(self) -> list[Hop]:
+        return copy.deepcopy(self.hops)
+
+
+class HubStore(Protocol):
+    """Where export(hub=...) finds a Hub to reuse (`get`; None: build it) and leaves the one it built (`put`,
+    called only when every hop so far passed). The Hub given to `put` points at the export's build folder, which
+    is renamed or removed when the export ends: a store copies the files it keeps during the call."""
+    def get(self) -> Hub | None: ...
+
+    def put(self, hub: Hub) -> None: ...

@@ -1,0 +1,314 @@
+"""`vitedge parity` as a Python API: the parity ladder on artifacts that already exist.
+
+Hops: deploy-form (a deploy checkpoint from `vitedge reparam`, else a fresh re-parameterization) and the artifact,
+each against the train-form's float64 ground truth on the parity set, by the per-sample noise rule (hops.py). What
+the artifact says about itself (ONNX metadata_props, a target's `read_metadata`) supplies the model, size,
+overrides, attention order and checkpoint hash it was exported with, and which ONNX exporter wrote it; flags given
+explicitly win (a different model or exporter is an error). A compressed artifact (int8 QDQ graph, compressed CoreML
+package) is judged by its kind's profile on the natural samples that did not calibrate it (the calibration ids it
+recorded), as `export` does (exporter/quantize/compressed.py).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch.nn as nn
+
+from ...errors import VitedgeError
+from ...models.preprocess import Recipe
+from ...targets import TARGETS
+from ...targets.base import Artifact, Runner
+from ...targets.graph.metadata import read_metadata
+from .deploy_checkpoint import load_deploy_checkpoint
+from ..verdict.equivalence import verify_equivalence
+from ..quantize.calibrate import COMPRESSED
+from ..quantize.compressed import Judged, compressed_hop
+from ..reparam.forms import DEMO_SEED, build_deploy_form, build_train_form, model_name, reparam_info, resolve_imgsz
+from ..verdict.classes import labels_of, predictions
+from ..verdict.hops import Ladder, ane_check, check_images, class_names, parity_inputs_for, record_artifact
+from ..onnx.onnx_choice import check_exporter
+from ..onnx.onnx_dynamo import graph_opset
+from ..verdict.localize import localize_torch
+from ..verdict.parity_cost import check_samples, choose_samples
+from ..verdict.parity import FLOAT64_TOLERANCES, noise_rule, profile_for, tolerances as make_tolerances, unverified
+from ..core.progress import QUIET, Progress
+from ..core.report import Hop, Report, versions
+from ..core.target_plans import TargetPlan, check_precision, load_target, resolve_targets
+
+_SUFFIX_TARGET = {".onnx": "onnx", ".mlpackage": "coreml", ".mlmodel": "coreml", ".engine": "tensorrt",
+                  ".plan": "tensorrt"}
+
+
+def parity(model_or_name=None, artifact: str | Path | None = None, *, checkpoint: str | Path | None = None,
+           deploy_checkpoint: str | Path | None = None, target: str | None = None, imgsz: int | None = None,
+           precision: str | None = None, attn_order: str | None = None, samples: int | None = None,
+           tolerances: dict | list | None = None, require_verified: bool = False, overrides: dict | None = None,
+           seed: int = DEMO_SEED, report_path: str | Path | None = None, mode: str | None = None,
+           progress: Progress | None = None, require_ane: bool = False, images: str | Path | None = None,
+           labels: str | Path | None = None, exporter: str | None = None, truth_cache: bool = True) -> Report:
+    """The parity ladder for an existing artifact and/or a deploy-form checkpoint (`vitedge reparam`).
+
+    Hops: deploy-form (the deploy checkpoint if given, else a fresh re-parameterization) and the artifact,
+    each against the train-form's float64 ground truth on the parity set. Artifact metadata (ONNX metadata_props)
+    supplies the size, overrides and attention order it was exported with; flags given explicitly win. `mode`
+    ("device" | "emulated") insists on how the artifact runs: otherwise the hop is unverified. `images` /
+    `labels`: the user's image folder as the parity set, class names in index order (as for `export`); labels
+    that differ from those the artifact carries are an error.
+
+    `model_or_name` None: the model the artifact's (or deploy checkpoint's) metadata names. `exporter`: the ONNX
+    exporter the artifact was written with, recorded in the report where its metadata does not say; one that
+    contradicts the metadata is an error. An artifact carrying class names (`vitedge.labels`) gets its top-1
+    class names on the first parity inputs in the report (`parity[].predictions`). `truth_cache`: read and keep the
+    float64 ground truth in the disk cache (exporter/verdict/truth_cache.py).
+    """
+    progress = progress or QUIET
+    if mode not in (None, "device", "emulated"):
+        raise VitedgeError(f"--mode must be device or emulated; got {mode!r}")
+    if artifact is None and deploy_checkpoint is None:
+        raise VitedgeError("vitedge parity needs --artifact PATH (and/or --deploy-checkpoint PATH)")
+    check_precision(precision)
+    check_samples(samples)
+    tols = make_tolerances(tolerances, FLOAT64_TOLERANCES)
+    check_images(images, labels)
+    tname, art_model, meta = None, None, {}
+    if artifact is not None:
+        artifact = Path(artifact)
+        tname, art_model, meta = read_artifact(artifact, target)
+        if precision is None:
+            precision = meta.get("precision") or (_onnx_precision(art_model) if art_model is not None else None)
+    deploy = None
+    if deploy_checkpoint is not None:
+        deploy = load_deploy_checkpoint(deploy_checkpoint)
+        dmeta = deploy.deploy_checkpoint_meta
+        meta = {"model": dmeta["model"], "imgsz": dmeta["imgsz"], "attn_order": dmeta["attn_order"],
+                "overrides": dmeta["overrides"], "checkpoint_sha256": dmeta["checkpoint_sha256"],
+                "weights": "checkpoint" if dmeta["checkpoint_sha256"] else "untrained",
+                **meta}  # an artifact's own metadata wins
+    source = artifact if artifact is not None else deploy_checkpoint
+    if model_or_name is None:
+        if not meta.get("model"):
+            raise VitedgeError(f"{source} carries no vitedge metadata naming its model; pass --model NAME")
+        model_or_name = meta["model"]
+    name = model_or_name if isinstance(model_or_name, str) else model_name(model_or_name)
+    made_with = _exporter_of(source, tname, meta, exporter)
+    if meta.get("model") and meta["model"] != name:
+        raise VitedgeError(f"{source} holds {meta['model']}, not {name}; pass --model {meta['model']}")
+    check_checkpoint(source, meta, checkpoint)
+    if overrides is None and isinstance(model_or_name, str):
+        overrides = meta.get("overrides") or {}
+    plan = resolve_targets(tname, precision)[0] if tname else None
+
+    with progress.step("building the train-form model"):
+        loaded = build_train_form(model_or_name, checkpoint, overrides, seed)
+    if isinstance(meta.get("preprocess"), dict):  # the artifact's own eval preprocessing (models/preprocess.py)
+        loaded.model.vitedge_recipe = Recipe.from_dict(meta["preprocess"])
+    check_checkpoint(source, meta, checkpoint, loaded.checkpoint_sha256)
+    imgsz = resolve_imgsz(loaded.model, imgsz or meta.get("imgsz"))
+    classes = class_names(labels, loaded.model, imgsz)
+    _check_carried_labels(classes, meta.get("labels"), labels, source)
+    samples, rule = choose_samples(samples, model_or_name, imgsz, loaded.overrides, loaded.model, images)
+    with progress.step("reading the parity inputs"):
+        pset = parity_inputs_for(loaded.model, imgsz, samples, images, labels)
+    if deploy is not None and deploy.reparam_imgsz != imgsz:
+        raise VitedgeError(f"{deploy_checkpoint} was folded for imgsz {deploy.reparam_imgsz}, the check runs at "
+                           f"{imgsz}; pass --imgsz {deploy.reparam_imgsz}")
+    with progress.step("re-parameterizing"):
+        # the same rewrites as the deploy checkpoint, so that localization compares like module trees
+        same = deploy.deploy_checkpoint_meta.get("rewrites", True) if deploy is not None else True
+        fresh, fresh64 = build_deploy_form(loaded.model, imgsz, True, attn_order or meta.get("attn_order") or "auto",
+                                           rewrites=same)
+    deploy = deploy or fresh
+
+    batch = meta.get("batch")
+    report = Report(model=loaded.name, imgsz=imgsz, batch=batch if isinstance(batch, int) else None,
+                    weights=loaded.weights, checkpoint_sha256=loaded.checkpoint_sha256, reparam=reparam_info(deploy),
+                    versions=versions(), command="parity", targets=[tname] if tname else [],
+                    overrides=loaded.overrides, samples=len(pset), samples_rule=rule, inputs=pset.note,
+                    images=None if images is None else str(images), labels=None if labels is None else str(labels),
+                    require_verified=require_verified, require_ane=require_ane, exporter=made_with,
+                    exporter_fallback=meta.get("exporter_fallback") if made_with else None,
+                    opset=graph_opset(art_model) if art_model is not None else None)
+
+    ladder = Ladder.build(loaded.model, deploy, pset, progress, truth_cache)
+    report.reference = ladder.reference()
+    hop = ladder.deploy_hop(deploy, tols["fp32"])
+    if hop.status == "failed":
+        _localize_deploy_hop(hop, loaded.model, fresh, fresh64, deploy, ladder, imgsz, progress)
+    report.parity.append(hop)
+
+    if artifact is not None and plan.precision in COMPRESSED:
+        report.parity.append(_compressed_artifact_hop(report, plan, artifact, art_model, meta, ladder, tols, mode,
+                                                      progress))
+    elif artifact is not None:
+        report.parity.append(_existing_artifact_hop(report, plan, artifact, art_model, ladder, tols, mode,
+                                                    labels_of(meta)))
+    report.finalize()
+    if report_path is not None:
+        report.write(report_path)
+    return report
+
+
+def _check_carried_labels(classes: list[str] | None, carried, labels, source) -> None:
+    """--labels against what the artifact says it was exported with: the names (ONNX `vitedge.labels`) or their
+    count (CoreML's user metadata `labels`)."""
+    if classes is None or carried is None:
+        return
+    same = carried == classes if isinstance(carried, list) else carried == len(classes)
+    if not same:
+        raise VitedgeError(f"--labels {labels} differs from the class names {source} carries (vitedge.labels); "
+                           "pass the labels file it was exported with")
+
+
+def _artifact_target(path: Path, target: str | None) -> str:
+    if target:
+        return resolve_targets(target)[0].name
+    for name in TARGETS:  # the table's own suffixes first, then the common aliases
+        t, _ = load_target(name)
+        if t is not None and t.suffix and path.name.endswith(t.suffix):
+            return name
+    if path.suffix in _SUFFIX_TARGET:
+        return _SUFFIX_TARGET[path.suffix]
+    raise VitedgeError(f"cannot tell the target of {path} from its suffix; pass --target")
+
+
+def check_checkpoint(source: Path, meta: dict, checkpoint, loaded_sha256: str | None = None) -> None:
+    """An artifact made from a checkpoint is checked against that checkpoint: none given is an error, and so is
+    one whose sha256 (`loaded_sha256`, once loaded) differs from the one its metadata records."""
+    if meta.get("weights") == "checkpoint" and checkpoint is None:
+        raise VitedgeError(f"{source} was exported from a checkpoint (sha256 {str(meta.get('checkpoint_sha256'))[:12]}"
+                           "...); pass the same --checkpoint")
+    exported_from = meta.get("checkpoint_sha256")
+    if exported_from and loaded_sha256 and exported_from != loaded_sha256:
+        raise VitedgeError(f"--checkpoint (sha256 {loaded_sha256[:12]}...) is not the one {source} was "
+                           f"made from ({exported_from[:12]}...)")
+
+
+def read_artifact(path: Path, target: str | None) -> tuple[str, onnx.ModelProto | None, dict]:
+    """(target name, the ONNX model for .onnx artifacts, the metadata the artifact carries)."""
+    if not path.exists():
+        raise VitedgeError(f"artifact {path} not found; check the --artifact path")
+    tname = _artifact_target(path, target)
+    if tname != "onnx":
+        return tname, None, _artifact_metadata(tname, path)
+    try:
+        model = onnx.load(str(path))
+    except Exception as e:
+        raise VitedgeError(f"{path} is not a readable ONNX file ({type(e).__name__}); re-export it") from None
+    return tname, model, read_metadata(model)
+
+
+def _artifact_metadata(target: str, path: Path) -> dict:
+    """What a target's `read_metadata(path)` says about an artifact it wrote, decoded: JSON strings become values
+    and "none" becomes None (CoreML user metadata is all strings)."""
+    t, _ = load_target(target)
+    if t is None:
+        return {}
+    try:
+        raw = t.read_metadata(path)
+    except Exception as e:
+        raise VitedgeError(f"cannot read {path} as a {target} artifact ({type(e).__name__}: {e})") from None
+    out = {}
+    for k, v in raw.items():
+        if isinstance(v, str):
+            if v.lower() == "none":
+                v = None
+            else:
+                try:
+                    v = json.loads(v)
+                except json.JSONDecodeError:
+                    pass
+        out[k] = v
+    return out
+
+
+def _onnx_precision(model: onnx.ModelProto) -> str:
+    half = any(i.data_type == onnx.TensorProto.FLOAT16 for i in model.graph.initializer)
+    return "fp16" if half else "fp32"
+
+
+def _localize_deploy_hop(hop: Hop, train: nn.Module, fresh: nn.Module, fresh64: nn.Module, deploy: nn.Module,
+                         ladder: Ladder, imgsz: int, progress: Progress) -> None:
+    with progress.step("localizing the deploy-form divergence"):
+        if deploy is not fresh:  # a loaded deploy checkpoint has the fresh fold's module tree: compare module by module
+            div = localize_torch(fresh, deploy, ladder.x[ladder.localize_samples(hop)], hop.tolerance,
+                                 rule=noise_rule(hop.tolerance))
+            where = div and (div.module, div.describe())
+        else:  # the fold itself is suspect: the equivalence gate compares train and deploy block by block
+            eq = verify_equivalence(train, fresh64, imgsz, raise_on_fail=False)
+            where = eq.diverging_module and (eq.diverging_module,
+                                             f"first diverging block {eq.diverging_module} (float64 equivalence gate)")
+    if where:
+        hop.diverging_module, detail = where
+        hop.reason = f"{hop.reason}; {detail}"
+
+
+def _exporter_of(source: Path, target: str | None, meta: dict, exporter: str | None) -> str | None:
+    """The ONNX exporter that wrote the artifact: its metadata's, else `exporter` as given (checked against the
+    metadata: the one that wrote it, or dynamo when the metadata records a fallback from it)."""
+    said = meta.get("exporter") if target in ("onnx", "tensorrt") else None
+    if exporter is None:
+        return said
+    check_exporter(exporter)
+    if target not in ("onnx", "tensorrt"):
+        raise VitedgeError(f"--exporter says which ONNX exporter wrote an ONNX graph (or the graph a TensorRT engine "
+                           f"was built from); {source} is not one: drop --exporter")
+    asked = "dynamo" if meta.get("exporter_fallback") else said
+    if said is not None and exporter not in (said, asked):
+        raise VitedgeError(f"{source} was exported with the {said} exporter (its vitedge.exporter metadata), not "
+                           f"{exporter}; drop --exporter or pass --exporter {said}")
+    return said or exporter
+
+
+def _existing_artifact_hop(report: Report, plan: TargetPlan, path: Path, art_model: onnx.ModelProto | None,
+                           ladder: Ladder, tols: dict, mode: str | None = None,
+                           labels: list[str] | None = None) -> Hop:
+    hop_name = "onnx" if plan.name == "onnx" and plan.precision == "fp32" else plan.hop()
+    tol = tols.get(plan.precision) if plan.precision else None
+    art = Artifact(plan.name, path, plan.precision or "fp32")
+    record_artifact(report, hop_name, path, art.precision, model=art_model)
+    if plan.target is None:
+        return unverified(hop_name, plan.name, plan.missing, tol)
+
+    def note_batch(runner: Runner) -> None:
+        if report.batch is None and runner.max_batch():
+            report.batch = runner.max_batch()  # the artifact's static batch, when its metadata did not say
+
+    def name_classes(hop: Hop, runner: Runner) -> None:  # the artifact's class names, printed by the summary
+        if labels and hop.status != "unverified":
+            hop.predictions = predictions(runner, ladder.x, ladder.truth_for(runner).y64.astype(np.float32), labels)
+
+    return ladder.artifact_hop(hop_name, plan.target, art, tol, mode, note_batch, require_ane=report.require_ane,
+                               also=name_classes)
+
+
+def recorded_calibration_ids(meta: dict) -> list:
+    """The calibration ids an artifact recorded: an int8 graph's `vitedge.int8` entry, a CoreML package's
+    `compression` entry; [] for weight-only kinds."""
+    for key, sub in (("int8", "calibration"), ("compression", None)):
+        entry = meta.get(key)
+        if isinstance(entry, dict):
+            rec = entry.get(sub) if sub else entry
+            ids = (rec or {}).get("ids" if sub else "calibration_ids")
+            if ids:
+                return list(ids)
+    return []
+
+
+def _compressed_artifact_hop(report: Report, plan: TargetPlan, path: Path, art_model, meta: dict, ladder: Ladder,
+                             tols: dict, mode: str | None, progress: Progress) -> Hop:
+    hop_name = plan.hop()
+    tol = tols[profile_for(plan.precision)]
+    art = Artifact(plan.name, path, plan.precision)
+    record_artifact(report, hop_name, path, art.precision, model=art_model)
+    if plan.target is None:
+        return unverified(hop_name, plan.name, plan.missing, tol)
+    ids = recorded_calibration_ids(meta)
+    with progress.step("choosing the samples the compressed hop is judged on"):
+        judged = Judged.build(ladder.train, ladder.inputs, ids, truth=ladder.truth, deploy=ladder.deploy)
+    report.compressed_inputs = judged.describe(report.inputs, f", without the {len(ids)} calibration ids the "
+                                               "artifact records and their photos")
+    ane = ane_check if report.require_ane and plan.name == "coreml" else None
+    return compressed_hop(hop_name, plan.target, art, tol, judged, ladder.deploy, progress, mode, also=ane)

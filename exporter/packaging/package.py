@@ -1,0 +1,265 @@
+"""`vitedge package`: an app-ready CoreML bundle (.zip) that can check itself.
+
+The bundle is built from one `vitedge.export(..., targets="coreml", input="image")` run (the full parity ladder,
+CoreML hop included) and holds, under a top-level folder named after the model:
+
+  NAME.mlpackage        image input (RGB pixels 0-255, normalization inside), classifier when --labels is given
+  labels.txt            the class labels (with --labels)
+  golden/inputs.npy     uint8 RGB pixel images, NHWC (the structured parity images, quantized to 8 bits)
+  golden/outputs.npy    float32 logits of the train-form PyTorch model on exactly those pixels (computed in float64)
+  golden/golden.json    shapes, layouts, preprocessing, tolerance and how to check
+  README.md             Swift usage (Core ML and Vision) and the self-check
+  manifest.json         sha256 of every other file, input spec, preprocessing, labels, parity results, versions
+
+With `--precision w8|palette4|palette6|w8a8` the .mlpackage is compressed (targets/coreml/compress.py), its hop is
+judged by the kind's profile on natural images, the golden vectors are natural photos that did not calibrate it,
+and manifest.json records the compression (`compression`: kind, coremltools call, ops, sizes, what stayed float,
+calibration) beside the parity results.
+
+Deterministic: the same inputs give a byte-identical zip (sorted entries, fixed timestamps and permissions, no
+wall-clock or temporary paths in any file, the .mlpackage's Manifest.json identifiers derived from its contents).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import VitedgeError
+from ...models.preprocess import Recipe
+from ...models.registry import input_stats, recipe_of
+from ...targets import get_target
+from ...targets.coreml.compress import KINDS
+from ...targets.coreml.options import parse_ios, read_labels
+from ...targets.coreml.runners import EmulatedCoreMLRunner
+from .bundle import (GOLDEN_SAMPLES, GOLDEN_SEED, METRIC_DIGITS, ZIP_DATE, GoldenMismatch, PackageResult,  # noqa: F401
+                     _json_bytes, _npy_bytes, _tree_files, build_bundle, check_bundle_out, finish_bundle,
+                     golden_vectors, golden_verdict, write_deterministic_zip)
+from ..reparam.forms import DEMO_SEED, build_train_form
+from ..onnx.onnx_choice import DEFAULT_EXPORTER
+from ..verdict.parity import profile_for, tolerances as make_tolerances
+from ..flow.pipeline import export
+
+BUNDLE_FORMAT = "vitedge-coreml-bundle/1"
+
+
+# ------------------------------------------------------------------------------------------------ small helpers
+
+
+def _compression_entry(info: dict | None) -> dict | None:
+    """What the manifest says about a compressed package: the kind, the coremltools call, the ops it wrote, what
+    stayed float (count), the sizes."""
+    if not info:
+        return None
+    return {"kind": info["kind"], "ios": info["ios"], "api": info["api"], "coremltools": info["coremltools"],
+            "compression_ops": info["compression_ops"], "weights_compressed": info["weights_compressed"],
+            "weights_kept_float": len(info["weights_kept_float"]), "bytes": info["bytes"],
+            "lut_group_sizes": info.get("lut_group_sizes")}
+
+
+# ------------------------------------------------------------------------------------------------ golden vectors
+
+
+def check_golden(mlpackage: Path, pixels_nhwc: np.ndarray, expected: np.ndarray, tolerance) -> dict:
+    """Run the golden pixels through the emulated CoreML hop; metrics and verdict against `tolerance`."""
+    with EmulatedCoreMLRunner(mlpackage, max_samples=None) as runner:
+        y = runner.run_raw(pixels_nhwc.transpose(0, 3, 1, 2).astype(np.float32))
+    return golden_verdict(runner, y, expected, tolerance)
+
+
+# ------------------------------------------------------------------------------------------------ README
+
+def _compression_line(precision: str) -> str:
+    if precision == "fp16":
+        return ""
+    what = {"w8": "8-bit linear weights", "palette4": "4-bit k-means palettized weights",
+            "palette6": "6-bit k-means palettized weights",
+            "w8a8": "8-bit weights and 8-bit activations"}[precision]
+    return (f"\n- Compressed: {what} (`manifest.json` -> `compression`; its parity on natural images -> `parity`, "
+            "and the golden vectors' tolerance is that profile's).")
+
+
+def _readme(name: str, imgsz: int, classifier: bool, weights: str, ios: int, precision: str, golden: dict) -> str:
+    demo = ("\n> **Demo weights.** This bundle was packaged without `--checkpoint`: the model has seeded random "
+            "(trained-like) weights. Its predictions are meaningless; use it to wire up the app, then package a "
+            "real checkpoint.\n" if weights == "untrained" else "")
+    cls_swift = ('let label = out.featureValue(for: "classLabel")!.stringValue            // most likely class\n'
+                 'let probs = out.featureValue(for: "classLabel_probs")!.dictionaryValue  // label -> probability\n'
+                 if classifier else "")
+    vision = ("""
+### With Vision (crop and scale handled for you)
+
+```swift
+import Vision
+
+let vnModel = try VNCoreMLModel(for: model)
+let request = VNCoreMLRequest(model: vnModel) { request, _ in
+    if let best = (request.results as? [VNClassificationObservation])?.first {
+        print(best.identifier, best.confidence)
+    }
+}
+request.imageCropAndScaleOption = .centerCrop
+try VNImageRequestHandler(cgImage: cgImage).perform([request])
+```
+""" if classifier else "")
+    tol = golden["tolerance"]
+    return f"""# {name} for Core ML ({precision}, iOS {ios}+)
+{demo}
+`{name}.mlpackage` is an ML Program converted by vitedge from the re-parameterized deploy-form of `{name}` and
+checked against the original PyTorch model (see `manifest.json` -> `parity`).
+
+- **Input** `image`: RGB pixels 0-255, made as at evaluation: {Recipe.from_dict(golden["preprocess"]).describe(imgsz)}.
+  Normalization (mean {golden["preprocess"]["mean"]}, std {golden["preprocess"]["std"]}) is inside the model.
+- **Outputs**: `logits` (float32, 1 x classes){', `classLabel` (String) and `classLabel_probs` ([String: Double])' if classifier else ''}.
+- Static shape, fp16 compute with fp32 islands for normalizations (`manifest.json` -> `precision_policy`), so the
+  Neural Engine can run it.{_compression_line(precision)}
+
+## Swift
+
+Drag `{name}.mlpackage` into Xcode (it generates a `{name}` class), or load it at run time:
+
+```swift
+import CoreML
+
+let config = MLModelConfiguration()
+config.computeUnits = .cpuAndNeuralEngine
+let url = Bundle.main.url(forResource: "{name}", withExtension: "mlmodelc")!   // Xcode compiles .mlpackage
+let model = try MLModel(contentsOf: url, configuration: config)
+
+// pixelBuffer: a {imgsz}x{imgsz} kCVPixelFormatType_32BGRA or 32ARGB CVPixelBuffer of the (center-cropped) photo
+let input = try MLDictionaryFeatureProvider(dictionary: ["image": MLFeatureValue(pixelBuffer: pixelBuffer)])
+let out = try model.prediction(from: input)
+let logits = out.featureValue(for: "logits")!.multiArrayValue!
+{cls_swift}```
+{vision}
+## Self-check on a device
+
+`golden/inputs.npy` holds {golden['inputs']['shape'][0]} images (uint8, N x {imgsz} x {imgsz} x 3, RGB) and
+`golden/outputs.npy` the PyTorch model's logits for them (float32, N x classes). Feed each image as above and
+compare your `logits` with the expected row: cosine similarity >= {tol.get('cosine')}, PSNR >= {tol.get('psnr_db')} dB
+(20 log10(max|expected| / RMSE) over all N), top-1 class equal. `golden/golden.json` says the same in machine form.
+A `.npy` file is a small text header followed by the raw little-endian array:
+
+```swift
+func loadNpy(_ url: URL) throws -> Data {{
+    let data = try Data(contentsOf: url)
+    let headerLen = Int(data[8]) | (Int(data[9]) << 8)   // format version 1.0
+    return data.subdata(in: (10 + headerLen)..<data.count)  // uint8 pixels or float32 logits, C order
+}}
+```
+
+Integrity: `manifest.json` lists the sha256 of every file in this bundle.
+"""
+
+
+# ------------------------------------------------------------------------------------------------ package
+
+def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = None, labels: str | Path | None = None,
+            ios: int | str | None = None, imgsz: int | None = None, precision: str | None = None,
+            samples: int | None = None, overrides: dict | None = None, tolerances=None, force: bool = False,
+            seed: int | None = None, progress=None, calib: int | None = None,
+            calib_images: str | Path | None = None, images: str | Path | None = None,
+            exporter: str = DEFAULT_EXPORTER, preprocess: dict | None = None, target: str = "coreml") -> PackageResult:
+    """Build BUNDLE.zip at `out`: `vitedge package`. Returns the PackageResult (`path`, `exit_code`, the export
+    `report`, the `manifest`). Raises VitedgeError on bad input (nothing written); a failed parity hop gives
+    exit_code 1, no zip, and the export folder kept at `out` + '.failed/' for inspection. `ios` None: 16, or what
+    the precision needs (w8a8: 17, recorded in the manifest). `labels` (class names in index order) make the model
+    a classifier; `images`, `preprocess` and `model_or_name` None are as for `export`. `exporter`: the ONNX
+    exporter of the ladder's hub graph (the CoreML package itself is converted from the deploy-form). `target`
+    "executorch": the Android bundle instead (exporter/packaging/package_android.py; `precision` fp32, default, or int8)."""
+    if target not in ("coreml", "executorch"):
+        raise VitedgeError(f"vitedge package --target must be coreml or executorch; got {target!r}")
+    precision = precision or get_target(target).default_precision
+    if target == "executorch":
+        if ios is not None:
+            raise VitedgeError("--ios applies to --target coreml only; drop it for an ExecuTorch bundle")
+        from .package_android import package_executorch
+
+        return package_executorch(model_or_name, out, checkpoint=checkpoint, labels=labels, imgsz=imgsz,
+                                  precision=precision, samples=samples, overrides=overrides,
+                                  tolerances=tolerances, force=force, seed=seed, progress=progress, calib=calib,
+                                  calib_images=calib_images, images=images, exporter=exporter, preprocess=preprocess)
+    out = check_bundle_out(out, force)
+    ios = parse_ios(ios) if ios is not None else None
+    if precision not in ("fp16",) + KINDS:
+        raise VitedgeError(f"vitedge package --precision must be one of fp16, {', '.join(KINDS)}; got {precision!r}")
+    if labels is not None:
+        read_labels(labels)  # the file's problems before any work (its count is checked against the model later)
+    tol = make_tolerances(tolerances)[profile_for(precision)]
+
+    def run(export_dir: Path):
+        return export(model_or_name, "coreml", checkpoint=checkpoint, imgsz=imgsz, precision=precision,
+                      out=export_dir, samples=samples, tolerances=tolerances,
+                      overrides=overrides, seed=DEMO_SEED if seed is None else seed, progress=progress,
+                      options={"input": "image", "ios": ios}, labels=labels, images=images,
+                      calib=calib, calib_images=calib_images, exporter=exporter, preprocess=preprocess)
+
+    return build_bundle(out, run, "coreml", lambda report, export_dir: _assemble(
+        report, export_dir, out, checkpoint, overrides, labels, precision, tol, seed, progress, preprocess))
+
+
+def _assemble(report, export_dir: Path, out: Path, checkpoint, overrides, labels, precision: str, tol,
+              seed, progress, preprocess: dict | None = None) -> PackageResult:
+    name = report.model
+    entry = report.artifacts["coreml"]
+    mlpackage = export_dir / entry.path
+    ios = int(entry.info["ios"])
+    compressed = precision in KINDS
+    loaded = build_train_form(name, checkpoint, overrides, DEMO_SEED if seed is None else seed, preprocess=preprocess)
+    labels = labels if labels is not None else loaded.labels  # (a transformers checkpoint's id2label)
+    pixels, logits = golden_vectors(loaded.model, report.imgsz, *input_stats(loaded.model), natural=compressed,
+                                    recipe=recipe_of(loaded.model))  # the export's own recipe (report.preprocess)
+    golden_check = check_golden(mlpackage, pixels, logits, tol)
+    if not golden_check["passed"]:
+        raise GoldenMismatch(f"the packaged model fails its own golden vectors: {'; '.join(golden_check['problems'])}")
+
+    root = name
+    files: dict[str, bytes] = _tree_files(mlpackage, f"{root}/{mlpackage.name}")
+    label_list = read_labels(labels) if labels is not None else None
+    if label_list:
+        files[f"{root}/labels.txt"] = ("\n".join(label_list) + "\n").encode()
+    info = entry.info
+    tol_d = {k: v for k, v in vars(tol).items() if v is not None}
+    golden = {
+        "inputs": {"file": "golden/inputs.npy", "dtype": "uint8", "shape": list(pixels.shape), "layout": "NHWC",
+                   "color": "RGB", "range": [0, 255],
+                   "source": (f"views of the shipped photos that never calibrate (vitedge.exporter.verdict.inputs."
+                              f"natural_inputs, seed={GOLDEN_SEED}) quantized to 8-bit pixels" if compressed else
+                              f"vitedge.exporter.verdict.inputs.parity_inputs(n={len(pixels)}, seed={GOLDEN_SEED}) quantized "
+                              "to 8-bit pixels (noise, gradient, checker, smooth, blocks, extreme; cycled)")},
+        "outputs": {"file": "golden/outputs.npy", "dtype": "float32", "shape": list(logits.shape), "name": "logits",
+                    "source": "train-form PyTorch model (float32) on the same pixels, normalized with mean/std"},
+        "preprocessing": info["input_spec"],
+        "preprocess": report.preprocess,
+        "tolerance": tol_d,
+        "check": "per image: feed the pixels to `image`, compare `logits` with the expected row; over all images: "
+                 "lowest cosine, PSNR = 20*log10(max|expected|/RMSE) and top-1 agreement must meet `tolerance`",
+        "verified": golden_check,
+    }
+    files[f"{root}/golden/inputs.npy"] = _npy_bytes(pixels)
+    files[f"{root}/golden/outputs.npy"] = _npy_bytes(logits)
+    files[f"{root}/golden/golden.json"] = _json_bytes(golden)
+    files[f"{root}/README.md"] = _readme(name, report.imgsz, label_list is not None, report.weights, ios, precision,
+                                         golden).encode()
+    manifest = {
+        "format": BUNDLE_FORMAT,
+        "model": name, "imgsz": report.imgsz, "overrides": report.overrides,
+        "weights": report.weights,
+        "weights_note": ("untrained: seeded trained-like demo weights, predictions are meaningless"
+                         if report.weights == "untrained" else "checkpoint"),
+        "checkpoint_sha256": report.checkpoint_sha256,
+        "mlpackage": f"{mlpackage.name}", "precision": precision, "ios": ios,
+        "ios_raised": entry.info.get("ios_raised"),
+        "compression": _compression_entry(entry.info.get("compression")),
+        "calibration": report.calibration,
+        "input": info["input_spec"],
+        "preprocess": report.preprocess, "from_checkpoint": report.from_checkpoint,
+        "outputs": info["outputs"],
+        "labels": {"file": "labels.txt", "count": len(label_list)} if label_list else None,
+        "precision_policy": {"rules": [r["name"] for r in (info.get("precision_policy") or {}).get("rules", [])],
+                             "fp32_islands": info.get("fp32_islands")},
+        "reparam": {"folded": report.reparam.folded, "unfolded": report.reparam.unfolded,
+                    "attention_order": report.reparam.attention_order},
+        "onnx_exporter": {"exporter": report.exporter, "exporter_fallback": report.exporter_fallback},
+    }
+    return finish_bundle(out, report, root, files, manifest, golden_check)

@@ -1,0 +1,186 @@
+"""`vitedge package --target executorch`: an Android-ready ExecuTorch bundle (.zip) that can check itself.
+
+Built from one `vitedge.export(..., targets="executorch")` run (the full parity ladder, the `.pte` run here by
+ExecuTorch's own runtime) and holding, under a top-level folder named after the model:
+
+  NAME.pte / NAME.int8.pte  the ExecuTorch program (XNNPACK delegate), its metadata in method `vitedge_metadata`
+  labels.txt                the class labels (with --labels, or a transformers checkpoint's id2label)
+  golden/inputs.npy         uint8 RGB pixel images, NHWC
+  golden/outputs.npy        float32 logits of the train-form PyTorch model on exactly those pixels (float64)
+  golden/golden.json        shapes, the preprocessing recipe, tolerance and how to check
+  README.md                 Kotlin usage (org.pytorch.executorch.Module) and the self-check
+  manifest.json             sha256 of every other file, preprocessing, labels, delegation, parity, versions
+
+The program takes float32 NCHW input normalized by the recipe (an app does the resize, crop and normalization:
+the README's Kotlin does it). The golden vectors are checked here by running the `.pte` on them before the zip is
+written; the same bytes on every run (exporter/packaging/package.py's deterministic zip).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import VitedgeError
+from ...models.preprocess import Recipe
+from ...models.registry import input_stats, recipe_of
+from ...targets import get_target
+from ...targets.executorch.target import ExecuTorchRunner
+from ...targets.labels import read_labels
+from ..reparam.forms import DEMO_SEED, build_train_form
+from ..onnx.onnx_choice import DEFAULT_EXPORTER
+from .bundle import (GOLDEN_SEED, GoldenMismatch, PackageResult, _json_bytes, _npy_bytes, build_bundle,
+                     check_bundle_out, finish_bundle, golden_vectors, golden_verdict, normalize_pixels)
+from ..verdict.parity import DEFAULT_TOLERANCES, profile_for
+from ..flow.pipeline import export
+
+BUNDLE_FORMAT = "vitedge-executorch-bundle/1"
+PRECISIONS = ("fp32", "int8")
+
+
+def golden_tolerance(precision: str):
+    """The bundle's self-check bound against the float64 train-form logits: fp32 the fixed fp32 profile (a phone's
+    XNNPACK kernels round differently from these, within it), int8 the int8 profile."""
+    return DEFAULT_TOLERANCES[profile_for(precision)]
+
+
+def check_golden(pte: Path, pixels_nhwc: np.ndarray, expected: np.ndarray, recipe: Recipe, tolerance) -> dict:
+    """Run the golden pixels, normalized by `recipe`, through the `.pte` here; metrics and verdict."""
+    x = normalize_pixels(pixels_nhwc.transpose(0, 3, 1, 2), recipe.mean, recipe.std)
+    with ExecuTorchRunner(pte) as runner:
+        y = runner.run(x)
+    return golden_verdict(runner, y, expected, tolerance)
+
+
+def _readme(name: str, pte: str, imgsz: int, recipe: Recipe, classes: int, labelled: bool, weights: str,
+            precision: str, golden: dict) -> str:
+    demo = ("\n> **Demo weights.** Packaged without `--checkpoint`: seeded random (trained-like) weights. Predictions "
+            "are meaningless; use it to wire up the app, then package a real checkpoint.\n"
+            if weights == "untrained" else "")
+    tol = golden["tolerance"]
+    mean = ", ".join(f"{v:.4f}f" for v in recipe.mean)
+    std = ", ".join(f"{v:.4f}f" for v in recipe.std)
+    label_line = ('val labels = assets.open("labels.txt").bufferedReader().readLines()\n'
+                  'println(labels[best])\n' if labelled else "")
+    return f"""# {name} for ExecuTorch ({precision}, Android and iOS)
+{demo}
+`{pte}` is an ExecuTorch program lowered by vitedge from the re-parameterized deploy-form of `{name}` through
+`torch.export`, delegated to XNNPACK, and checked against the original PyTorch model by running it with
+ExecuTorch's runtime (see `manifest.json` -> `parity` and `delegation`).
+
+- **Input**: float32, 1 x 3 x {imgsz} x {imgsz} (NCHW), RGB, made as at evaluation: {recipe.describe(imgsz)};
+  then `(pixel / 255 - mean) / std` with mean ({", ".join(f"{v:g}" for v in recipe.mean)}) and std
+  ({", ".join(f"{v:g}" for v in recipe.std)}).
+- **Output**: float32 logits, 1 x {classes}.
+
+## Kotlin (Android, `org.pytorch.executorch:executorch-android`)
+
+```kotlin
+import org.pytorch.executorch.EValue
+import org.pytorch.executorch.Module
+import org.pytorch.executorch.Tensor
+
+val module = Module.load(File(filesDir, "{pte}").absolutePath)  // copy it out of assets first
+// bitmap: the photo resized and centre-cropped to {imgsz} x {imgsz} as above
+val mean = floatArrayOf({mean}); val std = floatArrayOf({std})
+val px = IntArray({imgsz} * {imgsz}); bitmap.getPixels(px, 0, {imgsz}, 0, 0, {imgsz}, {imgsz})
+val data = FloatArray(3 * {imgsz} * {imgsz})
+for (i in px.indices) for (c in 0 until 3) {{
+    val v = ((px[i] shr (16 - 8 * c)) and 0xFF) / 255f                     // R, G, B
+    data[c * {imgsz} * {imgsz} + i] = (v - mean[c]) / std[c]
+}}
+val input = Tensor.fromBlob(data, longArrayOf(1, 3, {imgsz}.toLong(), {imgsz}.toLong()))
+val logits = module.forward(EValue.from(input))[0].toTensor().dataAsFloatArray
+val best = logits.indices.maxByOrNull {{ logits[it] }}!!
+{label_line}```
+
+The program also answers `module.execute("vitedge_metadata")`: a uint8 tensor holding this model's metadata as
+UTF-8 JSON (model, preprocessing, labels, precision).
+
+## Self-check on a device
+
+`golden/inputs.npy` holds {golden['inputs']['shape'][0]} images (uint8, N x {imgsz} x {imgsz} x 3, RGB, already
+{imgsz} x {imgsz}: no resize or crop) and `golden/outputs.npy` the PyTorch model's logits for them (float32,
+N x {classes}). Normalize each image as above, run it, and compare with the expected row: over all N,
+{", ".join(f"{k} {v}" for k, v in tol.items() if k not in ("name",))}, top-1 class equal. `golden/golden.json`
+says the same in machine form. Integrity: `manifest.json` lists the sha256 of every file in this bundle.
+"""
+
+
+def package_executorch(model_or_name, out: str | Path, *, checkpoint=None, labels=None, imgsz: int | None = None,
+                       precision: str = "fp32", samples: int | None = None, overrides: dict | None = None,
+                       tolerances=None, force: bool = False, seed: int | None = None, progress=None,
+                       calib: int | None = None, calib_images=None, images=None, exporter: str = DEFAULT_EXPORTER,
+                       preprocess: dict | None = None) -> PackageResult:
+    """Build the Android bundle at `out` (a .zip): as `package.package`, for the executorch target."""
+    out = check_bundle_out(out, force)
+    if precision not in PRECISIONS:
+        raise VitedgeError(f"vitedge package --target executorch --precision must be fp32 or int8; got {precision!r}")
+    if labels is not None:
+        read_labels(labels)
+    hop_name = get_target("executorch").hop_name(precision)
+
+    def run(export_dir: Path):
+        return export(model_or_name, "executorch", checkpoint=checkpoint, imgsz=imgsz, precision=precision,
+                      out=export_dir, samples=samples, tolerances=tolerances, overrides=overrides,
+                      seed=DEMO_SEED if seed is None else seed, progress=progress, labels=labels, images=images,
+                      calib=calib, calib_images=calib_images, exporter=exporter, preprocess=preprocess)
+
+    return build_bundle(out, run, hop_name, lambda report, export_dir: _assemble(
+        report, export_dir, out, hop_name, checkpoint, overrides, labels, precision, seed, preprocess))
+
+
+def _assemble(report, export_dir: Path, out: Path, hop_name: str, checkpoint, overrides, labels, precision: str,
+              seed, preprocess) -> PackageResult:
+    name = report.model
+    entry = report.artifacts[hop_name]
+    pte = export_dir / entry.path
+    loaded = build_train_form(name, checkpoint, overrides, DEMO_SEED if seed is None else seed, preprocess=preprocess)
+    labels = labels if labels is not None else loaded.labels
+    recipe = recipe_of(loaded.model)
+    compressed = precision != "fp32"
+    pixels, logits = golden_vectors(loaded.model, report.imgsz, *input_stats(loaded.model), natural=compressed,
+                                    recipe=recipe)
+    tol = golden_tolerance(precision)
+    golden_check = check_golden(pte, pixels, logits, recipe, tol)
+    if not golden_check["passed"]:
+        raise GoldenMismatch(f"the packaged program fails its own golden vectors: {'; '.join(golden_check['problems'])}")
+    root = name
+    files = {f"{root}/{pte.name}": pte.read_bytes()}
+    label_list = read_labels(labels) if labels is not None else None
+    if label_list:
+        files[f"{root}/labels.txt"] = ("\n".join(label_list) + "\n").encode()
+    tol_d = {k: v for k, v in vars(tol).items() if v is not None}
+    golden = {
+        "inputs": {"file": "golden/inputs.npy", "dtype": "uint8", "shape": list(pixels.shape), "layout": "NHWC",
+                   "color": "RGB", "range": [0, 255],
+                   "source": ("views of the shipped photos that never calibrate, quantized to 8-bit pixels"
+                              if compressed else f"vitedge.exporter.verdict.inputs.parity_inputs(n={len(pixels)}, "
+                              f"seed={GOLDEN_SEED}) quantized to 8-bit pixels")},
+        "outputs": {"file": "golden/outputs.npy", "dtype": "float32", "shape": list(logits.shape), "name": "logits",
+                    "source": "train-form PyTorch model (float64, rounded once) on the same pixels, normalized"},
+        "program_input": {"dtype": "float32", "layout": "NCHW", "normalize": "(pixel / 255 - mean) / std",
+                          "mean": list(recipe.mean), "std": list(recipe.std)},
+        "preprocess": report.preprocess,
+        "tolerance": tol_d,
+        "check": "over all images: lowest cosine, max relative error / PSNR and top-1 agreement must meet `tolerance`",
+        "verified": golden_check,
+    }
+    files[f"{root}/golden/inputs.npy"] = _npy_bytes(pixels)
+    files[f"{root}/golden/outputs.npy"] = _npy_bytes(logits)
+    files[f"{root}/golden/golden.json"] = _json_bytes(golden)
+    files[f"{root}/README.md"] = _readme(name, pte.name, report.imgsz, recipe, int(logits.shape[1]),
+                                         label_list is not None, report.weights, precision, golden).encode()
+    info = entry.info
+    manifest = {
+        "format": BUNDLE_FORMAT, "model": name, "imgsz": report.imgsz, "overrides": report.overrides,
+        "weights": report.weights, "checkpoint_sha256": report.checkpoint_sha256,
+        "program": pte.name, "precision": precision,
+        "delegation": {"backend": info.get("backend"), "fully_delegated": info.get("fully_delegated"),
+                       "outside_delegate": info.get("outside_delegate"), "delegate_calls": info.get("delegate_calls"),
+                       "rewrites": (info.get("rewrites") or {}).get("applied")},
+        "calibration": report.calibration,
+        "preprocess": report.preprocess, "from_checkpoint": report.from_checkpoint,
+        "labels": {"file": "labels.txt", "count": len(label_list)} if label_list else None,
+    }
+    return finish_bundle(out, report, root, files, manifest, golden_check)

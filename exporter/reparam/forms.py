@@ -1,0 +1,145 @@
+"""The two forms of a model, built in one place: checkpoint (or seeded demo weights) -> train-form -> deploy-form.
+
+`export`, `parity`, `vitedge reparam`, `vitedge bench` and `vitedge package` all build their models here, so they
+load checkpoints, pick the default size and fold the same way.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from ...errors import VitedgeError
+from ...models.checkpoint import load_checkpoint
+from ...models.held import Held, hold
+from ...models.preprocess import RECIPE_FLAGS, Recipe
+from ...models.registry import create_model, recipe_of, resolve_imgsz
+from ...models.sources import resolve_checkpoint
+from ...models.trained_like import make_trained_like
+from ...targets.base import sha256_file
+from ...targets.labels import CarriedLabels
+from . import reparameterize
+from ..core.report import ReparamInfo
+
+DEMO_SEED = 0  # trained-like demo weights when no checkpoint is given
+
+__all__ = ["DEMO_SEED", "Loaded", "model_name", "hold_checkpoint", "carried_labels", "preprocess_recipe",
+           "build_train_form", "resolve_imgsz", "build_deploy_form", "reparam_info"]
+
+
+@dataclass
+class Loaded:
+    model: nn.Module
+    name: str
+    weights: str                  # "untrained" | "checkpoint" | "module" (report.WEIGHTS)
+    checkpoint_sha256: str | None
+    overrides: dict
+    labels: CarriedLabels | None = None   # class names the checkpoint carries (a transformers id2label)
+    from_checkpoint: dict | None = None   # what the checkpoint determined (report.json `from_checkpoint`)
+
+    def facts(self) -> dict:
+        """The report.json fields that describe these weights and how they are fed."""
+        return {"weights": self.weights, "checkpoint_sha256": self.checkpoint_sha256, "overrides": self.overrides,
+                "preprocess": recipe_of(self.model).to_dict(), "from_checkpoint": self.from_checkpoint}
+
+
+def model_name(model: nn.Module) -> str:
+    return getattr(model, "vitedge_name", None) or type(model).__name__.lower()
+
+
+def hold_checkpoint(model_or_name, checkpoint, overrides: dict | None = None, labels=None,
+                    option_labels=None) -> tuple[Held | None, object]:
+    """(the checkpoint read once and the model it determines (models/held.py), the class names): the held
+    checkpoint is None without a checkpoint or for a module given as is; the class names are `labels`, else
+    `option_labels` (options["labels"]), else those the checkpoint carries (`carried_labels`), else None."""
+    held = None
+    if checkpoint is not None and not isinstance(model_or_name, nn.Module):
+        held = hold(checkpoint, model_or_name, overrides)
+    elif model_or_name is None:
+        raise VitedgeError("--model is needed (or a --checkpoint that names its model: a transformers folder with "
+                           "config.json, or timm:NAME)")
+    labels = labels if labels is not None else option_labels
+    return held, labels if labels is not None else carried_labels(held)
+
+
+def carried_labels(held: Held | None) -> CarriedLabels | None:
+    """The class names a checkpoint carries, standing in for --labels (targets/labels.py)."""
+    if held is None or held.labels is None:
+        return None
+    return CarriedLabels(held.labels, f"the class names of {held.where} (config.json id2label)")
+
+
+def preprocess_recipe(model: nn.Module, held: Held | None = None, preprocess: dict | None = None) -> Recipe:
+    """The eval preprocessing `model` is fed with: the checkpoint's preprocessor_config.json, else the model's
+    registered one, with the user's `preprocess` fields (crop_pct, interpolation, mean, std) over it."""
+    base = held.recipe if held is not None and held.recipe is not None else recipe_of(model)
+    given = dict(preprocess or {})
+    unknown = sorted(set(given) - set(RECIPE_FLAGS))
+    if unknown:
+        raise VitedgeError(f"preprocess keys are {', '.join(RECIPE_FLAGS)}; got {', '.join(unknown)}")
+    return base.replace("the user's overrides", **given)
+
+
+def build_train_form(model_or_name, checkpoint: str | Path | None = None, overrides: dict | None = None,
+                     seed: int = DEMO_SEED, *, held: Held | None = None, preprocess: dict | None = None) -> Loaded:
+    """The train-form in eval mode: from a checkpoint, or seeded trained-like demo weights (untrained).
+    `model_or_name` None: the model the checkpoint names (a transformers folder). `held`: the checkpoint as
+    `hold_checkpoint` read it (not read again). `preprocess`: eval preprocessing fields over the model's own."""
+    overrides = dict(overrides or {})
+    sha = None
+    if isinstance(model_or_name, nn.Module):
+        if overrides:
+            raise VitedgeError("overrides apply to model names only; build the module with them instead")
+        model, weights = model_or_name, "module"
+        overrides = dict(getattr(model, "vitedge_overrides", {}))
+        if checkpoint is not None:  # hf-hub: / timm: sources become a file in the Hugging Face cache first
+            path = Path(resolve_checkpoint(checkpoint, getattr(model, "vitedge_name", None)))
+            if not path.exists():
+                raise VitedgeError(f"checkpoint {path} not found; check the --checkpoint path")
+            load_checkpoint(model, path)
+            weights, sha = "checkpoint", sha256_file(path) if path.is_file() else hold(path).digest()
+    elif model_or_name is None or isinstance(model_or_name, str):
+        held = held or hold_checkpoint(model_or_name, checkpoint, overrides)[0]
+        if held is not None:
+            model = create_model(held.name, **held.overrides)
+            load_checkpoint(model, held.raw, where=held.where)
+            weights, sha, overrides = "checkpoint", held.digest(), dict(held.overrides)
+            if held.imgsz:
+                model.vitedge_imgsz = held.imgsz
+        else:
+            model, weights = create_model(model_or_name, **overrides), "untrained"
+            make_trained_like(model, seed)  # realistic statistics make the demo's parity meaningful
+    else:
+        raise VitedgeError(f"expected a model name or an nn.Module; got {type(model_or_name).__name__}")
+    model.vitedge_recipe = preprocess_recipe(model, held, preprocess)
+    if any(p.dtype != torch.float32 for p in model.parameters() if p.is_floating_point()):
+        model = copy.deepcopy(model).float()  # the ladder's reference is the float32 train-form
+    notes = dict(held.notes, layout=held.layout) if held is not None else None
+    return Loaded(model.eval(), model_name(model), weights, sha, overrides, carried_labels(held), notes)
+
+
+def build_deploy_form(model: nn.Module, imgsz: int, reparam: bool = True, attn_order: str = "auto",
+                      strict_schedule: bool = False, rewrites=True) -> tuple[nn.Module, nn.Module]:
+    """(deploy-form in float32, the same in float64). The engine folds in float64 and rounds once, so the
+    float64 gate checks the fold itself and the float32 weights carry a single rounding."""
+    if not reparam:
+        deploy = copy.deepcopy(model).eval()
+        deploy.reparam_imgsz = imgsz
+        return deploy, copy.deepcopy(deploy).double()
+    deploy = reparameterize(model, imgsz=imgsz, attn_order=attn_order, strict_schedule=strict_schedule,
+                            rewrites=rewrites)
+    return deploy, deploy.__dict__.get("reparam_fp64", deploy)
+
+
+def reparam_info(deploy: nn.Module, reparam: bool = True) -> ReparamInfo:
+    """What the re-parameterization did, as the report records it."""
+    summary = getattr(deploy, "reparam_summary", None)
+    if not reparam or summary is None:
+        return ReparamInfo(unfolded=[{"module": "(model)", "why": "--no-reparam: exported in train-form"}])
+    d = summary.to_dict()
+    return ReparamInfo(folded=d["folded"], unfolded=d["unfolded"], attention_order=d["attention_order"],
+                       attention_reason=d.get("attention_reason", {}), schedule=d.get("schedule", []),
+                       rewrites=d.get("rewrites", []))

@@ -1,0 +1,329 @@
+"""`vitedge bench --artifact PATH`: time an artifact that already exists, made by vitedge or anywhere else.
+
+- `.onnx`: ONNX Runtime, once per execution provider asked for (`providers`: ONNX Runtime's own names, or short
+  ones such as cpu, cuda, tensorrt, coreml, openvino, dml; default cpu). A provider this onnxruntime build does not
+  have, or one that fails to load (ONNX Runtime then falls back to the CPU), is listed `unavailable` with the
+  reason: never dropped, never timed as another.
+- `.engine` / `.plan`: TensorRT through the tensorrt target (needs an NVIDIA GPU; unavailable elsewhere, with why).
+- `.mlpackage`: CoreML on macOS (the target's device runner); with `device="iphone[:NAME]"`, the tethered iPhone
+  (exporter/timing/device_bench.py). An emulator's speed is not a latency, so off macOS the package is `unavailable`.
+
+Parity runs first when the artifact's vitedge metadata names its model (vitedge wrote it): the train-form is
+rebuilt from the metadata (model, overrides, size; an artifact made from a checkpoint needs that `checkpoint`,
+checked by sha256) and every backend is checked as `vitedge bench` checks its own, a failed one not timed.
+Otherwise parity is not run and the report says why (`artifact.parity`). A compressed artifact (int8 QDQ graph,
+w8 / palette / w8a8 package: `vitedge.precision`) is judged as `export` and `parity` judge it: by its kind's
+profile, on the natural samples of the parity set that did not calibrate it (the ids it records), against float64
+(exporter/quantize/compressed.py); never by the float32 noise rule, and never on stress samples (`artifact.compressed_inputs`
+says which were judged).
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import onnx
+
+from ...errors import VitedgeError
+from ...targets import Artifact, get_target
+from ...targets.base import Runner, UnavailableError, reraise_interrupt, sha256_file
+from ...targets.onnx.target import OnnxRuntimeRunner
+from .bench import PARITY_SAMPLES, check_parity, check_settings, gate, machine_info, time_backends
+from .bench_report import BackendResult, BenchReport
+from ..verdict.classes import labels_of, predictions
+from ..quantize.compressed import Judged, judge_compressed
+from ..reparam.forms import build_train_form, resolve_imgsz
+from ..verdict.hops import parity_inputs_for
+from ..verdict.inputs import parity_inputs
+from ..verdict.parity import FLOAT64_TOLERANCES, PROFILE_OF, ground_truth, profile_for, tolerances, with_fp16_reference
+from ..flow.verify import check_checkpoint, read_artifact, recorded_calibration_ids
+
+KINDS = {"onnx": "onnx", "tensorrt": "engine", "coreml": "mlpackage", "executorch": "pte"}
+DEFAULT_PROVIDERS = ("cpu",)
+_ALIASES = {"directml": "DmlExecutionProvider", "trt": "TensorrtExecutionProvider"}
+_NP = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16, onnx.TensorProto.DOUBLE: np.float64,
+       onnx.TensorProto.INT64: np.int64, onnx.TensorProto.INT32: np.int32, onnx.TensorProto.UINT8: np.uint8,
+       onnx.TensorProto.INT8: np.int8, onnx.TensorProto.BOOL: np.bool_}
+
+
+# ---- ONNX Runtime execution providers ------------------------------------------------------------------
+
+def provider_names() -> dict[str, str]:
+    """Short name -> ONNX Runtime execution provider, for every provider ONNX Runtime knows (installed or not):
+    `cuda` -> CUDAExecutionProvider, `tensorrt` -> TensorrtExecutionProvider, `coreml`, `openvino`, `dml`, ..."""
+    import onnxruntime as ort
+
+    names = {p[:-len("ExecutionProvider")].lower(): p for p in ort.get_all_providers()}
+    return {**names, **{k: v for k, v in _ALIASES.items() if v in names.values()}}
+
+
+def parse_providers(spec: str | list | None) -> list[str]:
+    """`cpu,cuda` (or ONNX Runtime's own names) -> execution provider names; unknown ones are a usage error."""
+    items = [p.strip() for p in (spec.split(",") if isinstance(spec, str) else spec or DEFAULT_PROVIDERS)
+             if p.strip()]
+    known = provider_names()
+    out = []
+    for p in items:
+        ep = known.get(p.lower()) or (p if p in known.values() else None)
+        if ep is None:
+            raise VitedgeError(f"--providers: unknown ONNX Runtime execution provider {p!r}; use {', '.join(known)} "
+                               "(or a full name such as CUDAExecutionProvider)")
+        out.append(ep)
+    if not out:
+        raise VitedgeError("--providers takes a comma list such as cpu,cuda")
+    return list(dict.fromkeys(out))
+
+
+def short_name(ep: str) -> str:
+    return ep[:-len("ExecutionProvider")].lower() if ep.endswith("ExecutionProvider") else ep
+
+
+def provider_runner(path: Path, ep: str, threads: int, spinning: bool | None) -> Runner:
+    """An ONNX Runtime session on `ep` alone; UnavailableError (with why) when this build lacks the provider or
+    the session would run on another one."""
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    if ep not in available:
+        raise UnavailableError(f"{ep} is not in this ONNX Runtime build (onnxruntime {ort.__version__} has "
+                               f"{', '.join(available)}); install the onnxruntime package built with it (e.g. "
+                               "onnxruntime-gpu for CUDA and TensorRT)")
+    try:
+        runner = OnnxRuntimeRunner(path, providers=[ep], threads=threads, spinning=spinning)
+    except Exception as e:  # noqa: BLE001  (a provider that cannot start is a fact about this machine)
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise UnavailableError(f"{ep} could not create a session here: {type(e).__name__}: {first}") from None
+    used = runner.session.get_providers()
+    if used[0] != ep:
+        runner.close()
+        raise UnavailableError(f"{ep} did not load here: ONNX Runtime fell back to {used[0]}")
+    return runner
+
+
+def onnx_input(model: onnx.ModelProto, batch: int | None, imgsz: int | None) -> tuple[tuple, type]:
+    """The shape and dtype of the graph's one input: a symbolic first axis takes `batch` (default 1), other
+    symbolic axes of an NCHW input take `imgsz`."""
+    inits = {i.name for i in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in inits]
+    if len(inputs) != 1:
+        raise VitedgeError(f"bench --artifact times single-input graphs; this one has inputs "
+                           f"{', '.join(i.name for i in inputs) or 'none'}")
+    t = inputs[0].type.tensor_type
+    shape = []
+    for axis, d in enumerate(t.shape.dim):
+        if d.HasField("dim_value") and d.dim_value > 0:
+            shape.append(d.dim_value)
+        elif axis == 0:
+            shape.append(batch or 1)
+        elif imgsz is not None and len(t.shape.dim) == 4 and axis >= 2:
+            shape.append(imgsz)
+        else:
+            raise VitedgeError(f"input {inputs[0].name!r} has a symbolic axis {axis} ({d.dim_param or '?'}); pass "
+                               "--imgsz to size it")
+    if t.elem_type not in _NP:
+        raise VitedgeError(f"input {inputs[0].name!r} has an element type bench --artifact cannot feed "
+                           f"({onnx.TensorProto.DataType.Name(t.elem_type)})")
+    return tuple(shape), _NP[t.elem_type]
+
+
+# ---- the bench -----------------------------------------------------------------------------------------
+
+class _Plan:
+    """What one artifact bench does: the backends (name -> runner factory), the train-form for parity (or why
+    none), the input batch to time."""
+
+    def __init__(self, path: Path, kind: str, meta: dict, model: onnx.ModelProto | None):
+        self.path, self.kind, self.meta, self.graph = path, kind, meta, model
+        self.backends: dict[str, Callable[[], Runner]] = {}
+        self.train = None
+        self.no_parity: str | None = None
+        self.imgsz = 0
+        self.inputs = None                  # the parity set (inputs.ParitySet) when parity runs
+        self.x: np.ndarray | None = None    # its inputs (normalized NCHW)
+        self.xb: np.ndarray | None = None   # the batch that is timed
+        precision = meta.get("precision")
+        # the parity tolerance profile: fp32 / fp16, or a compressed kind's (judged on `judged`)
+        self.precision = precision if precision in ("fp32", "fp16") or precision in PROFILE_OF else None
+        self.judged: Judged | None = None   # a compressed artifact's judged samples (natural, not calibration)
+
+
+def bench_artifact(path: str | Path, *, providers=None, checkpoint: str | Path | None = None,
+                   model: str | None = None, batch: int | None = None, imgsz: int | None = None, threads: int = 1,
+                   warmup_s: float = 0.5, min_iters: int = 50, max_s: float = 5.0, baseline: str | None = None,
+                   max_regression: float | None = None, ort_spinning: bool | None = None, device: str | None = None,
+                   team_id: str | None = None, device_runner: Callable | None = None,
+                   log: Callable[[str], None] = lambda s: None) -> BenchReport:
+    """Time the artifact at `path` (see the module docstring); returns the BenchReport (`artifact` says what was
+    timed and whether parity ran). `model`, given, must be the one the artifact's metadata names."""
+    path = Path(path)
+    if not path.exists():
+        raise VitedgeError(f"--artifact {path} not found; check the path")
+    tname, graph, meta = read_artifact(path, None)
+    base_p50 = check_settings(batch or 1, threads, warmup_s, min_iters, max_s, baseline, max_regression)
+    if providers is not None and tname != "onnx":
+        raise VitedgeError(f"--providers chooses ONNX Runtime execution providers for an .onnx artifact; {path} is "
+                           f"a {tname} artifact: drop --providers")
+    eps = parse_providers(providers) if tname == "onnx" else []
+    phone = None
+    if device is not None:
+        if tname != "coreml":
+            raise VitedgeError(f"--device iphone times a CoreML package; {path} is a {tname} artifact")
+        from .iphone import check_device, resolve_team_id
+        phone = check_device(device)
+        team_id = resolve_team_id(team_id)
+    if model is not None and meta.get("model") not in (None, model):
+        raise VitedgeError(f"{path} holds {meta['model']}, not {model}; drop --model or pass --model {meta['model']}")
+    if model is not None and not meta.get("model"):
+        raise VitedgeError(f"{path} carries no vitedge metadata, so its parity cannot be checked against {model}; "
+                           "drop --model to time it without parity")
+
+    plan = _Plan(path, tname, meta, graph)
+    _parity_source(plan, checkpoint, imgsz)
+    batch = batch or (meta.get("batch") if isinstance(meta.get("batch"), int) else None)
+    _backends(plan, eps, batch, imgsz, threads, ort_spinning)
+    labels = labels_of(meta)
+    report = BenchReport(model=meta.get("model") or path.name, weights=meta.get("weights") or "unknown",
+                         batch=batch or 1, threads=threads, sizes=[plan.imgsz], baseline=baseline,
+                         machine=machine_info(),
+                         settings={"warmup_s": warmup_s, "min_iters": min_iters, "max_s": max_s,
+                                   "parity_samples": PARITY_SAMPLES if plan.train is not None else 0,
+                                   "ort_spinning": {None: "default", True: "on", False: "off"}[ort_spinning],
+                                   "providers": eps},
+                         artifact={"path": str(path), "format": KINDS[tname],
+                                   "sha256": sha256_file(path) if path.is_file() else None,
+                                   "model": meta.get("model"), "metadata": bool(meta),
+                                   "exporter": meta.get("exporter"), "labels": len(labels) if labels else None,
+                                   "parity": "run" if plan.train is not None else "not run",
+                                   "parity_reason": plan.no_parity})
+    log(f"{path.name}: {', '.join(plan.backends) or 'no host backend'}; parity "
+        + ("first, against the train-form" if plan.train is not None else f"not run: {plan.no_parity}"))
+    results, runners = [], {}
+    with contextlib.ExitStack() as stack:
+        truth = _ground_truth(plan)
+        if truth is not None and plan.precision in PROFILE_OF:
+            plan.judged = Judged.build(plan.train, plan.inputs, recorded_calibration_ids(plan.meta), truth=truth)
+            report.artifact["compressed_inputs"] = plan.judged.describe(
+                f"{PARITY_SAMPLES} samples", ", without the calibration ids the artifact records")
+        for name, make in plan.backends.items():
+            t0 = time.perf_counter()
+            try:
+                runner = stack.enter_context(make())
+            except UnavailableError as e:
+                results.append(BackendResult(name, plan.imgsz, "unavailable", reason=str(e)))
+                continue
+            res = BackendResult(name, plan.imgsz, "ok", mode=runner.mode, load_s=round(time.perf_counter() - t0, 4))
+            if plan.train is None:
+                res.reason = f"parity not run: {plan.no_parity}"
+            else:
+                _check(plan, res, runner, truth)
+                if labels and res.status == "ok":
+                    res.predictions = predictions(runner, plan.x, truth.y64.astype(np.float32), labels)
+            results.append(res)
+            runners[name] = (runner, res)
+        time_backends(runners, plan.xb, batch or 1, warmup_s, min_iters, max_s)
+    report.results = results
+    if phone is not None:
+        report.device = _on_phone(plan, phone, team_id, min_iters, log, device_runner)
+    return gate(report, base_p50, max_regression)
+
+
+def _check(plan: _Plan, res: BackendResult, runner: Runner, truth) -> None:
+    """Parity of one backend before it is timed: a compressed artifact by its kind's profile on the judged samples,
+    any other as `vitedge bench` checks its own backends."""
+    if plan.judged is None:
+        check_parity(res, runner, plan.inputs, truth, plan.precision)
+        return
+    res.precision = plan.precision
+    try:
+        hop = judge_compressed(res.backend, runner, plan.judged,
+                               tolerances(None, FLOAT64_TOLERANCES)[profile_for(plan.precision)], plan.precision)
+    except Exception as e:  # a backend that crashes on the parity inputs has failed parity
+        res.status, res.reason = "failed", f"parity failed: {type(e).__name__}: {e}"
+        return
+    res.parity = asdict(hop.metrics) if hop.metrics is not None else None
+    res.parity_sets = hop.sets
+    if hop.status != "passed":
+        res.status, res.reason = "failed", f"parity failed: {hop.reason}"
+
+
+def _parity_source(plan: _Plan, checkpoint, imgsz: int | None) -> None:
+    """The train-form to check against, from the artifact's metadata (or why there is none)."""
+    meta = plan.meta
+    if not meta.get("model"):
+        plan.no_parity = (f"{plan.path.name} carries no vitedge metadata naming its model (vitedge.model), so there "
+                          "is no train-form to compare it with")
+        return
+    check_checkpoint(plan.path, meta, checkpoint)
+    loaded = build_train_form(meta["model"], checkpoint, meta.get("overrides") or {})
+    check_checkpoint(plan.path, meta, checkpoint, loaded.checkpoint_sha256)
+    if imgsz is not None and meta.get("imgsz") not in (None, imgsz):
+        raise VitedgeError(f"{plan.path} was exported for imgsz {meta['imgsz']}; drop --imgsz")
+    plan.train = loaded.model.eval()
+    plan.imgsz = resolve_imgsz(plan.train, meta.get("imgsz"))
+
+
+def _backends(plan: _Plan, eps: list[str], batch: int | None, imgsz: int | None, threads: int,
+              spinning: bool | None) -> None:
+    """The runner factories and the timed batch of the artifact's kind."""
+    if plan.kind == "onnx":
+        shape, dtype = onnx_input(plan.graph, batch, imgsz or plan.imgsz or None)
+        plan.imgsz = plan.imgsz or (shape[-1] if len(shape) == 4 else 0)
+        plan.xb = (np.random.default_rng(99).standard_normal(shape) if np.issubdtype(dtype, np.floating)
+                   else np.zeros(shape)).astype(dtype)
+        for ep in eps:
+            plan.backends[f"onnxruntime-{short_name(ep)}"] = (
+                lambda ep=ep: provider_runner(plan.path, ep, threads, spinning))
+    else:
+        if not plan.imgsz:
+            plan.imgsz = imgsz or plan.meta.get("imgsz") or 0
+            if not plan.imgsz:
+                raise VitedgeError(f"{plan.path} does not say its input size; pass --imgsz")
+        plan.xb = parity_inputs(batch or 1, plan.imgsz, seed=99).numpy()
+        plan.backends[plan.kind] = lambda: _target_runner(plan, threads)
+    if plan.train is not None:
+        plan.inputs = parity_inputs_for(plan.train, plan.imgsz, PARITY_SAMPLES)
+        plan.x = plan.inputs.numpy()
+        if plan.xb.shape[1:] != plan.x.shape[1:]:
+            raise VitedgeError(f"{plan.path}'s input {tuple(plan.xb.shape)} does not take {plan.imgsz}px images")
+
+
+def _target_runner(plan: _Plan, threads: int | None = None) -> Runner:
+    """TensorRT, CoreML or ExecuTorch on the target's own runtime ("device"); UnavailableError where it cannot run
+    here. `threads`: ExecuTorch's XNNPACK pool (--threads, as for ONNX Runtime)."""
+    try:
+        target = get_target(plan.kind)
+    except ImportError as e:
+        reraise_interrupt(e)
+        raise UnavailableError(f"the {plan.kind} target is not installed here ({e})") from None
+    ok, why = target.runnable()
+    if not ok:
+        raise UnavailableError(why or f"{plan.kind} cannot run here")
+    precision = plan.meta.get("precision") or target.default_precision
+    runner = target.runner(Artifact(plan.kind, plan.path, precision), mode="device",
+                           **({"threads": threads} if target.threaded else {}))
+    runner.precision = precision  # its parity's tolerance profile (bench.runner_precision)
+    return runner
+
+
+def _ground_truth(plan: _Plan):
+    """The train-form's float64 ground truth on the parity set (criteria.GroundTruth), None without a train-form."""
+    if plan.train is None:
+        return None
+    truth = ground_truth(plan.train, plan.x, plan.inputs.sets, plan.inputs.labels_array())
+    # the fp16 rule's reference: the train-form rounded to fp16 (no deploy-form is built for an artifact's bench)
+    return with_fp16_reference(truth, plan.train, plan.x) if profile_for(plan.precision) == "fp16" else truth
+
+
+def _on_phone(plan: _Plan, phone, team_id: str, iterations: int, log: Callable[[str], None],
+              device_runner: Callable | None) -> dict:
+    from .device_bench import phone_section, time_package
+
+    section = phone_section(phone)
+    log(f"iphone {section['name']}: timing load and predict of {plan.path.name} on the phone")
+    time_package(section, phone, team_id, plan.path, plan.imgsz, plan.train, iterations, device_runner,
+                 plan.no_parity)
+    return section

@@ -1,0 +1,187 @@
+"""iPhone on-device timing and parity, thin over coremltools 9's experimental remote-device support
+(`coremltools.models.ml_program.experimental`: `Device`, `AppSigningCredentials`, `MLModelBenchmarker`,
+`MLModelAsyncWrapper`), which builds coremltools' model-runner app with Xcode, signs it with your team,
+installs it through `devicectl` and talks to it over files.
+
+What the phone needs (checked in this order, each missing piece named): macOS, the Xcode command-line tools
+(xcrun, xcodebuild, devicectl), a tethered, unlocked iPhone with Developer Mode on, and an Apple Developer Team ID
+(`--team-id` or VITEDGE_TEAM_ID) so Xcode can sign the app for it.
+
+The model-runner app passes tensors only: every input is wrapped as an MLMultiArray and every output must be one
+(Float16/32/64 or Int32). So the phone runs a transport twin of the package: the same ML Program with an
+image input declared as a float32 NCHW multi-array of pixels 0-255 (the program's own input already is one),
+and a classifier's label/dictionary outputs dropped (`logits` stays). Pixels are rounded to 8 bits before
+they are sent, so the reference sees what a camera frame would give. Nothing here runs on Linux: the wiring is
+tested against coremltools' own classes, autospecced.
+"""
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import VitedgeError
+
+TEAM_ENV = "VITEDGE_TEAM_ID"
+COMPUTE_UNITS = "CPU_AND_NE"   # as the macOS device hop; ALL aborts on some hosts
+LOAD_ITERATIONS = 3
+DEVICE_PARITY_SAMPLES = 16     # golden inputs sent to the phone (each is a devicectl file round trip)
+TRANSPORT_DTYPES = (np.float16, np.float32, np.float64, np.int32)  # what the runner app's TensorDescriptor carries
+
+
+def _experimental():
+    try:
+        from coremltools.models.ml_program.experimental import async_wrapper, perf_utils, remote_device
+    except Exception as e:  # noqa: BLE001 - any import failure means the feature is missing
+        raise VitedgeError(f"--device iphone needs coremltools>=9 with ml_program.experimental ({e}); "
+                           "pip install -U coremltools") from None
+    return remote_device, perf_utils, async_wrapper
+
+
+def parse_device(spec: str) -> str | None:
+    """`iphone` -> None (first connected iPhone), `iphone:NAME` -> NAME."""
+    kind, _, name = spec.partition(":")
+    if kind != "iphone":
+        raise VitedgeError(f"--device takes iphone or iphone:NAME; got {spec!r}")
+    return name or None
+
+
+def resolve_team_id(value: str | None = None, environ=os.environ) -> str:
+    """The Apple Developer Team ID that signs the model-runner app: --team-id, else VITEDGE_TEAM_ID."""
+    team = (value or environ.get(TEAM_ENV) or "").strip()
+    if not team:
+        raise VitedgeError(f"--device iphone needs a signing team: pass --team-id TEAMID or set {TEAM_ENV} (the "
+                           "10-character Team ID of your Apple Developer account: Xcode > Settings > Accounts)")
+    if not re.fullmatch(r"[A-Z0-9]{10}", team):
+        raise VitedgeError(f"--team-id {team!r} is not an Apple Team ID (10 characters, A-Z and 0-9, as shown in "
+                           "Xcode > Settings > Accounts)")
+    return team
+
+
+def check_device(spec: str, platform: str | None = None, which=shutil.which, experimental=None):
+    """Return the connected coremltools Device for `spec`, or raise VitedgeError naming what is missing."""
+    name = parse_device(spec)
+    platform = platform or sys.platform
+    if platform != "darwin":
+        raise VitedgeError(f"--device {spec} needs macOS with Xcode and a tethered iPhone; this machine is "
+                           f"{platform} (CoreML cannot run here)")
+    if which("xcrun") is None or which("xcodebuild") is None:
+        raise VitedgeError("--device iphone needs the Xcode command-line tools (xcrun, xcodebuild, devicectl): "
+                           "install Xcode and run xcode-select --install")
+    remote_device = (experimental or _experimental())[0]
+    phones = remote_device.Device.get_connected_devices(remote_device.DeviceType.IPHONE)
+    if name is not None:
+        phones = [d for d in phones if d.name == name]
+    if not phones:
+        want = f"named {name!r} " if name else ""
+        raise VitedgeError(f"no connected iPhone {want}found by devicectl: connect it, unlock it, enable "
+                           "Developer Mode, and check `xcrun devicectl list devices`")
+    return phones[0]
+
+
+def transport_spec(spec):
+    """A copy of the package's spec that the model-runner app can drive (see the module doc); (spec, notes)."""
+    from coremltools.proto import FeatureTypes_pb2
+    twin, notes = type(spec)(), []
+    twin.CopyFrom(spec)
+    for inp in twin.description.input:
+        if inp.type.WhichOneof("Type") == "imageType":
+            h, w = inp.type.imageType.height, inp.type.imageType.width
+            inp.type.ClearField("imageType")
+            inp.type.multiArrayType.shape.extend([1, 3, h, w])
+            inp.type.multiArrayType.dataType = FeatureTypes_pb2.ArrayFeatureType.FLOAT32
+            notes.append(f"input {inp.name}: image -> float32 multi-array [1, 3, {h}, {w}] of pixels 0-255")
+    keep = [o for o in twin.description.output if o.type.WhichOneof("Type") == "multiArrayType"]
+    dropped = [o.name for o in twin.description.output if o.type.WhichOneof("Type") != "multiArrayType"]
+    if dropped:
+        del twin.description.output[:]
+        twin.description.output.extend(keep)
+        twin.description.predictedFeatureName = ""
+        twin.description.predictedProbabilitiesName = ""
+        names = {o.name for o in keep}
+        for fn in twin.mlProgram.functions.values():
+            for block in fn.block_specializations.values():
+                ops = [op for op in block.operations if not set(o.name for o in op.outputs) & set(dropped)]
+                del block.operations[:]
+                block.operations.extend(ops)
+                outs = [o for o in block.outputs if o in names]
+                del block.outputs[:]
+                block.outputs.extend(outs)
+        notes.append(f"outputs {', '.join(dropped)} dropped (not multi-arrays); {', '.join(sorted(names))} kept")
+    return twin, notes
+
+
+def device_inputs(x: np.ndarray, image: bool, mean, std) -> tuple[np.ndarray, np.ndarray]:
+    """(what the phone is sent, what the reference must see) for normalized NCHW inputs `x`."""
+    x = np.asarray(x, np.float32)
+    if not image:
+        return x, x
+    from ...targets.coreml import quantized_pixels
+    p = quantized_pixels(x, mean, std)
+    m = np.asarray(mean, np.float32).reshape(1, -1, 1, 1)
+    s = np.asarray(std, np.float32).reshape(1, -1, 1, 1)
+    return p, ((p / 255.0 - m) / s).astype(np.float32)
+
+
+def _carry(a: np.ndarray) -> np.ndarray:
+    """An array the remote transport can carry: float32 unless it already is one of its dtypes."""
+    a = np.ascontiguousarray(a)
+    return a if a.dtype in TRANSPORT_DTYPES else a.astype(np.float32)
+
+
+def benchmark_on_device(mlpackage: str | Path, device, golden_feed: np.ndarray, team_id: str,
+                        input_name: str = "image", output: str = "logits", iterations: int = 50,
+                        load_iterations: int = LOAD_ITERATIONS, experimental=None) -> dict:
+    """Time load and predict on the phone (MLModelBenchmarker) and run every golden input through one loaded
+    model (one MLModelAsyncWrapper, unloaded at the end). `golden_feed` is what to send (see device_inputs)."""
+    remote_device, perf_utils, async_wrapper = experimental or _experimental()
+    import coremltools as ct
+
+    cu = getattr(ct.ComputeUnit, COMPUTE_UNITS)
+    weights_dir = ct.models.MLModel(str(mlpackage), skip_model_load=True).weights_dir
+    twin, notes = transport_spec(ct.models.MLModel(str(mlpackage), skip_model_load=True).get_spec())
+    feeds = [_carry(x[None]) for x in golden_feed]
+
+    async def go():
+        creds = remote_device.AppSigningCredentials(development_team=team_id)
+        prepared = await device.prepare_for_model_debugging(credentials=creds)
+        try:
+            model = ct.models.MLModel(twin, weights_dir=weights_dir, compute_units=cu, skip_model_load=True)
+            bench = perf_utils.MLModelBenchmarker(model=model, device=prepared)
+            load = await bench.benchmark_load(iterations=load_iterations)
+            pred = await bench.benchmark_predict(inputs={input_name: feeds[0]}, iterations=iterations, warmup=True)
+            del bench  # its loaded model is unloaded by coremltools when released
+            gc.collect()
+            wrapper = async_wrapper.MLModelAsyncWrapper.from_spec_or_path(
+                spec_or_path=twin, weights_dir=weights_dir, compute_units=cu, device=prepared)
+            await wrapper.load()
+            try:
+                outs = []
+                for feed in feeds:
+                    y = await wrapper.predict(inputs={input_name: feed})
+                    if output not in y:
+                        raise RuntimeError(f"the phone returned {sorted(y)} without {output!r}")
+                    outs.append(np.asarray(y[output], np.float32).reshape(-1))
+            finally:
+                await wrapper.unload()
+        finally:
+            session = getattr(prepared, "session", None)
+            if session is not None:
+                session.stop()  # the devicectl process that drives the model-runner app
+        return load, pred, np.stack(outs)
+
+    load, pred, outputs = asyncio.run(go())
+    return {"name": getattr(device, "name", str(device)), "os": getattr(device, "os_version", None),
+            "os_build": getattr(device, "os_build_number", None), "compute_units": COMPUTE_UNITS,
+            "load_ms": list(load.samples), "predict_ms": list(pred.samples), "outputs": outputs,
+            "transport": notes, "mode": "device"}
+
+
+__all__ = ["TEAM_ENV", "COMPUTE_UNITS", "DEVICE_PARITY_SAMPLES", "parse_device", "resolve_team_id", "check_device",
+           "transport_spec", "device_inputs", "benchmark_on_device"]
