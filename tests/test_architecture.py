@@ -5,7 +5,8 @@ one job needs more).
 
 Inside the layers, rooms: exporter/ is grouped by job, in an order of its own (EXPORTER_GROUPS: a group imports
 its own modules and the groups to its left, and no module sits loose beside the groups); in targets/, each backend
-(a module or package) imports only what the backends share (TARGETS_SHARED), never another backend. Modules that
+(a module or package) imports only what the backends share (TARGETS_SHARED), never another backend; what works
+across the backends (TARGETS_ACROSS: the one-thread pin) may import them, and no backend imports it. Modules that
 moved into the rooms keep their old import path for one release (vitedge._MOVED: same module, DeprecationWarning).
 
 Imports are read from the source (AST), function-level ones included, so a lazy import cannot hide an arrow that
@@ -26,6 +27,7 @@ SUBPACKAGES = ("models", "targets", "exporter")            # the package's folde
 # exporter/'s job groups, in import order: each may import its own group or one to its left, nothing to its right
 EXPORTER_GROUPS = ("core", "reparam", "onnx", "verdict", "quantize", "flow", "timing", "packaging", "matrix")
 TARGETS_SHARED = ("base", "calibration", "labels", "graph")  # what targets/' backends share; the rest are backends
+TARGETS_ACROSS = ("threads",)  # above the backends: settings that span them all (the exporter's packaging uses it)
 MAX_LINES = 400
 
 
@@ -115,7 +117,9 @@ def room_imports(graph: dict[str, set[str]]) -> list[str]:
             if r[0] == "exporter" and {r[1], s[1]} <= set(EXPORTER_GROUPS) \
                     and EXPORTER_GROUPS.index(s[1]) > EXPORTER_GROUPS.index(r[1]):
                 bad.append(f"{m} -> {t}: exporter's {r[1]} may not import its {s[1]}")
-            elif r[0] == "targets" and s[1] not in TARGETS_SHARED:
+            elif r[0] == "targets" and s[1] in TARGETS_ACROSS:
+                bad.append(f"{m} -> {t}: targets' {r[1]} may not import {s[1]}, which spans the backends")
+            elif r[0] == "targets" and s[1] not in TARGETS_SHARED and r[1] not in TARGETS_ACROSS:
                 bad.append(f"{m} -> {t}: targets' {r[1]} may not import the {s[1]} backend")
     return bad
 
@@ -233,6 +237,7 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
     ({"exporter/misc/x.py": ""}, "vitedge.exporter.misc.x: in none of exporter's groups"),
     ({"targets/onnx/target.py": "from ..tensorrt.target import X\n"}, "targets' onnx may not import the tensorrt"),
     ({"targets/graph/qdq.py": "from ..coreml import convert\n"}, "targets' graph may not import the coreml backend"),
+    ({"targets/onnx/target.py": "from ..threads import one_thread\n"}, "may not import threads, which spans"),
 ])
 def test_an_upward_import_is_caught(tmp_path, files, expected):
     base = {"errors.py": "", "cli.py": "", "exporter/pipeline.py": "", "exporter/inputs.py": "",
@@ -251,6 +256,8 @@ def test_imports_down_the_rooms_pass(tmp_path):
         "targets/tensorrt/target.py": "from ..base import Target\nfrom ..graph.precision import islands\n",
         "targets/base.py": "from .calibration import CalibrationSet\n", "targets/calibration.py": "",
         "targets/graph/precision.py": "",
+        "targets/threads.py": "from .tensorrt.target import pool\nfrom .coreml import convert\n",
+        "targets/coreml/__init__.py": "", "targets/coreml/convert.py": "",
     }))
     assert room_imports(graph) == [] and upward_imports(graph) == []
 

@@ -118,18 +118,38 @@ def test_portable_backend_runs_without_a_delegate(tmp_path):
     assert info["delegate_calls"] == 0 and info["fully_delegated"] is False and info["outside_delegate"]
 
 
-def test_android_bundle_is_deterministic_and_checks_its_golden_vectors(tmp_path):
+def test_android_bundle_is_deterministic_on_any_thread_count_and_checks_its_golden_vectors(tmp_path, monkeypatch):
     import hashlib
+    import os
     import zipfile
 
+    import torch
+
     from vitedge.exporter.packaging.package_android import package_executorch
+    from vitedge.targets.executorch.target import default_pool_threads, set_threads
 
     labels = tmp_path / "labels.txt"
     labels.write_text("\n".join(f"c{i}" for i in range(10)) + "\n")
     kw = dict(overrides=SMALL[1], imgsz=SMALL[2], samples=8, labels=labels)
-    a = package_executorch(SMALL[0], tmp_path / "a.zip", **kw)
-    b = package_executorch(SMALL[0], tmp_path / "b.zip", **kw)
-    assert a.exit_code == 0 and a.path.read_bytes() == b.path.read_bytes()
+    a = package_executorch(SMALL[0], tmp_path / "a.zip", **kw)  # (the suite's torch: 1 thread)
+    threads = torch.get_num_threads()
+    monkeypatch.setenv("VITEDGE_THREADS", "2")  # ONNX Runtime's and XNNPACK's pools
+    set_threads(2)
+    torch.set_num_threads(2)
+    try:
+        b = package_executorch(SMALL[0], tmp_path / "b.zip", **kw)
+        from executorch.extension.pybindings import portable_lib
+
+        # (what the package pinned to one thread is given back)
+        assert torch.get_num_threads() == 2 and os.environ["VITEDGE_THREADS"] == "2"
+        assert portable_lib._threadpool_get_thread_count() == 2
+    finally:
+        torch.set_num_threads(threads)
+        set_threads(default_pool_threads())
+    assert a.exit_code == 0 and b.exit_code == 0
+    assert zipfile.ZipFile(a.path).read(f"{SMALL[0]}/manifest.json") == \
+        zipfile.ZipFile(b.path).read(f"{SMALL[0]}/manifest.json")
+    assert a.path.read_bytes() == b.path.read_bytes()
     names = set(zipfile.ZipFile(a.path).namelist())
     root = SMALL[0]
     assert {f"{root}/{f}" for f in ("swiftformer_xs.pte", "labels.txt", "golden/inputs.npy", "golden/outputs.npy",

@@ -3,6 +3,7 @@ CoreML hop, and get byte-identical bundles from two runs (API, then CLI)."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import zipfile
 from pathlib import Path
@@ -111,10 +112,20 @@ def test_bad_input_is_refused_before_any_work(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-def test_bundle_bytes_repeat_in_fresh_processes_and_golden_vectors_on_any_thread_count(bundle, tmp_path):
-    """Fresh processes with empty ground-truth caches (everything recomputed) give the first build's bundle byte
-    for byte; on another thread count the golden vectors (inputs and float64-computed outputs) are the same bytes
-    (the hops' measured metrics in the manifest are a run's own measurement and follow its threads)."""
+def _manifest_differences(a: dict, b: dict, path: str = "") -> list[str]:
+    """Where two manifests differ (for the assertion message): JSON paths with both values."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b)) for d in _manifest_differences(a.get(k), b.get(k), f"{path}/{k}")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _manifest_differences(x, y, f"{path}[{i}]")]
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
+
+
+def test_bundle_bytes_repeat_in_fresh_processes_on_any_thread_count(bundle, tmp_path):
+    """Fresh processes with empty ground-truth caches (everything recomputed), on 2 threads and on 1 (torch and
+    OpenBLAS through OMP_NUM_THREADS, ONNX Runtime and ExecuTorch through VITEDGE_THREADS), and the in-process
+    fixture (torch on 1 thread, ONNX Runtime on every core) give the same bundle byte for byte: the manifest's
+    measured hop metrics included, not only the golden vectors."""
     import os
     import subprocess
     import sys
@@ -128,14 +139,18 @@ def test_bundle_bytes_repeat_in_fresh_processes_and_golden_vectors_on_any_thread
                 "8", "--imgsz", "64", "--out", str(out)]
         for k, v in OVERRIDES.items():
             args += ["--set", f"{k}={v}"]
-        env = {**os.environ, "VITEDGE_CACHE_DIR": str(tmp_path / name), "OMP_NUM_THREADS": threads}
+        env = {**os.environ, "VITEDGE_CACHE_DIR": str(tmp_path / name), "OMP_NUM_THREADS": threads,
+               "VITEDGE_THREADS": threads}
         r = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
         assert r.returncode == 0, r.stderr[-2000:]
-        return zipfile.ZipFile(out)
+        return out.read_bytes()
+
+    def manifest(data: bytes) -> bytes:
+        return zipfile.ZipFile(io.BytesIO(data)).read(f"{MODEL}/manifest.json")
 
     first, again = build("first", "2"), build("again", "2")
-    assert (root / "first.zip").read_bytes() == (root / "again.zip").read_bytes(), "a fresh rebuild differs"
-    other, in_process = build("one_thread", "1"), zipfile.ZipFile(res.path)  # (the fixture: torch on 1 thread)
-    for name in first.namelist():
-        if name.endswith(("golden/inputs.npy", "golden/outputs.npy")):
-            assert other.read(name) == first.read(name) == in_process.read(name), name
+    assert first == again, "a fresh rebuild differs"
+    for name, other in (("1 thread", build("one_thread", "1")), ("in-process", res.path.read_bytes())):
+        a, b = json.loads(manifest(first)), json.loads(manifest(other))
+        assert manifest(first) == manifest(other), (name, _manifest_differences(a, b))
+        assert first == other, name

@@ -73,6 +73,19 @@ def test_what_the_truth_depends_on_is_in_the_key(cache, computed, monkeypatch):
     assert computed == [1, 1, 1, 1]
 
 
+def test_the_key_does_not_depend_on_where_vitedge_is_installed():
+    """The same code loaded from two places (a checkout run as cli.py, an installed copy) gives one key: the key
+    is written into bundles, whose bytes must not follow the install path."""
+    src = ("import torch\nclass Block(torch.nn.Module):\n    def forward(self, x):\n"
+           "        return sum(t for t in [x, x])\n")  # (the generator is nested code, with its own file name)
+    digests = []
+    for path in ("/checkout/vitedge/models/block.py", "/venv/site-packages/vitedge/models/block.py"):
+        namespace = {"__name__": "block_under_test"}
+        exec(compile(src, path, "exec"), namespace)
+        digests.append(truth_cache._code_digest(namespace["Block"]()))
+    assert digests[0] == digests[1]
+
+
 def test_what_the_key_cannot_see_is_not_cached(cache, computed):
     m = _model()
     x = _x(m)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ...errors import VitedgeError
+from ...targets.threads import one_thread
 from ..core import outdir
 from ..quantize.calibrate import calibration_photos
 from ..quantize.compressed import resolution_bounds
@@ -26,7 +27,7 @@ from ..verdict.parity import compute_metrics
 GOLDEN_SAMPLES = 8          # golden vectors per bundle
 GOLDEN_SEED = 1             # their parity-input seed (the ladder uses seed 0)
 ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # the earliest date a zip can carry: no wall clock in the bytes
-METRIC_DIGITS = 6           # significant digits of metrics in manifest.json (thread-order noise stays out)
+METRIC_DIGITS = 6           # significant digits of metrics in manifest.json (readability: one_thread fixes the bits)
 
 
 class GoldenMismatch(RuntimeError):
@@ -153,21 +154,23 @@ def check_bundle_out(out: str | Path, force: bool) -> Path:
 def build_bundle(out: Path, run_export, hop_name: str, assemble) -> PackageResult:
     """The bundle flow every target's `package` shares: `run_export(folder)` exports into a hidden work folder
     beside `out`; a passed `hop_name` hop goes to `assemble(report, folder)` (which writes the zip); a failed hop,
-    or golden vectors the artifact fails, leaves no zip and the export in `out` + '.failed/' (exit 1)."""
+    or golden vectors the artifact fails, leaves no zip and the export in `out` + '.failed/' (exit 1). All of it
+    runs on one thread (targets/threads.py): the bundle's bytes do not follow the process's thread count."""
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.stem}.pkg-", dir=out.parent))
     try:
-        report = run_export(work / "export")
-        hop = report.hop(hop_name)
-        if report.exit_code != 0 or hop is None or hop.status != "passed":
-            why = f"parity hop {', '.join(h.hop for h in report.failed_hops()) or hop_name} did not pass"
-        else:
-            try:
-                done = assemble(report, work / "export")
-                done.hop = hop_name
-                return done
-            except GoldenMismatch as e:
-                why = str(e)
+        with one_thread():
+            report = run_export(work / "export")
+            hop = report.hop(hop_name)
+            if report.exit_code != 0 or hop is None or hop.status != "passed":
+                why = f"parity hop {', '.join(h.hop for h in report.failed_hops()) or hop_name} did not pass"
+            else:
+                try:
+                    done = assemble(report, work / "export")
+                    done.hop = hop_name
+                    return done
+                except GoldenMismatch as e:
+                    why = str(e)
         failed_dir = out.with_name(out.name + ".failed")
         shutil.rmtree(failed_dir, ignore_errors=True)
         shutil.move(str(work / "export"), failed_dir)

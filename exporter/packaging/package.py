@@ -16,8 +16,9 @@ judged by the kind's profile on natural images, the golden vectors are natural p
 and manifest.json records the compression (`compression`: kind, coremltools call, ops, sizes, what stayed float,
 calibration) beside the parity results.
 
-Deterministic: the same inputs give a byte-identical zip (sorted entries, fixed timestamps and permissions, no
-wall-clock or temporary paths in any file, the .mlpackage's Manifest.json identifiers derived from its contents).
+Deterministic: the same inputs give a byte-identical zip on any thread count (sorted entries, fixed timestamps and
+permissions, no wall-clock or temporary paths in any file, the .mlpackage's Manifest.json identifiers derived from
+its contents, every computation on one thread: bundle.build_bundle).
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ ExecuTorch's own runtime) and holding, under a top-level folder named after the 
 
 The program takes float32 NCHW input normalized by the recipe (an app does the resize, crop and normalization:
 the README's Kotlin does it). The golden vectors are checked here by running the `.pte` on them before the zip is
-written; the same bytes on every run (exporter/packaging/package.py's deterministic zip).
+written; the same bytes on every run and thread count (exporter/packaging/bundle.py's deterministic zip, on one thread).
 """
 from __future__ import annotations
 

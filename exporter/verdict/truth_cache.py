@@ -4,7 +4,8 @@ on the 2-core development machine, when it was measured).
 
 The key is the sha256 of a canonical JSON of everything the two outputs depend on:
   - the model: its structure (`repr`: every module and hyper-parameter), the bytecode of every method of every
-    module class in it (a patched `forward` is a different model), and a digest of every parameter and buffer;
+    module class in it without file names (a patched `forward` is a different model; where vitedge is installed
+    is not), and a digest of every parameter and buffer;
   - the inputs, by content; the chunk size and the float32 run's thread count (its rounding depends on both);
   - torch's version and CPU capability (the float32 kernels), numpy's version, vitedge's source digest.
 A model that runs hooks or has an instance-level `forward` is not cached: its computation is not in the key.
@@ -24,6 +25,7 @@ import marshal
 import os
 import platform
 import tempfile
+import types
 from pathlib import Path
 
 import numpy as np
@@ -75,8 +77,16 @@ def _code_digest(model) -> str:
             for attr, fn in sorted(vars(cls).items()):
                 code = getattr(fn, "__code__", None)
                 if code is not None:
-                    h.update(attr.encode() + b"\0" + marshal.dumps(code))
+                    h.update(attr.encode() + b"\0" + marshal.dumps(_without_paths(code)))
     return h.hexdigest()
+
+
+def _without_paths(code: types.CodeType) -> types.CodeType:
+    """`code` with no file name, nested code (comprehensions, lambdas) included: where vitedge is installed (a
+    checkout run as cli.py, a site-packages copy) is not part of the computation, and the key is written into
+    bundles, which must not change with it."""
+    consts = tuple(_without_paths(c) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    return code.replace(co_filename="", co_consts=consts)
 
 
 def _weights_digest(model) -> str:

@@ -65,13 +65,23 @@ def _runtime():
         return Runtime.get()
 
 
+_DEFAULT_POOL: list[int] = []  # the pool's size before vitedge first resized it: ExecuTorch's own default
+
+
 def set_threads(threads: int) -> None:
     """XNNPACK's thread pool size for the programs loaded after it in this process (the pool is global in
     ExecuTorch; a program keeps the pool it was loaded with: measured, benchmarks/executorch_speed.py)."""
     with quiet_native():  # (the runtime logs every reset)
         from executorch.extension.pybindings import portable_lib
 
+        if not _DEFAULT_POOL:
+            _DEFAULT_POOL.append(int(portable_lib._threadpool_get_thread_count()))
         portable_lib._unsafe_reset_threadpool(int(threads))
+
+
+def default_pool_threads() -> int | None:
+    """ExecuTorch's default pool size in this process (None until vitedge first resized the pool)."""
+    return _DEFAULT_POOL[0] if _DEFAULT_POOL else None
 
 
 def outside_delegate(edge_program) -> dict[str, int]:
