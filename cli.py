@@ -39,9 +39,6 @@ if __package__ in (None, ""):
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 ATTN_ORDERS = ("auto", "qk_first", "kv_first")
-# exporter.target_plans.PRECISIONS (each target applies those it lists); kept here so parsers import no torch
-PRECISIONS = ("fp32", "fp16", "int8", "w8", "palette4", "palette6", "w8a8")
-COREML_COMPRESSED = ("w8", "palette4", "palette6", "w8a8")
 CRASH_DIR_ENV = "VITEDGE_CRASH_DIR"  # where an internal error's traceback is saved (default: the temp folder)
 
 
@@ -224,21 +221,23 @@ def cmd_models(args) -> int:
 # ---- export ---------------------------------------------------------------------------------------
 
 def add_export(sub) -> None:
-    from vitedge.targets.coreml.options import INPUT_KINDS, IOS_TARGETS  # torch-free
+    from vitedge.precisions import NAMES as PRECISIONS  # torch-free, as are the rows
+    from vitedge.targets import TARGETS, rows
 
     p = sub.add_parser("export", help="re-parameterize, export and check parity at every hop",
                        description="Export a model to ONNX (always: the hub graph) and the requested targets, "
                                    "with the parity ladder; writes OUT/NAME.onnx, other artifacts and OUT/report.json.")
     _add_model_flags(p, named=True)
-    p.add_argument("--target", default="onnx", help="comma list of onnx,coreml,tensorrt,executorch (default onnx)")
+    p.add_argument("--target", default="onnx", help=f"comma list of {','.join(TARGETS)} (default onnx)")
     p.add_argument("--batch", type=_positive_int, help="static batch size (default 1)")
-    p.add_argument("--dynamic-batch", action="store_true", help="dynamic batch axis (onnx, tensorrt)")
+    p.add_argument("--dynamic-batch", action="store_true",
+                   help=f"dynamic batch axis ({', '.join(r.name for r in rows() if r.dynamic_batch)})")
     _add_exporter_flag(p, opset=True)
     p.add_argument("--precision", choices=PRECISIONS,
-                   help="default per target: onnx fp32, coreml fp16, tensorrt fp16; given, it applies to every "
-                        "listed target that supports it: onnx fp32|fp16|int8 (OUT/NAME.fp16.onnx, OUT/NAME.int8.onnx), "
-                        "coreml fp16|fp32|w8|palette4|palette6|w8a8, tensorrt fp32|fp16|int8 (built from "
-                        "OUT/NAME.int8.tensorrt.onnx), executorch fp32|int8 (OUT/NAME.pte, OUT/NAME.int8.pte)")
+                   help=f"default per target: {', '.join(f'{r.name} {r.default_precision}' for r in rows())}; given, "
+                        "it applies to every listed target that supports it: " + ", ".join(
+                            f"{r.name} {'|'.join(r.precisions)}" + (f" {r.precision_help}" if r.precision_help else "")
+                            for r in rows()))
     p.add_argument("--calib", type=int, default=None, metavar="N",
                    help="--precision int8 | w8a8: calibration images (default 64), never among the judged ones")
     p.add_argument("--calib-images", metavar="DIR",
@@ -255,23 +254,20 @@ def add_export(sub) -> None:
     _add_parity_flags(p)
     _add_inputs_flags(p, "; coreml: a classifier")
     _add_preprocess_flags(p)
-    g = p.add_argument_group("coreml")
-    g.add_argument("--ios", type=int, choices=IOS_TARGETS, help="minimum deployment target")
-    g.add_argument("--input", choices=INPUT_KINDS, help="input type (image: RGB pixels, normalization built in)")
-    g = p.add_argument_group("tensorrt")
-    g.add_argument("--max-batch", type=_positive_int, help="largest batch of the dynamic-batch profile")
-    g.add_argument("--workspace", type=float, help="builder workspace in GiB")
-    g.add_argument("--timing-cache", help="timing cache file (read and updated)")
-    g = p.add_argument_group("executorch")
-    g.add_argument("--executorch-backend", choices=("xnnpack", "portable"),
-                   help="delegate (default xnnpack; portable: ExecuTorch's own kernels, fp32 only)")
-    g.add_argument("--executorch-rewrites", choices=("on", "off"),
-                   help="rewrite ops XNNPACK does not take into ones it does (default on; exact, gated in float64)")
+    for r in rows():  # each target's own flags, as its row declares them
+        if r.options:
+            g = p.add_argument_group(r.name)
+            for o in r.options:
+                g.add_argument(o.flag, type=o.type, choices=o.choices, default=o.default, metavar=o.metavar,
+                               dest=o.key, help=o.help)
     p.set_defaults(func=cmd_export)
 
 
-TARGET_OPTIONS = ("ios", "input", "max_batch", "workspace", "timing_cache", "executorch_backend",
-                  "executorch_rewrites")
+def target_options() -> tuple[str, ...]:
+    """The dests of every target's own flags (handed to export as `options`)."""
+    from vitedge.targets import rows
+
+    return tuple(dict.fromkeys(o.key for r in rows() for o in r.options))
 
 
 def cmd_export(args) -> int:
@@ -282,7 +278,7 @@ def cmd_export(args) -> int:
                     out=args.out, reparam=not args.no_reparam, force=args.force, clean=args.clean,
                     attn_order=args.attn_order or "auto", strict_schedule=args.strict_schedule,
                     samples=_samples(args), tolerances=args.tol, require_verified=args.require_verified,
-                    overrides=_overrides(args), options={k: getattr(args, k) for k in TARGET_OPTIONS},
+                    overrides=_overrides(args), options={k: getattr(args, k, None) for k in target_options()},
                     progress=args.progress, rewrites=args.rewrites, require_ane=args.require_ane,
                     images=args.images, labels=args.labels, calib=args.calib, calib_images=args.calib_images,
                     truth_cache=not args.no_truth_cache, preprocess=_preprocess(args), **_exporter(args))
@@ -293,6 +289,8 @@ def cmd_export(args) -> int:
 # ---- parity ---------------------------------------------------------------------------------------
 
 def add_parity(sub) -> None:
+    from vitedge.precisions import NAMES
+
     p = sub.add_parser("parity", help="run the parity ladder on an existing artifact",
                        description="Compare an existing artifact (and/or a deploy-form checkpoint) with the "
                                    "train-form on the parity input set. The artifact's metadata names the model, "
@@ -302,7 +300,7 @@ def add_parity(sub) -> None:
     p.add_argument("--deploy-checkpoint", help="deploy-form checkpoint from `vitedge reparam` to check as the "
                                                "deploy-form hop")
     p.add_argument("--target", help="the artifact's target when its suffix does not tell")
-    p.add_argument("--precision", choices=PRECISIONS, help="tolerance profile for the artifact "
+    p.add_argument("--precision", choices=NAMES, help="tolerance profile for the artifact "
                                                            "(default: read from the artifact)")
     p.add_argument("--report", help="write report.json here")
     p.add_argument("--mode", choices=("device", "emulated"),
@@ -487,14 +485,20 @@ def format_summary(report, report_path: str | None = None) -> str:
 
 # ---- bench ----------------------------------------------------------------------------------------
 
-BENCH_BACKENDS = ("torch", "torch-deploy", "onnxruntime", "coreml", "tensorrt")  # validated in exporter.bench
 BENCH_DEFAULT = ("torch", "torch-deploy", "onnxruntime")
+
+
+def bench_backends() -> tuple[str, ...]:
+    """torch's two forms and every target row's bench name (validated again in exporter.bench)."""
+    from vitedge.targets import rows
+
+    return ("torch", "torch-deploy") + tuple(r.bench for r in rows() if r.bench)
 
 
 def add_bench(sub) -> None:
     from vitedge.targets.coreml.options import INPUT_KINDS  # torch-free
 
-    BACKENDS, DEFAULT_BACKENDS = BENCH_BACKENDS, BENCH_DEFAULT  # no torch import while building the parser
+    BACKENDS, DEFAULT_BACKENDS = bench_backends(), BENCH_DEFAULT  # no torch import while building the parser
     p = sub.add_parser("bench", help="latency per backend and size (or of an existing artifact): paired, "
                                      "parity-checked, regression gate",
                        description="Time a model's train-form, deploy-form and exports (--model), or an existing "
@@ -586,6 +590,7 @@ def _parity_not_passed(report) -> list[str]:
 # ---- package --------------------------------------------------------------------------------------
 
 def add_package(sub) -> None:
+    from vitedge.precisions import NAMES
     from vitedge.targets.coreml.options import DEFAULT_IOS, IOS_TARGETS
 
     p = sub.add_parser("package", help="app-ready bundle (.zip): CoreML for iOS (image-input .mlpackage, Swift "
@@ -603,7 +608,7 @@ def add_package(sub) -> None:
     _add_preprocess_flags(p)
     p.add_argument("--ios", type=int, choices=IOS_TARGETS, default=None,
                    help=f"minimum deployment target (default {DEFAULT_IOS}; 17 with --precision w8a8)")
-    p.add_argument("--precision", choices=("fp16", "fp32", "int8") + COREML_COMPRESSED, default=None,
+    p.add_argument("--precision", choices=NAMES, default=None,
                    help="coreml: fp16 (default) or a compressed kind: w8, palette4, palette6, w8a8 (iOS 17+); "
                         "executorch: fp32 (default) or int8")
     p.add_argument("--calib", type=int, default=None, metavar="N", help="--precision w8a8: calibration images "

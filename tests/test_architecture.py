@@ -4,7 +4,10 @@ and source files short enough to read (> 400 lines only with a `Length:` line in
 one job needs more).
 
 Imports are read from the source (AST), function-level ones included, so a lazy import cannot hide an arrow that
-points up. The checkers are also run on small planted trees, so a violation is known to fail.
+points up. No module outside a target's own home compares anything with that target's name (`== "coreml"`, `in ("onnx",
+"tensorrt")`): what differs between targets is read from their rows (targets/rows.py).
+
+The checkers are also run on small planted trees, so a violation is known to fail.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "vitedge"
-ORDER = ("errors", "models", "targets", "exporter", "cli")   # each may import only what is at or left of it
+ORDER = ("errors", "precisions", "models", "targets", "exporter", "cli")  # each may import only what is at or left of it
 SUBPACKAGES = ("models", "targets", "exporter")            # the package's folders (tests/, benchmarks/ are not)
 MAX_LINES = 400
 
@@ -127,6 +130,40 @@ def too_long(files: list[Path], limit: int = MAX_LINES) -> list[str]:
     return bad
 
 
+def _names_in(node: ast.AST, names) -> list[str]:
+    if isinstance(node, ast.Constant) and node.value in names:
+        return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in names]
+    return []
+
+
+def target_comparisons(files: list[Path], names, home) -> list[str]:
+    """`path:line: name` for every ==, !=, in, not in whose operand is a target's name (or a literal tuple, list or
+    set holding one) in a file that is not that target's home (`home(name, path)`)."""
+    bad = []
+    for p in files:
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if not isinstance(node, ast.Compare) or not all(
+                    isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops):
+                continue
+            for operand in [node.left, *node.comparators]:
+                bad += [f"{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}:{node.lineno}: {n}"
+                        for n in _names_in(operand, names) if not home(n, p)]
+    return bad
+
+
+def target_home(name: str, path: Path, root: Path = ROOT) -> bool:
+    """A target's home: targets/<name>* (its package or loose modules) and the module its row's class lives in."""
+    from vitedge.targets import row_of
+
+    rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.as_posix()
+    impl = row_of(name).impl
+    module = impl.split(":")[0] if isinstance(impl, str) else impl.__module__
+    own = "/".join(module.split(".")[1:]) + ".py"
+    return rel.startswith(f"targets/{name}") or rel == own
+
+
 # ---- the package ------------------------------------------------------------------------------------------
 
 def test_every_import_points_down_the_layer_order():
@@ -141,6 +178,14 @@ def test_the_layers_are_all_there():
     graph = import_graph()
     assert {layer(m) for m in graph} == {None, *range(len(ORDER))}
     assert "vitedge.targets.graph.precision" in graph and "vitedge.exporter.forms" in graph
+
+
+def test_no_target_name_is_compared_outside_its_own_home():
+    from vitedge.targets import TARGETS
+
+    files = [p for p in package_modules().values() if p.relative_to(ROOT).parts[0] in ("exporter", "targets", "cli.py")]
+    assert target_comparisons(files, tuple(TARGETS), target_home) == [], \
+        "read what differs from the target's row (targets/rows.py) instead of naming the target"
 
 
 def test_every_subpackage_is_packaged():
@@ -191,6 +236,19 @@ def test_a_cycle_is_caught_also_through_a_function_level_import(tmp_path):
     }))
     assert cycles(graph) == [["vitedge.exporter.deploy_checkpoint", "vitedge.exporter.pipeline"]]
     assert upward_imports(graph) == []  # same layer: allowed, but not in a circle
+
+
+def test_a_target_name_comparison_is_caught(tmp_path):
+    root = _tree(tmp_path, {
+        "exporter/a.py": 'def f(t):\n    return t.name == "coreml"\n',
+        "exporter/b.py": 'def f(t):\n    return t in ("onnx", "tensorrt") or "x" != t\n',
+        "exporter/c.py": 'def f(t):\n    return t.hop == "deploy-form"\n',
+        "targets/coreml/d.py": 'def f(t):\n    return t == "coreml"\n',
+    })
+    files = sorted(root.rglob("*.py"))
+    home = lambda n, p: p.relative_to(root).as_posix().startswith(f"targets/{n}")  # noqa: E731
+    found = [line.split("/")[-1] for line in target_comparisons(files, ("onnx", "coreml", "tensorrt"), home)]
+    assert found == ["a.py:2: coreml", "b.py:2: onnx", "b.py:2: tensorrt"]
 
 
 def test_a_long_file_needs_its_reason(tmp_path):
