@@ -33,10 +33,12 @@ if __package__ in (None, ""):
         sys.modules["vitedge"] = _pkg
         _spec.loader.exec_module(_pkg)
 
-from vitedge.exporter.command_line.config_file import CONFIG_ALIASES, apply_config, subparsers as _subparsers  # noqa: E402,F401
+# (the names re-exported here are the ones scripts and tests read from vitedge.cli)
+from vitedge.exporter.command_line.config_file import (CONFIG_ALIASES, apply_config,  # noqa: E402,F401
+                                                       subparsers as _subparsers)
 from vitedge.exporter.command_line.crash import CRASH_DIR_ENV, crash as _crash, one_line_warnings  # noqa: E402,F401
-from vitedge.exporter.command_line.flags import (ATTN_ORDERS, BENCH_DEFAULT, Parser, add_global_flags,  # noqa: E402,F401
-                                                 bench_backends, target_options)
+from vitedge.exporter.command_line.flags import (ATTN_ORDERS, BENCH_DEFAULT, Parser,  # noqa: E402,F401
+                                                 add_global_flags, bench_backends, target_options)
 from vitedge.exporter.command_line.parsers import PARSERS  # noqa: E402
 from vitedge.exporter.command_line.summary import format_summary, table as _table  # noqa: E402,F401
 from vitedge.precisions import NAMES as PRECISIONS  # noqa: E402,F401

@@ -391,7 +391,7 @@ class _Build:
             return unverified(hop_name, t.name, f"{t.name} cannot lower here: {e}", tol)
         except Exception as e:
             return failed(hop_name, t.name, f"lowering to {t.name} failed: {type(e).__name__}: {e}", tolerance=tol)
-        if not (row_of(plan.name).onnx_graph and compressed):  # (an ONNX target's int8 artifact is the QDQ graph, recorded with it)
+        if not (row_of(plan.name).onnx_graph and compressed):  # (an ONNX target's int8 artifact: the QDQ graph)
             record_artifact(self.report, hop_name, artifact.path, artifact.precision, artifact.info, root=self.tmp)
         self.checkpoint(f"lowered-{t.name}")
         if compressed:

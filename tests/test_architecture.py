@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "vitedge"
-ORDER = ("errors", "precisions", "models", "targets", "exporter", "cli")  # each may import only what is at or left of it
+ORDER = ("errors", "precisions", "models", "targets", "exporter", "cli")  # each imports only what is at or left of it
 SUBPACKAGES = ("models", "targets", "exporter")            # the package's folders (tests/, benchmarks/ are not)
 MAX_LINES = 400
 

@@ -60,13 +60,14 @@ def add_export(sub) -> argparse.ArgumentParser:
 
 def add_parity(sub) -> argparse.ArgumentParser:
     from vitedge.precisions import NAMES
+    from vitedge.targets import rows
 
     p = sub.add_parser("parity", help="run the parity ladder on an existing artifact",
                        description="Compare an existing artifact (and/or a deploy-form checkpoint) with the "
                                    "train-form on the parity input set. The artifact's metadata names the model, "
                                    "size, overrides, checkpoint hash and ONNX exporter it was made with.")
     add_model_flags(p, required=False)
-    p.add_argument("--artifact", help="artifact to check (.onnx, .mlpackage, .engine)")
+    p.add_argument("--artifact", help=f"artifact to check ({', '.join(r.suffix for r in rows() if r.suffix)})")
     p.add_argument("--deploy-checkpoint", help="deploy-form checkpoint from `vitedge reparam` to check as the "
                                                "deploy-form hop")
     p.add_argument("--target", help="the artifact's target when its suffix does not tell")

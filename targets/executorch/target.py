@@ -30,7 +30,7 @@ from .delegable import GATE_RTOL, gate, make_delegable
 
 BACKENDS = EXECUTORCH_ROW.option("executorch_backend").choices
 METADATA_METHOD = "vitedge_metadata"
-INSTALL_HINT = "pip install 'vitedge[executorch]'"
+INSTALL_HINT = EXECUTORCH_ROW.pip
 THREADS_ENV = "VITEDGE_THREADS"
 
 
