@@ -1,30 +1,80 @@
 """Backends, one module or package each, behind the interface declared in base.py; graph/ is the torch-free
 ONNX/MIL level they share with the pipeline.
 
-TARGETS is the one table of export formats: name -> "module:Class" (imported lazily, so a backend
-whose package is missing never breaks the others).
+TARGETS is the one table of export formats: name -> its TargetRow (rows.py: suffixes, precisions, options,
+packages, ... and the Target class, imported lazily so a backend whose package is missing never breaks the
+others). `register(row)` adds one. An entry may also be a bare "module:Class" string: its row then comes from the
+class's attributes (`row_of`).
 """
 from __future__ import annotations
 
 import importlib
 
 from .base import Artifact, LowerSpec, Runner, Target, UnavailableError
+from .rows import ROWS, Option, TargetRow, row_from_class
 
-TARGETS: dict[str, str] = {
-    "onnx": "vitedge.targets.onnx.target:OnnxTarget",
-    "coreml": "vitedge.targets.coreml.target:CoreMLTarget",
-    "tensorrt": "vitedge.targets.tensorrt.target:TensorRTTarget",
-    "executorch": "vitedge.targets.executorch.target:ExecuTorchTarget",
-}
+TARGETS: dict[str, TargetRow | str] = {r.name: r for r in ROWS}
 
-ALIASES = {"trt": "tensorrt", "engine": "tensorrt", "mlpackage": "coreml", "ios": "coreml", "onnxruntime": "onnx",
-           "pte": "executorch", "android": "executorch"}
+ALIASES = {a: r.name for r in ROWS for a in r.aliases}
+
+
+def register(row: TargetRow) -> TargetRow:
+    """Add a target (or replace the one of that name): its row in TARGETS, its aliases in ALIASES. A row whose
+    `impl` is the class itself gives that class its facts (Target.use_row)."""
+    if isinstance(row.impl, type):
+        row.impl.use_row(row)
+    TARGETS[row.name] = row
+    ALIASES.update({a: row.name for a in row.aliases})
+    return row
+
+
+def unregister(name: str) -> None:
+    row = TARGETS.pop(name, None)
+    for a in getattr(row, "aliases", ()):
+        ALIASES.pop(a, None)
+
+
+def _target_class(impl: str | type) -> type:
+    if isinstance(impl, type):
+        return impl
+    mod, cls = impl.split(":")
+    return getattr(importlib.import_module(mod), cls)
 
 
 def get_target(name: str) -> Target:
     name = ALIASES.get(name, name)
-    mod, cls = TARGETS[name].split(":")
-    return getattr(importlib.import_module(mod), cls)()
+    entry = TARGETS[name]
+    return _target_class(entry.impl if isinstance(entry, TargetRow) else entry)()
 
 
-__all__ = ["TARGETS", "ALIASES", "get_target", "Artifact", "LowerSpec", "Runner", "Target", "UnavailableError"]
+def row_of(name: str) -> TargetRow:
+    """The row of target `name` (an alias too). A bare "module:Class" entry imports its class (ImportError when it
+    cannot); KeyError for a name not in TARGETS."""
+    name = ALIASES.get(name, name)
+    entry = TARGETS[name]
+    return entry if isinstance(entry, TargetRow) else row_from_class(name, entry, _target_class(entry))
+
+
+def rows() -> list[TargetRow]:
+    """The declared rows (bare "module:Class" entries are not imported for this: they declare nothing)."""
+    return [r for r in TARGETS.values() if isinstance(r, TargetRow)]
+
+
+def row_for_suffix(filename: str) -> TargetRow | None:
+    """The row whose suffixes end `filename`: every target's own suffix first, then the others it recognizes (a
+    bare "module:Class" entry whose module cannot be imported here is skipped)."""
+    known = []
+    for name in list(TARGETS):
+        try:
+            known.append(row_of(name))
+        except ImportError:
+            continue
+    for own in (True, False):
+        for r in known:
+            if any(filename.endswith(s) for s in (r.suffixes[:1] if own else r.suffixes[1:])):
+                return r
+    return None
+
+
+__all__ = ["TARGETS", "ALIASES", "get_target", "register", "unregister", "row_of", "rows", "row_for_suffix",
+           "TargetRow", "Option", "Artifact", "LowerSpec", "Runner", "Target", "UnavailableError"]

@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # annotations only: importing this module stays torch-free (t
     import torch.nn as nn
 
     from .calibration import Calibration
+    from .rows import TargetRow
 
 @dataclass
 class LowerSpec:
@@ -94,6 +95,21 @@ class Target(ABC):
     #                                  None: the target quantizes the deploy-form itself (LowerSpec.calibration)
     localization: str | None = None  # why a failed hop of this target's artifacts is not localized, where it is not
     threaded: bool = False           # its runner takes `threads` (a CPU runtime's pool), as the bench sets them
+    existing_hop_names: dict = {}    # precision -> hop name of an existing artifact `parity` checks, where it differs
+    row: "TargetRow | None" = None   # its declaration (rows.py): name, suffix, precisions, options come from it
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("row") is not None:
+            cls.use_row(cls.row)
+
+    @classmethod
+    def use_row(cls, row: "TargetRow") -> None:
+        """Take the facts of `row`: one declaration, the class's name, suffix, precisions, ... are its row's."""
+        cls.row = row
+        cls.name, cls.suffix, cls.precisions = row.name, row.suffix, row.precisions
+        cls.default_precision, cls.dynamic_batch, cls.options = (row.default_precision, row.dynamic_batch,
+                                                                 row.option_keys)
 
     def hop_name(self, precision: str | None) -> str:
         """The parity hop this target's artifact of `precision` is reported as."""

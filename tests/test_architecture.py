@@ -10,7 +10,10 @@ across the backends (TARGETS_ACROSS: the one-thread pin) may import them, and no
 moved into the rooms keep their old import path for one release (vitedge._MOVED: same module, DeprecationWarning).
 
 Imports are read from the source (AST), function-level ones included, so a lazy import cannot hide an arrow that
-points up. The checkers are also run on small planted trees, so a violation is known to fail.
+points up. No module outside a target's own home compares anything with that target's name (`== "coreml"`, `in ("onnx",
+"tensorrt")`): what differs between targets is read from their rows (targets/rows.py).
+
+The checkers are also run on small planted trees, so a violation is known to fail.
 """
 from __future__ import annotations
 
@@ -22,11 +25,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "vitedge"
-ORDER = ("errors", "models", "targets", "exporter", "cli")   # each may import only what is at or left of it
+ORDER = ("errors", "precisions", "models", "targets", "exporter", "cli")  # each imports only what is at or left of it
 SUBPACKAGES = ("models", "targets", "exporter")            # the package's folders (tests/, benchmarks/ are not)
 # exporter/'s job groups, in import order: each may import its own group or one to its left, nothing to its right
-EXPORTER_GROUPS = ("core", "reparam", "onnx", "verdict", "quantize", "flow", "timing", "packaging", "matrix")
-TARGETS_SHARED = ("base", "calibration", "labels", "graph")  # what targets/' backends share; the rest are backends
+EXPORTER_GROUPS = ("core", "reparam", "onnx", "verdict", "quantize", "flow", "timing", "packaging", "matrix",
+                   "command_line")
+TARGETS_SHARED = ("base", "calibration", "labels", "graph", "rows")  # what targets/' backends share; the rest are backends
 TARGETS_ACROSS = ("threads",)  # above the backends: settings that span them all (the exporter's packaging uses it)
 MAX_LINES = 400
 
@@ -171,6 +175,40 @@ def too_long(files: list[Path], limit: int = MAX_LINES) -> list[str]:
     return bad
 
 
+def _names_in(node: ast.AST, names) -> list[str]:
+    if isinstance(node, ast.Constant) and node.value in names:
+        return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in names]
+    return []
+
+
+def target_comparisons(files: list[Path], names, home) -> list[str]:
+    """`path:line: name` for every ==, !=, in, not in whose operand is a target's name (or a literal tuple, list or
+    set holding one) in a file that is not that target's home (`home(name, path)`)."""
+    bad = []
+    for p in files:
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if not isinstance(node, ast.Compare) or not all(
+                    isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops):
+                continue
+            for operand in [node.left, *node.comparators]:
+                bad += [f"{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}:{node.lineno}: {n}"
+                        for n in _names_in(operand, names) if not home(n, p)]
+    return bad
+
+
+def target_home(name: str, path: Path, root: Path = ROOT) -> bool:
+    """A target's home: targets/<name>* (its package or loose modules) and the module its row's class lives in."""
+    from vitedge.targets import row_of
+
+    rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.as_posix()
+    impl = row_of(name).impl
+    module = impl.split(":")[0] if isinstance(impl, str) else impl.__module__
+    own = "/".join(module.split(".")[1:]) + ".py"
+    return rel.startswith(f"targets/{name}") or rel == own
+
+
 # ---- the package ------------------------------------------------------------------------------------------
 
 def test_every_import_points_down_the_layer_order():
@@ -196,6 +234,14 @@ def test_the_layers_are_all_there():
     graph = package_graph()
     assert {layer(m) for m in graph} == {None, *range(len(ORDER))}
     assert "vitedge.targets.graph.precision" in graph and "vitedge.exporter.reparam.forms" in graph
+
+
+def test_no_target_name_is_compared_outside_its_own_home():
+    from vitedge.targets import TARGETS
+
+    files = [p for p in package_modules().values() if p.relative_to(ROOT).parts[0] in ("exporter", "targets", "cli.py")]
+    assert target_comparisons(files, tuple(TARGETS), target_home) == [], \
+        "read what differs from the target's row (targets/rows.py) instead of naming the target"
 
 
 def test_every_subpackage_is_packaged():
@@ -272,6 +318,19 @@ def test_a_cycle_is_caught_also_through_a_function_level_import(tmp_path):
     assert upward_imports(graph) == []  # same layer: allowed, but not in a circle
 
 
+def test_a_target_name_comparison_is_caught(tmp_path):
+    root = _tree(tmp_path, {
+        "exporter/a.py": 'def f(t):\n    return t.name == "coreml"\n',
+        "exporter/b.py": 'def f(t):\n    return t in ("onnx", "tensorrt") or "x" != t\n',
+        "exporter/c.py": 'def f(t):\n    return t.hop == "deploy-form"\n',
+        "targets/coreml/d.py": 'def f(t):\n    return t == "coreml"\n',
+    })
+    files = sorted(root.rglob("*.py"))
+    home = lambda n, p: p.relative_to(root).as_posix().startswith(f"targets/{n}")  # noqa: E731
+    found = [line.split("/")[-1] for line in target_comparisons(files, ("onnx", "coreml", "tensorrt"), home)]
+    assert found == ["a.py:2: coreml", "b.py:2: onnx", "b.py:2: tensorrt"]
+
+
 def test_a_long_file_needs_its_reason(tmp_path):
     long = tmp_path / "long.py"
     long.write_text('"""A module."""\n' + "x = 1\n" * MAX_LINES)
@@ -294,7 +353,7 @@ def test_the_moved_table_names_real_modules_and_no_module_left_in_place():
     assert [old for old in moved if old in modules] == []  # an old path never shadows (or hides) a module
     assert {old.rpartition(".")[2] for old in moved if ".exporter." in old} >= {
         m.rpartition(".")[2] for m in modules if m.count(".") == 3 and room(m) and room(m)[0] == "exporter"
-        and room(m)[1] not in ("reparam", "matrix")}  # every module that left exporter/'s top level has its alias
+        and room(m)[1] not in ("reparam", "matrix", "command_line")}  # every module that left exporter/'s top level has its alias
 
 
 def test_every_old_path_imports_warns_and_is_the_new_module():

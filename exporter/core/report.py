@@ -13,7 +13,6 @@ from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
-HOPS = ("deploy-form", "onnx", "onnx-simplified", "onnx-fp16", "onnx-int8", "coreml", "tensorrt-qdq", "tensorrt")
 STATUSES = ("passed", "failed", "unverified")
 MODES = ("reference", "device", "emulated")
 WEIGHTS = ("untrained", "checkpoint", "module")  # "module": an in-memory nn.Module given to the Python API
@@ -316,7 +315,13 @@ def _json_default(o):
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
 
-_VERSIONED = ("torch", "numpy", "onnx", "onnxruntime", "onnxsim", "coremltools", "tensorrt", "executorch", "torchao")
+CORE_PACKAGES = ("torch", "numpy", "onnx", "onnxruntime", "onnxsim")  # every run's; each target's row adds its own
+
+
+def _versioned() -> tuple[str, ...]:
+    from ...targets import rows
+
+    return tuple(dict.fromkeys(CORE_PACKAGES + tuple(p for r in rows() for p in r.packages)))
 
 
 def versions() -> dict:
@@ -324,7 +329,7 @@ def versions() -> dict:
     from ... import __version__
 
     out = {"vitedge": __version__, "python": platform.python_version(), "platform": platform.platform()}
-    for pkg in _VERSIONED:
+    for pkg in _versioned():
         try:
             out[pkg] = importlib.metadata.version(pkg)
         except importlib.metadata.PackageNotFoundError:

@@ -6,10 +6,11 @@ import difflib
 from dataclasses import dataclass, field
 
 from ...errors import VitedgeError
+from ...precisions import NAMES as PRECISIONS  # each target lists its own (its row's precisions)
 from ...targets import ALIASES, TARGETS, Target, get_target
 from ...targets.labels import CarriedLabels, read_labels
 
-PRECISIONS = ("fp32", "fp16", "int8", "w8", "palette4", "palette6", "w8a8")  # each target lists its own
+HUB_HOPS = ("onnx", "onnx-simplified")  # the hops of the fp32 hub graph, raw and simplified
 
 
 @dataclass
@@ -23,10 +24,15 @@ class TargetPlan:
     def hop(self) -> str:
         return self.target.hop_name(self.precision) if self.target else self.name
 
+    def existing_hop(self) -> str:
+        """The hop name of an existing artifact of this plan, as `parity --artifact` checks it."""
+        named = self.target.existing_hop_names.get(self.precision) if self.target else None
+        return named or self.hop()
+
 
 def artifact_key(hop_name: str) -> str:
     """report.artifacts is keyed by target, with the fp32 ONNX (hops onnx / onnx-simplified) as "onnx"."""
-    return "onnx" if hop_name in ("onnx", "onnx-simplified") else hop_name
+    return HUB_HOPS[0] if hop_name in HUB_HOPS else hop_name
 
 
 def flag(key: str) -> str:

@@ -24,8 +24,9 @@ import torch
 import torch.nn as nn
 
 from ...errors import VitedgeError
+from ...precisions import CALIBRATED, TABLE as PRECISION_TABLE
 from ...models.registry import input_stats, recipe_of, resolve_imgsz
-from ...targets import LowerSpec, UnavailableError
+from ...targets import LowerSpec, UnavailableError, row_of
 from ...targets.graph.metadata import read_metadata, set_metadata
 from ..core import outdir
 from ..quantize.calibrate import COMPRESSED, calibration_set, check_flags
@@ -34,7 +35,7 @@ from ..verdict.criteria import reference_block
 from ..verdict.equivalence import verify_equivalence
 from ..reparam.forms import (DEMO_SEED, Loaded, build_deploy_form, build_train_form, hold_checkpoint, model_name,
                              reparam_info)
-from ..verdict.hops import (DEPLOY_SUBSET, PRE_HUB_SAMPLES, RAW_SUBSET, Ladder, ane_check, check_images, class_names,
+from ..verdict.hops import (DEPLOY_SUBSET, PRE_HUB_SAMPLES, RAW_SUBSET, Ladder, check_images, class_names, hop_checks,
                             parity_inputs_for, record_artifact)
 from .hub import Hub, HubStore
 from ..verdict.inputs import ParitySet
@@ -89,7 +90,7 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
     made = {"held": held, "preprocess": preprocess}  # how build_train_form makes the train-form
     plans = resolve_targets(targets, precision, dynamic_batch, options, labels=labels, batch=batch)
     n_calib = check_flags(precision, calib, calib_images, images, labels)
-    if any(p.precision in ("palette4", "palette6") for p in plans):
+    if any(PRECISION_TABLE[p.precision].extra == "compress" for p in plans if p.precision in PRECISION_TABLE):
         from ...targets.coreml.compress import require_kmeans
 
         require_kmeans(precision)  # scikit-learn, the [compress] extra: before any work
@@ -354,7 +355,7 @@ class _Build:
         encoding = plan.target.qdq_encoding
         with self.progress.step(f"int8 QDQ graph for {plan.name} ({encoding} encoding)"):
             path, info = write_qdq(hub, self._calibration(), encoding, self.tmp, self.report.model)
-        key = plan.hop() if plan.name == "onnx" else QDQ_HOP
+        key = plan.hop() if row_of(plan.name).onnx_graph else QDQ_HOP  # (an ONNX target's int8 artifact IS the graph)
         record_artifact(self.report, key, path, "int8", info, root=self.tmp)
         if key == QDQ_HOP:
             onnx_t = get_target("onnx")
@@ -384,7 +385,7 @@ class _Build:
         spec = LowerSpec(name=self.report.model, imgsz=self.report.imgsz, batch=self.batch, precision=plan.precision,
                          out_dir=self.tmp, onnx_path=hub, metadata=dict(meta, precision=plan.precision),
                          options=dict(plan.options), qdq_path=qdq_path,
-                         calibration=self._calibration() if plan.precision in ("w8a8", "int8") else None)
+                         calibration=self._calibration() if plan.precision in CALIBRATED else None)
         try:
             with self.progress.step(f"lowering to {t.name} ({plan.precision})"):
                 artifact = t.lower(self.deploy, spec)
@@ -394,11 +395,10 @@ class _Build:
             return unverified(hop_name, t.name, f"{t.name} cannot lower here: {e}", tol)
         except Exception as e:
             return failed(hop_name, t.name, f"lowering to {t.name} failed: {type(e).__name__}: {e}", tolerance=tol)
-        if plan.name != "onnx" or not compressed:  # (the onnx int8 artifact is the QDQ graph, recorded with it)
+        if not (row_of(plan.name).onnx_graph and compressed):  # (an ONNX target's int8 artifact: the QDQ graph)
             record_artifact(self.report, hop_name, artifact.path, artifact.precision, artifact.info, root=self.tmp)
         self.checkpoint(f"lowered-{t.name}")
         if compressed:
-            ane = ane_check if self.report.require_ane and t.name == "coreml" else None
             return compressed_hop(hop_name, t, artifact, tol, self._judged(ladder), self.deploy, self.progress,
-                                  also=ane)
+                                  also=hop_checks(t, self.report.require_ane))
         return ladder.artifact_hop(hop_name, t, artifact, tol, require_ane=self.report.require_ane)

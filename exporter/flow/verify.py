@@ -19,8 +19,9 @@ import torch.nn as nn
 
 from ...errors import VitedgeError
 from ...models.preprocess import Recipe
-from ...targets import TARGETS
+from ...targets import row_for_suffix, row_of
 from ...targets.base import Artifact, Runner
+from ...targets.rows import ONNX
 from ...targets.graph.metadata import read_metadata
 from .deploy_checkpoint import load_deploy_checkpoint
 from ..verdict.equivalence import verify_equivalence
@@ -28,7 +29,7 @@ from ..quantize.calibrate import COMPRESSED
 from ..quantize.compressed import Judged, compressed_hop
 from ..reparam.forms import DEMO_SEED, build_deploy_form, build_train_form, model_name, reparam_info, resolve_imgsz
 from ..verdict.classes import labels_of, predictions
-from ..verdict.hops import Ladder, ane_check, check_images, class_names, parity_inputs_for, record_artifact
+from ..verdict.hops import Ladder, check_images, hop_checks, class_names, parity_inputs_for, record_artifact
 from ..onnx.onnx_choice import check_exporter
 from ..onnx.onnx_dynamo import graph_opset
 from ..verdict.localize import localize_torch
@@ -37,9 +38,6 @@ from ..verdict.parity import FLOAT64_TOLERANCES, noise_rule, profile_for, tolera
 from ..core.progress import QUIET, Progress
 from ..core.report import Hop, Report, versions
 from ..core.target_plans import TargetPlan, check_precision, load_target, resolve_targets
-
-_SUFFIX_TARGET = {".onnx": "onnx", ".mlpackage": "coreml", ".mlmodel": "coreml", ".engine": "tensorrt",
-                  ".plan": "tensorrt"}
 
 
 def parity(model_or_name=None, artifact: str | Path | None = None, *, checkpoint: str | Path | None = None,
@@ -165,13 +163,10 @@ def _check_carried_labels(classes: list[str] | None, carried, labels, source) ->
 def _artifact_target(path: Path, target: str | None) -> str:
     if target:
         return resolve_targets(target)[0].name
-    for name in TARGETS:  # the table's own suffixes first, then the common aliases
-        t, _ = load_target(name)
-        if t is not None and t.suffix and path.name.endswith(t.suffix):
-            return name
-    if path.suffix in _SUFFIX_TARGET:
-        return _SUFFIX_TARGET[path.suffix]
-    raise VitedgeError(f"cannot tell the target of {path} from its suffix; pass --target")
+    row = row_for_suffix(path.name)  # each row's own suffix first, then the others it recognizes
+    if row is None:
+        raise VitedgeError(f"cannot tell the target of {path} from its suffix; pass --target")
+    return row.name
 
 
 def check_checkpoint(source: Path, meta: dict, checkpoint, loaded_sha256: str | None = None) -> None:
@@ -191,7 +186,7 @@ def read_artifact(path: Path, target: str | None) -> tuple[str, onnx.ModelProto 
     if not path.exists():
         raise VitedgeError(f"artifact {path} not found; check the --artifact path")
     tname = _artifact_target(path, target)
-    if tname != "onnx":
+    if not row_of(tname).onnx_graph:
         return tname, None, _artifact_metadata(tname, path)
     try:
         model = onnx.load(str(path))
@@ -248,11 +243,12 @@ def _localize_deploy_hop(hop: Hop, train: nn.Module, fresh: nn.Module, fresh64: 
 def _exporter_of(source: Path, target: str | None, meta: dict, exporter: str | None) -> str | None:
     """The ONNX exporter that wrote the artifact: its metadata's, else `exporter` as given (checked against the
     metadata: the one that wrote it, or dynamo when the metadata records a fallback from it)."""
-    said = meta.get("exporter") if target in ("onnx", "tensorrt") else None
+    from_onnx = target is not None and row_of(target).source == ONNX  # an ONNX graph, or built from one
+    said = meta.get("exporter") if from_onnx else None
     if exporter is None:
         return said
     check_exporter(exporter)
-    if target not in ("onnx", "tensorrt"):
+    if not from_onnx:
         raise VitedgeError(f"--exporter says which ONNX exporter wrote an ONNX graph (or the graph a TensorRT engine "
                            f"was built from); {source} is not one: drop --exporter")
     asked = "dynamo" if meta.get("exporter_fallback") else said
@@ -265,7 +261,7 @@ def _exporter_of(source: Path, target: str | None, meta: dict, exporter: str | N
 def _existing_artifact_hop(report: Report, plan: TargetPlan, path: Path, art_model: onnx.ModelProto | None,
                            ladder: Ladder, tols: dict, mode: str | None = None,
                            labels: list[str] | None = None) -> Hop:
-    hop_name = "onnx" if plan.name == "onnx" and plan.precision == "fp32" else plan.hop()
+    hop_name = plan.existing_hop()
     tol = tols.get(plan.precision) if plan.precision else None
     art = Artifact(plan.name, path, plan.precision or "fp32")
     record_artifact(report, hop_name, path, art.precision, model=art_model)
@@ -310,5 +306,5 @@ def _compressed_artifact_hop(report: Report, plan: TargetPlan, path: Path, art_m
         judged = Judged.build(ladder.train, ladder.inputs, ids, truth=ladder.truth, deploy=ladder.deploy)
     report.compressed_inputs = judged.describe(report.inputs, f", without the {len(ids)} calibration ids the "
                                                "artifact records and their photos")
-    ane = ane_check if report.require_ane and plan.name == "coreml" else None
-    return compressed_hop(hop_name, plan.target, art, tol, judged, ladder.deploy, progress, mode, also=ane)
+    return compressed_hop(hop_name, plan.target, art, tol, judged, ladder.deploy, progress, mode,
+                          also=hop_checks(plan.target, report.require_ane))

@@ -29,14 +29,12 @@ from pathlib import Path
 from ..verdict.parity_cost import SAMPLES_RULE
 from ..core.digests import json_digest, source_digest
 from ...targets.base import sha256_file
-from ..core.report import versions
+from ..core.report import CORE_PACKAGES, versions
 from .folders import untrusted
 from .plan import Cell
 
 SCHEMA = 1
-BASE_PACKAGES = ("torch", "numpy", "onnx", "onnxruntime", "onnxsim")
-TARGET_PACKAGES = {"onnx": (), "coreml": ("coremltools",), "tensorrt": ("tensorrt",),
-                   "executorch": ("executorch", "torchao")}
+BASE_PACKAGES = CORE_PACKAGES
 
 
 @dataclass
@@ -74,8 +72,9 @@ def hub_key(cell: Cell, env: Env) -> tuple[str, dict]:
 
 def cell_key(cell: Cell, env: Env, bench: bool = False) -> tuple[str, dict, str | None]:
     """(key, its inputs, why the cell is not cacheable or None)."""
-    packages = BASE_PACKAGES + TARGET_PACKAGES.get(cell.target, tuple(k for k in env.versions if k not in
-                                                                       ("vitedge", "python", "platform")))
+    row = _row(cell.target)
+    packages = BASE_PACKAGES + (row.packages if row is not None else
+                                tuple(k for k in env.versions if k not in ("vitedge", "python", "platform")))
     options = dict(cell.options)
     if options.get("labels"):
         options["labels"] = {"sha256": env.file_sha(options["labels"])}
@@ -85,14 +84,20 @@ def cell_key(cell: Cell, env: Env, bench: bool = False) -> tuple[str, dict, str 
               "tolerances": cell.tolerances, "samples": _samples(cell), "coreml_mode": cell.coreml_mode,
               "bench": bool(bench)}
     uncacheable = None
-    if cell.target == "tensorrt":
-        inputs["toolchain"].pop("tensorrt", None)  # held below, as pinned by the plan
-        trt = {"arch": cell.trt_arch, "tensorrt": cell.tensorrt_version or env.versions.get("tensorrt")}
-        inputs["tensorrt"] = trt
-        if trt["arch"] is None or trt["tensorrt"] is None:
-            uncacheable = ("TensorRT cell without a pinned GPU architecture (trt_arch) and TensorRT version "
-                           "(tensorrt_version, or tensorrt installed where the matrix runs): not cached")
+    if row is not None and row.cache_pin is not None:  # e.g. a TensorRT engine: its GPU architecture and version
+        for p in row.packages:
+            inputs["toolchain"].pop(p, None)  # held below, as pinned by the plan
+        inputs[row.name], uncacheable = row.cache_pin(cell, env.versions)
     return json_digest(inputs), inputs, uncacheable
+
+
+def _row(target: str):
+    """The target's declared row; None for a bare "module:Class" entry, which declares no packages (its key then
+    holds every known version)."""
+    from ...targets import TARGETS, TargetRow
+
+    row = TARGETS.get(target)
+    return row if isinstance(row, TargetRow) else None
 
 
 def trt_mismatch(cell: Cell, inputs: dict, report: dict | None) -> str | None:

@@ -25,18 +25,17 @@ from .engines import Job, crashed
 from .plan import Cell
 
 LABEL_SHARE = 0.01   # fraction of a custom label a cell requests (labels are tags, not capacities)
-MACOS = "macos"
 
 
 def resources_for(cell: Cell) -> dict:
-    """Ray resources a cell needs: {"CPU": 1, "GPU": 1, "sm_80": LABEL_SHARE, "macos": LABEL_SHARE}."""
-    need = {"CPU": 1.0}
-    if cell.target == "tensorrt":
-        need["GPU"] = 1.0
-        if cell.trt_arch:
-            need[cell.trt_arch] = LABEL_SHARE
-    if cell.target == "coreml" and cell.coreml_mode == "device":
-        need[MACOS] = LABEL_SHARE
+    """Ray resources a cell needs, as its target's row declares them: {"CPU": 1} plus the row's whole resources
+    ({"GPU": 1}) and its labels for this cell ("sm_80", "macos"), each at LABEL_SHARE."""
+    from ...targets import row_of
+
+    row = row_of(cell.target)
+    need = {"CPU": 1.0, **{k: float(v) for k, v in row.ray_resources.items()}}
+    for label in row.ray_labels(cell) if row.ray_labels else ():
+        need[label] = LABEL_SHARE
     return need
 
 

@@ -72,12 +72,23 @@ def _target(name: str):
         return None
 
 
+def _row(name: str):
+    """The target's row (None: a bare "module:Class" entry whose module cannot be imported here)."""
+    from ...targets import row_of
+
+    try:
+        return row_of(name)
+    except ImportError:
+        return None
+
+
 class _Resolver:
     def __init__(self, doc: dict, base: Path, exporter: str = DEFAULT_EXPORTER):
         from ...targets import ALIASES, TARGETS
 
         self.doc, self.base, self.aliases, self.exporter = doc, base, ALIASES, exporter
         self.targets = {n: _target(n) for n in TARGETS}  # None: module not importable here
+        self.rows = {n: _row(n) for n in TARGETS}
         self.option_names = tuple(dict.fromkeys(o for t in self.targets.values() if t for o in t.options))
         self.settings = SETTINGS + self.option_names
         self.known_precisions = tuple(dict.fromkeys(p for t in self.targets.values() if t for p in t.precisions))
@@ -106,6 +117,15 @@ class _Resolver:
         if p not in self.known_precisions:
             raise PlanError(f"{where}: unknown precision {p!r}; the targets support {', '.join(self.known_precisions)}")
         return p
+
+    def per_arch(self, target: str) -> bool:
+        """Whether a plan's trt_arch list makes one cell of `target` per GPU architecture (its row says)."""
+        return bool(self.rows[target] and self.rows[target].per_arch)
+
+    def own_setting(self, target: str, s: dict, key: str):
+        """A target-only plan setting (coreml_mode, tensorrt_version) for a cell of `target`: None for the others."""
+        row = self.rows[target]
+        return s.get(key) if row is not None and key in row.matrix_settings else None
 
     def supports(self, target: str, precision: str) -> bool:
         t = self.targets[target]
@@ -215,7 +235,7 @@ class _Resolver:
             if "precisions" in m:
                 self.check_precisions(f"{where}.precisions", prec, [t for t, p in targets if p is None])
             archs = self.archs(f"{where}.trt_arch", m["trt_arch"]) if "trt_arch" in m else top_arch
-            if "trt_arch" in m and not any(t == "tensorrt" for t, _ in targets):
+            if "trt_arch" in m and not any(self.per_arch(t) for t, _ in targets):
                 raise PlanError(f"{where}.trt_arch: this model exports no tensorrt cell; remove trt_arch or add "
                                 "tensorrt to its targets")
             for t, _ in targets:
@@ -257,7 +277,7 @@ class _Resolver:
 
     def check_plan_wide(self, top_prec, top_arch, used: set, dset: dict) -> None:
         self.check_precisions("precisions", top_prec, sorted(used))
-        if top_arch and "tensorrt" not in used:
+        if top_arch and not any(self.per_arch(t) for t in used):
             raise PlanError("trt_arch: the plan exports no tensorrt cell; remove trt_arch or add tensorrt to targets")
         for k in dset:
             if k in self.option_names:
@@ -338,14 +358,14 @@ class _Resolver:
                 self.wrap(where, tcls.validate_options, options)
             hop = tcls.hop_name(p) if tcls else t
             for z in sizes:
-                for a in (archs or [None]) if t == "tensorrt" else [None]:
+                for a in (archs or [None]) if self.per_arch(t) else [None]:
                     cells.append(Cell(model=name, label=label, imgsz=z, target=t, precision=p, hop=hop, trt_arch=a,
                                       checkpoint=str(ckpt) if ckpt else None, overrides=dict(overrides),
                                       samples=s.get("samples"), batch=s.get("batch", 1),
                                       opset=opset, exporter=exporter, rewrites=rewrites,
                                       attn_order=s.get("attn_order", "auto"), tolerances=s.get("tol", {}),
-                                      options=options, coreml_mode=s.get("coreml_mode") if t == "coreml" else None,
-                                      tensorrt_version=s.get("tensorrt_version") if t == "tensorrt" else None))
+                                      options=options, coreml_mode=self.own_setting(t, s, "coreml_mode"),
+                                      tensorrt_version=self.own_setting(t, s, "tensorrt_version")))
         return cells, skipped
 
 

@@ -22,6 +22,7 @@ its contents, every computation on one thread: bundle.build_bundle).
 """
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ from ...errors import VitedgeError
 from ...models.preprocess import Recipe
 from ...models.registry import input_stats, recipe_of
 from ...targets import get_target
+from ...targets.rows import COREML_ROW, EXECUTORCH_ROW
 from ...targets.coreml.compress import KINDS
 from ...targets.coreml.options import parse_ios, read_labels
 from ...targets.coreml.runners import EmulatedCoreMLRunner
@@ -168,18 +170,27 @@ def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = N
     a classifier; `images`, `preprocess` and `model_or_name` None are as for `export`. `exporter`: the ONNX
     exporter of the ladder's hub graph (the CoreML package itself is converted from the deploy-form). `target`
     "executorch": the Android bundle instead (exporter/packaging/package_android.py; `precision` fp32, default, or int8)."""
-    if target not in ("coreml", "executorch"):
-        raise VitedgeError(f"vitedge package --target must be coreml or executorch; got {target!r}")
+    if target not in BUNDLES:
+        raise VitedgeError(f"vitedge package --target must be {' or '.join(BUNDLES)}; got {target!r}")
     precision = precision or get_target(target).default_precision
-    if target == "executorch":
+    common = dict(checkpoint=checkpoint, labels=labels, imgsz=imgsz, precision=precision, samples=samples,
+                  overrides=overrides, tolerances=tolerances, force=force, seed=seed, progress=progress, calib=calib,
+                  calib_images=calib_images, images=images, exporter=exporter, preprocess=preprocess)
+    if BUNDLES[target] is not None:  # another target's bundle, in its own module
         if ios is not None:
             raise VitedgeError("--ios applies to --target coreml only; drop it for an ExecuTorch bundle")
-        from .package_android import package_executorch
+        module, func = BUNDLES[target].split(":")
+        return getattr(importlib.import_module(module, __package__), func)(model_or_name, out, **common)
+    return _package_coreml(model_or_name, out, ios=ios, **common)
 
-        return package_executorch(model_or_name, out, checkpoint=checkpoint, labels=labels, imgsz=imgsz,
-                                  precision=precision, samples=samples, overrides=overrides,
-                                  tolerances=tolerances, force=force, seed=seed, progress=progress, calib=calib,
-                                  calib_images=calib_images, images=images, exporter=exporter, preprocess=preprocess)
+
+# target -> its bundle maker ("module:function", imported when used; None: the CoreML bundle of this module)
+BUNDLES = {COREML_ROW.name: None, EXECUTORCH_ROW.name: ".package_android:package_executorch"}
+
+
+def _package_coreml(model_or_name, out, *, checkpoint, labels, ios, imgsz, precision, samples, overrides,
+                    tolerances, force, seed, progress, calib, calib_images, images, exporter,
+                    preprocess) -> PackageResult:
     out = check_bundle_out(out, force)
     ios = parse_ios(ios) if ios is not None else None
     if precision not in ("fp16",) + KINDS:

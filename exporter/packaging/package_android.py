@@ -25,6 +25,7 @@ from ...errors import VitedgeError
 from ...models.preprocess import Recipe
 from ...models.registry import input_stats, recipe_of
 from ...targets import get_target
+from ...targets.rows import EXECUTORCH_ROW
 from ...targets.executorch.target import ExecuTorchRunner
 from ...targets.labels import read_labels
 from ..reparam.forms import DEMO_SEED, build_train_form
@@ -35,7 +36,7 @@ from ..verdict.parity import DEFAULT_TOLERANCES, profile_for
 from ..flow.pipeline import export
 
 BUNDLE_FORMAT = "vitedge-executorch-bundle/1"
-PRECISIONS = ("fp32", "int8")
+PRECISIONS = EXECUTORCH_ROW.precisions
 
 
 def golden_tolerance(precision: str):

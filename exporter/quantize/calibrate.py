@@ -24,15 +24,16 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import VitedgeError
+from ...precisions import CALIBRATED, COMPRESSED_NAMES, WEIGHT_ONLY
 from ...models.preprocess import Recipe
 from ...targets.calibration import Calibration
 from ..verdict import images
 from ..verdict.inputs import natural_view
 
 CALIB_DEFAULT = 64
-ACTIVATION_KINDS = ("int8", "w8a8")              # activations quantized: calibration needed
-WEIGHT_ONLY_KINDS = ("w8", "palette4", "palette6")
-COMPRESSED = ACTIVATION_KINDS + WEIGHT_ONLY_KINDS
+ACTIVATION_KINDS = CALIBRATED                    # activations quantized: calibration needed
+WEIGHT_ONLY_KINDS = WEIGHT_ONLY
+COMPRESSED = COMPRESSED_NAMES
 CALIB_SEED = 1                 # the calibration views' seed (the parity set uses 0)
 CALIBRATION_PHOTO_EVERY = 3    # every 3rd shipped photo (sorted) calibrates: 5 of 14; the other 9 are judged
 

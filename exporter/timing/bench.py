@@ -24,7 +24,8 @@ import torch
 import torch.nn as nn
 
 from ...errors import VitedgeError
-from ...targets import LowerSpec, get_target
+from ...targets import LowerSpec, get_target, row_of, rows
+from ...targets.rows import ONNX
 from ...targets.base import Runner, UnavailableError, reraise_interrupt
 from ...targets.onnx.target import OnnxRuntimeRunner
 from ...targets.pytorch import TorchRunner
@@ -38,7 +39,15 @@ from ..onnx.onnx_export import DEFAULT_EXPORTER, check_exporter, check_onnx, exp
 from ..verdict.parity import (FLOAT64_TOLERANCES, check_hop, ground_truth, profile_for, tolerances as make_tolerances,
                               with_fp16_reference)
 
-BACKENDS = ("torch", "torch-deploy", "onnxruntime", "coreml", "tensorrt", "executorch")
+TORCH_BACKENDS, ORT = ("torch", "torch-deploy"), "onnxruntime"  # torch's train/deploy-form; the bench's own ORT
+
+
+def backend_table() -> dict[str, str]:
+    """Bench backend -> the target it times (the rows' `bench` names; "" for torch)."""
+    return {**{b: "" for b in TORCH_BACKENDS}, **{r.bench: r.name for r in rows() if r.bench}}
+
+
+BACKENDS = tuple(backend_table())  # as registered at import; parse_backends reads the table again
 DEFAULT_BACKENDS = ("torch", "torch-deploy", "onnxruntime")
 PARITY_SAMPLES = 8
 ORDER_BACKENDS = ("torch-deploy", "onnxruntime")  # where `--order measured` can time both orders
@@ -68,8 +77,8 @@ def _ort_runner(deploy: nn.Module, imgsz: int, batch: int, threads: int, spinnin
 
 def _target_runner(name: str, deploy: nn.Module, imgsz: int, batch: int, tmp: Path,
                    exporter: str = DEFAULT_EXPORTER, threads: int | None = None) -> Runner:
-    """CoreML / TensorRT / ExecuTorch through their targets; raises UnavailableError with the reason when they
-    cannot run. `threads`: ExecuTorch's XNNPACK pool (the bench's --threads, as for ONNX Runtime)."""
+    """A target's artifact on its own runtime (UnavailableError, with why, where it cannot run); `threads`: a
+    threaded runner's pool (the bench's --threads, as for ONNX Runtime). One from ONNX is built from the graph."""
     try:
         target = get_target(name)
     except ImportError as e:
@@ -82,7 +91,7 @@ def _target_runner(name: str, deploy: nn.Module, imgsz: int, batch: int, tmp: Pa
     if not ok:
         raise UnavailableError(why or f"{name} cannot run here")
     onnx_path, made = None, None
-    if name == "tensorrt":
+    if row_of(name).source == ONNX:
         model, made = _onnx(deploy, imgsz, batch, exporter)
         onnx_path = save_onnx(model, tmp / "bench.onnx")
     spec = LowerSpec(name="bench", imgsz=imgsz, batch=batch, precision=target.default_precision, out_dir=tmp,
@@ -90,9 +99,8 @@ def _target_runner(name: str, deploy: nn.Module, imgsz: int, batch: int, tmp: Pa
     artifact = target.lower(deploy, spec)
     runner = target.runner(artifact, **({"threads": threads} if target.threaded else {}))
     runner.precision = artifact.precision  # the precision truth its parity is judged by (runner_precision)
-    if runner.mode not in ("device", None):  # (a device runner says "device" once it has predicted)
-        runner.close()
-        # An emulator's speed says nothing about the device: never time it as if it were.
+    if runner.mode not in ("device", None):  # an emulator's speed says nothing of the device: never timed as one
+        runner.close()  # (a device runner says "device" once it has predicted)
         raise UnavailableError(f"{name} runs only {runner.mode} here ({runner.backend}); no device to time")
     runner.onnx_export = made
     return runner
@@ -104,18 +112,20 @@ def build_runner(backend: str, train: nn.Module, deploy: nn.Module, imgsz: int, 
         return TorchRunner(train, "train-form")
     if backend == "torch-deploy":
         return TorchRunner(deploy, "deploy-form")
-    if backend == "onnxruntime":
+    if backend == ORT:
         return _ort_runner(deploy, imgsz, batch, threads, spinning, exporter)
-    if backend in ("coreml", "tensorrt", "executorch"):
-        return _target_runner(backend, deploy, imgsz, batch, tmp, exporter, threads)
-    raise VitedgeError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    table = backend_table()
+    if table.get(backend):
+        return _target_runner(table[backend], deploy, imgsz, batch, tmp, exporter, threads)
+    raise VitedgeError(f"unknown backend {backend!r}; use one of {', '.join(table)}")
 
 
 def parse_backends(spec: str | list) -> list[str]:
     names = [b.strip() for b in (spec.split(",") if isinstance(spec, str) else spec) if b.strip()]
-    bad = [b for b in names if b not in BACKENDS]
+    table = backend_table()
+    bad = [b for b in names if b not in table]
     if bad or not names:
-        raise VitedgeError(f"--backends takes a comma list of {', '.join(BACKENDS)}; got {spec!r}")
+        raise VitedgeError(f"--backends takes a comma list of {', '.join(table)}; got {spec!r}")
     return list(dict.fromkeys(names))
 
 

@@ -29,7 +29,8 @@ import numpy as np
 import onnx
 
 from ...errors import VitedgeError
-from ...targets import Artifact, get_target
+from ...precisions import TABLE as PRECISION_TABLE
+from ...targets import Artifact, get_target, row_of
 from ...targets.base import Runner, UnavailableError, reraise_interrupt, sha256_file
 from ...targets.onnx.target import OnnxRuntimeRunner
 from .bench import PARITY_SAMPLES, check_parity, check_settings, gate, machine_info, time_backends
@@ -42,7 +43,6 @@ from ..verdict.inputs import parity_inputs
 from ..verdict.parity import FLOAT64_TOLERANCES, PROFILE_OF, ground_truth, profile_for, tolerances, with_fp16_reference
 from ..flow.verify import check_checkpoint, read_artifact, recorded_calibration_ids
 
-KINDS = {"onnx": "onnx", "tensorrt": "engine", "coreml": "mlpackage", "executorch": "pte"}
 DEFAULT_PROVIDERS = ("cpu",)
 _ALIASES = {"directml": "DmlExecutionProvider", "trt": "TensorrtExecutionProvider"}
 _NP = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16, onnx.TensorProto.DOUBLE: np.float64,
@@ -147,7 +147,7 @@ class _Plan:
         self.xb: np.ndarray | None = None   # the batch that is timed
         precision = meta.get("precision")
         # the parity tolerance profile: fp32 / fp16, or a compressed kind's (judged on `judged`)
-        self.precision = precision if precision in ("fp32", "fp16") or precision in PROFILE_OF else None
+        self.precision = precision if precision in PRECISION_TABLE else None
         self.judged: Judged | None = None   # a compressed artifact's judged samples (natural, not calibration)
 
 
@@ -164,13 +164,14 @@ def bench_artifact(path: str | Path, *, providers=None, checkpoint: str | Path |
         raise VitedgeError(f"--artifact {path} not found; check the path")
     tname, graph, meta = read_artifact(path, None)
     base_p50 = check_settings(batch or 1, threads, warmup_s, min_iters, max_s, baseline, max_regression)
-    if providers is not None and tname != "onnx":
+    row = row_of(tname)
+    if providers is not None and not row.onnx_graph:
         raise VitedgeError(f"--providers chooses ONNX Runtime execution providers for an .onnx artifact; {path} is "
                            f"a {tname} artifact: drop --providers")
-    eps = parse_providers(providers) if tname == "onnx" else []
+    eps = parse_providers(providers) if row.onnx_graph else []
     phone = None
     if device is not None:
-        if tname != "coreml":
+        if "iphone" not in row.devices:  # (the one device kind: a tethered iPhone, for CoreML packages)
             raise VitedgeError(f"--device iphone times a CoreML package; {path} is a {tname} artifact")
         from .iphone import check_device, resolve_team_id
         phone = check_device(device)
@@ -193,7 +194,7 @@ def bench_artifact(path: str | Path, *, providers=None, checkpoint: str | Path |
                                    "parity_samples": PARITY_SAMPLES if plan.train is not None else 0,
                                    "ort_spinning": {None: "default", True: "on", False: "off"}[ort_spinning],
                                    "providers": eps},
-                         artifact={"path": str(path), "format": KINDS[tname],
+                         artifact={"path": str(path), "format": row.format,
                                    "sha256": sha256_file(path) if path.is_file() else None,
                                    "model": meta.get("model"), "metadata": bool(meta),
                                    "exporter": meta.get("exporter"), "labels": len(labels) if labels else None,
@@ -269,7 +270,7 @@ def _parity_source(plan: _Plan, checkpoint, imgsz: int | None) -> None:
 def _backends(plan: _Plan, eps: list[str], batch: int | None, imgsz: int | None, threads: int,
               spinning: bool | None) -> None:
     """The runner factories and the timed batch of the artifact's kind."""
-    if plan.kind == "onnx":
+    if plan.graph is not None:  # a plain ONNX graph: ONNX Runtime, per execution provider
         shape, dtype = onnx_input(plan.graph, batch, imgsz or plan.imgsz or None)
         plan.imgsz = plan.imgsz or (shape[-1] if len(shape) == 4 else 0)
         plan.xb = (np.random.default_rng(99).standard_normal(shape) if np.issubdtype(dtype, np.floating)

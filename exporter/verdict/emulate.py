@@ -25,10 +25,12 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-KINDS = ("int8", "w8", "palette4", "palette6", "w8a8")
+from ...precisions import CALIBRATED, COMPRESSED_NAMES
+
+KINDS = COMPRESSED_NAMES
 PALETTE_ENTRIES = {"palette4": 16, "palette6": 64}
 ONNX_KINDS = ("int8",)           # computed in float32 around the int8 ops; the CoreML kinds compute in fp16
-ACTIVATION_KINDS = ("int8", "w8a8")
+ACTIVATION_KINDS = CALIBRATED
 IMAGE_CHANNELS = 4               # a group-1 conv reading <= 4 channels reads the image: int8 keeps it float
 KMEANS_ITERATIONS = 12
 BATCH = 32

@@ -26,6 +26,7 @@ from ...targets.base import Artifact, Runner, Target, UnavailableError, sha256_f
 from ...targets.labels import read_labels
 from ...targets.onnx.target import OnnxRuntimeRunner
 from ...targets.pytorch import deploy_form_runner
+from ...targets.rows import ANE
 from . import images as image_files, inputs as parity_inputs
 from .criteria import GroundTruth, reference_block
 from .inputs import ParitySet
@@ -35,7 +36,9 @@ from .probe import PROBE_SAMPLES, deploy_reference, judge_probe, onnx_tensor, pr
 from .parity import REFERENCE_THREADS, check_hop, failed, fp16_reference, noise_rule, unverified
 from ..core.progress import Progress
 from ..core.report import ArtifactEntry, Hop, Report, Tolerance
-from ..core.target_plans import artifact_key
+from ..core.target_plans import HUB_HOPS, artifact_key
+
+RAW_HOP = HUB_HOPS[0]  # the hub graph as exported, before onnxsim
 from .truth_cache import cached_ground_truth
 from .weight_check import judge_weights
 
@@ -189,9 +192,9 @@ class Ladder:
     def widen_raw_hop(self, parity: list[Hop], raw: onnx.ModelProto, tol: Tolerance) -> None:
         """After a failed onnx-simplified hop: the raw onnx hop, run on a subset and passed, runs again on every
         input (in place in `parity`), so that the report tells whether onnxsim broke the graph."""
-        at = next(i for i, h in enumerate(parity) if h.hop == "onnx")
+        at = next(i for i, h in enumerate(parity) if h.hop == RAW_HOP)
         if parity[-1].status == "failed" and parity[at].status == "passed" and parity[at].subset:
-            parity[at] = self.onnx_hop("onnx", raw, tol)
+            parity[at] = self.onnx_hop(RAW_HOP, raw, tol)
 
     def check_onnx(self, hop: Hop, model: onnx.ModelProto) -> None:
         """After an ONNX graph's hop: a passing one is probed (exporter/verdict/probe.py), a failed one localized."""
@@ -250,7 +253,7 @@ class Ladder:
         if on_runner is not None:
             on_runner(runner)
         hop = self.judge(hop_name, runner, tol,
-                         also=_all_of(ane_check if require_ane and target.name == "coreml" else None, also))
+                         also=_all_of(hop_checks(target, require_ane), also))
         if mode and hop.mode != mode:
             return unverified(hop_name, hop.backend, _mode_mismatch(mode, target, hop.mode), tol)
         if artifact.precision == "fp16":
@@ -316,6 +319,14 @@ def open_runner(hop_name: str, target: Target, artifact: Artifact, tol: Toleranc
         return failed(hop_name, target.name, f"could not load the artifact: {type(e).__name__}: {e}", tolerance=tol)
 
 
+def hop_checks(target: Target, require_ane: bool = False) -> Callable | None:
+    """The checks a target's row adds to its hops (`TargetRow.checks`), those the run asked for, as one
+    `also(hop, runner)`; None when there are none."""
+    asked = {ANE: require_ane}
+    row = getattr(target, "row", None)
+    return _all_of(*(CHECKS[c] for c in (row.checks if row else ()) if asked.get(c)))
+
+
 def ane_check(hop: Hop, runner: Runner) -> None:
     """--require-ane: a CoreML device hop fails when the model mostly runs off the Neural Engine; where that
     cannot be told (no Neural Engine, no compute plan, not run on CoreML) the check is inconclusive."""
@@ -340,6 +351,9 @@ def _all_of(*checks: Callable[[Hop, Runner], None] | None) -> Callable[[Hop, Run
         for check in given:
             check(hop, runner)
     return run
+
+
+CHECKS = {ANE: ane_check}  # a row's hop checks by name
 
 
 def _mode_mismatch(mode: str, target: Target, actual: str | None) -> str:

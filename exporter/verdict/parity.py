@@ -17,10 +17,10 @@ from dataclasses import asdict, replace
 import numpy as np
 
 from ...errors import VitedgeError
+from ...precisions import PROFILE_OF, profile_for  # noqa: F401  (the precision table's; re-exported)
 from ...targets.base import Runner, pad_batch
-from .criteria import (COMPRESSED_FLOOR, COMPRESSED_K, COMPRESSED_MEDIAN, FP16_FLOOR, FP16_K, FP16_MEDIAN,
-                       FP16_MEDIAN_MIN_SAMPLES, NOISE_FLOOR, NOISE_K, GroundTruth, NoiseRule, accuracy, accuracy_delta,
-                       effective_noise, sample_errors)
+from .criteria import (COMPRESSED_FLOOR, COMPRESSED_K, COMPRESSED_MEDIAN, FP16_FLOOR, FP16_K, FP16_MEDIAN, FP16_MEDIAN_MIN_SAMPLES, NOISE_FLOOR, NOISE_K, GroundTruth,
+                       NoiseRule, accuracy, accuracy_delta, effective_noise, sample_errors)
 from .emulate import fp16_reference
 from ..core.report import Hop, Metrics, Tolerance, allowed_count
 
@@ -55,13 +55,9 @@ DEFAULT_TOLERANCES.update(COMPRESSED_TOLERANCES)  # against the float32 train-fo
 COMPRESSED_TOLERANCES = {p: replace(t, compressed_floor=COMPRESSED_FLOOR, compressed_k=COMPRESSED_K[p],
                                     compressed_median=COMPRESSED_MEDIAN) for p, t in COMPRESSED_TOLERANCES.items()}
 FLOAT64_TOLERANCES.update(COMPRESSED_TOLERANCES)
-PROFILE_OF = {"int8": "int8", "w8": "w8", "palette4": "palette", "palette6": "palette", "w8a8": "w8a8"}
 TOL_KEYS = Tolerance.UPPER + Tolerance.LOWER + Tolerance.NOISE + Tolerance.FP16 + Tolerance.COMPRESSED + Tolerance.LABELLED
 
 
-def profile_for(precision: str | None) -> str | None:
-    """The tolerance profile of an artifact precision (palette4 and palette6 share "palette")."""
-    return PROFILE_OF.get(precision, precision)
 PSNR_CAP_DB = 300.0  # identical outputs (RMSE 0) report this instead of infinity
 REFERENCE_BATCH = 32
 # The float32 train-form's intra-op threads: its rounding (hence each sample's noise, hence the allowance) depends

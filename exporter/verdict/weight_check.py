@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from ...precisions import TABLE
 from .criteria import NoiseRule
 from .emulate import stored_weight
 
@@ -36,7 +37,7 @@ WEIGHT_K = {"fp16": 4.0, "int8": 4.0, "w8": 4.0, "w8a8": 4.0, "palette4": 2.0, "
 WEIGHT_FLOOR = 2.0 ** -11      # relative to the channel's norm: half an fp16 ulp
 # a palette's lookup table serves a whole tensor (iOS 16-17) or 16 channels (iOS 18), and another k-means lands its
 # centres elsewhere: its channels are judged together
-PER_TENSOR = ("palette4", "palette6")
+PER_TENSOR = tuple(n for n, p in TABLE.items() if p.tolerance_profile == "palette")
 READERS = (".onnx", ".mlpackage")
 SUFFIXES = ("_palettized", "_quantized", "_dequantized", "_to_fp16", "_fp16")
 

@@ -31,13 +31,15 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import VitedgeError
+from ...precisions import COMPRESSED_NAMES, WEIGHT_ONLY as WEIGHT_ONLY_NAMES
+from ..rows import COREML_ROW
 from ..calibration import calibration_record
 from .convert import _no_progress_bars
 from .mil_interpreter import load_program, package_paths, quiet_coremltools
 from .mlpackage import load_program_spec, make_package_deterministic
 
-KINDS = ("w8", "palette4", "palette6", "w8a8")
-WEIGHT_ONLY = ("w8", "palette4", "palette6")
+KINDS = tuple(p for p in COREML_ROW.precisions if p in COMPRESSED_NAMES)  # the compressed kinds coreml offers
+WEIGHT_ONLY = tuple(k for k in KINDS if k in WEIGHT_ONLY_NAMES)
 MIN_IOS = {"w8": 16, "palette4": 16, "palette6": 16, "w8a8": 17}
 PALETTE_BITS = {"palette4": 4, "palette6": 6}
 GROUPED_PALETTE_IOS = 18       # per_grouped_channel palettization needs the iOS 18 constexpr_lut_to_dense
@@ -45,7 +47,7 @@ PALETTE_GROUP = 16             # output channels sharing one LUT on iOS 18
 WEIGHT_THRESHOLD = 2048        # coremltools' default: smaller weights stay fp16
 _SPEC_TO_IOS = {7: 16, 8: 17, 9: 18}
 ACTIVATION_FLOAT_OPS = ("add",)  # residual adds keep float activations (see docs/quantization_spike.md)
-_FLOAT = ("fp16", "fp32")
+_FLOAT = ("fp16", "fp32", "fp64")  # MIL float dtypes
 
 
 @dataclass

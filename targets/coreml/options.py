@@ -9,10 +9,9 @@ from dataclasses import dataclass
 
 from ...errors import VitedgeError
 from ..labels import read_labels  # noqa: F401  (one reader for every target; re-exported)
+from ..rows import INPUT_KINDS, IOS_TARGETS  # noqa: F401  (declared with the target's row)
 
-IOS_TARGETS = (16, 17, 18)
 DEFAULT_IOS = 16
-INPUT_KINDS = ("tensor", "image")
 
 
 @dataclass

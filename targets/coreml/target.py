@@ -19,6 +19,7 @@ import torch.nn as nn
 
 from ...errors import VitedgeError
 from ..base import Artifact, LowerSpec, Runner, Target, UnavailableError, reraise_interrupt
+from ..rows import COREML_ROW
 from .compress import KINDS, MIN_IOS, compress_package
 from .convert import convert, input_channels, num_classes
 from .mil_interpreter import quiet_coremltools
@@ -29,12 +30,7 @@ from .runners import DEFAULT_EMULATED_SAMPLES, DEVICE_COMPUTE_UNITS, DeviceCoreM
 
 
 class CoreMLTarget(Target):
-    name = "coreml"
-    suffix = ".mlpackage"
-    default_precision = "fp16"
-    precisions = ("fp16", "fp32") + KINDS
-    options = ("ios", "input", "labels")
-    dynamic_batch = False
+    row = COREML_ROW
 
     def __init__(self, framework=None, system: str | None = None):
         # `framework`/`system` are injectable so the macOS dispatch is testable on Linux.

@@ -25,11 +25,12 @@ import torch.nn as nn
 
 from ...errors import VitedgeError
 from ..base import Artifact, LowerSpec, Runner, Target, UnavailableError, pad_batch, reraise_interrupt
+from ..rows import EXECUTORCH_ROW
 from .delegable import GATE_RTOL, gate, make_delegable
 
-BACKENDS = ("xnnpack", "portable")
+BACKENDS = EXECUTORCH_ROW.option("executorch_backend").choices
 METADATA_METHOD = "vitedge_metadata"
-INSTALL_HINT = "pip install 'vitedge[executorch]'"
+INSTALL_HINT = EXECUTORCH_ROW.pip
 THREADS_ENV = "VITEDGE_THREADS"
 
 
@@ -149,12 +150,7 @@ def _program_metadata(program) -> dict:
 
 
 class ExecuTorchTarget(Target):
-    name = "executorch"
-    suffix = ".pte"
-    default_precision = "fp32"
-    precisions = ("fp32", "int8")
-    options = ("executorch_backend", "executorch_rewrites")
-    dynamic_batch = False
+    row = EXECUTORCH_ROW
     hop_names = {"int8": "executorch-int8"}
     qdq_encoding = None  # int8 is quantized in PT2E from the deploy-form, not from a QDQ graph
     threaded = True      # runner(threads=N): XNNPACK's pool, sized before the program loads

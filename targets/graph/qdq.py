@@ -79,6 +79,7 @@ ENCODINGS = {"onnxruntime": ("QUInt8", False, True, DEFAULT_OP_TYPES),
 # why and how close); "exact", one float com.microsoft.Gelu between Q/DQ pairs. The TensorRT encoding keeps the
 # exported erf ops ("exact" only).
 GELU_MODES = ("sigmoid", "exact")
+GELU_OF = {"onnxruntime": GELU_MODES, "tensorrt": ("exact",)}  # encoding -> its GELU modes, the default first
 DYNAMIC_BATCH = 16  # calibration batch when the graph's batch axis is dynamic
 Q_OPS = ("QuantizeLinear", "DequantizeLinear")
 IMAGE_CHANNELS = 4  # RGB(A): a Conv reading this few channels reads the image
@@ -173,8 +174,8 @@ def quantize_qdq(fp32: onnx.ModelProto, calibration: np.ndarray, *, calibration_
                            "pass --calib N with N >= 1")
     if encoding not in ENCODINGS:
         raise VitedgeError(f"QDQ encoding must be one of {', '.join(ENCODINGS)}; got {encoding!r}")
-    gelu = gelu or ("sigmoid" if encoding == "onnxruntime" else "exact")
-    if gelu not in GELU_MODES or (encoding == "tensorrt" and gelu != "exact"):
+    gelu = gelu or GELU_OF[encoding][0]
+    if gelu not in GELU_OF[encoding]:
         raise VitedgeError(f"GELU mode must be one of {', '.join(GELU_MODES)} ('exact' for the tensorrt encoding); "
                            f"got {gelu!r}")
     if method not in METHODS:

@@ -10,6 +10,7 @@ import onnx
 import torch.nn as nn
 
 from ..base import Artifact, LowerSpec, Runner, Target, UnavailableError, reraise_interrupt
+from ..rows import ONNX_ROW
 from ..graph.metadata import read_metadata, set_metadata
 from ..graph.onnx_fp16 import convert_onnx_fp16
 from ..graph.precision import default_policy
@@ -80,14 +81,10 @@ class OnnxRuntimeRunner(Runner):
 
 
 class OnnxTarget(Target):
-    name = "onnx"
-    suffix = ".onnx"
-    default_precision = "fp32"
-    precisions = ("fp32", "fp16", "int8")
-    options = ()
-    dynamic_batch = True
+    row = ONNX_ROW
     # The fp32 artifact IS the pipeline's simplified hub graph, whose hop is "onnx-simplified".
     hop_names = {"fp32": "onnx-simplified", "fp16": "onnx-fp16", "int8": "onnx-int8"}
+    existing_hop_names = {"fp32": "onnx"}  # `parity --artifact X.onnx`: the graph as given, simplified or not
     qdq_encoding = "onnxruntime"
 
     def available(self) -> tuple[bool, str | None]:

@@ -38,6 +38,7 @@ import onnx
 import torch.nn as nn
 
 from ..base import Artifact, LowerSpec, Runner, Target, UnavailableError, pad_batch, reraise_interrupt, sha256_file
+from ..rows import TENSORRT_ROW
 from .cuda_memory import memory_backend, open_memory
 from ..graph.onnx_fp16 import prepare_fp16
 from ..graph.precision import default_policy
@@ -318,13 +319,8 @@ def probe_inputs(batches: BatchProfile, imgsz: int) -> np.ndarray:
 
 
 class TensorRTTarget(Target):
-    name = "tensorrt"
-    suffix = ".engine"
-    default_precision = "fp16"
-    precisions = ("fp32", "fp16", "int8")
+    row = TENSORRT_ROW
     qdq_encoding = "tensorrt"  # int8: the QDQ graph the engine is built from (targets/graph/qdq.py ENCODINGS)
-    options = ("workspace", "max_batch", "timing_cache")
-    dynamic_batch = True
 
     def __init__(self, trt=None, device=None, memory=None):
         # Injection points for tests only: a fake module here proves the 10.x/11.x dispatch, never parity.

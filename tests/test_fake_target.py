@@ -1,0 +1,126 @@
+"""A new target moves in through one room: its row. A fake target declared in this file alone (a Target subclass
+and its TargetRow, registered with `register`) gets its flag in the CLI, `export`, `parity`, `bench`,
+`bench --artifact` and a matrix cell, with no other file changed.
+
+It "lowers" by saving the deploy-form's simplified ONNX (with vitedge's metadata and its one option) under its own
+suffix, and runs it on ONNX Runtime: a real artifact judged by the real ladder."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import onnx
+import pytest
+
+from vitedge import cli
+from vitedge.targets import TARGETS, TargetRow, Option, register, unregister
+from vitedge.targets.base import Artifact, LowerSpec, Target
+from vitedge.targets.graph.metadata import read_metadata, set_metadata
+from vitedge.targets.onnx.target import OnnxRuntimeRunner
+
+TINY = ["--model", "swiftformer_xs", "--set", "layers=[1,1,1,1]", "--set", "embed_dims=[8,8,16,16]",
+        "--set", "num_classes=10", "--imgsz", "32"]
+
+
+class FakeRunner(OnnxRuntimeRunner):
+    pass
+
+
+class FakeTarget(Target):
+    """Saves the verified ONNX as NAME.fake; its runner is ONNX Runtime on that file."""
+
+    def lower(self, deploy_model, spec: LowerSpec) -> Artifact:
+        model = onnx.load(str(spec.onnx_path))
+        note = spec.options.get("fake_note")
+        set_metadata(model, dict(spec.metadata, fake_note=note))
+        path = Path(spec.out_dir) / f"{spec.name}{self.suffix}"
+        onnx.save(model, str(path))
+        return Artifact(self.name, path, spec.precision, info={"note": note})
+
+    def runner(self, artifact: Artifact, mode: str | None = None):
+        runner = FakeRunner(str(artifact.path))
+        runner.backend = "fake (onnxruntime)"
+        return runner
+
+    def read_metadata(self, path) -> dict:
+        return read_metadata(onnx.load(str(path)))
+
+
+ROW = TargetRow(
+    "fake", FakeTarget, suffixes=(".fake",), precisions=("fp32",), default_precision="fp32",
+    options=(Option("--fake-note", "a note the fake target stores in its artifact"),),
+    bench="fake-rt", aliases=("fk",), packages=("onnxruntime",), ray_resources={"fakes": 1})
+
+
+@pytest.fixture
+def fake():
+    register(ROW)
+    yield ROW
+    unregister(ROW.name)
+
+
+def test_the_row_gives_the_target_its_flag_and_its_facts(fake):
+    parser = cli.build_parser()
+    export = cli._subparsers(parser)["export"]
+    group = next(g for g in export._action_groups if g.title == "fake")
+    assert [a.option_strings for a in group._group_actions] == [["--fake-note"]]
+    args = parser.parse_args(["export", "--target", "fk", "--fake-note", "hi"])
+    assert args.fake_note == "hi" and "fake_note" in cli.target_options()
+    assert "fake-rt" in cli.bench_backends()
+    target = FakeTarget()
+    assert (target.name, target.suffix, target.precisions, target.options) == ("fake", ".fake", ("fp32",),
+                                                                              ("fake_note",))
+    assert "fake" not in TARGETS or TARGETS["fake"] is ROW
+
+
+def test_export_parity_bench_and_bench_artifact(fake, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli.main(["export", *TINY, "--target", "onnx,fake", "--fake-note", "from the flag", "--samples", "8",
+                     "--out", str(out), "-q"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    hop = next(h for h in report["parity"] if h["hop"] == "fake")
+    assert hop["status"] == "passed" and hop["mode"] == "device"
+    assert report["artifacts"]["fake"]["info"]["note"] == "from the flag"
+    artifact = out / "swiftformer_xs.fake"
+    assert read_metadata(onnx.load(str(artifact)))["fake_note"] == "from the flag"
+
+    assert cli.main(["parity", "--artifact", str(artifact), "--samples", "8", "--report",
+                     str(tmp_path / "p.json"), "-q"]) == 0  # its suffix names the target
+    checked = json.loads((tmp_path / "p.json").read_text())
+    assert [h["hop"] for h in checked["parity"]] == ["deploy-form", "fake"]
+    assert all(h["status"] == "passed" for h in checked["parity"])
+
+    bench = ["--min-iters", "2", "--max-s", "0.05", "--warmup-s", "0"]
+    assert cli.main(["bench", *TINY[:-2], "--imgsz", "32", "--backends", "torch-deploy,fake-rt",
+                     "--report", str(tmp_path / "b.json"), *bench, "-q"]) == 0
+    timed = {r["backend"]: r for r in json.loads((tmp_path / "b.json").read_text())["results"]}
+    assert timed["fake-rt"]["status"] == "ok" and timed["fake-rt"]["valid"] and timed["fake-rt"]["latency"]
+
+    assert cli.main(["bench", "--artifact", str(artifact), "--report", str(tmp_path / "a.json"), *bench,
+                     "-q"]) == 0
+    art = json.loads((tmp_path / "a.json").read_text())
+    assert art["artifact"]["format"] == "fake" and art["artifact"]["parity"] == "run"
+    assert [(r["backend"], r["status"]) for r in art["results"]] == [("fake", "ok")]
+
+
+def test_a_matrix_cell(fake, tmp_path):
+    from vitedge.exporter.matrix.cache import Env, cell_key
+    from vitedge.exporter.matrix.cell import run_cell
+    from vitedge.exporter.matrix.ray_engine import resources_for
+    from vitedge.exporter.matrix.resolve import resolve_plan
+
+    doc = {"models": [{"name": "swiftformer_xs", "imgsz": 32, "set": {"layers": [1, 1, 1, 1],
+                                                                      "embed_dims": [8, 8, 16, 16],
+                                                                      "num_classes": 10}}],
+           "targets": ["fake"], "defaults": {"samples": 8, "fake_note": "from the plan"}}
+    plan = resolve_plan(doc, tmp_path)
+    [cell] = plan.cells
+    assert (cell.id, cell.options) == ("swiftformer_xs/32/fake-fp32", {"fake_note": "from the plan"})
+    _, inputs, uncacheable = cell_key(cell, Env())
+    assert "onnxruntime" in inputs["toolchain"] and uncacheable is None
+    assert resources_for(cell) == {"CPU": 1.0, "fakes": 1.0}
+    result = run_cell(cell.to_dict(), str(tmp_path / "cell"))
+    assert result["status"] == "passed", result["reason"]
+    assert result["report"]["artifacts"]["fake"]["info"]["note"] == "from the plan"
+    shutil.rmtree(tmp_path / "cell")
