@@ -270,3 +270,25 @@ def test_sizes_where_weights_dominate(tmp_path):
     print(f"L3-width package size ratios vs fp16: {ratios}")
     assert ratios["w8"] >= 1.8 and ratios["palette4"] >= 3.5
     assert math.isfinite(ratios["w8"])
+
+
+def test_sima_packages_compress_where_coremltools_weights_listing_raises(tmp_path):
+    """A SimA program feeds constants into ops that take a list of inputs (concat); coremltools'
+    get_weights_metadata raises on them ('list' object has no attribute 'val'), which made every compressed kind of
+    SimA fail to build. The weights are listed from the decoded program instead (compress.float_weights); each kind
+    builds and compresses the same weights on iOS 16 and with iOS 18's per-group palettes."""
+    from vitedge import create_model, reparameterize
+
+    model = create_model("sima_nano_12_p16", depth=2).eval()
+    for ios in (16, 18):
+        spec = LowerSpec(name=f"sima{ios}", imgsz=64, batch=1, precision="fp16", out_dir=tmp_path, onnx_path=None,
+                         options={"ios": ios})
+        src = CoreMLTarget().lower(reparameterize(model, imgsz=64), spec).path
+        listed = cc.float_weights(load_program(src), cc.WEIGHT_THRESHOLD)
+        assert listed and all(int(np.prod(s)) >= cc.WEIGHT_THRESHOLD for s in listed.values())
+        for kind in ("w8", "palette4") if ios == 16 else ("palette6",):
+            info = cc.compress_package(src, tmp_path / f"{kind}-{ios}.mlpackage", kind).info
+            left = {n for n, why in info["weights_kept_float"].items() if "left it" in why}
+            # the positional table is added to the tokens, not a conv / linear weight: coremltools keeps it fp16
+            assert left == {"pos_embed_to_fp16"}, (kind, ios, left)
+            assert info["weights_compressed"] == len(listed) - 1

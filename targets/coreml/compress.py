@@ -104,7 +104,16 @@ def _weight_config(cto):
                                        weight_threshold=WEIGHT_THRESHOLD)
 
 
-def _palette_config(cto, ml, nbits: int, ios: int) -> tuple[object, dict]:
+def float_weights(program, threshold: int = 0) -> dict[str, tuple[int, ...]]:
+    """{const name: shape} of the program's float constants of at least `threshold` elements, as coremltools'
+    compression passes see them. Read from the program vitedge decoded, not with coremltools'
+    get_weights_metadata: that raises (AttributeError: 'list' object has no attribute 'val') on a constant feeding
+    an op that takes a list of inputs, e.g. SimA's concat."""
+    return {n: np.shape(v) for n, v in program.consts.items()
+            if isinstance(v, np.ndarray) and np.issubdtype(v.dtype, np.floating) and v.size >= threshold}
+
+
+def _palette_config(cto, program, nbits: int, ios: int) -> tuple[object, dict]:
     """(OptimizationConfig, {weight: LUT group size}). On iOS 18 each LUT serves PALETTE_GROUP output channels;
     a weight whose channel count PALETTE_GROUP does not divide gets the largest power-of-two group that does
     (coremltools would otherwise leave it fp16 with only a log warning)."""
@@ -113,8 +122,8 @@ def _palette_config(cto, ml, nbits: int, ios: int) -> tuple[object, dict]:
                                      weight_threshold=WEIGHT_THRESHOLD)
         return cto.OptimizationConfig(global_config=cfg), {}
     groups, per_name = {}, {}
-    for name, meta in cto.get_weights_metadata(ml, weight_threshold=WEIGHT_THRESHOLD).items():
-        channels = int(np.shape(meta.val)[0])  # conv/linear weights: output channels first
+    for name, shape in float_weights(program, WEIGHT_THRESHOLD).items():
+        channels = int(shape[0])  # conv/linear weights: output channels first
         g = math.gcd(channels, PALETTE_GROUP)
         groups[name] = g
         if g != PALETTE_GROUP:
@@ -223,9 +232,8 @@ def compress_package(src: str | Path, dst: str | Path, kind: str, *, calibration
         import coremltools.optimize.coreml as cto
 
         ml = ct.models.MLModel(str(src), skip_model_load=True)
-        weights = {n: int(np.size(m.val)) for n, m in cto.get_weights_metadata(ml, weight_threshold=0).items()
-                   if np.issubdtype(np.asarray(m.val).dtype, np.floating)}
     source_ops = load_program(src)
+    weights = {n: int(np.prod(shape)) for n, shape in float_weights(source_ops).items()}
     info: dict = {"kind": kind, "ios": ios, "coremltools": ct.__version__, "weight_threshold": WEIGHT_THRESHOLD}
     with _quiet():
         if kind == "w8":
@@ -233,7 +241,7 @@ def compress_package(src: str | Path, dst: str | Path, kind: str, *, calibration
             info["api"] = ("linear_quantize_weights(OpLinearQuantizerConfig(mode='linear_symmetric', dtype='int8', "
                            "granularity='per_channel'))")
         elif kind in PALETTE_BITS:
-            config, groups = _palette_config(cto, ml, PALETTE_BITS[kind], ios)
+            config, groups = _palette_config(cto, source_ops, PALETTE_BITS[kind], ios)
             out = cto.palettize_weights(ml, config)
             granularity = "per_grouped_channel" if ios >= GROUPED_PALETTE_IOS else "per_tensor"
             info["api"] = (f"palettize_weights(OpPalettizerConfig(mode='kmeans', nbits={PALETTE_BITS[kind]}, "
