@@ -461,6 +461,25 @@ def trained_verdicts() -> str:
     return table(head, rows, sep="| ---")
 
 
+def false_failures() -> str:
+    """The false-failure study in one sentence: per model, the samples, median and largest ratio of its correct
+    fp32 ONNX artifacts, and the estimated probability that a correct export fails at the extrapolated size."""
+    d = load("false_failures.json")
+    s = d["summary"]
+    parts = []
+    for m in d["models"]:
+        arts = m["artifacts"].values()
+        p = max(a["tail"]["p_fail_at_n"] for a in arts)
+        parts.append(f"{m['model']} ({m['weights']}, {m['samples']} samples): median ratio "
+                     f"{max(a['q0.5'] for a in arts):.2f}, largest {max(a['max'] for a in arts):.2f}, "
+                     f"{sum(a['above_1'] for a in arts)} above 1, estimated P(fail at {s['extrapolated_to']}) "
+                     f"{p:.1e}")
+    verdict = "met" if s["met"] else "**not met**"
+    return (f"{'; '.join(parts)}. The target, a correct export failing fewer than {s['target']:g} of the time at "
+            f"{s['extrapolated_to']} natural samples, is {verdict} by this estimate (an exponential tail of "
+            f"log(ratio), which over-states a tail like these; `benchmarks/results/false_failures.json`).")
+
+
 # ----------------------------------------------------------------------- figures inside sentences (fragments)
 def _runs(job: dict) -> str:
     return ", ".join(f"{r['wall_s']:.1f}" for r in job["runs"])
@@ -574,7 +593,7 @@ RENDERERS = {f.__name__: f for f in (
     quantization_speed, exporters, parity_sensitivity, all_models_summary, parity_noise_ratios,
     reference_threads, compressed_profiles, quantization_fixtures, export_main_job, export_allocator,
     export_all_time, matrix_scale, coreml_sizes, executorch_ratios, fp16_verdicts, deploy_speed_line,
-    trained_verdicts, compressed_int8)}
+    trained_verdicts, compressed_int8, false_failures)}
 
 
 def render_text(text: str) -> str:

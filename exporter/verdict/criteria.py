@@ -109,7 +109,14 @@ class NoiseRule:
     def ratios(self, truth: np.ndarray, candidate: np.ndarray, noisy: np.ndarray) -> np.ndarray:
         """Per-sample error / allowance, where `noisy` is the reference model's float32 output (its error vs
         `truth` is the sample's noise; the samples given form one set). NaN/Inf candidates give +inf."""
-        return sample_errors(truth, candidate) / self.allowance(sample_errors(truth, noisy))
+        return self.judge_set(sample_errors(truth, candidate), sample_errors(truth, noisy))[0]
+
+    def judge_set(self, errors: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ratios, allowances, effective noise) of one input set's samples, from their errors and their raw
+        per-sample noise (median-raised here): the one place the allowance is computed."""
+        eff = effective_noise(noise)
+        allowed = allowances(eff, self.floor, self.k)
+        return np.asarray(errors, dtype=np.float64) / allowed, allowed, eff
 
     def worst(self, truth: np.ndarray, candidate: np.ndarray, noisy: np.ndarray) -> tuple[float, int]:
         """(worst ratio, index of that sample); passes iff the ratio is <= 1."""
