@@ -339,6 +339,9 @@ def banner(script: str, info: dict, quick: bool) -> None:
 # ---- trained weights cached outside the repository ----------------------------------------------------
 
 TRAINED_CACHE = Path.home() / ".cache" / "vitedge" / "trained"   # scripts/train_reference.py --out
+# the full-size trained corpus (scripts/train_reference.py's full-size table): SwiftFormer-XS, SLAB-DeiT (depth 6,
+# patch 8), SimA-Nano (p16) and PRepBN-PVT-Tiny, all on digits at 64 px
+TRAINED_FULL = ("swiftformer_xs_digits64", "slab_deit_digits64", "sima_nano_digits64", "prepbn_pvt_digits64")
 
 
 def cached_trained(name: str) -> tuple[nn.Module, int] | None:

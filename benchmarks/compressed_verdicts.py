@@ -17,10 +17,12 @@ hop is): each row says what the outputs alone decided (`caught_by_outputs`) and 
 Models: the trained reference fixtures (tests/fixtures/trained/: SwiftFormer and SLAB-DeiT trained on scikit-learn's
 digits) and small configs of SimA and SLAB-Swin (demo weights: no task, no decision margins; the profiles' metric
 bounds were chosen on trained weights, and a demo-weight artifact that misses them is judged here all the same, its
-row saying so); the full run adds SwiftFormer-XS at its full config
-trained on digits (64 px; scripts/train_reference.py, cached in ~/.cache/vitedge/trained).
+row saying so); the full run adds the full-size trained corpus where it is cached (SwiftFormer-XS, SLAB-DeiT, SimA-Nano,
+PRepBN-PVT-Tiny trained on digits at 64 px; scripts/train_reference.py, cached in ~/.cache/vitedge/trained).
+Each model's rows are kept in FILE.partial/ until every model is measured: `--models A,B` measures only those and
+writes the results of every model measured so far; a stopped run resumes there.
 
-    python benchmarks/compressed_verdicts.py [--quick] [--out FILE]
+    python benchmarks/compressed_verdicts.py [--quick] [--models A,B] [--out FILE]
 """
 from __future__ import annotations
 
@@ -69,8 +71,9 @@ def _models(quick: bool) -> dict:
         "slab_swin_small": demo("slab_swin_tiny", 64, depths=[1, 1, 1, 1], img_size=64, window_size=2,
                                 num_classes=10),
     })
-    if C.cached_trained("swiftformer_xs_digits64") is not None:
-        models["swiftformer_xs_digits64"] = lambda: C.cached_trained("swiftformer_xs_digits64")
+    for name in C.TRAINED_FULL:  # the full-size trained corpus, where it is cached here
+        if C.cached_trained(name) is not None:
+            models[name] = lambda name=name: C.cached_trained(name)
     return models
 
 
@@ -190,25 +193,27 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="vitedge-compressed-"))
     partial = C.out_path("compressed_verdicts", args).with_suffix(".partial")  # one model's rows per file: a run
     partial.mkdir(parents=True, exist_ok=True)                                  # that was stopped resumes there
-    rows = []
+    rows, models = [], _models(args.quick)
     try:
-        for name, make in _models(args.quick).items():
-            if args.models and name not in args.models.split(","):
-                continue
+        for name, make in models.items():
             done = partial / f"{name}.json"
-            if not done.is_file():
+            if not done.is_file() and (not args.models or name in args.models.split(",")):
                 done.write_text(json.dumps(measure(name, make, work, args.quick)))
-            rows += json.loads(done.read_text())
+            if done.is_file():  # the results hold every model measured so far, in this run or a stopped one
+                rows += json.loads(done.read_text())
     finally:
         shutil.rmtree(work, ignore_errors=True)
     summ = summary(rows)
+    summ["not_measured"] = [n for n in models if not (partial / f"{n}.json").is_file()]  # said, not hidden
     path = C.write_results(C.out_path("compressed_verdicts", args), "compressed_verdicts", info, args,
                            {"settings": {"k": COMPRESSED_K, "median": COMPRESSED_MEDIAN, "positions": POSITIONS,
                                          "visible": VISIBLE, "samples": SAMPLES, "weight_k": WEIGHT_K},
                             "cases": rows, "summary": summ}, started)
-    shutil.rmtree(partial, ignore_errors=True)
+    if all((partial / f"{n}.json").is_file() for n in models):  # complete: nothing left to resume
+        shutil.rmtree(partial, ignore_errors=True)
     print(f"\nresults: {path}")
-    print(f"\ncompressed rule (median {COMPRESSED_MEDIAN:g}); correct artifacts failed: {summ['correct_failed'] or 'none'}")
+    print(f"\ncompressed rule (median {COMPRESSED_MEDIAN:g}); correct artifacts failed: "
+          f"{summ['correct_failed'] or 'none'}; models not measured yet: {summ['not_measured'] or 'none'}")
     for kind, e in summ["kinds"].items():
         plants = ", ".join(f"{p} {v['caught']}/{v['of']} ({v['caught_by_outputs']}, {v['visible_missed']})"
                            for p, v in e["plants"].items())

@@ -1,15 +1,17 @@
 """Verdicts on really trained weights (no timing): full-size models trained to convergence on scikit-learn's digits,
 exported with their labelled held-out images as the parity set (`--images DIR --labels FILE`).
 
-For each model: `vitedge export --target onnx,coreml` (fp32 ONNX, fp16 CoreML run by the MIL interpreter) on the
-held-out digits written as PNG files, every hop's status, worst noise ratio per set and accuracy beside the
-float64 train-form's on the same images; then errors planted in the saved fp32 ONNX (a zeroed layer, one output
-channel sign-flipped, one channel x1.01, at the middle weight) judged by `vitedge parity`. Correct artifacts must
+For each model: `vitedge export --target onnx,coreml --precision fp16` (the fp32 ONNX hub, its fp16 graph on ONNX
+Runtime, fp16 CoreML run by the MIL interpreter) on the held-out digits written as PNG files, every hop's status,
+worst noise ratio per set and accuracy beside the float64 train-form's on the same images; then errors planted in
+the saved fp32 ONNX (a zeroed layer, one output channel sign-flipped, one channel x1.01, at the middle weight)
+judged by `vitedge parity`. Correct artifacts must
 pass, plants must fail.
 
 Models (weights produced by scripts/train_reference.py and cached outside the repository, in
-~/.cache/vitedge/trained; trained here when missing): SwiftFormer-XS (full config, 64 px) and SLAB-DeiT (depth 6,
-patch 8, 64 px). --quick: the small trained fixture of tests/fixtures/trained/ on 64 held-out images.
+~/.cache/vitedge/trained; trained here when missing), all at 64 px: SwiftFormer-XS (full config), SLAB-DeiT (depth 6,
+patch 8), SimA-Nano (sima_nano_12_p16, full config: a 4x4 token grid) and PRepBN-PVT-Tiny (full config).
+--quick: the small trained fixture of tests/fixtures/trained/ on 64 held-out images, fp32 ONNX and CoreML only.
 
     python benchmarks/trained_verdicts.py [--quick] [--out FILE]
 """
@@ -33,7 +35,7 @@ from vitedge.tests import trained_fixtures as tf
 from vitedge.tests._plant import plant_channel_scale
 
 CACHE = Path.home() / ".cache" / "vitedge" / "trained"
-FULL = ("swiftformer_xs_digits64", "slab_deit_digits64")
+FULL = C.TRAINED_FULL
 PLANTS = {"zero_layer": 0.0, "sign_flip": -1.0, "x1.01": 1.01}
 
 
@@ -79,10 +81,10 @@ def _hop_row(h) -> dict:
             "reason": h.reason}
 
 
-def measure(name: str, model, imgsz: int, images: Path, labels: Path, work: Path) -> dict:
+def measure(name: str, model, imgsz: int, images: Path, labels: Path, work: Path, quick: bool) -> dict:
     out = work / name
-    rep = vitedge.export(copy.deepcopy(model), targets="onnx,coreml", imgsz=imgsz, images=images, labels=labels,
-                         out=out, truth_cache=False)
+    rep = vitedge.export(copy.deepcopy(model), targets="onnx,coreml", precision=None if quick else "fp16",
+                         imgsz=imgsz, images=images, labels=labels, out=out, truth_cache=False)
     row = {"model": name, "imgsz": imgsz, "exit_code": rep.exit_code, "hops": [_hop_row(h) for h in rep.parity],
            "reference_top1_accuracy": rep.reference.get("top1_accuracy"), "planted": {}}
     graph = onnx.load(str(next(p for p in out.rglob("*.onnx") if ".raw." not in p.name and ".fp16." not in p.name)))
@@ -118,7 +120,7 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="vitedge-trained-"))
     try:
         images, labels = _write_heldout(work / "digits", 64 if args.quick else None)
-        rows = [measure(n, m, s, images, labels, work) for n, (m, s) in _weights(args.quick).items()]
+        rows = [measure(n, m, s, images, labels, work, args.quick) for n, (m, s) in _weights(args.quick).items()]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     correct_ok = all(h["status"] == "passed" for r in rows for h in r["hops"])
