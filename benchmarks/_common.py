@@ -344,6 +344,22 @@ TRAINED_CACHE = Path.home() / ".cache" / "vitedge" / "trained"   # scripts/train
 TRAINED_FULL = ("swiftformer_xs_digits64", "slab_deit_digits64", "sima_nano_digits64", "prepbn_pvt_digits64")
 
 
+def measured_per_model(measures: dict[str, Callable[[], list]], partial: Path, only: str | None) -> tuple[list, list]:
+    """(every model's rows, in model order; the models not measured yet). A model's rows come from
+    `partial`/NAME.json where an earlier run (stopped, or given `--models`) measured it, else from its measure,
+    called when `only` (comma-separated names) selects it or is None, and kept there at once. The caller removes
+    `partial` once nothing is missing."""
+    partial.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name, measure in measures.items():
+        done = partial / f"{name}.json"
+        if not done.is_file() and (only is None or name in only.split(",")):
+            done.write_text(json.dumps(measure()))
+        if done.is_file():
+            rows += json.loads(done.read_text())
+    return rows, [n for n in measures if not (partial / f"{n}.json").is_file()]
+
+
 def cached_trained(name: str) -> tuple[nn.Module, int] | None:
     """(the trained train-form model, its image size) of a full-size reference cached by scripts/train_reference.py,
     or None when it is not cached here."""

@@ -27,7 +27,6 @@ writes the results of every model measured so far; a stopped run resumes there.
 from __future__ import annotations
 
 import copy
-import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -191,25 +190,20 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     started, info = C.begin("compressed_verdicts", args.quick)
     work = Path(tempfile.mkdtemp(prefix="vitedge-compressed-"))
-    partial = C.out_path("compressed_verdicts", args).with_suffix(".partial")  # one model's rows per file: a run
-    partial.mkdir(parents=True, exist_ok=True)                                  # that was stopped resumes there
-    rows, models = [], _models(args.quick)
+    partial = C.out_path("compressed_verdicts", args).with_suffix(".partial")  # one model's rows per file
     try:
-        for name, make in models.items():
-            done = partial / f"{name}.json"
-            if not done.is_file() and (not args.models or name in args.models.split(",")):
-                done.write_text(json.dumps(measure(name, make, work, args.quick)))
-            if done.is_file():  # the results hold every model measured so far, in this run or a stopped one
-                rows += json.loads(done.read_text())
+        rows, missing = C.measured_per_model(
+            {n: (lambda n=n, make=make: measure(n, make, work, args.quick)) for n, make in _models(args.quick).items()},
+            partial, args.models)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     summ = summary(rows)
-    summ["not_measured"] = [n for n in models if not (partial / f"{n}.json").is_file()]  # said, not hidden
+    summ["not_measured"] = missing  # said, not hidden
     path = C.write_results(C.out_path("compressed_verdicts", args), "compressed_verdicts", info, args,
                            {"settings": {"k": COMPRESSED_K, "median": COMPRESSED_MEDIAN, "positions": POSITIONS,
                                          "visible": VISIBLE, "samples": SAMPLES, "weight_k": WEIGHT_K},
                             "cases": rows, "summary": summ}, started)
-    if all((partial / f"{n}.json").is_file() for n in models):  # complete: nothing left to resume
+    if not missing:  # complete: nothing left to resume
         shutil.rmtree(partial, ignore_errors=True)
     print(f"\nresults: {path}")
     print(f"\ncompressed rule (median {COMPRESSED_MEDIAN:g}); correct artifacts failed: "
