@@ -350,14 +350,16 @@ def measured_per_model(measures: dict[str, Callable[[], list]], partial: Path, o
     called when `only` (comma-separated names) selects it or is None, and kept there at once. The caller removes
     `partial` once nothing is missing."""
     partial.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, missing = [], []
     for name, measure in measures.items():
         done = partial / f"{name}.json"
         if not done.is_file() and (only is None or name in only.split(",")):
             done.write_text(json.dumps(measure()))
         if done.is_file():
             rows += json.loads(done.read_text())
-    return rows, [n for n in measures if not (partial / f"{n}.json").is_file()]
+        else:  # what these rows lack (another run may be measuring it now)
+            missing.append(name)
+    return rows, missing
 
 
 def cached_trained(name: str) -> tuple[nn.Module, int] | None:

@@ -112,11 +112,11 @@ def _row(name, kind, plant, pos, where, hop, out, good, truth) -> dict:
     return row
 
 
-def measure(name: str, make, work: Path, quick: bool) -> list[dict]:
+def measure(name: str, make, work: Path, quick: bool, kinds: tuple | None = None) -> list[dict]:
     model, imgsz = make()
     print(f"\n{name}", flush=True)
     rows = []
-    for kind in (QUICK_KINDS if quick else KINDS):
+    for kind in kinds or (QUICK_KINDS if quick else KINDS):
         out = work / name / kind
         rep = vitedge.export(copy.deepcopy(model), targets="onnx" if kind == "int8" else "coreml", precision=kind,
                              imgsz=imgsz, samples=SAMPLES, out=out, truth_cache=False)
@@ -184,14 +184,30 @@ def summary(rows: list[dict]) -> dict:
     return out
 
 
+def _remeasure(partial: Path, models: str | None, kinds: tuple, work: Path, quick: bool) -> None:
+    """Measure `kinds` again for the selected models kept in `partial` (after a fix of the judge or the emulation)."""
+    import json
+
+    for name, make in _models(quick).items():
+        done = partial / f"{name}.json"
+        if done.is_file() and (models is None or name in models.split(",")):
+            new = measure(name, make, work, quick, kinds)
+            rows = [r for r in json.loads(done.read_text()) if r["kind"] not in kinds] + new
+            done.write_text(json.dumps(sorted(rows, key=lambda r: KINDS.index(r["kind"]))))
+
+
 def main(argv=None) -> int:
     ap = C.parser("compressed_verdicts", __doc__)
     ap.add_argument("--models", default=None, help="comma-separated subset of the models (default: all)")
+    ap.add_argument("--remeasure", default=None, help="comma-separated kinds: measure them again for the --models "
+                    "already measured (their rows replace the kept ones)")
     args = ap.parse_args(argv)
     started, info = C.begin("compressed_verdicts", args.quick)
     work = Path(tempfile.mkdtemp(prefix="vitedge-compressed-"))
     partial = C.out_path("compressed_verdicts", args).with_suffix(".partial")  # one model's rows per file
     try:
+        if args.remeasure:
+            _remeasure(partial, args.models, tuple(args.remeasure.split(",")), work, args.quick)
         rows, missing = C.measured_per_model(
             {n: (lambda n=n, make=make: measure(n, make, work, args.quick)) for n, make in _models(args.quick).items()},
             partial, args.models)
