@@ -339,6 +339,27 @@ def banner(script: str, info: dict, quick: bool) -> None:
 # ---- trained weights cached outside the repository ----------------------------------------------------
 
 TRAINED_CACHE = Path.home() / ".cache" / "vitedge" / "trained"   # scripts/train_reference.py --out
+# the full-size trained corpus (scripts/train_reference.py's full-size table): SwiftFormer-XS, SLAB-DeiT (depth 6,
+# patch 8), SimA-Nano (p16) and PRepBN-PVT-Tiny, all on digits at 64 px
+TRAINED_FULL = ("swiftformer_xs_digits64", "slab_deit_digits64", "sima_nano_digits64", "prepbn_pvt_digits64")
+
+
+def measured_per_model(measures: dict[str, Callable[[], list]], partial: Path, only: str | None) -> tuple[list, list]:
+    """(every model's rows, in model order; the models not measured yet). A model's rows come from
+    `partial`/NAME.json where an earlier run (stopped, or given `--models`) measured it, else from its measure,
+    called when `only` (comma-separated names) selects it or is None, and kept there at once. The caller removes
+    `partial` once nothing is missing."""
+    partial.mkdir(parents=True, exist_ok=True)
+    rows, missing = [], []
+    for name, measure in measures.items():
+        done = partial / f"{name}.json"
+        if not done.is_file() and (only is None or name in only.split(",")):
+            done.write_text(json.dumps(measure()))
+        if done.is_file():
+            rows += json.loads(done.read_text())
+        else:  # what these rows lack (another run may be measuring it now)
+            missing.append(name)
+    return rows, missing
 
 
 def cached_trained(name: str) -> tuple[nn.Module, int] | None:

@@ -17,15 +17,16 @@ hop is): each row says what the outputs alone decided (`caught_by_outputs`) and 
 Models: the trained reference fixtures (tests/fixtures/trained/: SwiftFormer and SLAB-DeiT trained on scikit-learn's
 digits) and small configs of SimA and SLAB-Swin (demo weights: no task, no decision margins; the profiles' metric
 bounds were chosen on trained weights, and a demo-weight artifact that misses them is judged here all the same, its
-row saying so); the full run adds SwiftFormer-XS at its full config
-trained on digits (64 px; scripts/train_reference.py, cached in ~/.cache/vitedge/trained).
+row saying so); the full run adds the full-size trained corpus where it is cached (SwiftFormer-XS, SLAB-DeiT, SimA-Nano,
+PRepBN-PVT-Tiny trained on digits at 64 px; scripts/train_reference.py, cached in ~/.cache/vitedge/trained).
+Each model's rows are kept in FILE.partial/ until every model is measured: `--models A,B` measures only those and
+writes the results of every model measured so far; a stopped run resumes there.
 
-    python benchmarks/compressed_verdicts.py [--quick] [--out FILE]
+    python benchmarks/compressed_verdicts.py [--quick] [--models A,B] [--out FILE]
 """
 from __future__ import annotations
 
 import copy
-import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -69,8 +70,9 @@ def _models(quick: bool) -> dict:
         "slab_swin_small": demo("slab_swin_tiny", 64, depths=[1, 1, 1, 1], img_size=64, window_size=2,
                                 num_classes=10),
     })
-    if C.cached_trained("swiftformer_xs_digits64") is not None:
-        models["swiftformer_xs_digits64"] = lambda: C.cached_trained("swiftformer_xs_digits64")
+    for name in C.TRAINED_FULL:  # the full-size trained corpus, where it is cached here
+        if C.cached_trained(name) is not None:
+            models[name] = lambda name=name: C.cached_trained(name)
     return models
 
 
@@ -110,11 +112,11 @@ def _row(name, kind, plant, pos, where, hop, out, good, truth) -> dict:
     return row
 
 
-def measure(name: str, make, work: Path, quick: bool) -> list[dict]:
+def measure(name: str, make, work: Path, quick: bool, kinds: tuple | None = None) -> list[dict]:
     model, imgsz = make()
     print(f"\n{name}", flush=True)
     rows = []
-    for kind in (QUICK_KINDS if quick else KINDS):
+    for kind in kinds or (QUICK_KINDS if quick else KINDS):
         out = work / name / kind
         rep = vitedge.export(copy.deepcopy(model), targets="onnx" if kind == "int8" else "coreml", precision=kind,
                              imgsz=imgsz, samples=SAMPLES, out=out, truth_cache=False)
@@ -182,33 +184,46 @@ def summary(rows: list[dict]) -> dict:
     return out
 
 
+def _remeasure(partial: Path, models: str | None, kinds: tuple, work: Path, quick: bool) -> None:
+    """Measure `kinds` again for the selected models kept in `partial` (after a fix of the judge or the emulation)."""
+    import json
+
+    for name, make in _models(quick).items():
+        done = partial / f"{name}.json"
+        if done.is_file() and (models is None or name in models.split(",")):
+            new = measure(name, make, work, quick, kinds)
+            rows = [r for r in json.loads(done.read_text()) if r["kind"] not in kinds] + new
+            done.write_text(json.dumps(sorted(rows, key=lambda r: KINDS.index(r["kind"]))))
+
+
 def main(argv=None) -> int:
     ap = C.parser("compressed_verdicts", __doc__)
     ap.add_argument("--models", default=None, help="comma-separated subset of the models (default: all)")
+    ap.add_argument("--remeasure", default=None, help="comma-separated kinds: measure them again for the --models "
+                    "already measured (their rows replace the kept ones)")
     args = ap.parse_args(argv)
     started, info = C.begin("compressed_verdicts", args.quick)
     work = Path(tempfile.mkdtemp(prefix="vitedge-compressed-"))
-    partial = C.out_path("compressed_verdicts", args).with_suffix(".partial")  # one model's rows per file: a run
-    partial.mkdir(parents=True, exist_ok=True)                                  # that was stopped resumes there
-    rows = []
+    partial = C.out_path("compressed_verdicts", args).with_suffix(".partial")  # one model's rows per file
     try:
-        for name, make in _models(args.quick).items():
-            if args.models and name not in args.models.split(","):
-                continue
-            done = partial / f"{name}.json"
-            if not done.is_file():
-                done.write_text(json.dumps(measure(name, make, work, args.quick)))
-            rows += json.loads(done.read_text())
+        if args.remeasure:
+            _remeasure(partial, args.models, tuple(args.remeasure.split(",")), work, args.quick)
+        rows, missing = C.measured_per_model(
+            {n: (lambda n=n, make=make: measure(n, make, work, args.quick)) for n, make in _models(args.quick).items()},
+            partial, args.models)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     summ = summary(rows)
+    summ["not_measured"] = missing  # said, not hidden
     path = C.write_results(C.out_path("compressed_verdicts", args), "compressed_verdicts", info, args,
                            {"settings": {"k": COMPRESSED_K, "median": COMPRESSED_MEDIAN, "positions": POSITIONS,
                                          "visible": VISIBLE, "samples": SAMPLES, "weight_k": WEIGHT_K},
                             "cases": rows, "summary": summ}, started)
-    shutil.rmtree(partial, ignore_errors=True)
+    if not missing:  # complete: nothing left to resume
+        shutil.rmtree(partial, ignore_errors=True)
     print(f"\nresults: {path}")
-    print(f"\ncompressed rule (median {COMPRESSED_MEDIAN:g}); correct artifacts failed: {summ['correct_failed'] or 'none'}")
+    print(f"\ncompressed rule (median {COMPRESSED_MEDIAN:g}); correct artifacts failed: "
+          f"{summ['correct_failed'] or 'none'}; models not measured yet: {summ['not_measured'] or 'none'}")
     for kind, e in summ["kinds"].items():
         plants = ", ".join(f"{p} {v['caught']}/{v['of']} ({v['caught_by_outputs']}, {v['visible_missed']})"
                            for p, v in e["plants"].items())

@@ -1,22 +1,26 @@
 """Verdicts on really trained weights (no timing): full-size models trained to convergence on scikit-learn's digits,
 exported with their labelled held-out images as the parity set (`--images DIR --labels FILE`).
 
-For each model: `vitedge export --target onnx,coreml` (fp32 ONNX, fp16 CoreML run by the MIL interpreter) on the
-held-out digits written as PNG files, every hop's status, worst noise ratio per set and accuracy beside the
-float64 train-form's on the same images; then errors planted in the saved fp32 ONNX (a zeroed layer, one output
-channel sign-flipped, one channel x1.01, at the middle weight) judged by `vitedge parity`. Correct artifacts must
+For each model: `vitedge export --target onnx,coreml --precision fp16` (the fp32 ONNX hub, its fp16 graph on ONNX
+Runtime, fp16 CoreML run by the MIL interpreter) on the held-out digits written as PNG files, every hop's status,
+worst noise ratio per set and accuracy beside the float64 train-form's on the same images; then errors planted in
+the saved fp32 ONNX (a zeroed layer, one output channel sign-flipped, one channel x1.01, at the middle weight)
+judged by `vitedge parity`. Correct artifacts must
 pass, plants must fail.
 
 Models (weights produced by scripts/train_reference.py and cached outside the repository, in
-~/.cache/vitedge/trained; trained here when missing): SwiftFormer-XS (full config, 64 px) and SLAB-DeiT (depth 6,
-patch 8, 64 px). --quick: the small trained fixture of tests/fixtures/trained/ on 64 held-out images.
+~/.cache/vitedge/trained; trained here when missing), all at 64 px: SwiftFormer-XS (full config), SLAB-DeiT (depth 6,
+patch 8), SimA-Nano (sima_nano_12_p16, full config: a 4x4 token grid) and PRepBN-PVT-Tiny (full config).
+--quick: the small trained fixture of tests/fixtures/trained/ on 64 held-out images, fp32 ONNX and CoreML only.
 
-    python benchmarks/trained_verdicts.py [--quick] [--out FILE]
+Each model's row is kept in FILE.partial/ until every model is measured: `--models A,B` measures only those (and
+trains them first where they are not cached) and writes the results of every model measured so far.
+
+    python benchmarks/trained_verdicts.py [--quick] [--models A,B] [--out FILE]
 """
 from __future__ import annotations
 
 import copy
-import json
 import shutil
 import subprocess
 import sys
@@ -32,26 +36,21 @@ import vitedge
 from vitedge.tests import trained_fixtures as tf
 from vitedge.tests._plant import plant_channel_scale
 
-CACHE = Path.home() / ".cache" / "vitedge" / "trained"
-FULL = ("swiftformer_xs_digits64", "slab_deit_digits64")
+CACHE = C.TRAINED_CACHE
+FULL = C.TRAINED_FULL
 PLANTS = {"zero_layer": 0.0, "sign_flip": -1.0, "x1.01": 1.01}
 
 
-def _weights(quick: bool) -> dict:
-    """name -> (model, imgsz): the trained models, training the full-size ones first where they are missing."""
+def _weights(quick: bool, only: str | None) -> dict:
+    """name -> () -> (model, imgsz): the trained models, training the selected full-size ones first where they are
+    missing from the cache."""
     if quick:
-        return {"swiftformer_digits": (tf.load_reference("swiftformer_digits"), 32)}
-    missing = [n for n in FULL if not (CACHE / f"{n}.pth").is_file()]
+        return {"swiftformer_digits": lambda: (tf.load_reference("swiftformer_digits"), 32)}
+    missing = [n for n in FULL if not (CACHE / f"{n}.pth").is_file() and (only is None or n in only.split(","))]
     if missing:
         subprocess.run([sys.executable, str(C.RESULTS.parents[1] / "scripts" / "train_reference.py"), "--models",
                         ",".join(missing), "--out", str(CACHE)], check=True)
-    man = json.loads((CACHE / "manifest.json").read_text())["models"]
-    out = {}
-    for n in FULL:
-        model = vitedge.create_model(man[n]["model"], **man[n]["overrides"])
-        vitedge.load_checkpoint(model, CACHE / f"{n}.pth", strict=True)
-        out[n] = (model.eval(), man[n]["imgsz"])
-    return out
+    return {n: (lambda n=n: C.cached_trained(n)) for n in FULL}
 
 
 def _write_heldout(root: Path, n: int | None) -> tuple[Path, Path]:
@@ -79,10 +78,10 @@ def _hop_row(h) -> dict:
             "reason": h.reason}
 
 
-def measure(name: str, model, imgsz: int, images: Path, labels: Path, work: Path) -> dict:
+def measure(name: str, model, imgsz: int, images: Path, labels: Path, work: Path, quick: bool) -> dict:
     out = work / name
-    rep = vitedge.export(copy.deepcopy(model), targets="onnx,coreml", imgsz=imgsz, images=images, labels=labels,
-                         out=out, truth_cache=False)
+    rep = vitedge.export(copy.deepcopy(model), targets="onnx,coreml", precision=None if quick else "fp16",
+                         imgsz=imgsz, images=images, labels=labels, out=out, truth_cache=False)
     row = {"model": name, "imgsz": imgsz, "exit_code": rep.exit_code, "hops": [_hop_row(h) for h in rep.parity],
            "reference_top1_accuracy": rep.reference.get("top1_accuracy"), "planted": {}}
     graph = onnx.load(str(next(p for p in out.rglob("*.onnx") if ".raw." not in p.name and ".fp16." not in p.name)))
@@ -113,19 +112,25 @@ def _zero_layer(graph):
 
 def main(argv=None) -> int:
     ap = C.parser("trained_verdicts", __doc__)
+    ap.add_argument("--models", default=None, help="comma-separated subset of the models to measure now (default: all)")
     args = ap.parse_args(argv)
     started, info = C.begin("trained_verdicts", args.quick)
     work = Path(tempfile.mkdtemp(prefix="vitedge-trained-"))
+    partial = C.out_path("trained_verdicts", args).with_suffix(".partial")  # one model's row per file
     try:
         images, labels = _write_heldout(work / "digits", 64 if args.quick else None)
-        rows = [measure(n, m, s, images, labels, work) for n, (m, s) in _weights(args.quick).items()]
+        rows, missing = C.measured_per_model(
+            {n: (lambda n=n, load=load: [measure(n, *load(), images, labels, work, args.quick)])
+             for n, load in _weights(args.quick, args.models).items()}, partial, args.models)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     correct_ok = all(h["status"] == "passed" for r in rows for h in r["hops"])
     caught = {p: sum(r["planted"][p]["caught"] for r in rows) for p in PLANTS}
     path = C.write_results(C.out_path("trained_verdicts", args), "trained_verdicts", info, args,
                            {"models": rows, "summary": {"correct_passed": correct_ok, "caught": caught,
-                                                        "of": len(rows)}}, started)
+                                                        "of": len(rows), "not_measured": missing}}, started)
+    if not missing:  # complete: nothing left to resume
+        shutil.rmtree(partial, ignore_errors=True)
     print(f"\nresults: {path}")
     print("\ntrained models (hop: status, worst ratio on the labelled digits, top-1 hop / float64 train-form):")
     for r in rows:
@@ -135,6 +140,8 @@ def main(argv=None) -> int:
                   f"top-1 {h['top1_accuracy']:.3f} / {h['reference_top1_accuracy']:.3f}")
         print(f"  {r['model']} planted in the saved ONNX: " + ", ".join(
             f"{p} {'caught' if v['caught'] else 'MISSED'}" for p, v in r["planted"].items()))
+    if missing:
+        print(f"  not measured yet: {', '.join(missing)} (--models)")
     return 0 if correct_ok and all(v == len(rows) for v in caught.values()) else 1
 
 

@@ -380,7 +380,7 @@ def test_trained_verdicts_quick(runs):
     assert [h["hop"] for h in row["hops"]] == ["deploy-form", "onnx", "onnx-simplified", "coreml"]
     assert all(h["status"] == "passed" and h["top1_accuracy"] is not None for h in row["hops"])
     assert data["summary"] == {"correct_passed": True, "caught": {"zero_layer": 1, "sign_flip": 1, "x1.01": 1},
-                               "of": 1}
+                               "of": 1, "not_measured": []}
 
 
 def test_export_all_time_quick(tmp_path):

@@ -66,6 +66,17 @@ def test_the_rule_needs_the_emulation():
         parity.judge(GroundTruth(truth.y64, truth.y32, truth.sets), y64, parity.FLOAT64_TOLERANCES["int8"])
 
 
+def test_coreml_int8_scales_are_float16():
+    """A CoreML package stores w8 / w8a8 per-channel scales in float16: a near-dead channel (max|w| 3e-6 -> scale
+    2.3e-8, below float16's smallest subnormal) comes back as zeros, as coremltools writes it; ONNX int8 keeps it."""
+    w = torch.randn(8, 4096) * 1e-3
+    w[5] = w[5] / w[5].abs().max() * 3e-6
+    for kind in ("w8", "w8a8"):
+        q = stored_weight(w, kind)
+        assert torch.equal(q[5], torch.zeros(4096)) and (q[4] != 0).any()
+    assert (stored_weight(w, "int8")[5] != 0).sum() > 4000
+
+
 def test_emulations_store_weights_as_their_kind_does():
     w = torch.randn(8, 4096)
     q = stored_weight(w, "int8")

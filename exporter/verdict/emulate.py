@@ -75,7 +75,10 @@ def stored_weight(w: torch.Tensor, precision: str) -> torch.Tensor:
         return w.half().float()
     if precision not in ONNX_KINDS and w.numel() < _coreml_threshold():
         return w.half().float()
-    q = _palette(w, PALETTE_ENTRIES[precision]) if precision in PALETTE_ENTRIES else _int8_per_channel(w)
+    if precision in PALETTE_ENTRIES:
+        q = _palette(w, PALETTE_ENTRIES[precision])
+    else:  # a CoreML package stores its per-channel scales in float16 (constexpr_affine_dequantize on fp16 weights)
+        q = _int8_per_channel(w, torch.float32 if precision in ONNX_KINDS else torch.float16)
     return q if precision in ONNX_KINDS else q.half().float()
 
 
@@ -100,12 +103,13 @@ def _half(_module, y):
     return y.half().float()
 
 
-def _int8_per_channel(w: torch.Tensor) -> torch.Tensor:
-    """Symmetric int8 per output channel (axis 0): scale max|w| / 127, round to nearest."""
+def _int8_per_channel(w: torch.Tensor, scale_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Symmetric int8 per output channel (axis 0): scale max|w| / 127, round to nearest, dequantized with the scale as
+    stored in `scale_dtype` (float16: a near-dead channel whose scale underflows below 2^-25 comes back as zeros)."""
     flat = w.reshape(w.shape[0], -1)
     scale = flat.abs().amax(dim=1, keepdim=True) / 127.0
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    return (torch.clamp(torch.round(flat / scale), -127, 127) * scale).reshape(w.shape)
+    return (torch.clamp(torch.round(flat / scale), -127, 127) * scale.to(scale_dtype).float()).reshape(w.shape)
 
 
 def _palette(w: torch.Tensor, entries: int) -> torch.Tensor:
