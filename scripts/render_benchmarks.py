@@ -461,6 +461,49 @@ def trained_verdicts() -> str:
     return table(head, rows, sep="| ---")
 
 
+def verdict_headline() -> str:
+    """The README's verdict figures: the smallest planted error caught per precision (the artifact's worst sample
+    error against float64, of the largest logit) and the false-failure estimate, each from its JSON."""
+    d = load("parity_noise.json")
+    rule = NoiseRule(d["chosen"]["floor"], d["chosen"]["k"])
+    fp32 = []
+    for c in d["configs"]:
+        sets, noise = np.asarray(c["sets"]), np.asarray(c["noise"], np.float64)
+        allowed = np.empty(len(noise))
+        for s in set(c["sets"]):
+            allowed[sets == s] = rule.allowance(noise[sets == s])
+        for f in ("1.001", "1.01"):
+            err = np.asarray(c["candidates"][f"planted x{f}"]["error"], np.float64)
+            if np.max(err / allowed) > 1:
+                fp32.append(float(np.max(err)))
+    parts = [f"fp32 {_e(min(fp32))} (`parity_noise.json`)",
+             f"fp16 {_e(load('fp16_verdicts.json')['summary']['smallest_caught_error'])} (`fp16_verdicts.json`)"]
+    kinds = load("compressed_verdicts.json")["summary"]["kinds"]
+    parts.append(", ".join(f"{k} {_e(v['smallest_caught_by_outputs_error'])}" for k, v in kinds.items())
+                 + " by the outputs alone, smaller ones by the weights check (`compressed_verdicts.json`)")
+    ff = load("false_failures.json")["summary"]
+    return (f"Smallest planted error caught, per precision: {'; '.join(parts)}. A correct fp32 export's estimated "
+            f"chance of failing at {ff['extrapolated_to']} natural samples: at most {ff['worst_p_fail_at_n']:.1e} "
+            f"over the models of `false_failures.json` (target {ff['target']:g}: "
+            f"{'met' if ff['met'] else '**not met**'}).")
+
+
+def compressed_verdicts() -> str:
+    """Per compressed kind: K, the worst correct ratio to the emulation, planted errors caught (by the outputs
+    alone), the x1.1 plants caught and the smallest error the outputs caught, from compressed_verdicts.json."""
+    rows = []
+    for kind, k in load("compressed_verdicts.json")["summary"]["kinds"].items():
+        plants = k["plants"].values()
+        caught, of = sum(p["caught"] for p in plants), sum(p["of"] for p in plants)
+        small = k["plants"]["x1.1"]
+        rows.append([f"`{kind}`", f"{k['k']:g}", f"{k['worst_correct_ratio']:.2f}",
+                     f"{caught}/{of} ({sum(p['caught_by_outputs'] for p in plants)})",
+                     f"{small['caught']}/{small['of']}", f"{k['smallest_caught_by_outputs_error']:.1e}"])
+    head = ["kind", "K", "worst correct ratio", "caught / planted (by the outputs alone)", "× 1.1 caught",
+            "smallest error caught by the outputs"]
+    return table(head, rows, sep="| ---")
+
+
 def false_failures() -> str:
     """The false-failure study in one sentence: per model, the samples, median and largest ratio of its correct
     fp32 ONNX artifacts, and the estimated probability that a correct export fails at the extrapolated size."""
@@ -593,7 +636,7 @@ RENDERERS = {f.__name__: f for f in (
     quantization_speed, exporters, parity_sensitivity, all_models_summary, parity_noise_ratios,
     reference_threads, compressed_profiles, quantization_fixtures, export_main_job, export_allocator,
     export_all_time, matrix_scale, coreml_sizes, executorch_ratios, fp16_verdicts, deploy_speed_line,
-    trained_verdicts, compressed_int8, false_failures)}
+    trained_verdicts, compressed_int8, false_failures, compressed_verdicts, verdict_headline)}
 
 
 def render_text(text: str) -> str:

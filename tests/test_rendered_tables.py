@@ -20,20 +20,20 @@ def test_every_rendered_block_matches_its_json(rb):
     assert not stale, f"{stale} differ from benchmarks/results/*.json: run python scripts/render_benchmarks.py"
 
 
-def test_every_renderer_renders_somewhere_and_the_readme_has_one_headline(rb):
+def test_every_renderer_renders_somewhere_and_the_readme_has_one_headline_table_and_the_verdict_line(rb):
     used = [b.split()[0] for rel in rb.FILES for b in rb.blocks((REPO / rel).read_text())]
     assert set(used) == set(rb.RENDERERS), set(rb.RENDERERS) ^ set(used)
     readme = rb.blocks((REPO / "README.md").read_text())
-    assert readme == ["deploy_speed_headline"], readme
+    assert readme == ["deploy_speed_headline", "verdict_headline"], readme
 
 
 def test_a_changed_figure_in_the_json_changes_the_render(rb, monkeypatch):
     """The drift check can fail: a JSON whose c/a ratio moved renders a README that differs, with the new figure."""
-    real = rb.load("deploy_speed.json")
-    moved = copy.deepcopy(real)
+    load = rb.load
+    moved = copy.deepcopy(load("deploy_speed.json"))
     cell = next(c for c in moved["models"][0]["cells"] if c["threads"] == 1 and c["batch"] == 1)
     cell["speedups"]["c/a"]["ratio"] = 1.234
-    monkeypatch.setattr(rb, "load", lambda name: moved if name == "deploy_speed.json" else real)
+    monkeypatch.setattr(rb, "load", lambda name: moved if name == "deploy_speed.json" else load(name))
     text = (REPO / "README.md").read_text()
     new = rb.render_text(text)
     assert new != text and f"{moved['models'][0]['model']} | 1.234× [" in new
