@@ -317,6 +317,15 @@ def _set_medians(c: dict) -> dict[str, float]:
     return {s: statistics.median(v) for s, v in by_set.items()}
 
 
+def _config_allowances(c: dict, rule: NoiseRule) -> np.ndarray:
+    """The product's per-sample allowance of one parity_noise.json config, each input set judged as one set."""
+    sets, noise = np.asarray(c["sets"]), np.asarray(c["noise"], np.float64)
+    allowed = np.empty(len(noise))
+    for s in set(c["sets"]):
+        allowed[sets == s] = rule.allowance(noise[sets == s])
+    return allowed
+
+
 def parity_sensitivity() -> str:
     """Per config of parity_noise.json: the float32 noise medians, each hop's worst error with its noise ratio
     under the chosen rule (per sample max(floor, K x its noise raised to its set's median)), and the planted
@@ -328,10 +337,7 @@ def parity_sensitivity() -> str:
     rows = []
     for c in d["configs"]:
         median = _set_medians(c)
-        sets, noise = np.asarray(c["sets"]), np.asarray(c["noise"], np.float64)
-        allowed = np.empty(len(noise))
-        for s in median:  # the product's allowance, per input set
-            allowed[sets == s] = rule.allowance(noise[sets == s])
+        allowed = _config_allowances(c, rule)
         cells, ratios = [], {}
         for h in hops:
             err = c["candidates"][h]["error"]
@@ -468,10 +474,7 @@ def verdict_headline() -> str:
     rule = NoiseRule(d["chosen"]["floor"], d["chosen"]["k"])
     fp32 = []
     for c in d["configs"]:
-        sets, noise = np.asarray(c["sets"]), np.asarray(c["noise"], np.float64)
-        allowed = np.empty(len(noise))
-        for s in set(c["sets"]):
-            allowed[sets == s] = rule.allowance(noise[sets == s])
+        allowed = _config_allowances(c, rule)
         for f in ("1.001", "1.01"):
             err = np.asarray(c["candidates"][f"planted x{f}"]["error"], np.float64)
             if np.max(err / allowed) > 1:
