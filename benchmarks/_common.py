@@ -341,6 +341,14 @@ def banner(script: str, info: dict, quick: bool) -> None:
 TRAINED_CACHE = Path.home() / ".cache" / "vitedge" / "trained"   # scripts/train_reference.py --out
 # the full-size trained corpus (scripts/train_reference.py's full-size table): SwiftFormer-XS, SLAB-DeiT (depth 6,
 # patch 8), SimA-Nano (p16) and PRepBN-PVT-Tiny, all on digits at 64 px
+def plant_counts(rows: list[dict]) -> dict:
+    """The verdict studies' count of one kind of plant over its rows (each with `caught`, `caught_by_outputs`,
+    `visible`): caught, of, caught by the outputs alone, and missed though visible in the outputs."""
+    return {"caught": sum(r["caught"] for r in rows), "of": len(rows),
+            "caught_by_outputs": sum(r["caught_by_outputs"] for r in rows),
+            "visible_missed": sum(r["visible"] and not r["caught"] for r in rows)}
+
+
 TRAINED_FULL = ("swiftformer_xs_digits64", "slab_deit_digits64", "sima_nano_digits64", "prepbn_pvt_digits64")
 
 

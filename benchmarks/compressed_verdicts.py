@@ -168,10 +168,7 @@ def summary(rows: list[dict]) -> dict:
         by_plant = {}
         for p in dict.fromkeys(r["plant"] for r in bad):
             rs = [r for r in bad if r["plant"] == p]
-            by_plant[p] = {"caught": sum(r["caught"] for r in rs), "of": len(rs),
-                           "caught_by_outputs": sum(r["caught_by_outputs"] for r in rs),
-                           "visible_missed": sum(r["visible"] and not r["caught"] for r in rs),
-                           "smallest_weights_ratio": min(r["weights_ratio"] or 0.0 for r in rs)}
+            by_plant[p] = {**C.plant_counts(rs), "smallest_weights_ratio": min(r["weights_ratio"] or 0.0 for r in rs)}
         out["kinds"][kind] = {
             "k": COMPRESSED_K[profile_for(kind)], "worst_correct_ratio": max(r["worst_ratio"] for r in mine),
             "worst_correct_median": max((r["median_ratio"] or 0.0) for r in mine),

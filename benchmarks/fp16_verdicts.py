@@ -140,9 +140,7 @@ def summary(rows: list[dict]) -> dict:
     by_plant = {}
     for p in dict.fromkeys(r["plant"] for r in planted):
         rs = [r for r in planted if r["plant"] == p]
-        by_plant[p] = {"caught": sum(r["caught"] for r in rs), "of": len(rs),
-                       "caught_by_outputs": sum(r["caught_by_outputs"] for r in rs),
-                       "visible_missed": sum(r["visible"] and not r["caught"] for r in rs),
+        by_plant[p] = {**C.plant_counts(rs),
                        "smallest_caught_error": min((r["worst_error"] for r in rs if r["caught"]), default=None)}
     return {"k": FP16_K, "median": FP16_MEDIAN, "worst_correct_ratio": max(r["worst_ratio"] for r in correct),
             "worst_correct_weights_ratio": max(r["weights_ratio"] or 0.0 for r in correct),
