@@ -157,6 +157,7 @@ def add_bench(sub) -> argparse.ArgumentParser:
 
 
 def add_package(sub) -> argparse.ArgumentParser:
+    from vitedge.exporter.packaging import BUNDLES  # torch-free
     from vitedge.precisions import NAMES
     from vitedge.targets.coreml.options import DEFAULT_IOS, IOS_TARGETS
 
@@ -165,7 +166,7 @@ def add_package(sub) -> argparse.ArgumentParser:
                        description="Export to CoreML (image input; classifier with --labels) or ExecuTorch, run the "
                                    "parity ladder and write a deterministic BUNDLE.zip. Exit 1 (nothing written) if a "
                                    "hop fails.")
-    p.add_argument("--target", choices=("coreml", "executorch"), default="coreml",
+    p.add_argument("--target", choices=tuple(BUNDLES), default="coreml",
                    help="coreml (default: iOS) or executorch (Android, and iOS through ExecuTorch)")
     p.add_argument("--model", help="model name (see `vitedge models`); optional with a --checkpoint that names its "
                                    "model (a transformers folder or hf-hub: repo with config.json, or timm:NAME)")

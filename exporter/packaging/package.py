@@ -31,7 +31,7 @@ from ...errors import VitedgeError
 from ...models.preprocess import Recipe
 from ...models.registry import input_stats, recipe_of
 from ...targets import get_target
-from ...targets.rows import COREML_ROW, EXECUTORCH_ROW
+from . import BUNDLES
 from ...targets.coreml.compress import KINDS
 from ...targets.coreml.options import parse_ios, read_labels
 from ...targets.coreml.runners import EmulatedCoreMLRunner
@@ -183,9 +183,6 @@ def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = N
         return getattr(importlib.import_module(module, __package__), func)(model_or_name, out, **common)
     return _package_coreml(model_or_name, out, ios=ios, **common)
 
-
-# target -> its bundle maker ("module:function", imported when used; None: the CoreML bundle of this module)
-BUNDLES = {COREML_ROW.name: None, EXECUTORCH_ROW.name: ".package_android:package_executorch"}
 
 
 def _package_coreml(model_or_name, out, *, checkpoint, labels, ios, imgsz, precision, samples, overrides,
