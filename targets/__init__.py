@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-from .base import Artifact, LowerSpec, Runner, Target, UnavailableError
+from .base import Artifact, LowerSpec, Runner, Target, UnavailableError, reraise_interrupt
 from .rows import ROWS, Option, TargetRow, row_from_class
 
 TARGETS: dict[str, TargetRow | str] = {r.name: r for r in ROWS}
@@ -47,6 +47,24 @@ def get_target(name: str) -> Target:
     return _target_class(entry.impl if isinstance(entry, TargetRow) else entry)()
 
 
+def usable_target(name: str, lowers: bool = True) -> Target:
+    """The target `name`, able to run its artifacts here and, with `lowers`, to lower them; UnavailableError saying
+    why not (`vitedge bench` lowers and times; `bench --artifact` only times)."""
+    try:
+        target = get_target(name)
+    except ImportError as e:
+        reraise_interrupt(e)
+        raise UnavailableError(f"the {name} target is not installed here ({e})") from None
+    if lowers:
+        ok, why = target.available()
+        if not ok:
+            raise UnavailableError(why or f"{name} is unavailable here")
+    ok, why = target.runnable()
+    if not ok:
+        raise UnavailableError(why or f"{name} cannot run here")
+    return target
+
+
 def row_of(name: str) -> TargetRow:
     """The row of target `name` (an alias too). A bare "module:Class" entry imports its class (ImportError when it
     cannot); KeyError for a name not in TARGETS."""
@@ -76,5 +94,5 @@ def row_for_suffix(filename: str) -> TargetRow | None:
     return None
 
 
-__all__ = ["TARGETS", "ALIASES", "get_target", "register", "unregister", "row_of", "rows", "row_for_suffix",
+__all__ = ["TARGETS", "ALIASES", "get_target", "usable_target", "register", "unregister", "row_of", "rows", "row_for_suffix",
            "TargetRow", "Option", "Artifact", "LowerSpec", "Runner", "Target", "UnavailableError"]

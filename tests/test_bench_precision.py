@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+import vitedge.targets
 from vitedge.exporter.timing import bench
 from vitedge.exporter.timing.bench import run_bench
 from vitedge.targets.base import Artifact, Runner, Target
@@ -60,7 +61,7 @@ class FakeTarget(Target):
 
 
 def _bench(monkeypatch, targets: dict[str, FakeTarget]):
-    monkeypatch.setattr(bench, "get_target", lambda name: targets[name])
+    monkeypatch.setattr(vitedge.targets, "get_target", lambda name: targets[name])  # what bench lowers with
     report = run_bench("swiftformer_xs", overrides=TINY, imgsz="32", backends=",".join(targets), **QUICK)
     return {r.backend: r for r in report.results}
 

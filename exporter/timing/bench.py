@@ -24,9 +24,9 @@ import torch
 import torch.nn as nn
 
 from ...errors import VitedgeError
-from ...targets import LowerSpec, get_target, row_of, rows
+from ...targets import LowerSpec, row_of, rows, usable_target
 from ...targets.rows import ONNX
-from ...targets.base import Runner, UnavailableError, reraise_interrupt
+from ...targets.base import Runner, UnavailableError
 from ...targets.onnx.target import OnnxRuntimeRunner
 from ...targets.pytorch import TorchRunner
 from . import latency
@@ -79,17 +79,7 @@ def _target_runner(name: str, deploy: nn.Module, imgsz: int, batch: int, tmp: Pa
                    exporter: str = DEFAULT_EXPORTER, threads: int | None = None) -> Runner:
     """A target's artifact on its own runtime (UnavailableError, with why, where it cannot run); `threads`: a
     threaded runner's pool (the bench's --threads, as for ONNX Runtime). One from ONNX is built from the graph."""
-    try:
-        target = get_target(name)
-    except ImportError as e:
-        reraise_interrupt(e)
-        raise UnavailableError(f"{name} target is not installed here ({e})") from None
-    ok, why = target.available()
-    if not ok:
-        raise UnavailableError(why or f"{name} is unavailable here")
-    ok, why = target.runnable()
-    if not ok:
-        raise UnavailableError(why or f"{name} cannot run here")
+    target = usable_target(name)
     onnx_path, made = None, None
     if row_of(name).source == ONNX:
         model, made = _onnx(deploy, imgsz, batch, exporter)

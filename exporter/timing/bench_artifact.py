@@ -30,8 +30,8 @@ import onnx
 
 from ...errors import VitedgeError
 from ...precisions import TABLE as PRECISION_TABLE
-from ...targets import Artifact, get_target, row_of
-from ...targets.base import Runner, UnavailableError, reraise_interrupt, sha256_file
+from ...targets import Artifact, row_of, usable_target
+from ...targets.base import Runner, UnavailableError, sha256_file
 from ...targets.onnx.target import OnnxRuntimeRunner
 from .bench import PARITY_SAMPLES, check_parity, check_settings, gate, machine_info, time_backends
 from .bench_report import BackendResult, BenchReport
@@ -295,14 +295,7 @@ def _backends(plan: _Plan, eps: list[str], batch: int | None, imgsz: int | None,
 def _target_runner(plan: _Plan, threads: int | None = None) -> Runner:
     """TensorRT, CoreML or ExecuTorch on the target's own runtime ("device"); UnavailableError where it cannot run
     here. `threads`: ExecuTorch's XNNPACK pool (--threads, as for ONNX Runtime)."""
-    try:
-        target = get_target(plan.kind)
-    except ImportError as e:
-        reraise_interrupt(e)
-        raise UnavailableError(f"the {plan.kind} target is not installed here ({e})") from None
-    ok, why = target.runnable()
-    if not ok:
-        raise UnavailableError(why or f"{plan.kind} cannot run here")
+    target = usable_target(plan.kind, lowers=False)
     precision = plan.meta.get("precision") or target.default_precision
     runner = target.runner(Artifact(plan.kind, plan.path, precision), mode="device",
                            **({"threads": threads} if target.threaded else {}))
