@@ -339,8 +339,6 @@ def banner(script: str, info: dict, quick: bool) -> None:
 # ---- trained weights cached outside the repository ----------------------------------------------------
 
 TRAINED_CACHE = Path.home() / ".cache" / "vitedge" / "trained"   # scripts/train_reference.py --out
-# the full-size trained corpus (scripts/train_reference.py's full-size table): SwiftFormer-XS, SLAB-DeiT (depth 6,
-# patch 8), SimA-Nano (p16) and PRepBN-PVT-Tiny, all on digits at 64 px
 def plant_counts(rows: list[dict]) -> dict:
     """The verdict studies' count of one kind of plant over its rows (each with `caught`, `caught_by_outputs`,
     `visible`): caught, of, caught by the outputs alone, and missed though visible in the outputs."""
@@ -349,7 +347,10 @@ def plant_counts(rows: list[dict]) -> dict:
             "visible_missed": sum(r["visible"] and not r["caught"] for r in rows)}
 
 
-TRAINED_FULL = ("swiftformer_xs_digits64", "slab_deit_digits64", "sima_nano_digits64", "prepbn_pvt_digits64")
+# the full-size trained corpus (scripts/train_reference.py's full-size table), all on digits at 64 px: SwiftFormer-XS,
+# SLAB-DeiT-T (default config), SLAB-DeiT (depth 6, patch 8), SimA-Nano (p16) and PRepBN-PVT-Tiny
+TRAINED_FULL = ("swiftformer_xs_digits64", "slab_deit_tiny_digits64", "slab_deit_digits64", "sima_nano_digits64",
+                "prepbn_pvt_digits64")
 
 
 def measured_per_model(measures: dict[str, Callable[[], list]], partial: Path, only: str | None) -> tuple[list, list]:

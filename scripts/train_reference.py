@@ -47,6 +47,10 @@ REFERENCES = {
     "slab_deit_digits64": dict(
         model="slab_deit_tiny", imgsz=64, epochs=15, lr=1e-3, schedule_end=0.6, threads=2,
         overrides=dict(img_size=64, patch_size=8, depth=6, num_classes=10)),
+    # SLAB-DeiT-T's full default config (depth 12, width 192, 3 heads, patch 16) at 64 px: a 4x4 token grid
+    "slab_deit_tiny_digits64": dict(
+        model="slab_deit_tiny", imgsz=64, epochs=15, lr=1e-3, schedule_end=0.6, threads=2,
+        overrides=dict(img_size=64, num_classes=10)),
     # SimA-Nano (p16) at 64 px: a 4x4 token grid through all 12 blocks
     "sima_nano_digits64": dict(
         model="sima_nano_12_p16", imgsz=64, epochs=15, lr=1e-3, threads=2,
