@@ -58,7 +58,7 @@ SMALL = [
 FULL = ["swiftformer_xs", "slab_deit_tiny", "prepbn_deit_tiny", "sima_nano_12_p16"]
 PLANTS = (1.01, 1.001)
 FLOORS = (1e-7, 3e-7, 1e-6, 3e-6, 1e-5)
-KS = (3.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0)
+KS = (3.0, 5.0, 6.0, 8.0, 10.0, 12.0, 15.0, 20.0)
 MARGIN = 2.5  # a correct hop must stay below 1/MARGIN of its allowance
 CORRECT = ("deploy-form", "onnx", "onnx-simplified")
 

@@ -9,8 +9,8 @@ judged by `vitedge parity`. Correct artifacts must
 pass, plants must fail.
 
 Models (weights produced by scripts/train_reference.py and cached outside the repository, in
-~/.cache/vitedge/trained; trained here when missing), all at 64 px: SwiftFormer-XS (full config), SLAB-DeiT (depth 6,
-patch 8), SimA-Nano (sima_nano_12_p16, full config: a 4x4 token grid) and PRepBN-PVT-Tiny (full config).
+~/.cache/vitedge/trained; trained here when missing), all at 64 px: SwiftFormer-XS (full config), SLAB-DeiT-T (full default
+config: depth 12, patch 16), SLAB-DeiT (depth 6, patch 8), SimA-Nano (sima_nano_12_p16, full config: a 4x4 token grid) and PRepBN-PVT-Tiny (full config).
 --quick: the small trained fixture of tests/fixtures/trained/ on 64 held-out images, fp32 ONNX and CoreML only.
 
 Each model's row is kept in FILE.partial/ until every model is measured: `--models A,B` measures only those (and

@@ -351,7 +351,9 @@ def parity_sensitivity() -> str:
 
 
 def _e(x: float) -> str:
-    """1.0e-7 rather than 1.0e-07."""
+    """1.0e-7 rather than 1.0e-07 (and 0 rather than 0.0e+0)."""
+    if x == 0:
+        return "0"
     return f"{x:.1e}".replace("e-0", "e-").replace("e+0", "e+")
 
 
@@ -431,8 +433,10 @@ def quantization_fixtures() -> str:
 
 def all_models_summary() -> str:
     """What benchmarks/results/all_models.json holds, counted from its rows."""
-    ms = load("all_models.json")["models"]
+    d = load("all_models.json")
+    ms, rule = d["models"], d["settings"]["rule"]
     n = len(ms)
+    today = sum(m.get("rule") == rule for m in ms)
     missed = [m["model"] for m in ms if not m["planted"]["x1.01"]["caught"]]
     probe = sum(m.get("measured_in") == "this run" for m in ms)
     worst = [max(m["worst_noise_ratio"].values()) for m in ms]
@@ -440,7 +444,9 @@ def all_models_summary() -> str:
             f"exit 0, the worst hop at {min(worst):.2f}–{max(worst):.2f} of its allowance on the logits; × 1.01 "
             f"caught in {n - len(missed)} of {n} rows" + (f" (not in {', '.join(missed)})" if missed else "")
             + f", × 1.001 in {sum(m['planted']['x1.001']['caught'] for m in ms)} of {n}; {probe} rows measured with "
-            f"the feature probe, {n - probe} from the earlier run without it (`measured_in`).")
+            f"the feature probe, {n - probe} from the earlier run without it (`measured_in`); {today} rows judged by "
+            f"today's fp32 rule (floor {rule['noise_floor']:g}, K {rule['noise_k']:g}), {n - today} by an earlier one "
+            "(each row's `rule`).")
 
 
 
@@ -486,9 +492,10 @@ def verdict_headline() -> str:
                  + " by the outputs alone, smaller ones by the weights check (`compressed_verdicts.json`)")
     ff = load("false_failures.json")["summary"]
     return (f"Smallest planted error caught, per precision: {'; '.join(parts)}. A correct fp32 export's estimated "
-            f"chance of failing at {ff['extrapolated_to']} natural samples: at most {ff['worst_p_fail_at_n']:.1e} "
-            f"over the models of `false_failures.json` (target {ff['target']:g}: "
-            f"{'met' if ff['met'] else '**not met**'}).")
+            f"chance of failing at {ff['extrapolated_to']} natural samples: at most {_e(ff['worst_p_fail_at_n'])} "
+            f"over the trained models of `false_failures.json` (target {ff['target']:g}: "
+            f"{'met' if ff['met'] else '**not met**'}; the estimate's upper bound: at most "
+            f"{_e(ff['worst_p_fail_at_n_upper'])}).")
 
 
 def compressed_verdicts() -> str:
@@ -508,22 +515,34 @@ def compressed_verdicts() -> str:
 
 
 def false_failures() -> str:
-    """The false-failure study in one sentence: per model, the samples, median and largest ratio of its correct
-    fp32 ONNX artifacts, and the estimated probability that a correct export fails at the extrapolated size."""
+    """The false-failure study: per model, the samples, median and largest ratio of its correct fp32 ONNX artifacts,
+    the tail's shape and the estimated probability that a correct export fails at the extrapolated size (with its
+    upper bound); then that estimate per K of the grid, and the K the product uses."""
     d = load("false_failures.json")
     s = d["summary"]
     parts = []
     for m in d["models"]:
-        arts = m["artifacts"].values()
-        p = max(a["tail"]["p_fail_at_n"] for a in arts)
+        arts = list(m["artifacts"].values())
+        t = max((a["tail"] for a in arts), key=lambda t: t["p_fail_at_n_upper"])
         parts.append(f"{m['model']} ({m['weights']}, {m['samples']} samples): median ratio "
                      f"{max(a['q0.5'] for a in arts):.2f}, largest {max(a['max'] for a in arts):.2f}, "
-                     f"{sum(a['above_1'] for a in arts)} above 1, estimated P(fail at {s['extrapolated_to']}) "
-                     f"{p:.1e}")
+                     f"{sum(a['above_1'] for a in arts)} above 1, tail shape {t['shape']:.2f} "
+                     f"[{t['shape_ci95'][0]:.2f}, {t['shape_ci95'][1]:.2f}], P(fail at {s['extrapolated_to']}) "
+                     f"{_e(t['p_fail_at_n'])} (upper bound {_e(t['p_fail_at_n_upper'])})")
+    grid = ", ".join(f"K {k}: {_e(p)} ({_e(s['worst_p_fail_by_k_upper'][k])})"
+                     for k, p in s["worst_p_fail_by_k"].items())
     verdict = "met" if s["met"] else "**not met**"
-    return (f"{'; '.join(parts)}. The target, a correct export failing fewer than {s['target']:g} of the time at "
-            f"{s['extrapolated_to']} natural samples, is {verdict} by this estimate (an exponential tail of "
-            f"log(ratio), which over-states a tail like these; `benchmarks/results/false_failures.json`).")
+    smallest = "none of the grid" if s["smallest_k_meeting"] is None else f"K = {s['smallest_k_meeting']:g}"
+    above = s["upper_above_target"]
+    return (f"{'; '.join(parts)}. The worst estimate over these models per K of the grid (floor "
+            f"{s['rule']['floor']:g}; upper bound in brackets): {grid}; the smallest K whose estimate meets the "
+            f"target: {smallest}. At the product's K = {s['rule']['k']:g}, the target, a correct export failing "
+            f"fewer than {s['target']:g} of the time at {s['extrapolated_to']} natural samples, is {verdict} by the "
+            f"tail fit's estimate (at most {_e(s['worst_p_fail_at_n'])}); its upper bound (the tail's shape at the "
+            "top of its 95 % bootstrap interval) is " + (f"above the target for {', '.join(above)} (at most "
+                                                          f"{_e(s['worst_p_fail_at_n_upper'])})" if above
+                                                          else "below it too")
+            + " (`benchmarks/results/false_failures.json`).")
 
 
 # ----------------------------------------------------------------------- figures inside sentences (fragments)

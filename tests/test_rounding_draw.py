@@ -9,8 +9,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from vitedge.exporter import parity
-from vitedge.exporter.criteria import sample_errors
+from vitedge.exporter.verdict import parity
+from vitedge.exporter.verdict.criteria import sample_errors
 
 EPS32 = float(np.finfo(np.float32).eps)
 

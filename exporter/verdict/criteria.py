@@ -27,13 +27,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# Chosen from benchmarks/results/parity_noise.json (docs/parity_criteria.md): correct hops of every family reach
-# at most 3x their noise (so 0.37 of the allowance), a 1 % single-channel error at least 13.4x (caught in every
-# family), 0.1 % is caught in 12 of 14 configs (missed where it is within 5x of the model's own noise). The floor,
-# 2.5 float32 ulps of the sample's largest logit, only matters where float32 reproduces float64 (almost) exactly:
-# no artifact that stores float32 logits can be asked to be closer than that.
+# K: a correct fp32 export must fail less than once in 1000 at 5000 natural samples on every model of
+# benchmarks/results/false_failures.json (trained small fixtures and the full-size trained corpus; a generalized
+# Pareto fit to the tail of each correct artifact's per-sample ratio): the full-size SLAB-DeiT-T's estimate is 8.5e-3
+# at K = 8, 5.8e-4 at K = 10 (within a factor 2 of the target) and 5.3e-5 at K = 12. Its cost, from benchmarks/results/parity_noise.json: correct
+# hops of every family reach at most 0.25 of the allowance, a 1 % single-channel error is still caught in all 14
+# configs, 0.1 % in 11 of 14 (12 at K = 8). The floor, 2.5 float32 ulps of the sample's largest logit, only matters
+# where float32 reproduces float64 (almost) exactly (no sample of the trained corpus): no artifact that stores
+# float32 logits can be asked to be closer than that.
 NOISE_FLOOR = 3e-7
-NOISE_K = 8.0
+NOISE_K = 12.0
 # fp16 artifacts (CoreML, ONNX fp16, TensorRT fp16): the same per-sample rule, with an independent fp16 computation
 # in place of the float32 one: the deploy-form with its weights and every module output rounded to float16
 # (parity.fp16_reference) shows how far fp16 storage of that model moves each sample. Chosen from correct and
@@ -54,9 +57,12 @@ FP16_MEDIAN_MIN_SAMPLES = 8
 # emulation (which takes its ranges from the samples judged), so the kinds that quantize activations get a wide K and
 # the median rule carries their systematic errors. Finer changes to stored weights are the weights check's
 # (exporter/verdict/weight_check.py). The floor is half an fp16 ulp of the sample's largest logit, as for fp16.
+# The median bound per kind: int8's correct QDQ graphs of the full-size trained SLAB-DeiTs (12 and 6 blocks, photos
+# judged against calibration on other photos) reached a median of 2.5 and 2.1 times their emulation, so int8's is 4;
+# what that gives up is caught by the weights check (benchmarks/results/compressed_verdicts.json).
 COMPRESSED_FLOOR = 2.0 ** -11
 COMPRESSED_K = {"int8": 32.0, "w8a8": 32.0, "w8": 8.0, "palette": 8.0}
-COMPRESSED_MEDIAN = 2.0
+COMPRESSED_MEDIAN = {"int8": 4.0, "w8a8": 2.0, "w8": 2.0, "palette": 2.0}
 
 
 def rows(a: np.ndarray) -> np.ndarray:
