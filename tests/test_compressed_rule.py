@@ -10,7 +10,7 @@ import torch.nn as nn
 from onnx import helper, numpy_helper
 
 from vitedge.exporter.verdict import parity
-from vitedge.exporter.verdict.criteria import COMPRESSED_K, GroundTruth
+from vitedge.exporter.verdict.criteria import COMPRESSED_K, COMPRESSED_MEDIAN, GroundTruth
 from vitedge.exporter.verdict.emulate import compressed_reference, stored_weight
 from vitedge.exporter.core.report import Hop, ReparamInfo, Report, Tolerance
 from vitedge.exporter.verdict import weight_check as wc
@@ -58,6 +58,20 @@ def test_a_systematic_error_fails_the_median_rule():
     assert sets["natural"]["noise_ratio"] <= 1 and sets["natural"]["compressed_median_ratio"] == pytest.approx(3)
     assert problems == ["natural: compressed median ratio 3 > 2 (the typical sample's error over the kind's "
                         "emulation's: a systematic error)"]
+
+
+@pytest.mark.parametrize("profile", ["int8", "w8", "palette", "w8a8"])
+def test_the_median_bound_per_kind_both_sides(profile):
+    """Each kind's median bound (int8's wider: its correct graphs of deep trained models reach 2.5) passes a
+    systematic error just inside it and fails one just beyond."""
+    truth, y64 = _truth()
+    bound = COMPRESSED_MEDIAN[profile]
+    for factor, fails in ((bound - 0.5, False), (bound + 0.5, True)):
+        shifted = y64.copy()
+        shifted[:, 2] += 0.05 * factor                # every sample `factor` x its emulation's error, within K
+        _, sets, problems = parity.judge(truth, shifted, _rule(profile))
+        assert sets["natural"]["noise_ratio"] <= 1
+        assert bool(problems) == fails, (profile, factor, problems)
 
 
 def test_the_rule_needs_the_emulation():

@@ -53,7 +53,7 @@ COMPRESSED_TOLERANCES: dict[str, Tolerance] = {
 }
 DEFAULT_TOLERANCES.update(COMPRESSED_TOLERANCES)  # against the float32 train-form: the metric thresholds only
 COMPRESSED_TOLERANCES = {p: replace(t, compressed_floor=COMPRESSED_FLOOR, compressed_k=COMPRESSED_K[p],
-                                    compressed_median=COMPRESSED_MEDIAN) for p, t in COMPRESSED_TOLERANCES.items()}
+                                    compressed_median=COMPRESSED_MEDIAN[p]) for p, t in COMPRESSED_TOLERANCES.items()}
 FLOAT64_TOLERANCES.update(COMPRESSED_TOLERANCES)
 TOL_KEYS = Tolerance.UPPER + Tolerance.LOWER + Tolerance.NOISE + Tolerance.FP16 + Tolerance.COMPRESSED + Tolerance.LABELLED
 
