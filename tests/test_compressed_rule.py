@@ -188,3 +188,33 @@ def test_planted_int8_scales_fail_the_weights_check_on_the_other_families(name, 
         plant_int8_scale(tmp_path / "good.int8.onnx", bad_path, plant, position)
         bad = wc.check_weights(deploy, bad_path, "int8")
         assert bad.status == "failed" and bad.worst["ratio"] > 2, (plant, bad.as_dict())
+
+
+class _Table(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pos_embed = nn.Parameter(torch.randn(1, 16, 8, generator=torch.Generator().manual_seed(0)) * 0.02)
+
+
+def _table_onnx(path, table: np.ndarray):
+    init = numpy_helper.from_array(table.astype(np.float16), "pos_embed")
+    node = helper.make_node("Add", ["x", "pos_embed"], ["y"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT16, None)],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT16, None)], [init])
+    onnx.save(helper.make_model(graph), str(path))
+
+
+def test_a_table_stored_transposed_is_compared_in_its_own_layout(tmp_path):
+    """A position table the exporter folded into (1, C, N) for the parameter's (1, N, C) is transposed back, not
+    reshaped (a correct int8 PVT graph failed at 42x when its table was compared scrambled); a table x1.1 still
+    fails, and a stored tensor that is neither the parameter's layout nor its transpose is unmatched, not judged."""
+    deploy = _Table()
+    t = deploy.pos_embed.detach().numpy()
+    _table_onnx(tmp_path / "good.onnx", t.transpose(0, 2, 1))
+    good = wc.check_weights(deploy, tmp_path / "good.onnx", "fp16")
+    assert good.status == "passed" and good.checked == 1 and good.worst["ratio"] <= 1
+    _table_onnx(tmp_path / "bad.onnx", 1.1 * t.transpose(0, 2, 1))
+    assert wc.check_weights(deploy, tmp_path / "bad.onnx", "fp16").status == "failed"
+    _table_onnx(tmp_path / "other.onnx", t.reshape(1, 4, 32))
+    other = wc.check_weights(deploy, tmp_path / "other.onnx", "fp16")
+    assert other.status == "not run" and other.unmatched == 1

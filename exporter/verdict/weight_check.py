@@ -99,12 +99,13 @@ def check_weights(deploy: nn.Module, path: str | Path, precision: str) -> Weight
     check = WeightCheck("passed")
     for name, value in stored.items():
         p = params.get(_key(name))
-        if p is None or p.numel() != value.size or p.dim() < 2:
+        value = None if p is None or p.dim() < 2 else _aligned(np.asarray(value, np.float64), tuple(p.shape))
+        if value is None:
             check.unmatched += 1
             continue
         rows = 1 if precision in PER_TENSOR or p.shape[0] == 1 else p.shape[0]  # (1, ...): a table, not channels
         w = p.detach().double().reshape(rows, -1)
-        art = torch.as_tensor(np.asarray(value, np.float64)).reshape(w.shape)
+        art = torch.as_tensor(value).reshape(w.shape)
         emul = stored_weight(p.detach().float(), precision).double().reshape(w.shape)
         norm = w.norm(dim=1)
         norm = torch.maximum(norm, norm.median()).clamp(min=1e-30)  # a near-dead channel is judged at its tensor's scale
@@ -125,6 +126,18 @@ def check_weights(deploy: nn.Module, path: str | Path, precision: str) -> Weight
                                "by name and shape")
     check.status = "failed" if check.failing else "passed"
     return check
+
+
+def _aligned(value: np.ndarray, shape: tuple) -> np.ndarray | None:
+    """`value` in the parameter's layout: as stored where only size-1 axes differ (a 1x1 convolution's weight as a
+    matrix), transposed where the exporter stored the table transposed (a position table folded into (1, C, N)
+    for (1, N, C)); None where neither holds (matching by element count alone would compare scrambled values)."""
+    got, want = tuple(d for d in value.shape if d != 1), tuple(d for d in shape if d != 1)
+    if got == want:
+        return value.reshape(shape)
+    if len(got) == 2 and got[::-1] == want:
+        return value.reshape(got).T.reshape(shape)
+    return None
 
 
 def _key(name: str) -> str:
