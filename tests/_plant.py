@@ -247,3 +247,23 @@ def plant_pte_weight(src, dst, weight: np.ndarray, plant: str) -> None:
         raise ValueError("the weight is not stored once as raw float32 in the program")
     raw[at:at + w.nbytes] = change_weight(w.reshape(w.shape[0], -1), plant).astype(np.float32).tobytes()
     open(dst, "wb").write(bytes(raw))
+
+
+def int8_pte_scales(weight: np.ndarray) -> np.ndarray:
+    """The per-output-channel float32 scales PT2E's symmetric int8 quantizer (XNNPACK's) gives `weight`: max|w| / 127
+    per channel, as its observer computes them in float32 (measured: found byte-exact in lowered programs)."""
+    w = np.ascontiguousarray(weight, np.float32)
+    return (np.abs(w.reshape(w.shape[0], -1)).max(1) / np.float32(127.0)).astype(np.float32)
+
+
+def plant_pte_int8_scale(src, dst, weight: np.ndarray, plant: str) -> None:
+    """Copy the int8 ExecuTorch program `src` to `dst` with `plant` applied to the per-channel scales of `weight`
+    (a float32 deploy-form parameter, output channels first) where XNNPACK's delegate stores them: a raw float32 run
+    in the program, found by its exact contents. Scaling a channel's scale scales its dequantized weights."""
+    raw = bytearray(open(src, "rb").read())
+    s = int8_pte_scales(weight)
+    at = raw.find(s.tobytes())
+    if at < 0 or raw.find(s.tobytes(), at + 1) >= 0:
+        raise ValueError("the weight's int8 scales are not stored once as raw float32 in the program")
+    raw[at:at + s.nbytes] = change_weight(s[:, None], plant).astype(np.float32).tobytes()
+    open(dst, "wb").write(bytes(raw))
