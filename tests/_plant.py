@@ -267,3 +267,19 @@ def plant_pte_int8_scale(src, dst, weight: np.ndarray, plant: str) -> None:
         raise ValueError("the weight's int8 scales are not stored once as raw float32 in the program")
     raw[at:at + s.nbytes] = change_weight(s[:, None], plant).astype(np.float32).tobytes()
     open(dst, "wb").write(bytes(raw))
+
+
+def plant_pte_int8_data(src, dst, weight: np.ndarray, plant: str) -> None:
+    """Copy the int8 ExecuTorch program `src` to `dst` with `plant` applied to the int8 data of `weight` (a float32
+    deploy-form parameter, output channels first): XNNPACK stores it as raw int8, round(w / scale) per output channel,
+    convolutions permuted to OHWI, found by its exact contents. For plants a scale cannot carry (zero, sign flip:
+    XNNPACK refuses non-positive scales at load); an int8 channel scaled past +-127 saturates."""
+    raw = bytearray(open(src, "rb").read())
+    w = np.ascontiguousarray(weight, np.float32)
+    ohwi = w.transpose(0, *range(2, w.ndim), 1) if w.ndim > 2 else w
+    q = np.clip(np.round(ohwi.reshape(w.shape[0], -1) / int8_pte_scales(w)[:, None]), -127, 127).astype(np.int8)
+    at = raw.find(q.tobytes())
+    if at < 0 or raw.find(q.tobytes(), at + 1) >= 0:
+        raise ValueError("the weight's int8 data is not stored once in the program")
+    raw[at:at + q.nbytes] = np.clip(change_weight(q.astype(np.float32), plant), -127, 127).astype(np.int8).tobytes()
+    open(dst, "wb").write(bytes(raw))

@@ -8,7 +8,7 @@ import pytest
 from vitedge.targets.calibration import Calibration
 from vitedge.targets import get_target
 from vitedge.targets.base import LowerSpec
-from vitedge.tests._plant import int8_pte_scales, plant_pte_int8_scale
+from vitedge.tests._plant import int8_pte_scales, plant_pte_int8_data, plant_pte_int8_scale
 
 NAME = "swiftformer_digits"
 
@@ -50,11 +50,11 @@ def test_correct_int8_program_passes(lowered):
     assert hop.status == "passed", hop.reason
 
 
-def _planted(lowered, plant):
+def _planted(lowered, plant, where=plant_pte_int8_scale):
     target, art, judged, found, tmp = lowered
     name, w = found[0]  # the stem convolution (patch_embed.0)
-    dst = tmp / f"{plant}.int8.pte"
-    plant_pte_int8_scale(art.path, dst, w, plant)
+    dst = tmp / f"{plant}-{where.__name__}.int8.pte"
+    where(art.path, dst, w, plant)
     assert open(dst, "rb").read() != open(art.path, "rb").read()
     return target, dataclasses.replace(art, path=dst), judged
 
@@ -70,3 +70,9 @@ def test_non_positive_scales_are_refused_by_xnnpack_at_load(lowered, plant):
     sign flip cannot be planted through the scales; it needs the int8 data itself (not done here)."""
     with pytest.raises(RuntimeError, match="Failed to load method"):
         _judge(*_planted(lowered, plant))
+
+
+@pytest.mark.parametrize("plant", ["zero_layer", "sign_flip"])
+def test_zeroed_layer_and_sign_flip_in_the_int8_data_fail(lowered, plant):
+    hop = _judge(*_planted(lowered, plant, plant_pte_int8_data))
+    assert hop.status == "failed" and "noise_ratio" in hop.reason, hop.reason
