@@ -236,14 +236,49 @@ def plant_int8_scale(src, dst, plant: str, position: float) -> str:
     return node.input[0]
 
 
+def _rewrite_once(src, dst, old: bytes, new: bytes, what: str) -> None:
+    """Copy `src` to `dst` with the one occurrence of `old` replaced by `new` (same length); ValueError naming `what`
+    when it is not stored exactly once."""
+    raw = bytearray(open(src, "rb").read())
+    at = raw.find(old)
+    if at < 0 or raw.find(old, at + 1) >= 0:
+        raise ValueError(f"{what} is not stored once in the program")
+    raw[at:at + len(old)] = new
+    open(dst, "wb").write(bytes(raw))
+
+
 def plant_pte_weight(src, dst, weight: np.ndarray, plant: str) -> None:
     """Copy the ExecuTorch program `src` to `dst` with `plant` applied to `weight` (a float32 deploy-form parameter,
     output channels first) where the program stores it: XNNPACK's delegate keeps linear and 1x1 convolution
     weights as raw float32 bytes, found by their exact contents."""
-    raw = bytearray(open(src, "rb").read())
     w = np.ascontiguousarray(weight, np.float32)
-    at = raw.find(w.tobytes())
-    if at < 0 or raw.find(w.tobytes(), at + 1) >= 0:
-        raise ValueError("the weight is not stored once as raw float32 in the program")
-    raw[at:at + w.nbytes] = change_weight(w.reshape(w.shape[0], -1), plant).astype(np.float32).tobytes()
-    open(dst, "wb").write(bytes(raw))
+    _rewrite_once(src, dst, w.tobytes(), change_weight(w.reshape(w.shape[0], -1), plant).astype(np.float32).tobytes(),
+                  "the weight (raw float32)")
+
+
+def int8_pte_scales(weight: np.ndarray) -> np.ndarray:
+    """The per-output-channel float32 scales PT2E's symmetric int8 quantizer (XNNPACK's) gives `weight`: max|w| / 127
+    per channel, as its observer computes them in float32 (measured: found byte-exact in lowered programs)."""
+    w = np.ascontiguousarray(weight, np.float32)
+    return (np.abs(w.reshape(w.shape[0], -1)).max(1) / np.float32(127.0)).astype(np.float32)
+
+
+def plant_pte_int8_scale(src, dst, weight: np.ndarray, plant: str) -> None:
+    """Copy the int8 ExecuTorch program `src` to `dst` with `plant` applied to the per-channel scales of `weight`
+    (a float32 deploy-form parameter, output channels first) where XNNPACK's delegate stores them: a raw float32 run
+    in the program, found by its exact contents. Scaling a channel's scale scales its dequantized weights."""
+    s = int8_pte_scales(weight)
+    _rewrite_once(src, dst, s.tobytes(), change_weight(s[:, None], plant).astype(np.float32).tobytes(),
+                  "the weight's int8 scales (raw float32)")
+
+
+def plant_pte_int8_data(src, dst, weight: np.ndarray, plant: str) -> None:
+    """Copy the int8 ExecuTorch program `src` to `dst` with `plant` applied to the int8 data of `weight` (a float32
+    deploy-form parameter, output channels first): XNNPACK stores it as raw int8, round(w / scale) per output channel,
+    convolutions permuted to OHWI, found by its exact contents. For plants a scale cannot carry (zero, sign flip:
+    XNNPACK refuses non-positive scales at load); an int8 channel scaled past +-127 saturates."""
+    w = np.ascontiguousarray(weight, np.float32)
+    ohwi = w.transpose(0, *range(2, w.ndim), 1) if w.ndim > 2 else w
+    q = np.clip(np.round(ohwi.reshape(w.shape[0], -1) / int8_pte_scales(w)[:, None]), -127, 127).astype(np.int8)
+    planted = np.clip(change_weight(q.astype(np.float32), plant), -127, 127).astype(np.int8)
+    _rewrite_once(src, dst, q.tobytes(), planted.tobytes(), "the weight's int8 data")
