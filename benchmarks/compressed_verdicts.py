@@ -17,12 +17,12 @@ hop is): each row says what the outputs alone decided (`caught_by_outputs`) and 
 Models: the trained reference fixtures (tests/fixtures/trained/: SwiftFormer and SLAB-DeiT trained on scikit-learn's
 digits) and small configs of SimA and SLAB-Swin (demo weights: no task, no decision margins; the profiles' metric
 bounds were chosen on trained weights, and a demo-weight artifact that misses them is judged here all the same, its
-row saying so); the full run adds the full-size trained corpus where it is cached (SwiftFormer-XS, SLAB-DeiT, SimA-Nano,
-PRepBN-PVT-Tiny trained on digits at 64 px; scripts/train_reference.py, cached in ~/.cache/vitedge/trained).
+row saying so); the full run adds the full-size trained corpus where it is cached (SwiftFormer-XS, SLAB-DeiT-T,
+SLAB-DeiT depth 6, SimA-Nano, PRepBN-PVT-Tiny trained on digits at 64 px; scripts/train_reference.py, cached in ~/.cache/vitedge/trained).
 Each model's rows are kept in FILE.partial/ until every model is measured: `--models A,B` measures only those and
 writes the results of every model measured so far; a stopped run resumes there.
 
-    python benchmarks/compressed_verdicts.py [--quick] [--models A,B] [--out FILE]
+    python benchmarks/compressed_verdicts.py [--quick] [--models A,B] [--kinds K1,K2] [--remeasure K1,K2] [--out FILE]
 """
 from __future__ import annotations
 
@@ -198,7 +198,10 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=None, help="comma-separated subset of the models (default: all)")
     ap.add_argument("--remeasure", default=None, help="comma-separated kinds: measure them again for the --models "
                     "already measured (their rows replace the kept ones)")
+    ap.add_argument("--kinds", default=None, help="comma-separated kinds to measure for the models measured now "
+                    f"(default: all of {', '.join(KINDS)}; the summary lists, per model, the kinds it holds)")
     args = ap.parse_args(argv)
+    kinds = tuple(args.kinds.split(",")) if args.kinds else None
     started, info = C.begin("compressed_verdicts", args.quick)
     work = Path(tempfile.mkdtemp(prefix="vitedge-compressed-"))
     partial = C.out_path("compressed_verdicts", args).with_suffix(".partial")  # one model's rows per file
@@ -206,12 +209,15 @@ def main(argv=None) -> int:
         if args.remeasure:
             _remeasure(partial, args.models, tuple(args.remeasure.split(",")), work, args.quick)
         rows, missing = C.measured_per_model(
-            {n: (lambda n=n, make=make: measure(n, make, work, args.quick)) for n, make in _models(args.quick).items()},
+            {n: (lambda n=n, make=make: measure(n, make, work, args.quick, kinds))
+             for n, make in _models(args.quick).items()},
             partial, args.models)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     summ = summary(rows)
     summ["not_measured"] = missing  # said, not hidden
+    summ["kinds_measured"] = {m: sorted({r["kind"] for r in rows if r["model"] == m}, key=KINDS.index)
+                              for m in dict.fromkeys(r["model"] for r in rows)}
     path = C.write_results(C.out_path("compressed_verdicts", args), "compressed_verdicts", info, args,
                            {"settings": {"k": COMPRESSED_K, "median": COMPRESSED_MEDIAN, "positions": POSITIONS,
                                          "visible": VISIBLE, "samples": SAMPLES, "weight_k": WEIGHT_K},
@@ -219,7 +225,7 @@ def main(argv=None) -> int:
     if not missing:  # complete: nothing left to resume
         shutil.rmtree(partial, ignore_errors=True)
     print(f"\nresults: {path}")
-    print(f"\ncompressed rule (median {COMPRESSED_MEDIAN:g}); correct artifacts failed: "
+    print(f"\ncompressed rule (median bounds {COMPRESSED_MEDIAN}); correct artifacts failed: "
           f"{summ['correct_failed'] or 'none'}; models not measured yet: {summ['not_measured'] or 'none'}")
     for kind, e in summ["kinds"].items():
         plants = ", ".join(f"{p} {v['caught']}/{v['of']} ({v['caught_by_outputs']}, {v['visible_missed']})"
