@@ -151,7 +151,9 @@ def measure(name: str, samples: int | None, work: Path, overrides: dict | None =
                                for s, d in ((report.reference or {}).get("sets") or {}).items()},
            "hops": {h.hop: {"status": h.status, "reason": h.reason, "sets": sets_summary(h), "probe": probe_summary(h)}
                     for h in report.parity},
-           "planted": {}, "smallest_caught": None}
+           "planted": {}, "smallest_caught": None, "measured_in": "this run",
+           "rule": {"noise_floor": FLOAT64_TOLERANCES["fp32"].noise_floor,
+                    "noise_k": FLOAT64_TOLERANCES["fp32"].noise_k}}
     ratios = [d["noise_ratio"] for h in out["hops"].values() for d in h["sets"].values() if d["noise_ratio"]]
     out["worst_noise_ratio"] = {s: max((h["sets"][s]["noise_ratio"] for h in out["hops"].values()
                                         if s in h["sets"] and h["sets"][s]["noise_ratio"] is not None), default=None)
