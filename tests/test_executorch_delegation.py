@@ -36,7 +36,7 @@ def test_every_family_is_delegated_whole(family, tmp_path):
     assert np.abs(y - ref).max() <= 1e-4 * np.abs(ref).max()
 
 
-@pytest.mark.parametrize("name", ["swiftformer_digits", "slab_deit_digits"])
+@pytest.mark.parametrize("name", ["slab_deit_digits"])  # swiftformer_digits: tests/test_executorch_int8_plants.py
 def test_int8_on_trained_weights_keeps_the_accuracy(name, tmp_path):
     """PT2E int8 of the trained reference models, calibrated on 64 training images, judged on the 364 held-out
     digits by the product's compressed rule (int8 profile: accuracy drop, agreement, cosine, PSNR)."""

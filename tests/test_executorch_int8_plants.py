@@ -1,6 +1,8 @@
 """Errors planted in a saved int8 ExecuTorch program (.int8.pte) fail its hop: the trained swiftformer_digits is
 lowered ONCE (PT2E symmetric int8, per-channel weights, XNNPACK), then one mid-network weight's per-channel scales
-are changed in the program's bytes and the program is judged by the product's compressed rule."""
+are changed in the program's bytes and the program is judged by the product's compressed rule on the 364 held-out
+digits. The correct program's test is also the int8 accuracy check of this fixture (the other trained fixture's
+is in tests/test_executorch_delegation.py): one lowering serves both."""
 import dataclasses
 
 import pytest
@@ -27,12 +29,11 @@ def lowered(tmp_path_factory):
     art = target.lower(deploy, LowerSpec(NAME, imgsz, 1, "int8", tmp, None, metadata={"mean": [0.5] * 3},
                                          calibration=Calibration(xc, tuple(str(i) for i in ids), "images")))
     x, y = tf.heldout(NAME)
-    x, y = x[:96], y[:96]
     judged = Judged(train, x, ground_truth(train, x, ("user",) * len(x), y), tuple(f"digit:{i}" for i in range(len(x))))
     raw = open(art.path, "rb").read()
     found = [(n, p.detach().numpy()) for n, p in deploy.named_parameters()
              if p.ndim >= 2 and p.shape[0] > 1 and raw.count(int8_pte_scales(p.detach().numpy()).tobytes()) == 1]
-    return target, art, judged, found, tmp
+    return target, art, judged, found, tmp, (train, x, y)
 
 
 def _judge(target, art, judged):
@@ -43,15 +44,21 @@ def _judge(target, art, judged):
         return judge_compressed("executorch-int8", runner, judged, FLOAT64_TOLERANCES["int8"], "int8")
 
 
-def test_correct_int8_program_passes(lowered):
-    target, art, judged, found, _ = lowered
+def test_correct_int8_program_passes_and_keeps_the_accuracy(lowered):
+    from vitedge.tests import trained_fixtures as tf
+
+    target, art, judged, found, _, (train, x, y) = lowered
     assert len(found) > 0  # the scales of stored weights are found byte-exact in the program
+    assert art.info["outside_delegate"] == {} and art.info["calibration"]["samples"] == 64
     hop = _judge(target, art, judged)
     assert hop.status == "passed", hop.reason
+    with target.runner(art) as runner:
+        acc = tf.accuracy(runner.run(x), y)
+    assert acc["correct"] >= tf.accuracy(tf.torch_logits(train, x), y)["correct"] - 2  # at most 2 of 364 lost
 
 
 def _planted(lowered, plant, where=plant_pte_int8_scale):
-    target, art, judged, found, tmp = lowered
+    target, art, judged, found, tmp, _ = lowered
     name, w = found[0]  # the stem convolution (patch_embed.0)
     dst = tmp / f"{plant}-{where.__name__}.int8.pte"
     where(art.path, dst, w, plant)
