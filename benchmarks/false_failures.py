@@ -20,7 +20,8 @@ at the upper end of its 95 % bootstrap interval (200 resamples of the samples), 
 at that shape. P(fail at 5000) = 1 - (1 - p) ** 5000, read at ratio 1, for both. The target is judged on the
 estimate; the upper bound is recorded and printed beside it, and the summary says where it is above the target (a
 5000-sample tail fit cannot pin the shape down more tightly). The count of samples above 1 must be 0. Every sample's
-error and effective noise are kept in ~/.cache/vitedge/false_failures/NAME.npz, so `--reevaluate` recomputes every
+error and effective noise are kept in ~/.cache/vitedge/false_failures/RESULTS/NAME.npz (RESULTS: the results file's
+name without .json), so `--reevaluate` recomputes every
 figure from them (another estimator, another K grid) without measuring again.
 
 K and the floor are chosen here, not guessed: the estimate is made for each K of a grid (the floor fixed at the
@@ -54,7 +55,7 @@ import torch.nn.functional as F
 import _common as C
 import vitedge
 from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, simplify_keeping_fusions
-from vitedge.exporter.verdict.criteria import NOISE_FLOOR, NOISE_K, allowances, effective_noise, sample_errors
+from vitedge.exporter.verdict.criteria import NOISE_FLOOR, NOISE_K, NoiseRule, allowances, sample_errors
 from vitedge.exporter.verdict.inputs import natural_inputs
 from vitedge.exporter.verdict.parity import ROUNDING_ULPS, ground_truth, run_batched
 from vitedge.models.registry import get_spec
@@ -68,7 +69,8 @@ BOOT = 200              # bootstrap resamples for the tail shape's 95 % interval
 TARGET = 1e-3           # the stated rate: P(a correct export fails at SAMPLES samples) below this
 KS = (8.0, 10.0, 12.0, 15.0, 20.0)   # the K grid the rate is estimated for (the floor: the product's)
 SMALL = ("swiftformer_digits", "slab_deit_digits")
-KEPT = Path.home() / ".cache" / "vitedge" / "false_failures"   # every sample's error and effective noise, per model
+# every sample's error and effective noise, per model, in a folder per results file (a --quick run keeps its own)
+KEPT = Path.home() / ".cache" / "vitedge" / "false_failures"
 
 
 def augmented_digits(n: int, imgsz: int, mean, std, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -158,21 +160,23 @@ def models(quick: bool) -> list[tuple[str, str, Callable[[], torch.nn.Module], i
         entry = tf.manifest()["models"][name]
         out.append((name, entry["model"], lambda n=name: tf.load_reference(n), entry["imgsz"],
                     "trained (small fixture)"))
-    if quick:
+    cached = [n for n in C.TRAINED_FULL if (C.TRAINED_CACHE / f"{n}.pth").is_file()]
+    if quick or not cached:
         return out
+    manifest = json.loads((C.TRAINED_CACHE / "manifest.json").read_text())["models"]
     for name in C.TRAINED_FULL:
-        if not (C.TRAINED_CACHE / f"{name}.pth").is_file():
+        if name not in cached:
             print(f"{name}: not cached (scripts/train_reference.py --models {name}); skipped", flush=True)
             continue
-        man = json.loads((C.TRAINED_CACHE / "manifest.json").read_text())["models"][name]
+        man = manifest[name]
         out.append((name, man["model"], lambda n=name: C.cached_trained(n)[0], man["imgsz"],
                     "trained (full size, cached)"))
     return out
 
 
-def measure(name: str, registry: str, load, imgsz: int, weights: str, n: int, photos: int) -> dict:
+def measure(name: str, registry: str, load, imgsz: int, weights: str, n: int, photos: int, keep: Path) -> dict:
     """One model's row: its correct fp32 ONNX artifacts judged per sample; the samples' errors and effective noise
-    are kept in KEPT/NAME.npz."""
+    are kept in `keep`/NAME.npz."""
     t0 = time.time()
     train = load()
     x, sets = natural_samples(registry, imgsz, n, photos)
@@ -186,21 +190,21 @@ def measure(name: str, registry: str, load, imgsz: int, weights: str, n: int, ph
     for art, graph in (("onnx", raw), ("onnx-simplified", simp)):
         out = run_batched(OnnxRuntimeRunner(graph), x)
         errors, eff = [], []
-        for s in truth.present():  # each input set median-raised on its own, as parity.judge does
+        for s in truth.present():  # each input set judged on its own (median-raised), as parity.judge does
             idx = truth.indices(s)
             errors.append(sample_errors(truth.y64[idx], out[idx]))
-            eff.append(effective_noise(truth.noise[idx]))
+            eff.append(NoiseRule().judge_set(errors[-1], truth.noise[idx])[2])
         kept[f"{art}/errors"], kept[f"{art}/eff"] = np.concatenate(errors), np.concatenate(eff)
         row["artifacts"][art] = ratio_stats(kept[f"{art}/errors"], kept[f"{art}/eff"])
-    KEPT.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(KEPT / f"{name}.npz", **kept)
+    keep.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(keep / f"{name}.npz", **kept)
     row["seconds"] = round(time.time() - t0, 1)
     return row
 
 
-def reevaluate(row: dict) -> dict:
-    """`row` with its statistics recomputed from the kept samples (unchanged where none are kept here)."""
-    path = KEPT / f"{row['model']}.npz"
+def reevaluate(row: dict, keep: Path) -> dict:
+    """`row` with its statistics recomputed from the samples kept in `keep` (unchanged where none are kept here)."""
+    path = keep / f"{row['model']}.npz"
     if not path.is_file():
         return row
     kept = np.load(path)
@@ -220,16 +224,18 @@ def main(argv=None) -> int:
     started, info = C.begin("false_failures", args.quick, threads=2)
     n = args.samples or (300 if args.quick else SAMPLES)
     photos = max(1, n * PHOTOS // SAMPLES)
-    partial = C.out_path("false_failures", args).with_suffix(".partial")  # one model's row per file (resumable)
+    results = C.out_path("false_failures", args)
+    partial = results.with_suffix(".partial")  # one model's row per file (resumable)
+    keep = KEPT / results.stem
 
     def one(spec):
-        row = measure(*spec, n=n, photos=photos)
+        row = measure(*spec, n=n, photos=photos, keep=keep)
         print(f"{spec[0]}: done in {row['seconds']} s", flush=True)
         return [row]
 
     if args.reevaluate:  # the rows of the results file, recomputed from their kept samples
-        stored = json.loads(C.out_path("false_failures", args).read_text())
-        rows, missing = [reevaluate(r) for r in stored["models"]], []
+        stored = json.loads(results.read_text())
+        rows, missing = [reevaluate(r, keep) for r in stored["models"]], []
         measured = stored.get("measured") or {k: stored.get(k) for k in ("command", "wall_s", "machine")}
     else:
         measured = None
@@ -252,7 +258,7 @@ def main(argv=None) -> int:
     body = {"models": rows, "summary": summary}
     if args.reevaluate:  # the measurements' own provenance, beside this evaluation's
         body["measured"] = measured
-    path = C.write_results(C.out_path("false_failures", args), "false_failures", info, args, body, started)
+    path = C.write_results(results, "false_failures", info, args, body, started)
     if not missing:  # complete: nothing left to resume
         shutil.rmtree(partial, ignore_errors=True)
     print(f"\nresults: {path}")
