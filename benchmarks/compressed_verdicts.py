@@ -39,7 +39,7 @@ from vitedge.exporter.quantize.compressed import Judged, judge_compressed
 from vitedge.exporter.verdict.criteria import COMPRESSED_K, COMPRESSED_MEDIAN, effective_noise, sample_errors
 from vitedge.exporter.reparam.forms import build_deploy_form
 from vitedge.exporter.verdict.hops import parity_inputs_for
-from vitedge.exporter.verdict.parity import FLOAT64_TOLERANCES, profile_for, run_batched
+from vitedge.exporter.verdict.parity import FLOAT64_TOLERANCES, compute_metrics, profile_for, run_batched
 from vitedge.exporter.verdict.weight_check import WEIGHT_K, judge_weights
 from vitedge.models import make_trained_like
 from vitedge.targets.coreml.runners import EmulatedCoreMLRunner
@@ -104,6 +104,8 @@ def _row(name, kind, plant, pos, where, hop, out, good, truth) -> dict:
            "caught": hop.status == "failed", "caught_by_outputs": hop.outputs_failed,
            "weights_ratio": (hop.weights.get("worst") or {}).get("ratio"), "weights": hop.weights.get("status"),
            "problems": d["problems"]}
+    mq = compute_metrics(truth.y64, truth.yq)  # what the kind's own emulation reaches on these samples
+    row.update(emulation_cosine=mq.cosine, emulation_psnr_db=mq.psnr_db, metric_bounds=d.get("metric_bounds"))
     if good is not None:
         good_err = sample_errors(truth.y64, good)
         effect = sample_errors(good, out) * np.abs(good).max(axis=1) / np.abs(truth.y64).max(axis=1)

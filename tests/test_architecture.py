@@ -341,6 +341,10 @@ def test_a_long_file_needs_its_reason(tmp_path):
 
 # ---- moved import paths -----------------------------------------------------------------------------------
 
+# modules written inside their group after the regrouping: they never had a top-level path to alias
+BORN_IN_GROUP = {"vitedge.exporter.verdict.metrics"}
+
+
 def _moved() -> dict[str, str]:
     import vitedge
 
@@ -353,7 +357,8 @@ def test_the_moved_table_names_real_modules_and_no_module_left_in_place():
     assert [old for old in moved if old in modules] == []  # an old path never shadows (or hides) a module
     assert {old.rpartition(".")[2] for old in moved if ".exporter." in old} >= {
         m.rpartition(".")[2] for m in modules if m.count(".") == 3 and room(m) and room(m)[0] == "exporter"
-        and room(m)[1] not in ("reparam", "matrix", "command_line")}  # every module that left exporter/'s top level has its alias
+        and room(m)[1] not in ("reparam", "matrix", "command_line")
+        and m not in BORN_IN_GROUP}  # every module that left exporter/'s top level has its alias
 
 
 def test_every_old_path_imports_warns_and_is_the_new_module():

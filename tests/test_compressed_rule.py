@@ -2,6 +2,8 @@
 raised or did not run never counts as passed."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import onnx
 import pytest
@@ -72,6 +74,49 @@ def test_the_median_bound_per_kind_both_sides(profile):
         _, sets, problems = parity.judge(truth, shifted, _rule(profile))
         assert sets["natural"]["noise_ratio"] <= 1
         assert bool(problems) == fails, (profile, factor, problems)
+
+
+def _noisy_truth(rel: float, n: int = 16, seed: int = 1) -> GroundTruth:
+    """Ground truth whose emulation moves every logit by +-`rel` of the largest (5): PSNR 20 log10(1 / rel)."""
+    rng = np.random.default_rng(seed)
+    y64 = rng.normal(size=(n, 10))
+    y64[:, 0] = 5.0
+    return GroundTruth(y64, y64.copy(), ("natural",) * n, yq=y64 + rel * 5.0 * rng.choice([-1.0, 1.0], size=y64.shape))
+
+
+def test_cosine_and_psnr_bounds_follow_the_kinds_emulation_where_it_is_worse_both_sides():
+    """Where the kind's own emulation misses the profile's fixed cosine / PSNR on these samples, an artifact is held to
+    the emulation's values with the median bound's margin M (PSNR - 20 log10 M, 1 - cosine x M^2): within it
+    passes, beyond it fails, naming the bound's basis."""
+    tol = replace(parity.FLOAT64_TOLERANCES["int8"], compressed_k=1e9)   # the metric bounds alone decide here
+    m = tol.compressed_median
+    truth = _noisy_truth(rel=0.15)
+    mq = parity.compute_metrics(truth.y64, truth.yq)
+    assert mq.psnr_db < tol.psnr_db and mq.cosine < tol.cosine            # the emulation misses the fixed bounds
+    for factor, fails in ((0.9 * m, False), (1.2 * m, True)):
+        cand = truth.y64 + factor * (truth.yq - truth.y64)                # every sample factor x the emulation's error
+        _, sets, problems = parity.judge(truth, cand, replace(tol, compressed_median=None))
+        assert any(p.startswith("natural: psnr_db") for p in problems)   # the fixed bound alone fails both
+        _, sets, problems = parity.judge(truth, cand, tol)
+        psnr = [p for p in problems if p.startswith("natural: psnr_db")]
+        assert bool(psnr) == fails, (factor, problems)
+        assert sets["natural"]["metric_bounds"] == {"psnr_db": pytest.approx(mq.psnr_db - 20 * np.log10(m)),
+                                                    "cosine": pytest.approx(1 - m ** 2 * (1 - mq.cosine))}
+        assert not fails or ("the kind's emulation's" in psnr[0] and "margin 4" in psnr[0]), psnr
+    # a bound set with --tol stands as given, never loosened
+    cand = truth.y64 + 0.9 * m * (truth.yq - truth.y64)
+    _, sets, problems = parity.judge(truth, cand, replace(tol, psnr_db=29.0))
+    assert any(p.startswith("natural: psnr_db") and p.endswith("< 29") for p in problems), problems
+    assert set(sets["natural"]["metric_bounds"]) == {"cosine"}
+
+
+def test_where_the_emulation_meets_the_fixed_bounds_they_stand():
+    tol = replace(parity.FLOAT64_TOLERANCES["int8"], compressed_k=1e9)     # the median rule fails it too: not shown
+    truth = _noisy_truth(rel=0.001)                                       # emulation: 60 dB
+    cand = truth.y64 + 40 * (truth.yq - truth.y64)                        # 28 dB: below the profile's 30
+    _, sets, problems = parity.judge(truth, cand, tol)
+    assert [p for p in problems if "psnr_db" in p] == ["natural: psnr_db 27.96 < 30"]
+    assert "metric_bounds" not in sets["natural"]
 
 
 def test_the_rule_needs_the_emulation():

@@ -204,6 +204,16 @@ def test_calibration_on_blank_images_fails_the_products_judge():
     assert hop.status == "failed" and "top1_agreement" in hop.reason and "accuracy_drop" in hop.reason, hop.reason
 
 
+def test_calibration_on_one_image_fails_beyond_the_fixed_bounds():
+    """A graph calibrated on a single digit: its typical error is many times its emulation's (the median rule), not
+    only below the fixed cosine / PSNR, which a model whose own emulation misses them may loosen."""
+    name = NAMES[0]
+    calib, _ = tf.calibration_images(name, 1)
+    hop = product_verdict(name, qdq.quantize_qdq(tf.onnx_fp32(name), calib).model)
+    assert hop.status == "failed" and "compressed median ratio" in hop.reason, hop.reason
+    assert "metric_bounds" not in hop.sets["user"]  # this model's emulation meets the fixed bounds: they stand
+
+
 @pytest.mark.parametrize("name,plant", [("swiftformer_digits", "sign_flip"), ("swiftformer_digits", "x1.1"),
                                         ("slab_deit_digits", "x10"), ("slab_deit_digits", "zero_layer")])
 def test_planted_errors_in_the_saved_int8_scales_fail_the_products_hop(name, plant, tmp_path):

@@ -10,7 +10,6 @@ the metrics alone), against the float32 train-form.
 from __future__ import annotations
 
 import copy
-import math
 import time
 from dataclasses import asdict, replace
 
@@ -22,6 +21,7 @@ from ...targets.base import Runner, pad_batch
 from .criteria import (COMPRESSED_FLOOR, COMPRESSED_K, COMPRESSED_MEDIAN, FP16_FLOOR, FP16_K, FP16_MEDIAN, FP16_MEDIAN_MIN_SAMPLES, NOISE_FLOOR, NOISE_K, GroundTruth,
                        NoiseRule, accuracy, accuracy_delta, effective_noise, sample_errors)
 from .emulate import fp16_reference
+from .metrics import COMPRESSED_ERROR, PSNR_CAP_DB, compute_metrics, set_bounds  # noqa: F401  (re-exported)
 from ..core.report import Hop, Metrics, Tolerance, allowed_count
 
 # The documented defaults (README "Tolerances"); `--tol PROFILE.KEY=VALUE` overrides any of them.
@@ -58,7 +58,6 @@ FLOAT64_TOLERANCES.update(COMPRESSED_TOLERANCES)
 TOL_KEYS = Tolerance.UPPER + Tolerance.LOWER + Tolerance.NOISE + Tolerance.FP16 + Tolerance.COMPRESSED + Tolerance.LABELLED
 
 
-PSNR_CAP_DB = 300.0  # identical outputs (RMSE 0) report this instead of infinity
 REFERENCE_BATCH = 32
 # The float32 train-form's intra-op threads: its rounding (hence each sample's noise, hence the allowance) depends
 # on the reduction order. One thread takes a different conv/GEMM path that lands ~2x closer to float64 for
@@ -113,39 +112,6 @@ def tolerances(overrides: dict | list | None = None,
     return out
 
 
-def _topk_sets(y: np.ndarray, k: int) -> np.ndarray:
-    return np.sort(np.argsort(-y, axis=1, kind="stable")[:, :k], axis=1)
-
-
-def compute_metrics(reference: np.ndarray, candidate: np.ndarray) -> Metrics:
-    """Metrics of `candidate` vs `reference` logits, both (samples, classes); computed in float64."""
-    ref = np.asarray(reference, dtype=np.float64)
-    out = np.asarray(candidate, dtype=np.float64)
-    if ref.shape != out.shape:
-        raise ValueError(f"output shape {out.shape} differs from the reference {ref.shape}")
-    diff = out - ref
-    scale = float(np.abs(ref).max())
-    max_abs = float(np.abs(diff).max())
-    max_rel = max_abs / max(scale, 1e-30)
-    dots = (ref * out).sum(1)
-    norms = np.linalg.norm(ref, axis=1) * np.linalg.norm(out, axis=1)
-    cos = np.where(norms > 0, dots / np.where(norms > 0, norms, 1.0), np.where(np.abs(out).sum(1) == 0, 1.0, 0.0))
-    rmse = float(np.sqrt(np.mean(diff ** 2)))
-    psnr = PSNR_CAP_DB if rmse == 0 else min(PSNR_CAP_DB, 20 * math.log10(max(scale, 1e-30) / rmse))
-    k = min(5, ref.shape[1])
-    top1_n = int((ref.argmax(1) == out.argmax(1)).sum())
-    top5_n = int(np.all(_topk_sets(ref, k) == _topk_sets(out, k), axis=1).sum())
-    n = len(ref)
-    top1, top5 = top1_n / n, top5_n / n
-    if not np.isfinite(out).all():
-        max_abs = max_rel = cos_min = float("nan")
-        psnr = float("nan")
-    else:
-        cos_min = float(cos.min())
-    return Metrics(max_abs=max_abs, max_rel=max_rel, cosine=cos_min, psnr_db=psnr, top1_agreement=top1,
-                   top5_agreement=top5, samples=n, top1_agreeing=top1_n, top5_agreeing=top5_n)
-
-
 def run_batched(runner: Runner, x: np.ndarray, batch: int = REFERENCE_BATCH) -> np.ndarray:
     """Run `x` through `runner` in chunks; a static-batch artifact gets exactly its batch (last chunk padded)."""
     static = runner.max_batch()
@@ -182,7 +148,7 @@ def sample_rule(tolerance: Tolerance, truth: GroundTruth) -> tuple[NoiseRule, np
     return None
 
 
-FP16_ERROR, COMPRESSED_ERROR = "fp16 error", "emulated error"  # what a sample's allowance is scaled from
+FP16_ERROR = "fp16 error"  # what a sample's allowance is scaled from (COMPRESSED_ERROR: metrics.py)
 MEDIANS = {FP16_ERROR: ("fp16_median", "fp16_median_ratio", "reference_fp16_error", "fp16 reference"),
            COMPRESSED_ERROR: ("compressed_median", "compressed_median_ratio", "reference_compressed_error",
                               "kind's emulation")}
@@ -206,7 +172,8 @@ def judge(truth: GroundTruth, out: np.ndarray, tolerance: Tolerance,
     for s in truth.present():
         idx = truth.indices(s)
         m = compute_metrics(truth.y64[idx], out[idx])
-        found = [f"{s}: {v}" for v in tolerance.violations(m)]
+        bounds, basis = set_bounds(tolerance, truth, idx, what, FLOAT64_TOLERANCES.get(tolerance.profile))
+        found = [f"{s}: {v}{basis.get(v.split()[0], '')}" for v in bounds.violations(m)]
         ratio = worst = None
         if rule is not None:
             r, allowed, eff = rule.judge_set(errors[idx], noise[idx])
@@ -246,6 +213,8 @@ def judge(truth: GroundTruth, out: np.ndarray, tolerance: Tolerance,
             sets[s]["reference_top5_accuracy"] = accuracy(truth.y64[idx], lab, 5)
         if ref_key:
             sets[s][ref_key] = float(noise[idx].max())
+        if basis:
+            sets[s]["metric_bounds"] = {k: getattr(bounds, k) for k in basis}
         problems += found
     return metrics, sets, problems
 
