@@ -10,9 +10,9 @@ is read back from the saved file (fp16 initializers, int8 initializers through t
 package's weight.bin through the MIL interpreter's own kernels, a .pte's XNNPACK filters through their per-channel
 scales: targets/executorch/weights.py) and each output channel's deviation from the deploy-form's float32 values,
 ||w_art - w||_c, is compared with what a correct artifact of that precision does to that channel: the precision's
-emulation (exporter/verdict/emulate: fp16 rounding, int8 per channel, a k-means palette) gives ||w_emul - w||_c. A channel
-fails when its deviation exceeds max(WEIGHT_FLOOR x ||w||_c, WEIGHT_K x that, raised to the tensor's median): K and
-the floor from benchmarks/fp16_verdicts.py and benchmarks/compressed_verdicts.py (README "Weights check").
+emulation (exporter/verdict/emulate: fp16 rounding, int8 per channel, with PT2E's 2^-12 scale floor for a .pte, a
+k-means palette) gives ||w_emul - w||_c. A channel fails when its deviation exceeds max(WEIGHT_FLOOR x ||w||_c,
+WEIGHT_K x that, raised to the tensor's median): K and the floor from benchmarks/fp16_verdicts.py and benchmarks/compressed_verdicts.py (README "Weights check").
 
 Weights that map to no parameter (a converter's fused or renamed constants) are counted, not judged; an artifact
 none of whose weights maps is `not run`, saying so (unverified under --require-verified).
