@@ -106,8 +106,10 @@ def _planted(lowered, plant, where=plant_pte_int8_scale, weight=None):
 
 
 def test_x10_on_one_channel_scale_fails(lowered):
-    hop = _judge(*_planted(lowered, "x10"))
+    target, art, judged = _planted(lowered, "x10")
+    hop = _judge_weights(_judge(target, art, judged), lowered[-1], art.path)
     assert hop.status == "failed" and "noise_ratio" in hop.reason, hop.reason
+    assert hop.weights["status"] == "failed" and hop.weights["worst"]["weight"] == lowered[3][0][0], hop.weights
 
 
 @pytest.mark.parametrize("plant", ["zero_layer", "sign_flip"])
