@@ -67,9 +67,10 @@ def compressed_reference(model: nn.Module, x: np.ndarray, kind: str, batch: int 
                                                                     symmetric), input_fp16=fp16)
 
 
-def stored_weight(w: torch.Tensor, precision: str) -> torch.Tensor:
+def stored_weight(w: torch.Tensor, precision: str, min_scale: float = 0.0) -> torch.Tensor:
     """A Conv/Linear weight (output channels first) as a correct artifact of `precision` stores it (fp16, or a
-    compressed kind: see the module doc), in float32."""
+    compressed kind: see the module doc), in float32. `min_scale`: the int8 quantizer's floor on a channel's scale
+    (PT2E's XNNPACK quantizer: its observer's eps, 2^-12; none for the ONNX and CoreML kinds)."""
     w = w.detach().float()
     if precision == "fp16":
         return w.half().float()
@@ -78,7 +79,7 @@ def stored_weight(w: torch.Tensor, precision: str) -> torch.Tensor:
     if precision in PALETTE_ENTRIES:
         q = _palette(w, PALETTE_ENTRIES[precision])
     else:  # a CoreML package stores its per-channel scales in float16 (constexpr_affine_dequantize on fp16 weights)
-        q = _int8_per_channel(w, torch.float32 if precision in ONNX_KINDS else torch.float16)
+        q = _int8_per_channel(w, torch.float32 if precision in ONNX_KINDS else torch.float16, min_scale)
     return q if precision in ONNX_KINDS else q.half().float()
 
 
@@ -103,11 +104,12 @@ def _half(_module, y):
     return y.half().float()
 
 
-def _int8_per_channel(w: torch.Tensor, scale_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Symmetric int8 per output channel (axis 0): scale max|w| / 127, round to nearest, dequantized with the scale as
-    stored in `scale_dtype` (float16: a near-dead channel whose scale underflows below 2^-25 comes back as zeros)."""
+def _int8_per_channel(w: torch.Tensor, scale_dtype: torch.dtype = torch.float32, min_scale: float = 0.0) -> torch.Tensor:
+    """Symmetric int8 per output channel (axis 0): scale max|w| / 127 (at least `min_scale`), round to nearest,
+    dequantized with the scale as stored in `scale_dtype` (float16: a near-dead channel whose scale underflows below
+    2^-25 comes back as zeros)."""
     flat = w.reshape(w.shape[0], -1)
-    scale = flat.abs().amax(dim=1, keepdim=True) / 127.0
+    scale = torch.clamp(flat.abs().amax(dim=1, keepdim=True) / 127.0, min=min_scale)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     return (torch.clamp(torch.round(flat / scale), -127, 127) * scale.to(scale_dtype).float()).reshape(w.shape)
 

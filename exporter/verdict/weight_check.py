@@ -4,13 +4,15 @@ The outputs alone cannot show every change to a saved artifact: a compressed art
 largest logit, so a sign-flipped or x1.1 channel whose effect on the outputs stays within that passes any per-sample
 rule that correct artifacts pass. The weights show it. Each weight of the artifact that maps to a deploy-form
 parameter by name and shape (ONNX initializers keep the parameter's name, an int8 one with `_quantized`; CoreML consts
-carry it with `_` for `.` and suffixes such as `_to_fp16`, `_quantized`, `_palettized`) is read back from the saved
-file (fp16 initializers, int8 initializers through their DequantizeLinear scales, the package's weight.bin through
-the MIL interpreter's own kernels) and each output channel's deviation from the deploy-form's float32 values,
+carry it with `_` for `.` and suffixes such as `_to_fp16`, `_quantized`, `_palettized`) or, in an ExecuTorch program
+whose XNNPACK graphs carry no names, by shape and values (`by_nearest`: the same-shape parameter it is nearest to)
+is read back from the saved file (fp16 initializers, int8 initializers through their DequantizeLinear scales, the
+package's weight.bin through the MIL interpreter's own kernels, a .pte's XNNPACK filters through their per-channel
+scales: targets/executorch/weights.py) and each output channel's deviation from the deploy-form's float32 values,
 ||w_art - w||_c, is compared with what a correct artifact of that precision does to that channel: the precision's
-emulation (exporter/verdict/emulate: fp16 rounding, int8 per channel, a k-means palette) gives ||w_emul - w||_c. A channel
-fails when its deviation exceeds max(WEIGHT_FLOOR x ||w||_c, WEIGHT_K x that, raised to the tensor's median): K and
-the floor from benchmarks/fp16_verdicts.py and benchmarks/compressed_verdicts.py (README "Weights check").
+emulation (exporter/verdict/emulate: fp16 rounding, int8 per channel, with PT2E's 2^-12 scale floor for a .pte, a
+k-means palette) gives ||w_emul - w||_c. A channel fails when its deviation exceeds max(WEIGHT_FLOOR x ||w||_c,
+WEIGHT_K x that, raised to the tensor's median): K and the floor from benchmarks/fp16_verdicts.py and benchmarks/compressed_verdicts.py (README "Weights check").
 
 Weights that map to no parameter (a converter's fused or renamed constants) are counted, not judged; an artifact
 none of whose weights maps is `not run`, saying so (unverified under --require-verified).
@@ -38,7 +40,7 @@ WEIGHT_FLOOR = 2.0 ** -11      # relative to the channel's norm: half an fp16 ul
 # a palette's lookup table serves a whole tensor (iOS 16-17) or 16 channels (iOS 18), and another k-means lands its
 # centres elsewhere: its channels are judged together
 PER_TENSOR = tuple(n for n, p in TABLE.items() if p.tolerance_profile == "palette")
-READERS = (".onnx", ".mlpackage")
+READERS = (".onnx", ".mlpackage", ".pte")
 SUFFIXES = ("_palettized", "_quantized", "_dequantized", "_to_fp16", "_fp16")
 
 
@@ -73,7 +75,8 @@ def judge_weights(hop, deploy: nn.Module, path: str | Path, precision: str) -> N
         return
     if Path(path).suffix not in READERS:  # a TensorRT engine: its weights are not readable outside TensorRT
         hop.weights = {"status": "not applicable", "why": f"the stored weights of a {Path(path).suffix} artifact "
-                                                          "are not read (ONNX graphs and CoreML packages are)"}
+                                                          "are not read (ONNX graphs, CoreML packages and "
+                                                          "ExecuTorch programs are)"}
         return
     try:
         check = check_weights(deploy, path, precision)
@@ -93,7 +96,7 @@ def judge_weights(hop, deploy: nn.Module, path: str | Path, precision: str) -> N
 def check_weights(deploy: nn.Module, path: str | Path, precision: str) -> WeightCheck:
     """Judge the weights stored in the artifact at `path` (precision fp16 or a compressed kind) against `deploy`."""
     path = Path(path)
-    stored = onnx_weights(path, deploy) if path.suffix == ".onnx" else package_weights_all(path)
+    stored, min_scale = read_stored(path, deploy, precision)
     params = reference_params(deploy, path)
     k = WEIGHT_K[precision]
     check = WeightCheck("passed")
@@ -106,7 +109,7 @@ def check_weights(deploy: nn.Module, path: str | Path, precision: str) -> Weight
         rows = 1 if precision in PER_TENSOR or p.shape[0] == 1 else p.shape[0]  # (1, ...): a table, not channels
         w = p.detach().double().reshape(rows, -1)
         art = torch.as_tensor(value).reshape(w.shape)
-        emul = stored_weight(p.detach().float(), precision).double().reshape(w.shape)
+        emul = stored_weight(p.detach().float(), precision, min_scale).double().reshape(w.shape)
         norm = w.norm(dim=1)
         norm = torch.maximum(norm, norm.median()).clamp(min=1e-30)  # a near-dead channel is judged at its tensor's scale
         dev = ((art - w).norm(dim=1) / norm).numpy()
@@ -123,9 +126,58 @@ def check_weights(deploy: nn.Module, path: str | Path, precision: str) -> Weight
     if check.checked == 0:
         return WeightCheck("not run", unmatched=check.unmatched,
                            why=f"none of the artifact's {check.unmatched} weights maps to a deploy-form parameter "
-                               "by name and shape")
+                               "by name (or, unnamed, by values) and shape")
     check.status = "failed" if check.failing else "passed"
     return check
+
+
+def read_stored(path: Path, deploy: nn.Module, precision: str) -> tuple[dict[str, np.ndarray], float]:
+    """({name: float32 value} of the weights the artifact at `path` stores, named by the deploy-form parameter they
+    store where the file carries no names (an ExecuTorch program: `by_nearest`, against each parameter as
+    `precision` stores it); the floor its int8 quantizer puts on a channel's scale, for the emulation (PT2E's
+    observer eps; none for ONNX and CoreML))."""
+    if path.suffix == ".onnx":
+        return onnx_weights(path, deploy), 0.0
+    if path.suffix == ".mlpackage":
+        return package_weights_all(path), 0.0
+    from ...targets.executorch.quantize import weight_scale_floor
+    from ...targets.executorch.weights import pte_weights
+
+    floor = weight_scale_floor()
+    expected = {n: stored_weight(p, precision, floor).double().numpy() for n, p in deploy.named_parameters()
+                if p.dim() >= 2}
+    return by_nearest(pte_weights(path), expected), floor
+
+
+def by_nearest(stored: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Unnamed stored weights keyed by the deploy-form parameter each stores: of the parameters of the same shape
+    (size-1 axes aside), the one whose `expected` stored value (the precision's emulation) it is nearest to by the
+    median over output channels of ||w_stored - w||_c / ||w||_c, one parameter per stored weight, the nearest
+    pairs first. The median ignores a few planted channels, so a tampered weight still pairs with its own parameter
+    (and then fails on its deviation); a zeroed weight is equally far from all and takes the parameter the others
+    leave. A stored weight with no same-shape parameter left keeps its own name and is counted unmatched (an
+    ExecuTorch program's channel sums, 1x1 convolutions with ones that vitedge's rewrites put in: no parameter)."""
+    pairs = []
+    for name, value in stored.items():
+        for key, w in expected.items():
+            v = _aligned(np.asarray(value, np.float64), w.shape)
+            if v is not None:
+                pairs.append((_channel_distance(v, w), name, key, v))
+    out, used = {}, set()
+    for _, name, key, v in sorted(pairs, key=lambda t: t[0]):
+        if name not in out and key not in used:
+            out[name] = (key, v)
+            used.add(key)
+    named = {key: v for key, v in out.values()}
+    named.update({name: value for name, value in stored.items() if name not in out})
+    return named
+
+
+def _channel_distance(v: np.ndarray, w: np.ndarray) -> float:
+    rows = w.reshape(w.shape[0], -1)
+    norm = np.linalg.norm(rows, axis=1)
+    norm = np.maximum(norm, np.median(norm)) + 1e-30
+    return float(np.median(np.linalg.norm(v.reshape(rows.shape) - rows, axis=1) / norm))
 
 
 def _aligned(value: np.ndarray, shape: tuple) -> np.ndarray | None:
