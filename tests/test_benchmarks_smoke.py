@@ -324,6 +324,7 @@ def test_quantization_quick(runs):
     assert set(packages) == {"fp16", "w8", "palette4", "palette6", "w8a8"}
     assert all(p["smaller_than_fp16"] > 1 for k, p in packages.items() if k != "fp16")
     assert any(ln.startswith("  target palette4 >=") for ln in tail)
+    assert len(data["fixtures"]) == 1  # --quick: one trained fixture
     for name, acc in data["fixtures"].items():
         assert set(acc) >= {"fp32", "int8", "coreml-w8", "coreml-palette4", "coreml-palette6", "coreml-w8a8"}
         for v in acc.values():
