@@ -211,18 +211,20 @@ def main() -> None:
     C.banner("all_models", info, args.quick)
     started = time.time()
     path = Path(C.out_path("all_models", args))
-    rows, kept = [], []
+    rows, kept, old = [], [], {}
     if args.update and path.is_file():  # the other models' rows stay as measured, in cost order
-        kept = [r for r in json.loads(path.read_text())["models"] if r["model"] not in names]
+        old = {r["model"]: r for r in json.loads(path.read_text())["models"]}
+        kept = [r for m, r in old.items() if m not in names]
     with tempfile.TemporaryDirectory(prefix="vitedge-all-models-") as tmp:
         for name in names:
             r = (measure(name, samples, Path(tmp), C.REDUCED.get(name), QUICK_IMGSZ) if args.quick
                  else measure(name, samples, Path(tmp)))
             rows.append(r)
+            pending = [old[n] for n in names[len(rows):] if n in old]  # an interrupted --update keeps their old rows
             body = {"settings": {"target": "onnx", "samples": samples or f"export default ({SAMPLES_RULE})", "weights": "make_trained_like(seed=0)",
                                  "factors": list(FACTORS), "rule": {"noise_floor": FLOAT64_TOLERANCES["fp32"].noise_floor,
                                                                     "noise_k": FLOAT64_TOLERANCES["fp32"].noise_k}},
-                    "models": sorted(kept + rows, key=lambda r: _cost(r["model"])),
+                    "models": sorted(kept + rows + pending, key=lambda r: _cost(r["model"])),
                     "complete": len(rows) == len(names) and (not args.update or len(kept + rows) == len(list_models()))}
             C.write_results(path, "all_models", dict(info), args, body, started)  # survives an interrupted run
             w = r["worst_noise_ratio"]
