@@ -47,7 +47,6 @@ def compute_metrics(reference: np.ndarray, candidate: np.ndarray) -> Metrics:
                    top5_agreement=top5, samples=n, top1_agreeing=top1_n, top5_agreeing=top5_n)
 
 
-
 def set_bounds(tolerance: Tolerance, truth: GroundTruth, idx: np.ndarray, what: str,
                defaults: Tolerance | None) -> tuple[Tolerance, dict]:
     """The cosine / PSNR bounds one input set of a compressed hop is held to, and a note for each bound loosened:
