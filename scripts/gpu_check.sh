@@ -22,6 +22,11 @@ SAMPLES=64
 step tensorrt-import python -c "import tensorrt; print('tensorrt', tensorrt.__version__)"
 step cuda-runtime python -c "from vitedge.targets.tensorrt.cuda_memory import memory_backend as m; b, why = m(); print(b or why); assert b"
 step gpu nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+# the runner's buffer backends (torch.cuda, cuda-python): round trips and events on this GPU; then the engine tests.
+# VITEDGE_GPU_CHECK=1 turns their skips into failures: on this machine a backend that cannot run is a failure
+TESTS="$(dirname "$0")/../tests"
+step cuda-memory env VITEDGE_GPU_CHECK=1 python -m pytest -q -n 0 -m gpu "$TESTS/test_cuda_memory.py"
+step gpu-tests env VITEDGE_GPU_CHECK=1 python -m pytest -q -n 0 -m gpu "$TESTS/test_tensorrt.py"
 
 for model in "${MODELS[@]}"; do
   for precision in fp32 fp16; do
