@@ -443,10 +443,13 @@ def all_models_summary() -> str:
     return (f"`benchmarks/results/all_models.json` as committed: {n} models, {sum(m['exit_code'] == 0 for m in ms)} "
             f"exit 0, the worst hop at {min(worst):.2f}–{max(worst):.2f} of its allowance on the logits; × 1.01 "
             f"caught in {n - len(missed)} of {n} rows" + (f" (not in {', '.join(missed)})" if missed else "")
-            + f", × 1.001 in {sum(m['planted']['x1.001']['caught'] for m in ms)} of {n}; {probe} rows measured with "
-            f"the feature probe, {n - probe} from the earlier run without it (`measured_in`); {today} rows judged by "
-            f"today's fp32 rule (floor {rule['noise_floor']:g}, K {rule['noise_k']:g}), {n - today} by an earlier one "
-            "(each row's `rule`).")
+            + f", × 1.001 in {sum(m['planted']['x1.001']['caught'] for m in ms)} of {n}; "
+            + ("every row measured with the feature probe" if probe == n else
+               f"{probe} rows measured with the feature probe, {n - probe} from the earlier run without it")
+            + " (`measured_in`); "
+            + ("every row" if today == n else f"{today} rows") + f" judged by today's fp32 rule (floor "
+            f"{rule['noise_floor']:g}, K {rule['noise_k']:g})" + (f", {n - today} by an earlier one" if today < n else "")
+            + " (each row's `rule`).")
 
 
 
