@@ -59,10 +59,11 @@ FP16_MEDIAN_MIN_SAMPLES = 8
 # (exporter/verdict/weight_check.py). The floor is half an fp16 ulp of the sample's largest logit, as for fp16.
 # The median bound per kind: int8's correct QDQ graphs of the full-size trained SLAB-DeiTs (12 and 6 blocks, photos
 # judged against calibration on other photos) reached a median of 2.5 and 2.1 times their emulation, so int8's is 4;
-# what that gives up is caught by the weights check (benchmarks/results/compressed_verdicts.json).
+# w8a8's correct package of the 6-block one reached 2.1 (the weight-only kinds at most 1.1), so w8a8's is 3. What
+# the wider bounds give up is caught by the weights check (benchmarks/results/compressed_verdicts.json).
 COMPRESSED_FLOOR = 2.0 ** -11
 COMPRESSED_K = {"int8": 32.0, "w8a8": 32.0, "w8": 8.0, "palette": 8.0}
-COMPRESSED_MEDIAN = {"int8": 4.0, "w8a8": 2.0, "w8": 2.0, "palette": 2.0}
+COMPRESSED_MEDIAN = {"int8": 4.0, "w8a8": 3.0, "w8": 2.0, "palette": 2.0}
 
 
 def rows(a: np.ndarray) -> np.ndarray:

@@ -1,0 +1,95 @@
+"""The committed evidence on trained weights holds what the docs say of it (benchmarks/results/*.json, measured by
+benchmarks/trained_verdicts.py, fp16_verdicts.py, compressed_verdicts.py and false_failures.py on the full-size
+trained corpus of scripts/train_reference.py and the small trained fixtures): every model of the corpus is
+measured, every correct fp32, fp16 and compressed artifact of a trained model passes, every plant visible in the
+outputs is caught, and the false-failure target is met at the product's rule. Counts are compared as integers.
+A re-measured JSON that breaks one of these fails here, not in a reader's hands."""
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from vitedge.exporter.verdict.criteria import COMPRESSED_K, NOISE_FLOOR, NOISE_K
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+RESULTS = BENCH / "results"
+KINDS = ("int8", "w8", "palette4", "palette6", "w8a8")
+SMALL_TRAINED = ("swiftformer_digits", "slab_deit_digits")
+
+
+def _constant(name: str):
+    """A literal assigned in benchmarks/_common.py (read, not imported: it imports the benchmarks' own helpers)."""
+    for node in ast.parse((BENCH / "_common.py").read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{name} not found in benchmarks/_common.py")
+
+
+TRAINED_FULL = _constant("TRAINED_FULL")
+
+
+def _load(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def test_the_corpus_is_the_issue_s_families_at_full_size():
+    assert len(TRAINED_FULL) == 5
+    for family in ("swiftformer_xs", "slab_deit_tiny", "sima_nano", "pvt"):
+        assert any(family in m for m in TRAINED_FULL), family
+
+
+def test_every_trained_model_s_hops_pass_and_its_plants_fail():
+    d = _load("trained_verdicts.json")
+    rows = {m["model"]: m for m in d["models"]}
+    assert sorted(rows) == sorted(TRAINED_FULL) and d["summary"]["not_measured"] == []
+    for name, m in rows.items():
+        assert m["exit_code"] == 0, name
+        hops = {h["hop"]: h for h in m["hops"]}
+        assert {"deploy-form", "onnx", "onnx-simplified", "onnx-fp16", "coreml"} <= set(hops), name
+        assert all(h["status"] == "passed" for h in hops.values()), (name, hops)
+        for plant, p in m["planted"].items():
+            assert p["caught"] and p["status"] == "failed", (name, plant)
+    assert d["summary"]["correct_passed"] is True
+    assert all(d["summary"]["caught"][p] == d["summary"]["of"] == len(rows) for p in d["summary"]["caught"])
+
+
+def test_every_compressed_kind_of_every_trained_model_passes_correct_and_catches_visible_plants():
+    d = _load("compressed_verdicts.json")
+    cases = d["cases"]
+    measured = d["summary"]["kinds_measured"]
+    for name in TRAINED_FULL + SMALL_TRAINED:
+        assert measured.get(name) == list(KINDS), (name, measured.get(name))
+        for kind in KINDS:
+            correct = [c for c in cases if c["model"] == name and c["kind"] == kind and c["plant"] is None]
+            assert len(correct) == 1, (name, kind)
+            assert correct[0]["caught"] is False and correct[0]["weights"] == "passed", (name, kind, correct[0])
+            plants = [c for c in cases if c["model"] == name and c["kind"] == kind and c["plant"] is not None]
+            assert plants, (name, kind)
+            assert [c for c in plants if c["visible"] and not c["caught"]] == [], (name, kind)
+            assert all(c["caught"] for c in plants if c["plant"] in ("zero_layer", "sign_flip", "x10")), (name, kind)
+    # only demo-weight rows may be named among the correct artifacts that failed
+    failed = {entry.split("/")[0] for entry in d["summary"]["correct_failed"]}
+    assert not failed & set(TRAINED_FULL + SMALL_TRAINED), d["summary"]["correct_failed"]
+    assert d["settings"]["k"] == COMPRESSED_K
+
+
+def test_fp16_verdicts_pass_every_correct_artifact_and_catch_every_visible_plant():
+    s = _load("fp16_verdicts.json")["summary"]
+    assert s["correct_failed"] == []
+    for plant, counts in s["plants"].items():
+        assert counts["visible_missed"] == 0 and counts["caught"] == counts["of"] > 0, plant
+
+
+def test_the_false_failure_target_is_met_at_the_product_s_rule():
+    d = _load("false_failures.json")
+    s = d["summary"]
+    assert s["rule"]["floor"] == NOISE_FLOOR and s["rule"]["k"] == NOISE_K
+    assert sorted(r["model"] for r in d["models"]) == sorted(TRAINED_FULL + SMALL_TRAINED)
+    assert s["not_measured"] == [] and s["samples"] >= 5000
+    assert s["above_1"] == 0 and all(a["above_1"] == 0 for r in d["models"] for a in r["artifacts"].values())
+    assert s["met"] is True and s["worst_p_fail_at_n"] < s["target"] == pytest.approx(1e-3)
+    # the K the product uses is one whose estimate meets the target, and not below the smallest that does
+    assert s["smallest_k_meeting"] is not None and NOISE_K >= s["smallest_k_meeting"]
