@@ -91,5 +91,7 @@ def test_the_false_failure_target_is_met_at_the_product_s_rule():
     assert s["not_measured"] == [] and s["samples"] >= 5000
     assert s["above_1"] == 0 and all(a["above_1"] == 0 for r in d["models"] for a in r["artifacts"].values())
     assert s["met"] is True and s["worst_p_fail_at_n"] < s["target"] == pytest.approx(1e-3)
+    # and by the tail fit's upper bound (its shape at the top of its 95 % bootstrap interval) on every model
+    assert s["upper_above_target"] == [] and s["worst_p_fail_at_n_upper"] < s["target"]
     # the K the product uses is one whose estimate meets the target, and not below the smallest that does
     assert s["smallest_k_meeting"] is not None and NOISE_K >= s["smallest_k_meeting"]
