@@ -19,10 +19,10 @@ error's; > 0: a power law). The estimate is the fit's (maximum likelihood); besi
 at the upper end of its 95 % bootstrap interval (200 resamples of the samples), never below 0, and refits the scale
 at that shape. P(fail at 5000) = 1 - (1 - p) ** 5000, read at ratio 1, for both. The target is judged on the
 estimate; the upper bound is recorded and printed beside it, and the summary says where it is above the target (a
-5000-sample tail fit cannot pin the shape down more tightly: measure that model on more, `--samples N --models X`). The count of samples above 1 must be 0. Every sample's
-error and effective noise are kept in ~/.cache/vitedge/false_failures/RESULTS/NAME.npz (RESULTS: the results file's
-name without .json), so `--reevaluate` recomputes every
-figure from them (another estimator, another K grid) without measuring again.
+5000-sample tail fit cannot pin the shape down more tightly: measure that model on more, `--samples N --models X`).
+The count of samples above 1 must be 0. Every sample's error and effective noise are kept in
+~/.cache/vitedge/false_failures/RESULTS/NAME.npz (RESULTS: the results file's name without .json), so `--reevaluate`
+recomputes every figure from them (another estimator, another K grid) without measuring again.
 
 K and the floor are chosen here, not guessed: the estimate is made for each K of a grid (the floor fixed at the
 product's, which binds on no sample of these models), and the summary names the smallest K of the grid that meets

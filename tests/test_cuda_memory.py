@@ -3,12 +3,11 @@ bit for bit, in every dtype the runner binds, and the stream's events time the c
 under VITEDGE_GPU_CHECK=1 (scripts/gpu_check.sh), where a backend that cannot run fails instead."""
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
 from vitedge.targets.tensorrt.cuda_memory import cudart, open_memory
+from vitedge.tests._ci import gpu_unavailable
 
 
 def _unavailable(kind: str) -> str | None:
@@ -27,7 +26,7 @@ def _unavailable(kind: str) -> str | None:
 def test_buffers_round_trip_and_events_time_on_a_gpu(kind):
     why = _unavailable(kind)
     if why:
-        (pytest.fail if os.environ.get("VITEDGE_GPU_CHECK") == "1" else pytest.skip)(why)
+        gpu_unavailable(why)
     mem = open_memory(kind)
     assert mem.name == kind
     rng = np.random.default_rng(0)
