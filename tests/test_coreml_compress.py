@@ -182,7 +182,7 @@ def test_corrupted_lut_or_scale_in_the_package_fails(workdir, ios, kind, op_type
 
 
 PLANTED = [(16, "w8", "sign_flip"), (16, "w8", "x1.1"), (18, "w8", "x10"), (18, "w8a8", "zero_layer"),
-           (18, "w8a8", "x1.1"), (16, "palette4", "sign_flip"), (18, "palette4", "x10")]
+           (18, "w8a8", "sign_flip"), (18, "w8a8", "x1.1"), (16, "palette4", "sign_flip"), (18, "palette4", "x10")]
 
 
 def product_hop(workdir: Path, name: str, kind: str, path: Path):
