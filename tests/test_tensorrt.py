@@ -10,6 +10,7 @@ The engine build, its parity and the inspector check need an NVIDIA GPU: `@pytes
 from __future__ import annotations
 
 import json
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -32,7 +33,7 @@ from vitedge.exporter.reparam.engine import reparameterize
 from vitedge.models import create_model, make_trained_like
 from vitedge.models.layers import EfficientAdditiveAttention
 from vitedge.targets import LowerSpec, UnavailableError, get_target
-from vitedge.targets.tensorrt.target import (MIN_FP16_SHARE, MOVE_OPS, STRONG_FP16, STRONG_INT8, WEAK_FP16,
+from vitedge.targets.tensorrt.target import (MIN_FP16_SHARE, MOVE_OPS, STRONG_FP16, STRONG_INT8,
                                              BatchProfile, EngineBuildError, TensorRTCallError, TensorRTTarget,
                                              batch_profiles, build_path, check_engine_precision, layer_precisions,
                                              precision_verdict, verify_pinned)
@@ -164,7 +165,7 @@ def test_batch_profiles():
 
 
 def test_build_path_dispatch():
-    assert build_path(10, "fp16") == WEAK_FP16 and build_path(11, "fp16") == STRONG_FP16
+    assert build_path(10, "fp16") == build_path(11, "fp16") == STRONG_FP16  # strong typing on 10.x as on 11.x
     assert build_path(10, "fp32") == build_path(11, "fp32") == "fp32"
     assert build_path(10, "int8") == build_path(11, "int8") == STRONG_INT8
     with pytest.raises(ValueError):
@@ -257,63 +258,70 @@ def _lower(tmp_path: Path, fake, precision: str, batch=1, options=None, onnx_pat
     return target.lower(None, spec), onnx_path
 
 
-def _inspector_of(layers) -> dict:
-    """An inspector answer for the fake's network in the TensorRT 10 format: pinned layers in fp32 except the
-    first (left in fp16 by the builder), the last pinned one fused into a Myelin layer, the rest fp16."""
-    pinned = [lay.name for lay in layers if lay.set_output_type.call_args_list]
+def _inspector_of(model: onnx.ModelProto) -> dict:
+    """An inspector answer for the fake's fp16-cast graph in the TensorRT 10 format, one layer per node (named after
+    it, "[ONNX Layer: NODE]" metadata, as the ONNX parser registers them): the fp32 island nodes run in fp32 except
+    the first (left in fp16), the last island fused into a Myelin layer, every other node in fp16."""
+    islands = sorted(default_policy().onnx_fp32_nodes(model))
+    islands = [n.name for n in model.graph.node if n.name in islands and n.op_type not in MOVE_OPS]
     out = []
-    for lay in layers:
-        if lay.type == "LayerType.CONSTANT":
-            continue
-        fmt = "Row major linear FP32" if lay.name in pinned[1:] else "Row major linear FP16 format"
-        out.append({"Name": lay.name, "LayerType": "PointWiseV2", "Inputs": [], "StreamId": 0,
-                    "Outputs": [{"Name": lay.name + "_out", "Location": "Device", "Dimensions": [1, 16],
-                                 "Format/Datatype": fmt}], "Metadata": lay.metadata})
-    if pinned:
-        last = next(o for o in out if o["Name"] == pinned[-1])
+    for n in model.graph.node:
+        fmt = "Row major linear FP32" if n.name in islands[1:] else "Row major linear FP16 format"
+        out.append({"Name": n.name, "LayerType": "PointWiseV2", "Inputs": [], "StreamId": 0, "Metadata":
+                    f"[ONNX Layer: {n.name}]", "Outputs": [{"Name": n.name + "_out", "Location": "Device",
+                                                           "Dimensions": [1, 16], "Format/Datatype": fmt}]})
+    if islands:
+        last = next(o for o in out if o["Name"] == islands[-1])
         out.remove(last)
-        out.append({"Name": "{ForeignNode[/x..." + pinned[-1] + "]}", "LayerType": "Myelin", "Inputs": [],
+        out.append({"Name": "{ForeignNode[/x..." + islands[-1] + "]}", "LayerType": "Myelin", "Inputs": [],
                     "Outputs": [], "TacticName": "", "StreamId": 0, "Metadata": last["Metadata"]})
     return {"Layers": out, "Bindings": ["image", "logits"]}
 
 
-def test_trt10_fp16_pins_island_layers_by_node_and_kind(tmp_path, trt_fake):
-    fake = trt_fake.FakeTRT("10.13.0", inspector=_inspector_of)
+@pytest.mark.parametrize("version, flags", [("10.0.1", [2]), ("10.16.1", [2]), ("11.1.0", [0])])
+def test_fp16_is_built_strongly_typed_from_the_fp16_onnx_on_10x_as_on_11x(tmp_path, trt_fake, version, flags):
+    """fp16 on 10.x goes the 11.x way: the fp16-cast ONNX (fp32 islands kept by its casts) parsed into a strongly
+    typed network (1 << the creation flag, NvInfer.h kSTRONGLY_TYPED = 1, from 10.0), never BuilderFlag.FP16 with
+    per-layer precision (deprecated since 10.12, ignored inside Myelin regions): the table has no such row, so
+    the spec_set fake refuses the old calls. The inspector then says which island nodes really run in fp32."""
+    fake = trt_fake.FakeTRT(version, inspector=_inspector_of)
     art, onnx_path = _lower(tmp_path, fake, "fp16")
-    assert "BuilderFlag.FP16" in fake.flags() and "BuilderFlag.TF32" in fake.flags("clear_flag")
-    assert "BuilderFlag.PREFER_PRECISION_CONSTRAINTS" in fake.flags()
-    parsed = onnx.load_from_string(fake.parsed[0])
-    islands = default_policy().onnx_fp32_nodes(onnx.load(str(onnx_path)))
-    assert islands and islands <= {n.name for n in parsed.graph.node}  # the parsed bytes carry the island names
-    layers = fake.layers[id(fake.networks[0])]
-    pinned = [lay for lay in layers if lay.set_output_type.call_args_list]
-    ops = {n.name: n.op_type for n in parsed.graph.node}
-    # every island node that computes something got its computing layer(s) pinned, never the helper constant
-    assert {lay.metadata[len("[ONNX Layer: "):-1] for lay in pinned} == {n for n in islands if ops[n] not in MOVE_OPS}
-    assert all(lay.type != "LayerType.CONSTANT" for lay in pinned)
-    assert any(lay.type == "LayerType.CONSTANT" and lay.metadata[len("[ONNX Layer: "):-1] in islands for lay in layers)
+    assert fake.network_flags[0] == flags[0] and fake.flags() == []  # no precision flag on either major
+    fp16_onnx = onnx.load_from_string(fake.parsed[0])
+    assert sum(i.data_type == F16 for i in fp16_onnx.graph.initializer) > len(fp16_onnx.graph.initializer) / 2
+    assert {i.type.tensor_type.elem_type for i in list(fp16_onnx.graph.input) + list(fp16_onnx.graph.output)} == {F32}
     side = json.loads((tmp_path / "out" / "tiny.engine.json").read_text())
+    assert side["build_path"] == STRONG_FP16 and side["precision_check"]["status"] != "refuted"
+    islands = [n for n in default_policy().onnx_fp32_nodes(fp16_onnx)
+               if {x.name: x.op_type for x in fp16_onnx.graph.node}[n] not in MOVE_OPS]
     pol = side["fp32_policy"]
-    # the sidecar records what the inspector confirms, not what was asked
-    assert len(pinned) >= 3 and pol["pinning"]["requested"] == len(pinned)
+    assert len(islands) >= 3 and pol["pinning"]["requested"] == len(islands)
+    # the sidecar records what the inspector confirms, not what was asked: one island in fp16, one in Myelin
     assert pol["pinning"]["not_fp32"] == 1 and pol["pinning"]["in_myelin"] == 1
-    assert pol["pinned_layers"] == pol["pinning"]["verified"] == len(pinned) - 2
-    assert side["build_path"] == WEAK_FP16 and side["precision_check"]["status"] != "refuted"
+    assert pol["pinned_layers"] == pol["pinning"]["verified"] == len(islands) - 2 == art.info["fp32_pinned_layers"]
+    assert pol["fp16_graph"]["fp32_nodes"] == pol["islands"] >= len(islands)
 
 
-def test_unnamed_nodes_are_parsed_with_the_names_the_policy_gave_them(tmp_path, trt_fake):
+def test_unnamed_nodes_are_named_before_the_islands_are_checked(tmp_path, trt_fake):
     model = onnx.load(str(_tiny_onnx(tmp_path)))
     for n in model.graph.node:
         n.name = ""  # an exporter that names nothing: onnx-tensorrt would call them node_of_<output>
     path = tmp_path / "unnamed.onnx"
     onnx.save(model, str(path))
     fake = trt_fake.FakeTRT("10.13.0", inspector=_inspector_of)
-    _lower(tmp_path, fake, "fp16", onnx_path=path)
+    art, _ = _lower(tmp_path, fake, "fp16", onnx_path=path)
     parsed = onnx.load_from_string(fake.parsed[0])
-    assert all(n.name for n in parsed.graph.node)
-    layers = fake.layers[id(fake.networks[0])]
-    assert not any(lay.name.startswith("node_of_") for lay in layers)
-    assert fake.pinned(), "no island layer was pinned"
+    assert all(n.name for n in parsed.graph.node)  # the policy's names, which the inspector's layers carry
+    assert art.info["fp32_pinned_layers"] > 0
+
+
+def test_the_builder_flag_path_is_gone_from_the_table():
+    """What the old 10.x path called: absent from the table, so neither the code (test_tensorrt_api's AST walk) nor
+    the fake can use it."""
+    from vitedge.targets.tensorrt.api import ROWS
+    used = {(r.owner, r.member) for r in ROWS}
+    assert not used & {("BuilderFlag", "FP16"), ("BuilderFlag", "PREFER_PRECISION_CONSTRAINTS"),
+                       ("ILayer", "precision"), ("ILayer", "set_output_type")}
 
 
 def test_trt11_fp16_builds_the_fp16_onnx_and_confirms_by_outputs(tmp_path, trt_fake):
@@ -521,7 +529,7 @@ def test_lowering_never_raises_on_a_correct_fp16_engine_of_a_real_inspector_form
     check = art.info["precision_check"]
     assert check["status"] == "confirmed", check
     pinning = json.loads((tmp_path / "out" / "tiny.engine.json").read_text())["fp32_policy"]["pinning"]
-    assert (pinning is not None) == (version == "10.13.0")  # 10.x pins islands, checked against these layers
+    assert pinning is not None  # both majors check the fp32 islands against these layers
 
 
 # ---- every TensorRT call that reports failure by its return value is checked -----------------------------------
@@ -564,6 +572,33 @@ def test_a_refused_profile_switch_names_the_profile(tmp_path, trt_fake):
         with pytest.raises(TensorRTCallError, match=r"set_optimization_profile_async\(1, stream 0x7\) for input "
                                                     r"'image' returned False: .*profile 1 .*\(2, 2, 8\)"):
             r.run(X8)
+
+
+def test_a_raising_profile_switch_keeps_the_message(tmp_path, trt_fake):
+    """The real binding raises RuntimeError("Error in set optimization profile async.") instead of returning False
+    (pyCore.cpp, release/10.0 to 11.1: PY_ASSERT_RUNTIME_ERROR): the message naming the profile is still given."""
+    fake, art, target = _fp32_engine(tmp_path, trt_fake, "11.1.0")
+    with target.runner(art) as r:
+        r.profiles = [(1, 1, 1), (2, 2, 8)]
+        fake.contexts[-1].set_optimization_profile_async.side_effect = RuntimeError(
+            "Error in set optimization profile async.")
+        with pytest.raises(TensorRTCallError, match=r"set_optimization_profile_async\(1, stream 0x7\) for input "
+                                                    r"'image' raised RuntimeError\('Error in set optimization profile "
+                                                    r"async.'\): cannot switch to optimization profile 1 .*\(2, 2, 8\)"):
+            r.run(X8)
+
+
+@pytest.mark.parametrize("python, says", [((3, 13), "vitedge[tensorrt10]' (CUDA 12"),
+                                          ((3, 14), "has no wheel for Python 3.14")])
+def test_the_install_hint_says_tensorrt10_has_no_python_314_wheel(monkeypatch, python, says):
+    from vitedge.targets.tensorrt import target as trt_target
+    assert says in trt_target.install_hint(python)
+    if python >= (3, 14):
+        assert "vitedge[tensorrt11]" in trt_target.install_hint(python)
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # `import tensorrt` raises ImportError
+    monkeypatch.setattr(trt_target.sys, "version_info", (*python, 0, "final", 0))
+    with pytest.raises(UnavailableError, match=re.escape(says)):
+        trt_target.import_tensorrt()
 
 
 def test_no_execution_context_is_an_error_not_a_crash_later(tmp_path, trt_fake, monkeypatch):

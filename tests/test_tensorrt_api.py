@@ -70,18 +70,19 @@ def test_the_code_calls_nothing_outside_the_table():
     assert api_violations(src) == []
     # the walk sees what it must: the calls of both build paths and of the runner
     used = {".".join(c) for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Attribute) and (c := _chain(n))}
-    for expected in ("trt.BuilderFlag.FP16", "config.set_flag", "layer.set_output_type", "self.context.execute_async_v3",
-                     "engine.get_tensor_profile_shape", "self.context.set_optimization_profile_async"):
+    for expected in ("trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED", "config.clear_flag", "trt.BuilderFlag.TF32",
+                     "self.context.execute_async_v3", "engine.get_tensor_profile_shape",
+                     "self.context.set_optimization_profile_async"):
         assert expected in used, expected
 
 
 def test_the_walk_catches_calls_outside_the_table():
-    bad = api_violations("def f(trt, config, layer, self):\n"
+    bad = api_violations("def f(trt, config, network, self):\n"
                          "    config.set_flag(trt.BuilderFlag.FP16X)\n"
-                         "    layer.get_output_type(0)\n"
+                         "    network.get_layer(0)\n"
                          "    self.engine.get_binding_shape(0)\n"
                          "    trt.Builder(None).build_engine(None, None)\n")
-    assert [b.split(" (")[0] for b in bad] == ["line 2: trt.BuilderFlag.FP16X", "line 3: layer.get_output_type",
+    assert [b.split(" (")[0] for b in bad] == ["line 2: trt.BuilderFlag.FP16X", "line 3: network.get_layer",
                                                 "line 4: self.engine.get_binding_shape"]
     # chained calls through a call result are out of the walk's reach: the code names its objects instead
     assert "build_engine" not in " ".join(bad)
@@ -110,11 +111,33 @@ def test_table_rows_are_well_formed_and_versioned():
         assert r.kind in ("method", "property", "readonly", "value", "function", "class")
         assert set(r.majors) <= {10, 11} and r.majors
         assert (r.params is not None) == (r.kind in ("method", "function")), r
-    # what strong typing removed in 11.x
-    for owner, member in (("BuilderFlag", "FP16"), ("BuilderFlag", "PREFER_PRECISION_CONSTRAINTS"),
-                          ("ILayer", "precision"), ("ILayer", "set_output_type")):
-        assert member in members(owner, 10) and member not in members(owner, 11)
-    assert set(VARIABLES.values()) <= set(owners())
+    # one build path on both majors (strong typing): nothing that 11.x removed is used on 10.x either
+    assert all(r.majors == (10, 11) for r in ROWS)
+    # every variable's class has rows, but the network: an opaque handle (created, parsed into, built)
+    assert set(VARIABLES.values()) - set(owners()) == {"INetworkDefinition"}
+
+
+def _cap(spec: str) -> tuple[int, int]:
+    """The exclusive upper bound "<10.17" of a requirement's specifier, as (10, 17)."""
+    import re
+    m = re.search(r"<(\d+)\.(\d+)", spec)
+    assert m, f"{spec}: no minor-version cap"
+    return int(m.group(1)), int(m.group(2))
+
+
+def test_every_minor_version_the_extras_install_was_checked():
+    """The extras are capped at what scripts/check_tensorrt_api.py ran against: each minor version from the lower
+    bound up to the cap has a release branch in CHECKED_AGAINST (an uncapped `<12` let pip install 11.4 while the
+    table stopped at 11.1)."""
+    import tomllib
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for extra in ("tensorrt10", "tensorrt11", "tensorrt"):
+        req = next(r for r in extras[extra] if r.startswith("tensorrt-cu"))
+        major, cap = _cap(req)
+        lo = int(req.split(">=")[1].split(".")[1].split(",")[0])
+        checked = {int(ref.split(".")[1]) for ref in CHECKED_AGAINST[major]}
+        missing = [f"{major}.{m}" for m in range(lo, cap) if m not in checked]
+        assert not missing, f"{extra} ({req}) can install {missing}, which were never checked"
 
 
 @pytest.mark.parametrize("major", [10, 11])
@@ -128,15 +151,10 @@ def test_fake_module_is_as_strict_as_the_table(trt_fake, major):
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE)  # pool_size missing
     with pytest.raises(AttributeError):
         config.no_such_attribute = 1  # spec_set: no new attributes
-    layer = fake.instance("ILayer")
-    if major == 10:
-        layer.set_output_type(0, trt.float32)
-        assert trt.BuilderFlag.FP16
-    else:
-        with pytest.raises(AttributeError):
-            layer.set_output_type(0, trt.float32)
-        with pytest.raises(AttributeError):
-            trt.BuilderFlag.FP16  # noqa: B018
+    with pytest.raises(AttributeError):
+        trt.BuilderFlag.FP16  # noqa: B018 - the builder-flag fp16 path is not vitedge's on either major
+    with pytest.raises(AttributeError):
+        fake.instance("INetworkDefinition").get_layer(0)  # noqa: B018 - the network is an opaque handle
 
 
 # ---- scripts/check_tensorrt_api.py: arguments are matched in each member's own signature ------------------------

@@ -3,10 +3,10 @@
 Every class is generated with exactly the table's members for one major version (methods with the pybind11
 argument names) and faked with `create_autospec(..., spec_set=True)`: a member that the table does not list
 for that version, or a wrong argument, raises here as it would on a GPU machine. Behaviour is added on top:
-the parser imitates onnx-tensorrt's layer naming (the first layer registered for a node takes the node's name,
-later ones `name_<n>`, every one gets "[ONNX Layer: NAME]" metadata; unnamed nodes are "node_of_<output>"),
-and an engine "runs" on host numpy buffers: output = a fixed linear map of the input, computed in float16 for
-an fp16 plan, so the fp16-vs-fp32 comparison sees real fp16 rounding. It proves dispatch and wiring only.
+the parser records the ONNX bytes it was given (the network is an opaque handle, as it is to vitedge), an
+inspector answer may be computed from that ONNX model, and an engine "runs" on host numpy buffers: output = a
+fixed linear map of the input, computed in float16 for an fp16 plan (one built from a graph with fp16
+initializers), so the fp16-vs-fp32 comparison sees real fp16 rounding. It proves dispatch and wiring only.
 """
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ import onnx
 
 from vitedge.targets.tensorrt.api import members
 
-CLASS_OWNERS = ("Logger", "Builder", "OnnxParser", "INetworkDefinition", "ILayer", "IBuilderConfig",
+CLASS_OWNERS = ("Logger", "Builder", "OnnxParser", "INetworkDefinition", "IBuilderConfig",
                 "IOptimizationProfile", "ITimingCache", "Runtime", "ICudaEngine", "EngineInspector",
                 "IExecutionContext")
 ENUM_OWNERS = ("BuilderFlag", "MemoryPoolType", "ProfilingVerbosity", "LayerInformationFormat", "TensorIOMode",
-               "LayerType", "NetworkDefinitionCreationFlag")
+               "NetworkDefinitionCreationFlag")
 # enum values the code does arithmetic on (pybind11 enums convert with int()): NvInfer.h's values
 INT_VALUES = {"NetworkDefinitionCreationFlag": {"STRONGLY_TYPED": 1}}
 
@@ -107,17 +107,16 @@ class HostMemory:
 class FakeTRT:
     """Builds the spec_set module for `version` and records what the code did with it."""
 
-    def __init__(self, version: str, inspector: dict | None = None, helper_first: tuple = ("Div", "ReduceL2")):
+    def __init__(self, version: str, inspector: dict | None = None):
         self.version, self.major = version, int(version.split(".")[0])
-        self.inspector = inspector or {"Layers": [], "Bindings": []}  # a dict, or f(network layers) -> dict
+        self.inspector = inspector or {"Layers": [], "Bindings": []}  # a dict, or f(parsed onnx.ModelProto) -> dict
         self.fp32_inspector = None  # what the fp32 reference engine's inspector says (default: self.inspector)
-        self.helper_first = helper_first  # ops whose import registers a helper (constant/cast) layer first
         self.parsed: list[bytes] = []
         self.networks: list = []
         self.configs: list = []
         self.memory = HostMemory()
         self.plans: dict[bytes, str] = {}
-        self.layers: dict[int, list] = {}
+        self.plan_onnx: dict[bytes, bytes] = {}  # plan -> the ONNX bytes it was built from
         self.contexts: list = []
         self.network_flags: list[int] = []  # create_network(flags) of every network
         self.module = self._module()
@@ -158,10 +157,7 @@ class FakeTRT:
         return b
 
     def _network(self):
-        net = self.instance("INetworkDefinition")
-        net.num_layers = 0
-        self.layers[id(net)] = []  # the fake keeps a network's layers beside it (not a TensorRT member)
-        net.get_layer.side_effect = lambda index: self.layers[id(net)][index]
+        net = self.instance("INetworkDefinition")  # no member: vitedge creates, parses into and builds it only
         self.networks.append(net)
         return net
 
@@ -180,51 +176,18 @@ class FakeTRT:
     def _parser(self, network):
         p = self.instance("OnnxParser")
         p.num_errors = 0
-        kinds = self.enums["LayerType"]
-        names: set[str] = set()
-        counter = [0]
-
-        def unique(base):
-            cand = base
-            while cand in names:
-                cand = f"{base}_{counter[0]}"
-                counter[0] += 1
-            names.add(cand)
-            return cand
-
-        def layer(base, kind, node):
-            lay = self.instance("ILayer")
-            lay.name, lay.type, lay.num_outputs = unique(base), kind, 1
-            lay.metadata = f"[ONNX Layer: {node}]" if node else ""
-            return lay
-
-        kind_of = {"Div": "ELEMENTWISE", "Mul": "ELEMENTWISE", "Add": "ELEMENTWISE", "Sub": "ELEMENTWISE",
-                   "Pow": "ELEMENTWISE", "Max": "ELEMENTWISE", "Clip": "ACTIVATION", "Sqrt": "UNARY",
-                   "Reciprocal": "UNARY", "ReduceSum": "REDUCE", "ReduceMean": "REDUCE", "ReduceL2": "REDUCE",
-                   "Softmax": "SOFTMAX", "MatMul": "MATRIX_MULTIPLY", "Gemm": "MATRIX_MULTIPLY",
-                   "Conv": "CONVOLUTION", "LayerNormalization": "NORMALIZATION"}
 
         def parse(model, path=None):
-            data = bytes(model)
-            self.parsed.append(data)
-            for n in onnx.load_from_string(data).graph.node:
-                node = n.name or f"node_of_{n.output[0]}"  # onnx-tensorrt getNodeName
-                if n.op_type in self.helper_first:  # e.g. a constant registered for the node first
-                    layers.append(layer(node, "LayerType.CONSTANT", node))
-                layers.append(layer(node, getattr(kinds, kind_of.get(n.op_type, "ELEMENTWISE")), node))
-                if n.op_type == "ReduceL2":  # reduce(x*x) then sqrt: more computing layers for one node
-                    layers.append(layer(node, kinds.UNARY, node))
-            network.num_layers = len(layers)
+            self.parsed.append(bytes(model))
             return True
-        layers = self.layers[id(network)]
         p.parse.side_effect = parse
         return p
 
     def _build(self, network, config):
-        flags = [c.args[0] for c in config.set_flag.call_args_list]
-        precision = "fp16" if ("BuilderFlag.FP16" in flags or self._strong_fp16()) else "fp32"
+        precision = "fp16" if self._strong_fp16() else "fp32"
         plan = f"PLAN-{precision}-{len(self.plans)}".encode()
         self.plans[plan] = precision
+        self.plan_onnx[plan] = self.parsed[-1]
         return plan
 
     def _strong_fp16(self) -> bool:
@@ -244,8 +207,8 @@ class FakeTRT:
         e = self.instance("ICudaEngine")
         inspector = self.instance("EngineInspector")
         info = self.inspector if precision == "fp16" or self.fp32_inspector is None else self.fp32_inspector
-        if callable(info):  # built from the network's layers (the last one parsed)
-            info = info(self.layers[id(self.networks[-1])])
+        if callable(info):  # computed from the ONNX graph the plan was built from
+            info = info(onnx.load_from_string(self.plan_onnx.get(plan, self.parsed[-1])))
         inspector.get_engine_information.side_effect = lambda format: json.dumps(info)
         e.create_engine_inspector.return_value = inspector
         e.num_io_tensors = 2
@@ -280,8 +243,3 @@ class FakeTRT:
     # ---- what happened --------------------------------------------------------------------------
     def flags(self, which: str = "set_flag") -> list:
         return [c.args[0] for cfg in self.configs for c in getattr(cfg, which).call_args_list]
-
-    def pinned(self) -> list[str]:
-        """Names of the layers whose output type was set (10.x)."""
-        return [lay.name for net in self.networks for lay in self.layers[id(net)]
-                if lay.set_output_type.call_args_list]

@@ -24,8 +24,13 @@ SOURCES = {
     "types": "python/src/infer/pyFoundationalTypes.cpp",
     "init": "python/packaging/bindings_wheel/tensorrt/__init__.py",
 }
-# git refs of github.com/NVIDIA/TensorRT the table was checked against (the 10.x line and the 11.x line)
-CHECKED_AGAINST = {10: ("release/10.0", "release/10.13", "release/10.16"), 11: ("release/11.0", "release/11.1")}
+# git refs of github.com/NVIDIA/TensorRT the table was checked against: every release branch of each minor version
+# that the extras can install (pyproject.toml caps them here: tensorrt10 < 10.17, tensorrt11 < 11.2, the last
+# branches published; raise a cap only with the new branch added and checked)
+CHECKED_AGAINST = {
+    10: tuple(f"release/10.{m}" for m in range(17)) + ("release/10.13.2", "release/10.13.3"),
+    11: ("release/11.0", "release/11.1"),
+}
 
 
 class Api(NamedTuple):
@@ -45,16 +50,15 @@ ROWS: tuple[Api, ...] = (
     *(Api("tensorrt", c, "class", source=s) for c, s in (
         ("Logger", "core"), ("Builder", "core"), ("Runtime", "core"), ("OnnxParser", "onnx"),
         ("BuilderFlag", "core"), ("MemoryPoolType", "core"), ("ProfilingVerbosity", "core"),
-        ("LayerInformationFormat", "core"), ("TensorIOMode", "core"), ("LayerType", "graph"),
-        ("NetworkDefinitionCreationFlag", "core"))),
+        ("LayerInformationFormat", "core"), ("TensorIOMode", "core"), ("NetworkDefinitionCreationFlag", "core"))),
     # logging
     Api("Logger", "__init__", "method", ("min_severity=Logger.WARNING",)),
     Api("Logger", "WARNING", "value"),
     # building
     Api("Builder", "__init__", "method", ("logger",)),
     Api("Builder", "create_network", "method", ("flags=0",)),
-    # int8 from a QDQ graph (explicit quantization) is built strongly typed: a flag on 10.x, always so on 11.x
-    # (where the value stays, documented as ignored; vitedge passes it on 10.x only)
+    # fp16 (from the fp16-cast ONNX) and int8 (from a QDQ graph) are built strongly typed: a flag on 10.x (there
+    # since 10.0), always so on 11.x (where the value stays, documented as ignored; vitedge passes it on 10.x only)
     Api("NetworkDefinitionCreationFlag", "STRONGLY_TYPED", "value"),
     Api("Builder", "create_builder_config", "method", ()),
     Api("Builder", "create_optimization_profile", "method", ()),
@@ -63,15 +67,6 @@ ROWS: tuple[Api, ...] = (
     Api("OnnxParser", "parse", "method", ("model", "path=None"), source="onnx"),
     Api("OnnxParser", "num_errors", "readonly", source="onnx"),
     Api("OnnxParser", "get_error", "method", ("index",), source="onnx"),
-    Api("INetworkDefinition", "num_layers", "readonly", source="graph"),
-    Api("INetworkDefinition", "get_layer", "method", ("index",), source="graph"),
-    Api("ILayer", "name", "property", source="graph"),
-    Api("ILayer", "type", "readonly", source="graph"),
-    Api("ILayer", "metadata", "property", source="graph"),
-    Api("ILayer", "num_outputs", "readonly", source="graph"),
-    # weak typing is gone in 11.x (strongly typed only): no per-layer precision, no FP16 flag
-    Api("ILayer", "precision", "property", majors=ONLY_10, source="graph"),
-    Api("ILayer", "set_output_type", "method", ("index", "dtype"), majors=ONLY_10, source="graph"),
     Api("IBuilderConfig", "set_memory_pool_limit", "method", ("pool", "pool_size")),
     Api("IBuilderConfig", "profiling_verbosity", "property"),
     Api("IBuilderConfig", "set_flag", "method", ("flag",)),
@@ -82,15 +77,9 @@ ROWS: tuple[Api, ...] = (
     Api("IBuilderConfig", "get_timing_cache", "method", ()),
     Api("IOptimizationProfile", "set_shape", "method", ("input", "min", "opt", "max")),
     Api("ITimingCache", "serialize", "method", ()),
-    Api("BuilderFlag", "FP16", "value", majors=ONLY_10),
     Api("BuilderFlag", "TF32", "value"),
-    Api("BuilderFlag", "PREFER_PRECISION_CONSTRAINTS", "value", majors=ONLY_10),
     Api("MemoryPoolType", "WORKSPACE", "value"),
     Api("ProfilingVerbosity", "DETAILED", "value"),
-    # the layer kinds an fp32 island may be pinned on (what a node computes, not its helper layers)
-    *(Api("LayerType", k, "value", source="graph") for k in (
-        "ELEMENTWISE", "UNARY", "REDUCE", "SOFTMAX", "NORMALIZATION", "MATRIX_MULTIPLY", "ACTIVATION",
-        "SCALE", "CONVOLUTION")),
     # running and inspecting
     Api("Runtime", "__init__", "method", ("logger",)),
     Api("Runtime", "deserialize_cuda_engine", "method", ("serialized_engine",)),
@@ -113,10 +102,11 @@ ROWS: tuple[Api, ...] = (
 )
 
 # What each conventional variable name in targets/tensorrt/target.py holds (the AST test resolves attribute chains
-# through it): a TensorRT object of that class, never anything else.
+# through it): a TensorRT object of that class, never anything else. A class with no rows (INetworkDefinition: the
+# network is created, parsed into and built, never touched) is an opaque handle: any member use fails the walk.
 VARIABLES = {
     "trt": "tensorrt", "logger": "Logger", "builder": "Builder", "parser": "OnnxParser", "network": "INetworkDefinition",
-    "layer": "ILayer", "config": "IBuilderConfig", "profile": "IOptimizationProfile", "cache": "ITimingCache",
+    "config": "IBuilderConfig", "profile": "IOptimizationProfile", "cache": "ITimingCache",
     "runtime": "Runtime", "engine": "ICudaEngine", "inspector": "EngineInspector", "context": "IExecutionContext",
 }
 

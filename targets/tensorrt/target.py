@@ -1,21 +1,20 @@
 """The `tensorrt` target: a plain serialized engine (`NAME.engine`) plus a `NAME.engine.json` sidecar.
 
-This module is the only place that calls TensorRT (building, pinning, inspecting, running), so it is longer
+This module is the only place that calls TensorRT (building, inspecting, running), so it is longer
 than most: every call it makes is listed, per major version, in `tensorrt_api.py` and checked by the tests.
 
 Built from the pipeline's simplified, verified fp32 ONNX through the `tensorrt` Python API:
-- TensorRT 10.x: weakly typed network, fp16 through `BuilderFlag.FP16`; the precision policy's fp32 islands are
-  pinned (`layer.precision`, PREFER_PRECISION_CONSTRAINTS) on the layers that compute each island node: matched
-  by the ONNX parser's layer metadata "[ONNX Layer: NODE]" (or name) AND by kind, so a helper layer the parser
-  registered for the node first (a cast, a shuffle, a constant) is not taken for it. Unnamed nodes are named
-  in memory by the policy and those very bytes are parsed. After the build the inspector says which pinned
-  layers really run in fp32; the sidecar records that verified count.
-- TensorRT 11.x: strongly typed only (no FP16 flag), so fp16 means building from the fp16-cast ONNX
-  (targets/graph/onnx_fp16.py: fp16 everywhere except the policy's islands, fp32 inputs/outputs).
+- fp16 (10.x and 11.x alike): a strongly typed network built from the fp16-cast ONNX (targets/graph/onnx_fp16.py:
+  fp16 everywhere except the precision policy's fp32 islands, fp32 inputs/outputs), so the casts in the graph fix
+  what runs in which precision. 10.x takes the STRONGLY_TYPED creation flag (there since 10.0), 11.x is always so.
+  The builder-flag path (`BuilderFlag.FP16` plus per-layer `precision` / `set_output_type`) is not used: those
+  calls are deprecated since 10.12 ("superseded by strong typing") and are ignored inside Myelin-fused regions
+  (NVIDIA/TensorRT#4505, #3889), so an island pinned that way could silently run in fp16. After the build the
+  inspector says which island nodes really run in fp32; the sidecar records that verified count.
 - int8 (10.x and 11.x): explicit quantization from the QDQ graph the pipeline wrote (`spec.qdq_path`, the
   "tensorrt" encoding of targets/graph/qdq.py: int8 Q/DQ with zero points 0, the only kind TensorRT's parser
-  takes), built strongly typed (a creation flag on 10.x, always so on 11.x): Q/DQ fix what runs in int8, the
-  policy's islands were never quantized and stay fp32. The inspector must show int8 layers to confirm it.
+  takes), built strongly typed too: Q/DQ fix what runs in int8, the policy's islands were never quantized and
+  stay fp32. The inspector must show int8 layers to confirm it.
 Precision truth (tensorrt_precision.py): visible layers counted, Myelin "{ForeignNode[...]}" layers unknown;
 when they hide the compute, an fp32 engine of the same ONNX (TF32 off) is built and run beside the fp16 one.
 Refuted -> EngineBuildError; inconclusive -> said so in the sidecar, never a pass or a failure.
@@ -29,8 +28,9 @@ from __future__ import annotations
 import ctypes
 import json
 import re
+import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -46,10 +46,10 @@ from .precision import MIN_FP16_SHARE, compare_outputs, layer_precisions, precis
 
 DEFAULT_MAX_BATCH = 8
 GIB = 1 << 30
-WEAK_FP16, STRONG_FP16, FP32 = "builder-flag-fp16", "strongly-typed-fp16-onnx", "fp32"
+STRONG_FP16, FP32 = "strongly-typed-fp16-onnx", "fp32"
 STRONG_INT8 = "strongly-typed-int8-qdq"
 PROBE_SAMPLES = 4  # inputs the fp16 and fp32 reference engines both run when the inspector cannot decide
-# ONNX ops that only move data: an island passes through them, but no layer of theirs computes anything to pin
+# ONNX ops that only move data: an island passes through them, but no layer of theirs computes anything to verify
 MOVE_OPS = frozenset({"Transpose", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Cast", "Expand"})
 
 
@@ -82,11 +82,20 @@ def import_tensorrt():
         import tensorrt
     except (ImportError, OSError) as e:  # OSError: the wheel is there but its CUDA/TensorRT libraries are not
         reraise_interrupt(e)
-        raise UnavailableError(f"the tensorrt Python package is not installed ({e}); "
-                               "pip install 'vitedge[tensorrt10]' (CUDA 12, driver r525+) or "
-                               "'vitedge[tensorrt11]' (CUDA 13, driver r580+) on a machine with an NVIDIA GPU"
-                               ) from None
+        raise UnavailableError(f"the tensorrt Python package is not installed ({e}); {install_hint()}") from None
     return tensorrt
+
+
+def install_hint(python: tuple | None = None) -> str:
+    """What to pip install for TensorRT on this Python (`python`: (major, minor), default this one).
+    tensorrt-cu12-bindings has no 10.x wheel for Python 3.14 (its first 3.14 wheel is 11.1), so there
+    `vitedge[tensorrt10]` cannot install."""
+    python = tuple(python or sys.version_info[:2])
+    if python >= (3, 14):
+        return (f"on Python {python[0]}.{python[1]} pip install 'vitedge[tensorrt11]' (CUDA 13, driver r580+): "
+                "TensorRT 10 (vitedge[tensorrt10]) has no wheel for Python 3.14, use Python 3.10-3.13 for it")
+    return ("pip install 'vitedge[tensorrt10]' (CUDA 12, driver r525+) or 'vitedge[tensorrt11]' (CUDA 13, "
+            "driver r580+) on a machine with an NVIDIA GPU")
 
 
 def trt_major(trt) -> int:
@@ -157,7 +166,7 @@ def build_path(major: int, precision: str) -> str:
         return STRONG_INT8
     if precision != "fp16":
         raise ValueError(f"tensorrt precision must be fp32, fp16 or int8; got {precision!r}")
-    return WEAK_FP16 if major < 11 else STRONG_FP16
+    return STRONG_FP16  # 10.x too: the STRONGLY_TYPED flag exists from 10.0 (see the module doc)
 
 
 def check_engine_precision(requested: str, precisions: dict) -> str:
@@ -169,57 +178,13 @@ def check_engine_precision(requested: str, precisions: dict) -> str:
     return v["built"]
 
 
-# ---- fp32 islands (10.x) -------------------------------------------------------------------------------
+# ---- fp32 islands -------------------------------------------------------------------------------------
 
-def _compute_kinds(trt) -> dict[str, tuple]:
-    """ONNX op -> the layer kinds that carry its arithmetic (onnx-tensorrt onnxOpImporters.cpp)."""
-    lt = trt.LayerType
-    ew, un, red = lt.ELEMENTWISE, lt.UNARY, lt.REDUCE
-    kinds = {op: (ew,) for op in ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean")}
-    kinds.update({op: (un,) for op in ("Sqrt", "Reciprocal", "Exp", "Log", "Abs", "Neg", "Erf", "Tanh")})
-    kinds.update({op: (red,) for op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin")})
-    kinds.update({op: (red, ew, un) for op in ("ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSumExp")})
-    kinds.update({"Softmax": (lt.SOFTMAX,), "LogSoftmax": (lt.SOFTMAX, un), "MatMul": (lt.MATRIX_MULTIPLY,),
-                  "Gemm": (lt.MATRIX_MULTIPLY, ew), "LayerNormalization": (lt.NORMALIZATION,),
-                  "Clip": (lt.ACTIVATION, ew), "Relu": (lt.ACTIVATION,), "Sigmoid": (lt.ACTIVATION,),
-                  "Conv": (lt.CONVOLUTION,), "BatchNormalization": (lt.SCALE,)})
-    kinds["*"] = (ew, un, red, lt.SOFTMAX, lt.NORMALIZATION, lt.MATRIX_MULTIPLY, lt.ACTIVATION, lt.SCALE,
-                  lt.CONVOLUTION)
-    return kinds
-
-
-_META_NODE = re.compile(r"\[ONNX Layer: ([^\]]*?)(?: \| [^\]]*)?\]")
-
-
-def _island_node(name: str, metadata: str, islands: dict) -> str | None:
-    """The island node a network layer was registered for: its "[ONNX Layer: NODE]" metadata (10.0+), else its
-    name, else "NODE_<n>" (onnx-tensorrt's unique-name suffix for a node's later layers)."""
-    m = _META_NODE.search(metadata or "")
-    if m:
-        return m.group(1) if m.group(1) in islands else None
-    if name in islands:
-        return name
-    base = re.sub(r"_\d+$", "", name)
-    return base if base != name and base in islands else None
-
-
-def pin_fp32_islands(trt, network, islands: dict[str, str]) -> tuple[dict[str, str], int]:
-    """Pin the layers computing each island node ({node name: ONNX op}) to fp32; ({layer: node}, skipped)."""
-    kinds = _compute_kinds(trt)
-    pinned, skipped = {}, 0
-    for i in range(network.num_layers):
-        layer = network.get_layer(i)
-        node = _island_node(layer.name, layer.metadata, islands)
-        if node is None or islands[node] in MOVE_OPS:
-            continue
-        if layer.type not in kinds.get(islands[node], kinds["*"]):
-            skipped += 1  # a helper layer (constant, cast, shuffle) registered for the node
-            continue
-        layer.precision = trt.float32
-        for j in range(layer.num_outputs):
-            layer.set_output_type(j, trt.float32)
-        pinned[layer.name] = node
-    return pinned, skipped
+def island_compute_nodes(model: onnx.ModelProto, islands) -> dict[str, str]:
+    """{node: node} for the island nodes of `model` that compute something (the form verify_pinned takes: the
+    ONNX parser names a node's first layer after it and tags every layer "[ONNX Layer: NODE]")."""
+    ops = {n.name: n.op_type for n in model.graph.node}
+    return {n: n for n in sorted(islands) if ops.get(n) not in MOVE_OPS}
 
 
 # ---- build -------------------------------------------------------------------------------------------
@@ -228,26 +193,20 @@ def pin_fp32_islands(trt, network, islands: dict[str, str]) -> tuple[dict[str, s
 class BuildResult:
     plan: bytes
     inspector: dict
-    pinned_fp32: int                      # layers pinned (requested); the verified count comes from the inspector
     timing_cache_bytes: int
     seconds: float
-    pinned: dict = field(default_factory=dict)   # {network layer name: ONNX node}
-    skipped_helper_layers: int = 0
 
 
 def build_engine(trt, onnx_bytes: bytes, *, input_name: str, imgsz: int, profiles: list[BatchProfile],
-                 path: str, workspace_bytes: int | None = None, timing_cache: Path | None = None,
-                 fp32_layers: dict[str, str] | set[str] | None = None) -> BuildResult:
+                 path: str, workspace_bytes: int | None = None, timing_cache: Path | None = None) -> BuildResult:
     """Parse `onnx_bytes`, configure and build a serialized engine with `trt` (the tensorrt module).
 
-    `fp32_layers`: island nodes to pin on the 10.x fp16 path, {node name: ONNX op type} (a set of names: any
-    computing layer kind). TF32 is always off: fp32 means fp32 (and the fp32 reference engine must differ from
-    an fp16 one only by fp16)."""
+    TF32 is always off: fp32 means fp32 (and the fp32 reference engine must differ from an fp16 one only by fp16)."""
     t0 = time.perf_counter()
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
-    # 10.x: explicit batch is the default, strong typing a flag (the int8 QDQ path); 11.x: always strongly typed
-    strong = path == STRONG_INT8 and trt_major(trt) < 11
+    # 10.x: explicit batch is the default, strong typing a flag (the fp16 and int8 paths); 11.x: always so
+    strong = path in (STRONG_FP16, STRONG_INT8) and trt_major(trt) < 11
     network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED) if strong else 0)
     parser = trt.OnnxParser(network, logger)
     if not parser.parse(onnx_bytes):
@@ -258,14 +217,6 @@ def build_engine(trt, onnx_bytes: bytes, *, input_name: str, imgsz: int, profile
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_bytes))
     config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED  # the inspector then lists layer formats
     config.clear_flag(trt.BuilderFlag.TF32)
-    pinned, skipped = {}, 0
-    if path == WEAK_FP16:
-        config.set_flag(trt.BuilderFlag.FP16)
-        if fp32_layers:
-            islands = fp32_layers if isinstance(fp32_layers, dict) else dict.fromkeys(fp32_layers, "*")
-            pinned, skipped = pin_fp32_islands(trt, network, islands)
-            if pinned:
-                config.set_flag(trt.BuilderFlag.PREFER_PRECISION_CONSTRAINTS)
     for prof in profiles:
         profile = builder.create_optimization_profile()
         profile.set_shape(input_name, *prof.shapes(imgsz))  # raises on inconsistent shapes itself
@@ -297,7 +248,7 @@ def build_engine(trt, onnx_bytes: bytes, *, input_name: str, imgsz: int, profile
     inspector = checked(engine.create_engine_inspector(), "create_engine_inspector()",
                         "no inspector for the engine it just built", EngineBuildError)
     info = json.loads(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
-    return BuildResult(plan, info, len(pinned), cache_bytes, time.perf_counter() - t0, pinned, skipped)
+    return BuildResult(plan, info, cache_bytes, time.perf_counter() - t0)
 
 
 def _io_specs(model: onnx.ModelProto) -> tuple[list[dict], list[dict]]:
@@ -375,20 +326,16 @@ class TensorRTTarget(Target):
                      timing_cache=cache)
 
         policy = default_policy()
-        fp16_graph, islands, fp32_bytes = None, None, src.read_bytes()
+        fp16_graph, islands, n_islands, fp32_bytes = None, None, None, src.read_bytes()
         if path == STRONG_FP16:
             prepared = prepare_fp16(fp32_model, policy)
             onnx_bytes, fp16_graph = prepared.model.SerializeToString(), prepared.summary()
             fp16_graph.pop("fp32_islands", None)
-        elif path == WEAK_FP16:
-            # the policy names unnamed nodes in memory: parse those very bytes, so layer names match islands
-            names = policy.onnx_fp32_nodes(fp32_model)
-            ops = {n.name: n.op_type for n in fp32_model.graph.node}
-            islands = {n: ops[n] for n in names}
-            onnx_bytes = fp32_bytes = fp32_model.SerializeToString()
+            islands = island_compute_nodes(prepared.model, prepared.fp32_nodes)
+            n_islands = len(prepared.fp32_nodes)
         else:  # fp32, or int8 from the QDQ graph (its islands were never quantized)
             onnx_bytes = fp32_bytes
-        res = build_engine(trt, onnx_bytes, path=path, fp32_layers=islands, **build)
+        res = build_engine(trt, onnx_bytes, path=path, **build)
         precisions = layer_precisions(res.inspector)
         outputs_cmp, why_not = None, None
         # the inspector alone cannot decide (ForeignNodes, Myelin kernels): an fp32 engine's outputs will
@@ -398,7 +345,8 @@ class TensorRTTarget(Target):
         verdict = precision_verdict(precision, precisions, outputs_cmp, why_not)
         if verdict["status"] == "refuted":
             raise EngineBuildError(verdict["reason"])
-        pinning = verify_pinned(res.inspector, res.pinned) if res.pinned else None
+        # the island nodes the inspector finds in fp32 (the casts asked for it; Myelin may hide it)
+        pinning = verify_pinned(res.inspector, islands) if islands else None
 
         out_dir = Path(spec.out_dir)
         engine_path = out_dir / f"{spec.name}{self.suffix}"
@@ -412,11 +360,10 @@ class TensorRTTarget(Target):
                          for p in profiles],
             "precision_requested": precision, "precision_built": verdict["built"], "build_path": path,
             "precision_check": verdict, "layer_precisions": precisions, "tf32": False,
-            "fp32_policy": {"policy": policy.to_dict(), "islands": len(islands) if islands is not None else None,
-                            # the count the inspector confirms in fp32, not the count requested
+            "fp32_policy": {"policy": policy.to_dict(), "islands": n_islands,
+                            # the island nodes the inspector confirms in fp32, not the count requested
                             "pinned_layers": pinning["verified"] if pinning else (0 if islands is not None else None),
-                            "pinning": dict(pinning, skipped_helper_layers=res.skipped_helper_layers)
-                            if pinning else None,
+                            "pinning": pinning,
                             "fp16_graph": fp16_graph},
             "workspace_bytes": workspace, "timing_cache": {"path": str(cache) if cache else None,
                                                            "bytes": res.timing_cache_bytes},
@@ -551,9 +498,13 @@ class TensorRTRunner(Runner):
         i = fits[0] if fits else above[0][1]
         if i != self._profile:
             stream = self.mem.handle()
-            checked(self.context.set_optimization_profile_async(i, stream),
-                    f"set_optimization_profile_async({i}, stream {_addr(stream)}) for input {self.inputs[0]!r}",
-                    f"cannot switch to optimization profile {i} (min, opt, max batch {self.profiles[i]})")
+            call = f"set_optimization_profile_async({i}, stream {_addr(stream)}) for input {self.inputs[0]!r}"
+            why = f"cannot switch to optimization profile {i} (min, opt, max batch {self.profiles[i]})"
+            try:
+                ok = self.context.set_optimization_profile_async(i, stream)
+            except RuntimeError as e:  # the binding raises on failure (pyCore.cpp: PY_ASSERT_RUNTIME_ERROR)
+                raise TensorRTCallError(f"TensorRT {call} raised {e!r}: {why}") from None
+            checked(ok, call, why)  # a False is refused too, should a binding return one
             self._profile = i
             self._current = None
         return max(b, self.profiles[i][0])
@@ -627,6 +578,6 @@ class TensorRTRunner(Runner):
 
 __all__ = ["TensorRTTarget", "TensorRTRunner", "EngineBuildError", "TensorRTCallError", "checked", "BatchProfile",
            "batch_profiles", "build_path",
-           "build_engine", "pin_fp32_islands", "layer_precisions", "check_engine_precision", "precision_verdict",
-           "verify_pinned", "cuda_device", "cuda_memory_backend", "import_tensorrt", "trt_major", "probe_inputs",
+           "build_engine", "island_compute_nodes", "layer_precisions", "check_engine_precision", "precision_verdict",
+           "verify_pinned", "cuda_device", "cuda_memory_backend", "import_tensorrt", "install_hint", "trt_major", "probe_inputs",
            "MIN_FP16_SHARE", "DEFAULT_MAX_BATCH", "MOVE_OPS"]
