@@ -1,30 +1,53 @@
 #!/usr/bin/env bash
-# GPU check for the TensorRT target, on a machine with an NVIDIA GPU and `pip install 'vitedge[tensorrt10]'` (CUDA 12)
-# or 'vitedge[tensorrt11]' (CUDA 13): builds fp32 and fp16 engines for one model per family through `vitedge
-# export` (the parity ladder, failing on any failed or unverified hop), checks each sidecar's precision check and
-# saves each engine's inspector layer info (layer_info/, for tests/fixtures/tensorrt/), an int8 engine of the
-# trained SwiftFormer fixture (explicit quantization from its QDQ graph), a short `vitedge bench` with TensorRT
-# (end-to-end and GPU-compute latency, judged by the fp16 profile). Cross-checks by NVIDIA's own tools where
-# installed: `trtexec --loadEngine` on vitedge's plain engine file (it loads outside vitedge; its "GPU Compute
-# Time" median against `vitedge bench --artifact`'s on the same file; `--exportLayerInfo` saved too) and
-# `polygraphy run model.onnx --trt --onnxrt` (fp32, TensorRT against ONNX Runtime). One PASS/FAIL/SKIP line per
-# step; exit 1 if any step failed. About 5-8 minutes on a recent GPU. Not run in this project's CI (no GPU).
-# Usage: scripts/gpu_check.sh [OUT_DIR]
+# GPU check for the TensorRT target, on a machine with an NVIDIA GPU, run from a checkout of vitedge installed
+# editable with its test extra: `pip install -e '.[tensorrt10,test]'` (CUDA 12) or `-e '.[tensorrt11,test]'`
+# (CUDA 13; on Python 3.14 only this one installs). Its first step checks that install (the GPU tests import the
+# checkout's test helpers, pytest needs pytest-xdist) and stops with the one command that fixes it. Then: builds
+# fp32 and fp16 engines for one model per family through `vitedge export` (the parity ladder, failing on any
+# failed or unverified hop), checks each sidecar's precision check and saves each engine's inspector layer info
+# (layer_info/, for tests/fixtures/tensorrt/), an int8 engine of the trained SwiftFormer fixture (explicit
+# quantization from its QDQ graph), a short `vitedge bench` with TensorRT (end-to-end and GPU-compute latency,
+# judged by the fp16 profile). Cross-checks by NVIDIA's own tools where installed: `trtexec --loadEngine` on
+# vitedge's plain engine file (it loads outside vitedge; its "GPU Compute Time" median against `vitedge bench
+# --artifact`'s on the same file; `--exportLayerInfo` saved too) and `polygraphy run model.onnx --trt --onnxrt`
+# (fp32, TensorRT against ONNX Runtime). One PASS/FAIL/INCONCLUSIVE/SKIP line per step (a precision check follows
+# the target's rule: refuted fails, inconclusive is neither); exit 1 if any step failed, 2 if setup failed.
+# The whole run, versions first and every step's full output, is written to one log (GPU_CHECK_LOG, default
+# benchmarks/results/gpu_check/<UTC date>.log in this checkout): commit it, docs/devices.md links there.
+# About 5-8 minutes on a recent GPU. Not run in this project's CI (no GPU).
+# Usage: scripts/gpu_check.sh [--setup-only] [OUT_DIR]   (--setup-only: the install checks, then stop)
 set -uo pipefail
 
+SETUP_ONLY=0
+if [ "${1:-}" = "--setup-only" ]; then SETUP_ONLY=1; shift; fi
+HERE="$(cd "$(dirname "$0")" && pwd)"
+CHECKOUT="$(dirname "$HERE")"
 OUT="${1:-runs/gpu_check}"
 LOGS="$OUT/logs"
 mkdir -p "$LOGS"
-source "$(dirname "$0")/_steps.sh"
+RECORD="${GPU_CHECK_LOG:-$CHECKOUT/benchmarks/results/gpu_check/$(date -u +%F).log}"
+mkdir -p "$(dirname "$RECORD")"
+: >"$RECORD"
+source "$HERE/_steps.sh"
 MODELS=(swiftformer_xs slab_deit_tiny sima_nano_12_p16)   # one per family: SwiftFormer, SLAB, SimA
 SAMPLES=64
 
+say "gpu_check $(date -u +%FT%TZ), log: $RECORD"
+step versions python "$HERE/gpu_check_steps.py" versions
+if ! step setup python "$HERE/gpu_check_steps.py" setup "$CHECKOUT"; then
+  say "setup failed, nothing else was run: $(tail -n 1 "$LOGS/setup.log")"
+  exit 2
+fi
 step tensorrt-import python -c "import tensorrt; print('tensorrt', tensorrt.__version__)"
+if [ "$SETUP_ONLY" -eq 1 ]; then
+  finish gpu_check-setup
+  exit
+fi
 step cuda-runtime python -c "from vitedge.targets.tensorrt.cuda_memory import memory_backend as m; b, why = m(); print(b or why); assert b"
 step gpu nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 # the runner's buffer backends (torch.cuda, cuda-python): round trips and events on this GPU; then the engine tests.
 # VITEDGE_GPU_CHECK=1 turns their skips into failures: on this machine a backend that cannot run is a failure
-TESTS="$(dirname "$0")/../tests"
+TESTS="$CHECKOUT/tests"
 step cuda-memory env VITEDGE_GPU_CHECK=1 python -m pytest -q -n 0 -m gpu "$TESTS/test_cuda_memory.py"
 step gpu-tests env VITEDGE_GPU_CHECK=1 python -m pytest -q -n 0 -m gpu "$TESTS/test_tensorrt.py"
 
@@ -33,14 +56,7 @@ for model in "${MODELS[@]}"; do
     dir="$OUT/$model-$precision"
     step "export-$model-$precision" vitedge export --model "$model" --target onnx,tensorrt --precision "$precision" \
       --samples "$SAMPLES" --require-verified --timing-cache "$OUT/timing.cache" --out "$dir" --force
-    step "precision-$model-$precision" python - "$dir/$model.engine.json" <<'PY'
-import json, sys
-side = json.load(open(sys.argv[1]))
-check = side["precision_check"]
-print(f"{side['precision_requested']} -> {side['precision_built']}: {check['status']} ({check['evidence']}): "
-      f"{check['reason']}; fp32 layers verified: {side['fp32_policy']['pinned_layers']}")
-sys.exit(0 if check["status"] == "confirmed" else 1)
-PY
+    step "precision-$model-$precision" python "$HERE/gpu_check_steps.py" precision "$dir/$model.engine.json"
     step "layer-info-$model-$precision" python - "$dir/$model.engine" "$OUT/layer_info/$model-$precision.json" <<'PY'
 import json, sys
 from pathlib import Path
@@ -58,20 +74,13 @@ PY
   done
 done
 
-# int8 (issue 18): the trained SwiftFormer fixture, engine built strongly typed from its QDQ graph, judged by the
-# int8 profile on natural images (tensorrt-qdq: the same graph on ONNX Runtime)
-FIX="$(dirname "$0")/../tests/fixtures/trained"   # the checkout this script is in
+# int8: the trained SwiftFormer fixture, engine built strongly typed from its QDQ graph, judged by the int8
+# profile on natural images (tensorrt-qdq: the same graph on ONNX Runtime); its precision check by the same rule
+FIX="$CHECKOUT/tests/fixtures/trained"
 step export-int8 vitedge export --model swiftformer_xs --checkpoint "$FIX/swiftformer_digits.pth" \
   --set "layers=[1,1,2,1]" --set "embed_dims=[16,24,48,64]" --set num_classes=10 --imgsz 32 \
   --target onnx,tensorrt --precision int8 --samples "$SAMPLES" --require-verified --out "$OUT/int8" --force
-step precision-int8 python - "$OUT/int8/swiftformer_xs.engine.json" <<'PY'
-import json, sys
-side = json.load(open(sys.argv[1]))
-check = side["precision_check"]
-print(f"int8 -> {side['precision_built']}: {check['status']} ({check['evidence']}): {check['reason']}; "
-      f"built from {side['source_onnx']['file']}")
-sys.exit(0 if check["status"] == "confirmed" else 1)
-PY
+step precision-int8 python "$HERE/gpu_check_steps.py" precision "$OUT/int8/swiftformer_xs.engine.json"
 
 step bench vitedge bench --model "${MODELS[0]}" --backends torch-deploy,onnxruntime,tensorrt \
   --min-iters 20 --max-s 1 --report "$OUT/bench.json"

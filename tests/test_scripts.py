@@ -1,6 +1,7 @@
 """scripts/gpu_check.sh and scripts/mac_check.sh cannot run here (no GPU, no Mac): their syntax, the flags their
-`vitedge` steps pass (each must be a real flag of that subcommand), the Python snippets they run, and the one
-PASS/FAIL/SKIP line per step that the shared step helper prints."""
+`vitedge` steps pass (each must be a real flag of that subcommand), the Python snippets they run, the one
+PASS/FAIL/INCONCLUSIVE/SKIP line per step that the shared step helper prints, and gpu_check.sh's setup steps,
+run here with a fake `tensorrt` (tests/trt_fake.py) and its whole log written to one file."""
 from __future__ import annotations
 
 import ast
@@ -57,12 +58,89 @@ def test_python_snippets_compile(script):
 
 
 def test_step_helper_prints_one_line_per_step(tmp_path):
-    script = (f"LOGS={tmp_path}\nsource {SCRIPTS / '_steps.sh'}\n"
-              "step good true\nstep bad sh -c 'echo boom; exit 3'\nskip phone 'no iPhone'\nfinish demo\n")
+    script = (f"LOGS={tmp_path}\nRECORD={tmp_path}/record.log\nsource {SCRIPTS / '_steps.sh'}\n"
+              "step good true\nstep bad sh -c 'echo boom; exit 3'\nstep undecided sh -c 'echo hidden; exit 10'\n"
+              "skip phone 'no iPhone'\nfinish demo\n")
     r = subprocess.run([bash, "-c", script], capture_output=True, text=True)
     assert r.returncode == 1
-    assert r.stdout.splitlines() == ["PASS good", f"FAIL bad: boom (log: {tmp_path}/bad.log)", "SKIP phone: no iPhone",
-                                     "demo: 1 passed, 1 failed"]
+    lines = ["PASS good", f"FAIL bad: boom (log: {tmp_path}/bad.log)",
+             f"INCONCLUSIVE undecided: hidden (log: {tmp_path}/undecided.log)", "SKIP phone: no iPhone",
+             "demo: 1 passed, 1 failed, 1 inconclusive"]
+    assert r.stdout.splitlines() == lines
+    record = (tmp_path / "record.log").read_text()  # every line printed and every step's output, in order
+    assert record.splitlines() == ["---- good: true (exit 0)", "PASS good", "---- bad: sh -c echo boom; exit 3 (exit 3)",
+                                   "boom", lines[1], "---- undecided: sh -c echo hidden; exit 10 (exit 10)", "hidden",
+                                   *lines[2:]]
+
+
+FAKE_TENSORRT = """import sys
+from vitedge.tests.trt_fake import FakeTRT
+sys.modules[__name__] = FakeTRT("10.16.1").module  # the spec_set fake built from the API table
+"""
+
+
+def _run_gpu_check(tmp_path, *plants: tuple[str, str]):
+    """scripts/gpu_check.sh --setup-only with a fake `tensorrt` (and `plants`: (module, source) put first on the
+    path) importable, its log written under tmp_path."""
+    import os
+    fake = tmp_path / "fake"
+    (fake / "tensorrt").mkdir(parents=True)
+    (fake / "tensorrt" / "__init__.py").write_text(FAKE_TENSORRT)
+    for module, source in plants:
+        (fake / module).mkdir()
+        (fake / module / "__init__.py").write_text(source)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(fake), os.environ.get("PYTHONPATH")) if p),
+               GPU_CHECK_LOG=str(tmp_path / "record" / "gpu_check.log"))
+    r = subprocess.run([bash, str(SCRIPTS / "gpu_check.sh"), "--setup-only", str(tmp_path / "out")],
+                       capture_output=True, text=True, env=env, timeout=300)
+    return r, tmp_path / "record" / "gpu_check.log"
+
+
+def test_gpu_check_gets_past_setup_with_the_install_it_names(tmp_path):
+    """The setup steps run here as on the GPU machine (TensorRT faked): the install the script names (this editable
+    checkout with its test extra) is enough, and the whole log, versions first, lands in GPU_CHECK_LOG. The old
+    script named `vitedge[tensorrt10]` alone, which installs no pytest, while its tests need pytest-xdist (addopts
+    -n) and the checkout's vitedge.tests helpers."""
+    r, record = _run_gpu_check(tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines()[1:] == ["PASS versions", "PASS setup", "PASS tensorrt-import",
+                                         "gpu_check-setup: 3 passed, 0 failed"]
+    log = record.read_text()
+    assert log.startswith("gpu_check ") and f"log: {record}" in log.splitlines()[0]
+    for needed in ("---- versions", "tensorrt: 10.16.1", "python: ", "checkout: ", "gpu: ", "---- setup",
+                   "ready", "tensorrt 10.16.1", "gpu_check-setup: 3 passed, 0 failed"):
+        assert needed in log, needed
+    text = (SCRIPTS / "gpu_check.sh").read_text()
+    assert "pip install -e '.[tensorrt10,test]'" in text and "benchmarks/results/gpu_check/" in text
+
+
+def test_gpu_check_setup_names_what_is_missing_and_the_fix(tmp_path):
+    r, record = _run_gpu_check(tmp_path, ("xdist", "raise ImportError(\"No module named 'xdist' (planted)\")"))
+    assert r.returncode == 2, r.stdout + r.stderr
+    last = r.stdout.splitlines()[-1]
+    assert "missing: pytest-xdist." in last and "Fix: pip install -e '" in last and "[tensorrt10,test]'" in last
+    assert "tensorrt-import" not in r.stdout  # nothing past setup ran
+    assert "missing: pytest-xdist" in record.read_text()
+
+
+@pytest.mark.parametrize("requested, status, rc", [("fp16", "confirmed", 0), ("fp16", "refuted", 1),
+                                                   ("int8", "inconclusive", 10), ("int8", "confirmed", 0)])
+def test_gpu_check_precision_steps_follow_the_targets_rule(tmp_path, requested, status, rc):
+    """One rule for a precision check (targets/tensorrt/precision.py check_outcome), in the target's lowering, the
+    GPU check and the GPU tests: refuted fails, inconclusive is neither a pass nor a failure. The old script
+    demanded "confirmed" of int8, which the target and the GPU int8 test accept as inconclusive."""
+    import json
+    import sys
+    side = tmp_path / "m.engine.json"
+    side.write_text(json.dumps({"precision_requested": requested, "precision_built": "unknown",
+                                "precision_check": {"status": status, "evidence": "inspector", "reason": "r"},
+                                "fp32_policy": {"pinned_layers": None}, "source_onnx": {"file": "m.onnx"}}))
+    r = subprocess.run([sys.executable, str(SCRIPTS / "gpu_check_steps.py"), "precision", str(side)],
+                       capture_output=True, text=True)
+    assert r.returncode == rc, r.stdout + r.stderr
+    assert f"{requested} -> unknown: {status}" in r.stdout
+    text = (SCRIPTS / "gpu_check.sh").read_text()
+    assert '"confirmed"' not in text and text.count('gpu_check_steps.py" precision') == 2
 
 
 def test_gpu_check_cross_checks_with_nvidias_tools():

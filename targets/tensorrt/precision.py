@@ -230,6 +230,17 @@ def precision_verdict(requested: str, precisions: dict, outputs: dict | None = N
     return {"status": "inconclusive", "built": "unknown", "evidence": "none", "reason": f"{what}; {why}"}
 
 
+def check_outcome(check: dict) -> str:
+    """The one rule for what a precision check means for a build, applied alike by the target's lowering,
+    scripts/gpu_check.sh and the GPU tests: "fail" when refuted (the engine does not run in the precision asked
+    for), "pass" when confirmed, "inconclusive" otherwise: neither a pass nor a failure, said so, and the parity
+    hop judges the outputs. An inconclusive check is accepted because a correct engine can read so: int8 Q/DQ
+    fused inside Myelin layers hides every int8 layer (the real int8 BERT engine of tests/fixtures/tensorrt/ does)
+    and int8 has no reference engine to decide (an fp32 engine differs from it by its quantization); an fp16
+    engine can read so where no fp32 reference engine could run or the outputs fall between the two bounds."""
+    return {"refuted": "fail", "confirmed": "pass"}.get(check["status"], "inconclusive")
+
+
 def _int8_verdict(precisions: dict, seen: str) -> dict:
     """int8 from a QDQ graph: confirmed when visible compute layers take or give int8 tensors; refuted when layers
     are visible, none does and nothing is hidden in Myelin (TensorRT dequantized everything and computes in
@@ -287,4 +298,4 @@ def verify_pinned(info, pinned: dict[str, str]) -> dict:
 __all__ = ["MIN_FP16_SHARE", "FP32_LIKE_REL", "REDUCED_REL", "dtype_of", "is_myelin", "is_myelin_kernel",
            "is_myelin_control", "inspector_layers", "is_data_movement",
            "layer_precision", "onnx_nodes", "name_members", "layer_precisions", "compare_outputs",
-           "precision_verdict", "verify_pinned"]
+           "precision_verdict", "check_outcome", "verify_pinned"]

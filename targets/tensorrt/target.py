@@ -42,7 +42,8 @@ from ..rows import TENSORRT_ROW
 from .cuda_memory import memory_backend, open_memory
 from ..graph.onnx_fp16 import prepare_fp16
 from ..graph.precision import default_policy
-from .precision import MIN_FP16_SHARE, compare_outputs, layer_precisions, precision_verdict, verify_pinned
+from .precision import (MIN_FP16_SHARE, check_outcome, compare_outputs, layer_precisions, precision_verdict,
+                        verify_pinned)
 
 DEFAULT_MAX_BATCH = 8
 GIB = 1 << 30
@@ -343,7 +344,7 @@ class TensorRTTarget(Target):
         if needs_outputs:
             outputs_cmp, why_not = self._compare_with_fp32(trt, res.plan, fp32_bytes, build, profiles[0], spec.imgsz)
         verdict = precision_verdict(precision, precisions, outputs_cmp, why_not)
-        if verdict["status"] == "refuted":
+        if check_outcome(verdict) == "fail":  # inconclusive is kept, said so in the sidecar: the parity hop judges
             raise EngineBuildError(verdict["reason"])
         # the island nodes the inspector finds in fp32 (the casts asked for it; Myelin may hide it)
         pinning = verify_pinned(res.inspector, islands) if islands else None
@@ -577,7 +578,7 @@ class TensorRTRunner(Runner):
 
 
 __all__ = ["TensorRTTarget", "TensorRTRunner", "EngineBuildError", "TensorRTCallError", "checked", "BatchProfile",
-           "batch_profiles", "build_path",
-           "build_engine", "island_compute_nodes", "layer_precisions", "check_engine_precision", "precision_verdict",
-           "verify_pinned", "cuda_device", "cuda_memory_backend", "import_tensorrt", "install_hint", "trt_major", "probe_inputs",
-           "MIN_FP16_SHARE", "DEFAULT_MAX_BATCH", "MOVE_OPS"]
+           "batch_profiles", "build_path", "build_engine", "island_compute_nodes", "layer_precisions",
+           "check_engine_precision", "precision_verdict", "check_outcome", "verify_pinned", "cuda_device",
+           "cuda_memory_backend", "import_tensorrt", "install_hint", "trt_major", "probe_inputs", "MIN_FP16_SHARE",
+           "DEFAULT_MAX_BATCH", "MOVE_OPS"]
