@@ -178,7 +178,7 @@ def cmd_package(args) -> int:
     hop = res.report.hop(res.hop)
     demo = " (DEMO: untrained seeded weights)" if res.manifest["weights"] == "untrained" else ""
     m = hop.metrics
-    print(f"{res.manifest['model']} @ {res.manifest['imgsz']}{demo}: {res.hop} hop {hop.status} ({hop.mode}, "
+    print(f"{res.manifest['model']} @ {res.manifest['imgsz']}{demo}: {res.hop} hop {hop.status} ({hop.mode_label()}, "
           f"{hop.samples} samples, cosine {m.cosine:.6f}, PSNR {m.psnr_db:.1f} dB); golden vectors "
           f"{'passed' if res.manifest['golden']['verified']['passed'] else 'FAILED'}")
     print(f"wrote {res.path} ({res.path.stat().st_size / 1e6:.2f} MB, {len(res.manifest['files']) + 1} files)")

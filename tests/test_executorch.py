@@ -48,6 +48,39 @@ def test_fp32_export_runs_on_executorch_and_passes_as_a_device_hop(exported):
     assert art["info"]["rewrites"]["float64_rel_err"] <= art["info"]["rewrites"]["gate"]
 
 
+def test_the_host_run_is_labelled_as_a_host_run_not_a_phone_run(exported, capsys):
+    """ExecuTorch's runtime here runs on this machine's CPU: report.json keeps `mode: "device"` (users' scripts
+    read it) and adds `runner.host`; the summary shows "device (x86 host)" on an x86 machine, so no reader takes
+    the hop for a phone run."""
+    import platform
+
+    from vitedge.exporter.command_line.summary import format_summary
+    from vitedge.exporter.core.report import Report
+    from vitedge.targets.executorch.target import host_cpu
+
+    code, out, rep = exported
+    hop = next(h for h in rep["parity"] if h["hop"] == "executorch")
+    assert hop["mode"] == "device" and hop["runner"]["host"] == host_cpu()
+    assert host_cpu("x86_64") == host_cpu("AMD64") == "x86" and host_cpu("aarch64") == host_cpu("arm64") == "arm64"
+    expected = f"device ({host_cpu()} host)"
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        assert expected == "device (x86 host)"
+    table = format_summary(Report.from_dict(rep))
+    row = next(line for line in table.splitlines() if line.lstrip().startswith("executorch "))
+    assert expected in row
+    # a hop whose runner names no host (ONNX Runtime here, CoreML on a Mac) keeps its plain mode
+    onnx_row = next(line for line in table.splitlines() if line.lstrip().startswith("onnx "))
+    assert "host)" not in onnx_row
+
+
+def test_the_android_runtime_is_the_exporting_release():
+    from vitedge.exporter.packaging.package_android import android_runtime
+
+    r = android_runtime("1.5.1+cpu")
+    assert r["maven"] == "org.pytorch:executorch-android:1.5.1" and r["version"] == "1.5.1"
+    assert r["gradle"] == 'implementation("org.pytorch:executorch-android:1.5.1")'
+
+
 def test_the_program_carries_its_metadata(exported):
     _, out, rep = exported
     meta = read_metadata(out / f"{SMALL[0]}.pte")
@@ -178,6 +211,12 @@ def test_android_bundle_is_deterministic_on_any_thread_count_and_checks_its_gold
     assert m["delegation"]["fully_delegated"] is True and m["labels"]["count"] == 10
     readme = zipfile.ZipFile(a.path).read(f"{root}/README.md").decode()
     assert "org.pytorch.executorch.Module" in readme and "Module.load" in readme
+    # the runtime's real Maven coordinates (group org.pytorch), pinned to the release that wrote the program
+    import importlib.metadata
+    version = importlib.metadata.version("executorch").split("+")[0]
+    assert m["android_runtime"]["maven"] == f"org.pytorch:executorch-android:{version}"
+    assert f'implementation("org.pytorch:executorch-android:{version}")' in readme
+    assert "org.pytorch.executorch:executorch-android" not in readme
     pte = zipfile.ZipFile(a.path).read(f"{root}/swiftformer_xs.pte")
     assert m["files"]["swiftformer_xs.pte"] == hashlib.sha256(pte).hexdigest()
 

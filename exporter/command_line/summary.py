@@ -69,7 +69,7 @@ def format_summary(report, report_path: str | None = None) -> str:
     for h in report.parity:
         m, hs = h.metrics, h.sets or {}
         acc = [_accuracy(hs, k) for k in ("top1_accuracy", "top5_accuracy")] if labelled else []
-        rows.append((h.hop, h.status, h.mode or "-", *(_fmt(hs.get(k, {}).get("noise_ratio"), ".2f") for k in sets),
+        rows.append((h.hop, h.status, h.mode_label(), *(_fmt(hs.get(k, {}).get("noise_ratio"), ".2f") for k in sets),
                      *(((h.probe or {}).get("status", "-"),) if probed else ()),
                      *(((h.weights or {}).get("status", "-"),) if weighed else ()),
                      _fmt(m and m.max_rel, ".2e"), _fmt(m and m.cosine, ".6f"), _fmt(m and m.psnr_db, ".1f"),

@@ -165,6 +165,12 @@ class Hop:
     # None where it does not apply.
     weights: dict | None = None
 
+    def mode_label(self) -> str:
+        """The mode as displayed: "device (x86 host)" where the runner ran on this machine's CPU rather than on the
+        device the artifact is for (ExecuTorch's runtime here: `runner.host`); `mode` itself stays "device"."""
+        host = (self.runner or {}).get("host")
+        return f"{self.mode or '-'} ({host} host)" if host and self.mode == "device" else self.mode or "-"
+
     @classmethod
     def from_dict(cls, d: dict) -> "Hop":
         d = dict(d)

@@ -8,8 +8,10 @@ ExecuTorch's own runtime) and holding, under a top-level folder named after the 
   golden/inputs.npy         uint8 RGB pixel images, NHWC
   golden/outputs.npy        float32 logits of the train-form PyTorch model on exactly those pixels (float64)
   golden/golden.json        shapes, the preprocessing recipe, tolerance and how to check
-  README.md                 Kotlin usage (org.pytorch.executorch.Module) and the self-check
-  manifest.json             sha256 of every other file, preprocessing, labels, delegation, parity, versions
+  README.md                 Kotlin usage (org.pytorch.executorch.Module), the Gradle line of the matching runtime
+                            (org.pytorch:executorch-android of the exporting ExecuTorch's version), the self-check
+  manifest.json             sha256 of every other file, preprocessing, labels, delegation, parity, versions,
+                            android_runtime (those Maven coordinates)
 
 The program takes float32 NCHW input normalized by the recipe (an app does the resize, crop and normalization:
 the README's Kotlin does it). The golden vectors are checked here by running the `.pte` on them before the zip is
@@ -45,6 +47,19 @@ def golden_tolerance(precision: str):
     return DEFAULT_TOLERANCES[profile_for(precision)]
 
 
+def android_runtime(executorch: str | None) -> dict:
+    """The Android runtime that loads the program: ExecuTorch's AAR on Maven Central, `org.pytorch:executorch-android`
+    (ExecuTorch's docs/source/using-executorch-android.md), of the release of the `executorch` package that wrote
+    it (`executorch`: its version here; a local build suffix such as "+cpu" dropped). Each ExecuTorch release
+    publishes the AAR under its own version, so the phone runs the runtime the parity hop ran here."""
+    if not executorch:
+        raise VitedgeError("the executorch package's version is unknown, so the bundle cannot name the Android "
+                           "runtime to match it; pip install 'vitedge[executorch]'")
+    version = executorch.split("+")[0]
+    return {"maven": f"org.pytorch:executorch-android:{version}", "version": version,
+            "gradle": f'implementation("org.pytorch:executorch-android:{version}")'}
+
+
 def check_golden(pte: Path, pixels_nhwc: np.ndarray, expected: np.ndarray, recipe: Recipe, tolerance) -> dict:
     """Run the golden pixels, normalized by `recipe`, through the `.pte` here; metrics and verdict."""
     x = normalize_pixels(pixels_nhwc.transpose(0, 3, 1, 2), recipe.mean, recipe.std)
@@ -54,7 +69,7 @@ def check_golden(pte: Path, pixels_nhwc: np.ndarray, expected: np.ndarray, recip
 
 
 def _readme(name: str, pte: str, imgsz: int, recipe: Recipe, classes: int, labelled: bool, weights: str,
-            precision: str, golden: dict) -> str:
+            precision: str, golden: dict, runtime: dict) -> str:
     demo = ("\n> **Demo weights.** Packaged without `--checkpoint`: seeded random (trained-like) weights. Predictions "
             "are meaningless; use it to wire up the app, then package a real checkpoint.\n"
             if weights == "untrained" else "")
@@ -74,7 +89,16 @@ ExecuTorch's runtime (see `manifest.json` -> `parity` and `delegation`).
   ({", ".join(f"{v:g}" for v in recipe.std)}).
 - **Output**: float32 logits, 1 x {classes}.
 
-## Kotlin (Android, `org.pytorch.executorch:executorch-android`)
+## Kotlin (Android, `{runtime["maven"]}`)
+
+The program was written and checked by ExecuTorch {runtime["version"]}: use its Android runtime, the same release
+(`manifest.json` -> `android_runtime`), from Maven Central, in your app module's `build.gradle.kts`:
+
+```kotlin
+dependencies {{
+    {runtime["gradle"]}
+}}
+```
 
 ```kotlin
 import org.pytorch.executorch.EValue
@@ -170,13 +194,14 @@ def _assemble(report, export_dir: Path, out: Path, hop_name: str, checkpoint, ov
     files[f"{root}/golden/inputs.npy"] = _npy_bytes(pixels)
     files[f"{root}/golden/outputs.npy"] = _npy_bytes(logits)
     files[f"{root}/golden/golden.json"] = _json_bytes(golden)
-    files[f"{root}/README.md"] = _readme(name, pte.name, report.imgsz, recipe, int(logits.shape[1]),
-                                         label_list is not None, report.weights, precision, golden).encode()
     info = entry.info
+    runtime = android_runtime(info.get("executorch"))
+    files[f"{root}/README.md"] = _readme(name, pte.name, report.imgsz, recipe, int(logits.shape[1]),
+                                         label_list is not None, report.weights, precision, golden, runtime).encode()
     manifest = {
         "format": BUNDLE_FORMAT, "model": name, "imgsz": report.imgsz, "overrides": report.overrides,
         "weights": report.weights, "checkpoint_sha256": report.checkpoint_sha256,
-        "program": pte.name, "precision": precision,
+        "program": pte.name, "precision": precision, "android_runtime": runtime,
         "delegation": {"backend": info.get("backend"), "fully_delegated": info.get("fully_delegated"),
                        "outside_delegate": info.get("outside_delegate"), "delegate_calls": info.get("delegate_calls"),
                        "rewrites": (info.get("rewrites") or {}).get("applied")},

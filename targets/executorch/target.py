@@ -15,6 +15,7 @@ import copy
 import importlib.metadata
 import json
 import os
+import platform
 import sys
 import warnings
 from pathlib import Path
@@ -32,6 +33,12 @@ BACKENDS = EXECUTORCH_ROW.option("executorch_backend").choices
 METADATA_METHOD = "vitedge_metadata"
 INSTALL_HINT = EXECUTORCH_ROW.pip
 THREADS_ENV = "VITEDGE_THREADS"
+
+
+def host_cpu(machine: str | None = None) -> str:
+    """This machine's CPU family as a report says it: "x86" or "arm64" (else what the platform names)."""
+    m = (machine or platform.machine()).lower()
+    return "x86" if m in ("x86_64", "amd64", "i386", "i686", "x86") else "arm64" if m in ("arm64", "aarch64") else m
 
 
 def executorch_version() -> str | None:
@@ -130,7 +137,8 @@ class ExecuTorchRunner(Runner):
         return self.batch
 
     def info(self) -> dict:
-        return {"runtime": "executorch.runtime", "threads": self.threads or "default"}
+        # "host": this runtime runs on this machine's CPU, never on a phone, whatever `mode` ("device") says
+        return {"runtime": "executorch.runtime", "threads": self.threads or "default", "host": host_cpu()}
 
     def close(self) -> None:
         self.method = self.program = None
