@@ -143,7 +143,8 @@ def cmd_bench(args) -> int:
                    max_regression=args.max_regression, order=args.order, attn_order=args.attn_order,
                    overrides=_overrides(args), rewrites=args.rewrites,
                    ort_spinning={"default": None, "on": True, "off": False}[args.ort_spinning],
-                   exporter=args.exporter, device=args.device, team_id=args.team_id, input=args.input,
+                   exporter=args.exporter, device=args.device, team_id=args.team_id, bundle_id=args.bundle_id,
+                   input=args.input,
                    labels=args.labels, images=args.images, report_path=args.report, plot=args.plot,
                    log=(lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr)))
     print(format_table(report))

@@ -3,8 +3,8 @@
 # exports a CoreML package, re-runs its parity hop on CoreML itself (`--mode device --require-verified`), prints
 # the compute plan (each op's preferred device), benches the fp16 package with `vitedge bench --backends coreml`
 # (judged by the fp16 profile, then timed), gates Neural Engine residency where a Neural Engine exists,
-# and, with an iPhone attached and VITEDGE_TEAM_ID set, times the model on the phone with its golden-vector
-# parity there. One PASS/FAIL (or SKIP, with why) line per step; exit 1 if any step failed.
+# and, with an iPhone connected (as coremltools sees it) and VITEDGE_TEAM_ID set, times the model on the phone
+# with its golden-vector parity there. One PASS/FAIL (or SKIP, with why) line per step; exit 1 if any step failed.
 # Not run in this project's CI (no Mac). Usage: scripts/mac_check.sh [OUT_DIR] [MODEL]
 set -uo pipefail
 
@@ -52,8 +52,10 @@ else
 fi
 if [ -z "${VITEDGE_TEAM_ID:-}" ]; then
   skip iphone-bench "VITEDGE_TEAM_ID is not set (your Apple Developer Team ID signs the model-runner app)"
-elif ! xcrun devicectl list devices 2>/dev/null | grep -qi iphone; then
-  skip iphone-bench "no iPhone listed by xcrun devicectl list devices"
+elif ! python -c "from vitedge.exporter.timing.iphone import check_device; print(check_device('iphone').name)" \
+    >"$LOGS/iphone-connected.log" 2>&1; then
+  # coremltools' own test (Device.get_connected_devices: devicectl's tunnelState "connected"), not a listing grep
+  skip iphone-bench "$(tail -n 1 "$LOGS/iphone-connected.log")"
 else
   step iphone-bench vitedge bench --model "$MODEL" --backends torch-deploy --device iphone --min-iters 20 \
     --max-s 1 --report "$OUT/bench_iphone.json"

@@ -53,7 +53,12 @@ class Fakes:
 
     def __init__(self, monkeypatch, corrupt: bool = False):
         self.bench_cls = create_autospec(perf_utils.MLModelBenchmarker, spec_set=True)
-        bench = self.bench_cls.return_value
+        # the instance specced from a real one (instance attributes included): coremltools 9 keeps the model that
+        # benchmark_load loaded in `_loaded_model`, never unloading it; here that model is an autospecced wrapper
+        real = perf_utils.MLModelBenchmarker(model=create_autospec(ct.models.MLModel, instance=True), device=None)
+        bench = self.bench_cls.return_value = create_autospec(real, spec_set=True)
+        self.kept = create_autospec(async_wrapper.RemoteMLModelAsyncWrapper, instance=True, spec_set=True)
+        bench._loaded_model = self.kept
         M = perf_utils.MLModelBenchmarker.Measurement
         bench.benchmark_load.return_value = M.from_samples([41.0, 38.5, 39.0])
         bench.benchmark_predict.return_value = M.from_samples([2.0, 2.1, 1.9, 2.2, 2.0])
@@ -153,7 +158,9 @@ def test_bench_times_on_the_phone_and_runs_the_golden_vectors_there(monkeypatch,
     phone, prepared, session = _phone()
     report = _bench(monkeypatch, fakes, phone, team_id=TEAM, coreml_options={"input": input_kind})
     creds = phone.prepare_for_model_debugging.call_args.kwargs["credentials"]
-    assert creds == remote_device.AppSigningCredentials(development_team=TEAM)
+    # the team's own bundle ID, never coremltools' shared default com.coremltools.modelrunnerd
+    assert creds == remote_device.AppSigningCredentials(development_team=TEAM,
+                                                        bundle_identifier="com.abcde12345.vitedge.modelrunner")
     model = fakes.bench_cls.call_args.kwargs["model"]
     assert isinstance(model, ct.models.MLModel) and fakes.bench_cls.call_args.kwargs["device"] is prepared
     b = fakes.bench_cls.return_value
@@ -168,6 +175,8 @@ def test_bench_times_on_the_phone_and_runs_the_golden_vectors_there(monkeypatch,
     fakes.wrapper.load.assert_awaited_once()
     assert fakes.wrapper.predict.await_count == iphone.DEVICE_PARITY_SAMPLES
     fakes.wrapper.unload.assert_awaited_once()
+    fakes.kept.unload.assert_awaited_once()  # the benchmarker's model, released before the wrapper loads its own
+    assert fakes.kept.unload.await_args_list and fakes.wrapper.load.await_count == 1
     session.stop.assert_called_once()
     sent = np.concatenate(fakes.sent)
     if input_kind == "image":
@@ -208,3 +217,62 @@ def test_cli_device_on_linux_is_a_clear_usage_error():
     r = subprocess.run([sys.executable, str(REPO / "cli.py"), "bench", "--model", "swiftformer_xs", "--device",
                         "iphone", "--team-id", TEAM], capture_output=True, text=True)
     assert r.returncode == 2 and "needs macOS" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_bundle_id_from_the_flag_or_derived_from_the_team(monkeypatch):
+    """coremltools falls back to com.coremltools.modelrunnerd, an App ID that exists in every coremltools user's
+    account, so Xcode's automatic provisioning cannot register it for yours: --bundle-id, else one of your team's."""
+    assert iphone.resolve_bundle_id(None, TEAM) == "com.abcde12345.vitedge.modelrunner"
+    assert iphone.resolve_bundle_id("com.example.runner", TEAM) == "com.example.runner"
+    with pytest.raises(VitedgeError, match="is not a bundle identifier"):
+        iphone.resolve_bundle_id("my runner", TEAM)
+    fakes = Fakes(monkeypatch)
+    phone, _, _ = _phone()
+    _bench(monkeypatch, fakes, phone, team_id=TEAM, bundle_id="com.example.runner")
+    creds = phone.prepare_for_model_debugging.call_args.kwargs["credentials"]
+    assert creds == remote_device.AppSigningCredentials(development_team=TEAM, bundle_identifier="com.example.runner")
+    phone.prepare_for_model_debugging.reset_mock()
+    with pytest.raises(VitedgeError, match="--bundle-id"):
+        run_bench("swiftformer_xs", overrides=TINY, imgsz="64", backends="torch", device="iphone", team_id=TEAM,
+                  bundle_id="not valid")
+    phone.prepare_for_model_debugging.assert_not_called()  # refused before any work
+    from vitedge.exporter.timing.bench_api import bench
+    with pytest.raises(VitedgeError, match="goes with --device"):
+        bench("swiftformer_xs", bundle_id="com.example.runner")
+
+
+def test_a_foreign_package_is_driven_by_its_own_input_and_output_names(monkeypatch, classifier, tmp_path):
+    """A package whose input and output are not "image" / "logits" (an artifact made elsewhere): the names come
+    from its spec, not from defaults (the old call fell back to "image" / "logits")."""
+    art, _ = classifier
+    spec = load_program_spec(art.path)
+    ct.utils.rename_feature(spec, "image", "pixels")
+    ct.utils.rename_feature(spec, "logits", "scores")
+    weights = ct.models.MLModel(str(art.path), skip_model_load=True).weights_dir
+    foreign = tmp_path / "foreign.mlpackage"
+    ct.models.MLModel(spec, weights_dir=weights, skip_model_load=True).save(str(foreign))
+    assert iphone.io_names(iphone.transport_spec(spec)[0]) == ("pixels", "scores")
+    fakes = Fakes(monkeypatch)
+    emu = EmulatedCoreMLRunner(art.path)
+
+    async def predict(inputs, state=None):
+        return {"scores": emu.run_raw(inputs["pixels"]).astype(np.float16)}
+    fakes.wrapper.predict.side_effect = predict
+    phone, prepared, _ = _phone()
+    feed = np.zeros((2, 3, 64, 64), np.float32)
+    got = iphone.benchmark_on_device(foreign, phone, feed, TEAM, iterations=3,
+                                     experimental=(remote_device, perf_utils, async_wrapper))
+    assert list(fakes.bench_cls.return_value.benchmark_predict.await_args.kwargs["inputs"]) == ["pixels"]
+    assert got["outputs"].shape == (2, 10)
+
+
+def test_mac_check_finds_the_phone_as_coremltools_does():
+    """coremltools keeps only devices whose devicectl tunnelState is "connected" (Device.get_connected_devices):
+    mac_check.sh asks vitedge's check_device (which calls it), not a grep of `devicectl list devices`, which also
+    lists paired phones that are unreachable."""
+    text = (REPO / "scripts" / "mac_check.sh").read_text()
+    assert "grep -qi iphone" not in text and "check_device('iphone')" in text
+    import inspect
+    assert "get_connected_devices" in inspect.getsource(iphone.check_device)
+    src = inspect.getsource(remote_device.Device.get_connected_devices)
+    assert "DeviceState.CONNECTED" in src  # the filter mac_check now shares

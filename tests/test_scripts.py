@@ -68,8 +68,8 @@ def test_step_helper_prints_one_line_per_step(tmp_path):
              "demo: 1 passed, 1 failed, 1 inconclusive"]
     assert r.stdout.splitlines() == lines
     record = (tmp_path / "record.log").read_text()  # every line printed and every step's output, in order
-    assert record.splitlines() == ["---- good: true (exit 0)", "PASS good", "---- bad: sh -c echo boom; exit 3 (exit 3)",
-                                   "boom", lines[1], "---- undecided: sh -c echo hidden; exit 10 (exit 10)", "hidden",
+    assert record.splitlines() == ["---- good: true (exit 0)", "PASS good",
+                                   "---- bad: sh -c echo boom; exit 3 (exit 3)", "boom", lines[1], "---- undecided: sh -c echo hidden; exit 10 (exit 10)", "hidden",
                                    *lines[2:]]
 
 

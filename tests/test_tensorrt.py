@@ -583,8 +583,9 @@ def test_a_raising_profile_switch_keeps_the_message(tmp_path, trt_fake):
         fake.contexts[-1].set_optimization_profile_async.side_effect = RuntimeError(
             "Error in set optimization profile async.")
         with pytest.raises(TensorRTCallError, match=r"set_optimization_profile_async\(1, stream 0x7\) for input "
-                                                    r"'image' raised RuntimeError\('Error in set optimization profile "
-                                                    r"async.'\): cannot switch to optimization profile 1 .*\(2, 2, 8\)"):
+                                                    r"'image' raised RuntimeError\('Error in set optimization "
+                                                    r"profile async.'\): cannot switch to optimization profile 1 "
+                                                    r".*\(2, 2, 8\)"):
             r.run(X8)
 
 

@@ -141,6 +141,8 @@ def add_bench(sub) -> argparse.ArgumentParser:
                                     "the golden vectors there (macOS, Xcode, a developer-mode iPhone, --team-id)")
     p.add_argument("--team-id", help="Apple Developer Team ID that signs coremltools' model-runner app for the phone "
                                      "(default: $VITEDGE_TEAM_ID)")
+    p.add_argument("--bundle-id", help="bundle identifier of that app, registered for your team by Xcode "
+                                       "(default: com.<team id, lower case>.vitedge.modelrunner)")
     p.add_argument("--input", choices=INPUT_KINDS, default=None,
                    help="--device iphone: the phone's package input (image: RGB pixels, normalization built in)")
     add_inputs_flags(p, "; with --device iphone the phone's package is a classifier")

@@ -268,7 +268,7 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
               order: str = "auto", attn_order: str = "auto", overrides: dict | None = None,
               device: str | None = None, inject: dict | None = None, tmp_dir: str | Path | None = None,
               ort_spinning: bool | None = None, rewrites=True, team_id: str | None = None,
-              coreml_options: dict | None = None, device_runner: Callable | None = None,
+              bundle_id: str | None = None, coreml_options: dict | None = None, device_runner: Callable | None = None,
               log: Callable[[str], None] = lambda s: None, images: str | Path | None = None,
               labels: str | Path | None = None, exporter: str = DEFAULT_EXPORTER) -> BenchReport:
     """Run the harness; the report's exit_code is 1 when --baseline shows a p50 regression beyond the limit,
@@ -296,9 +296,10 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
         raise VitedgeError("--input chooses the phone's package: it goes with --device iphone[:NAME]")
     check_images(images, labels)
     if device is not None:
-        from .iphone import check_device, resolve_team_id
+        from .iphone import check_device, resolve_bundle_id, resolve_team_id
         phone = check_device(device)  # raises VitedgeError saying what is missing (platform, Xcode tools, device)
         team_id = resolve_team_id(team_id)
+        bundle_id = resolve_bundle_id(bundle_id, team_id)
 
     loaded = build_train_form(model, checkpoint=checkpoint, overrides=overrides)
     sizes = [resolve_imgsz(loaded.model, s) for s in (sizes or [None])]
@@ -347,7 +348,7 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
         if phone is not None:
             from .device_bench import run_on_phone
             report.device = run_on_phone(phone, team_id, train, make_deploy, sizes, Path(tmp), min_iters,
-                                         coreml_options or {}, log, device_runner)
+                                         coreml_options or {}, log, device_runner, bundle_id=bundle_id)
     return gate(report, base_p50, max_regression)
 
 

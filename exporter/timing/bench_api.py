@@ -18,7 +18,8 @@ def bench(model: str | None = None, *, artifact: str | Path | None = None, provi
           warmup_s: float = 0.5, min_iters: int = 50, max_s: float = 5.0, baseline: str | None = None,
           max_regression: float | None = None, order: str = "auto", attn_order: str = "auto",
           overrides: dict | None = None, rewrites=True, ort_spinning: bool | None = None, exporter: str | None = None,
-          device: str | None = None, team_id: str | None = None, input: str | None = None,
+          device: str | None = None, team_id: str | None = None, bundle_id: str | None = None,
+          input: str | None = None,
           labels: str | Path | None = None, images: str | Path | None = None, report_path: str | Path | None = None, plot: str | Path | None = None,
           log: Callable[[str], None] | None = None) -> BenchReport:
     """`vitedge bench`: latency per backend and size, each backend parity-checked before it is timed.
@@ -27,17 +28,20 @@ def bench(model: str | None = None, *, artifact: str | Path | None = None, provi
     onnxruntime) at each size of `imgsz` (a size or a comma list). With `artifact`: an existing `.onnx` (on each
     ONNX Runtime execution provider of `providers`, default cpu), `.engine` or `.mlpackage`; parity runs first when
     its vitedge metadata names the model (`model`, given too, must match it). `device="iphone[:NAME]"` also times on
-    a tethered iPhone (`input`, `labels`: its package). `images` / `labels`: the parity check of a model bench runs on
-the user's image folder (plus a small stress set); class names in index order. `report_path` / `plot`: where to write the report JSON and
-    the latency plot (the plot needs `vitedge[plot]`, checked before any work). Returns the BenchReport; its
+    a tethered iPhone (`input`, `labels`: its package; `team_id` / `bundle_id`: the model-runner app's signing).
+    `images` / `labels`: the parity check of a model bench runs on the user's image folder (plus a small stress
+    set); class names in index order. `report_path` / `plot`: where to write the report JSON and the latency plot (the plot needs `vitedge[plot]`, checked before any work). Returns the BenchReport; its
     `exit_code` is 1 for a p50 regression beyond `max_regression` against `baseline` or a failed parity on the
     phone, else 0. Bad input raises VitedgeError (the CLI's exit 2).
     """
     if plot is not None:
         require_matplotlib()
+    if bundle_id is not None and device is None:
+        raise VitedgeError("--bundle-id names the phone's model-runner app: it goes with --device iphone[:NAME]")
     log = log or (lambda s: None)
     common = dict(threads=threads, warmup_s=warmup_s, min_iters=min_iters, max_s=max_s, baseline=baseline,
-                  max_regression=max_regression, ort_spinning=ort_spinning, device=device, team_id=team_id, log=log)
+                  max_regression=max_regression, ort_spinning=ort_spinning, device=device, team_id=team_id,
+                  bundle_id=bundle_id, log=log)
     if artifact is not None:
         model_only = {"--backends": backends is not None, "--order": order != "auto",
                       "--attn-order": attn_order != "auto", "--set": bool(overrides), "--rewrites": rewrites is not True,

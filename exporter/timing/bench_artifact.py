@@ -156,7 +156,7 @@ def bench_artifact(path: str | Path, *, providers=None, checkpoint: str | Path |
                    warmup_s: float = 0.5, min_iters: int = 50, max_s: float = 5.0, baseline: str | None = None,
                    max_regression: float | None = None, ort_spinning: bool | None = None, device: str | None = None,
                    team_id: str | None = None, device_runner: Callable | None = None,
-                   log: Callable[[str], None] = lambda s: None) -> BenchReport:
+                   log: Callable[[str], None] = lambda s: None, bundle_id: str | None = None) -> BenchReport:
     """Time the artifact at `path` (see the module docstring); returns the BenchReport (`artifact` says what was
     timed and whether parity ran). `model`, given, must be the one the artifact's metadata names."""
     path = Path(path)
@@ -173,9 +173,10 @@ def bench_artifact(path: str | Path, *, providers=None, checkpoint: str | Path |
     if device is not None:
         if "iphone" not in row.devices:  # (the one device kind: a tethered iPhone, for CoreML packages)
             raise VitedgeError(f"--device iphone times a CoreML package; {path} is a {tname} artifact")
-        from .iphone import check_device, resolve_team_id
+        from .iphone import check_device, resolve_bundle_id, resolve_team_id
         phone = check_device(device)
         team_id = resolve_team_id(team_id)
+        bundle_id = resolve_bundle_id(bundle_id, team_id)
     if model is not None and meta.get("model") not in (None, model):
         raise VitedgeError(f"{path} holds {meta['model']}, not {model}; drop --model or pass --model {meta['model']}")
     if model is not None and not meta.get("model"):
@@ -228,7 +229,7 @@ def bench_artifact(path: str | Path, *, providers=None, checkpoint: str | Path |
         time_backends(runners, plan.xb, batch or 1, warmup_s, min_iters, max_s)
     report.results = results
     if phone is not None:
-        report.device = _on_phone(plan, phone, team_id, min_iters, log, device_runner)
+        report.device = _on_phone(plan, phone, team_id, min_iters, log, device_runner, bundle_id)
     return gate(report, base_p50, max_regression)
 
 
@@ -313,11 +314,11 @@ def _ground_truth(plan: _Plan):
 
 
 def _on_phone(plan: _Plan, phone, team_id: str, iterations: int, log: Callable[[str], None],
-              device_runner: Callable | None) -> dict:
+              device_runner: Callable | None, bundle_id: str | None = None) -> dict:
     from .device_bench import phone_section, time_package
 
     section = phone_section(phone)
     log(f"iphone {section['name']}: timing load and predict of {plan.path.name} on the phone")
     time_package(section, phone, team_id, plan.path, plan.imgsz, plan.train, iterations, device_runner,
-                 plan.no_parity)
+                 plan.no_parity, bundle_id=bundle_id)
     return section

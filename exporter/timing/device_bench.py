@@ -34,10 +34,11 @@ def phone_section(phone) -> dict:
 
 
 def time_package(section: dict, phone, team_id: str, package: Path, imgsz: int, train: nn.Module | None,
-                 iterations: int, run: Callable | None = None, no_parity: str | None = None) -> dict:
+                 iterations: int, run: Callable | None = None, no_parity: str | None = None,
+                 bundle_id: str | None = None) -> dict:
     """Time one saved package on the phone and run the golden vectors through it: one `results` entry (also
     appended to `section`). Without `train` (an artifact whose model is unknown) parity is not run: `no_parity`
-    says why."""
+    says why. The package's own input and output names drive it (iphone.io_names); `bundle_id`: the app's."""
     from ...targets.coreml import read_metadata
 
     run = run or benchmark_on_device
@@ -52,7 +53,7 @@ def time_package(section: dict, phone, team_id: str, package: Path, imgsz: int, 
                          pre.get("std") or IMAGENET_STD)
     x = pset.numpy()
     feed, ref_in = device_inputs(x, image, pre.get("mean"), pre.get("std"))
-    got = run(package, phone, feed, team_id, iterations=iterations)
+    got = run(package, phone, feed, team_id, iterations=iterations, bundle_id=bundle_id)
     if train is None:
         parity = {"mode": "device", "status": "not run", "samples": 0, "metrics": None, "tolerance": None,
                   "reason": no_parity}
@@ -76,7 +77,7 @@ def time_package(section: dict, phone, team_id: str, package: Path, imgsz: int, 
 
 def run_on_phone(phone, team_id: str, train: nn.Module, make_deploy: Callable[[int], nn.Module], sizes: list[int],
                  tmp: Path, iterations: int, options: dict, log: Callable[[str], None],
-                 runner: Callable | None = None) -> dict:
+                 runner: Callable | None = None, bundle_id: str | None = None) -> dict:
     """The `device` section: phone, OS, compute units, and per size load/predict percentiles and parity."""
     from ...targets.base import LowerSpec
     from ...targets.coreml import CoreMLTarget
@@ -87,7 +88,7 @@ def run_on_phone(phone, team_id: str, train: nn.Module, make_deploy: Callable[[i
         out.mkdir(parents=True, exist_ok=True)
         art = CoreMLTarget().lower(make_deploy(s), LowerSpec(name="bench", imgsz=s, batch=1, precision="fp16",
                                                              out_dir=out, onnx_path=None, options=dict(options)))
-        time_package(section, phone, team_id, art.path, s, train, iterations, runner)
+        time_package(section, phone, team_id, art.path, s, train, iterations, runner, bundle_id=bundle_id)
     return section
 
 

@@ -4,8 +4,11 @@
 installs it through `devicectl` and talks to it over files.
 
 What the phone needs (checked in this order, each missing piece named): macOS, the Xcode command-line tools
-(xcrun, xcodebuild, devicectl), a tethered, unlocked iPhone with Developer Mode on, and an Apple Developer Team ID
-(`--team-id` or VITEDGE_TEAM_ID) so Xcode can sign the app for it.
+(xcrun, xcodebuild, devicectl), a connected iPhone on iOS 17+ (coremltools 9.0's ModelRunner app target deploys to
+17.0) that devicectl's tunnel reaches (coremltools keeps devices whose `tunnelState` is "connected"), unlocked, with
+Developer Mode on, and an Apple Developer Team ID (`--team-id` or VITEDGE_TEAM_ID) so Xcode can sign the app for
+it, under a bundle identifier of that team's (`--bundle-id`; by default derived from the team, see
+`resolve_bundle_id`).
 
 The model-runner app passes tensors only: every input is wrapped as an MLMultiArray and every output must be one
 (Float16/32/64 or Int32). So the phone runs a transport twin of the package: the same ML Program with an
@@ -62,6 +65,18 @@ def resolve_team_id(value: str | None = None, environ=os.environ) -> str:
         raise VitedgeError(f"--team-id {team!r} is not an Apple Team ID (10 characters, A-Z and 0-9, as shown in "
                            "Xcode > Settings > Accounts)")
     return team
+
+
+def resolve_bundle_id(value: str | None, team_id: str) -> str:
+    """The model-runner app's bundle identifier: `--bundle-id`, else com.<team>.vitedge.modelrunner. Never
+    coremltools' default (com.coremltools.modelrunnerd): that App ID is every coremltools user's, so Xcode's
+    automatic provisioning cannot register it for your team."""
+    if value is None:
+        return f"com.{team_id.lower()}.vitedge.modelrunner"
+    if not re.fullmatch(r"[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+", value):
+        raise VitedgeError(f"--bundle-id {value!r} is not a bundle identifier (reverse-DNS, letters, digits, '-' "
+                           "and '.', e.g. com.example.modelrunner)")
+    return value
 
 
 def check_device(spec: str, platform: str | None = None, which=shutil.which, experimental=None):
@@ -135,28 +150,47 @@ def _carry(a: np.ndarray) -> np.ndarray:
     return a if a.dtype in TRANSPORT_DTYPES else a.astype(np.float32)
 
 
+def io_names(spec) -> tuple[str, str]:
+    """(input, output) names to drive a (transport twin's) spec with: its first input and its first multi-array
+    output, as the package declares them (a foreign package need not say "image" / "logits")."""
+    outputs = [o.name for o in spec.description.output if o.type.WhichOneof("Type") == "multiArrayType"]
+    if not spec.description.input or not outputs:
+        raise VitedgeError("the CoreML package has no input or no multi-array output for the phone to return")
+    return spec.description.input[0].name, outputs[0]
+
+
 def benchmark_on_device(mlpackage: str | Path, device, golden_feed: np.ndarray, team_id: str,
-                        input_name: str = "image", output: str = "logits", iterations: int = 50,
-                        load_iterations: int = LOAD_ITERATIONS, experimental=None) -> dict:
+                        input_name: str | None = None, output: str | None = None, iterations: int = 50,
+                        load_iterations: int = LOAD_ITERATIONS, experimental=None,
+                        bundle_id: str | None = None) -> dict:
     """Time load and predict on the phone (MLModelBenchmarker) and run every golden input through one loaded
-    model (one MLModelAsyncWrapper, unloaded at the end). `golden_feed` is what to send (see device_inputs)."""
+    model (one MLModelAsyncWrapper, unloaded at the end). `golden_feed` is what to send (see device_inputs);
+    `input_name` / `output` default to the package's own (io_names); `bundle_id` to resolve_bundle_id's."""
     remote_device, perf_utils, async_wrapper = experimental or _experimental()
     import coremltools as ct
 
     cu = getattr(ct.ComputeUnit, COMPUTE_UNITS)
     weights_dir = ct.models.MLModel(str(mlpackage), skip_model_load=True).weights_dir
     twin, notes = transport_spec(ct.models.MLModel(str(mlpackage), skip_model_load=True).get_spec())
+    spec_input, spec_output = io_names(twin)
+    input_name, output = input_name or spec_input, output or spec_output
     feeds = [_carry(x[None]) for x in golden_feed]
 
     async def go():
-        creds = remote_device.AppSigningCredentials(development_team=team_id)
+        creds = remote_device.AppSigningCredentials(development_team=team_id,
+                                                    bundle_identifier=resolve_bundle_id(bundle_id, team_id))
         prepared = await device.prepare_for_model_debugging(credentials=creds)
         try:
             model = ct.models.MLModel(twin, weights_dir=weights_dir, compute_units=cu, skip_model_load=True)
             bench = perf_utils.MLModelBenchmarker(model=model, device=prepared)
             load = await bench.benchmark_load(iterations=load_iterations)
             pred = await bench.benchmark_predict(inputs={input_name: feeds[0]}, iterations=iterations, warmup=True)
-            del bench  # its loaded model is unloaded by coremltools when released
+            # coremltools 9 keeps the first model benchmark_load loaded (perf_utils.py, `_loaded_model`) and has no
+            # call that unloads it: unload it here, so the phone does not hold two copies with the wrapper's below
+            kept = getattr(bench, "_loaded_model", None)
+            if kept is not None:
+                await kept.unload()
+            del bench, kept
             gc.collect()
             wrapper = async_wrapper.MLModelAsyncWrapper.from_spec_or_path(
                 spec_or_path=twin, weights_dir=weights_dir, compute_units=cu, device=prepared)
@@ -183,5 +217,5 @@ def benchmark_on_device(mlpackage: str | Path, device, golden_feed: np.ndarray, 
             "transport": notes, "mode": "device"}
 
 
-__all__ = ["TEAM_ENV", "COMPUTE_UNITS", "DEVICE_PARITY_SAMPLES", "parse_device", "resolve_team_id", "check_device",
-           "transport_spec", "device_inputs", "benchmark_on_device"]
+__all__ = ["TEAM_ENV", "COMPUTE_UNITS", "DEVICE_PARITY_SAMPLES", "parse_device", "resolve_team_id",
+           "resolve_bundle_id", "check_device", "transport_spec", "io_names", "device_inputs", "benchmark_on_device"]
