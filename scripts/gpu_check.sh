@@ -25,7 +25,13 @@ CHECKOUT="$(dirname "$HERE")"
 OUT="${1:-runs/gpu_check}"
 LOGS="$OUT/logs"
 mkdir -p "$LOGS"
-RECORD="${GPU_CHECK_LOG:-$CHECKOUT/benchmarks/results/gpu_check/$(date -u +%F).log}"
+RECORD="${GPU_CHECK_LOG:-}"
+if [ -z "$RECORD" ]; then  # <UTC date>.log, never overwriting an earlier run's (then <date>-2.log, ...)
+  base="$CHECKOUT/benchmarks/results/gpu_check/$(date -u +%F)"
+  RECORD="$base.log"
+  n=2
+  while [ -e "$RECORD" ]; do RECORD="$base-$n.log"; n=$((n + 1)); done
+fi
 mkdir -p "$(dirname "$RECORD")"
 : >"$RECORD"
 source "$HERE/_steps.sh"

@@ -4,7 +4,7 @@
 - `setup CHECKOUT`: what the script needs before any GPU step, checked first: `vitedge` imported from CHECKOUT
   (an editable install of the checkout the script is in: the GPU tests import its `vitedge.tests` helpers, which a
   wheel does not ship), pytest and pytest-xdist (pyproject's addopts pass `-n`), scikit-learn (the trained
-  fixtures). Exit 2 with one line naming what is missing and the one command that installs it.
+  fixtures), the `vitedge` console script. Exit 2 with one line naming what is missing and the one command that installs it.
 - `versions`: the software and hardware this run used, for the head of the run's log.
 - `precision SIDECAR`: an engine sidecar's precision check, judged by the target's own rule
   (targets/tensorrt/precision.py `check_outcome`): exit 0 confirmed, 1 refuted, INCONCLUSIVE (the step helper's
@@ -16,6 +16,7 @@ import importlib
 import importlib.util
 import json
 import platform
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +48,8 @@ def setup(checkout: str) -> int:
             importlib.import_module(module)
         except ImportError:
             missing.append(package)
+    if shutil.which("vitedge") is None:  # the export and bench steps call the console script
+        missing.append("the `vitedge` command on PATH")
     if missing:
         print(f"missing: {'; '.join(missing)}. Fix: {fix_line(root)}")
         return 2

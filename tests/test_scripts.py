@@ -89,8 +89,10 @@ def _run_gpu_check(tmp_path, *plants: tuple[str, str]):
     for module, source in plants:
         (fake / module).mkdir()
         (fake / module / "__init__.py").write_text(source)
+    import sys
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(fake), os.environ.get("PYTHONPATH")) if p),
-               GPU_CHECK_LOG=str(tmp_path / "record" / "gpu_check.log"))
+               GPU_CHECK_LOG=str(tmp_path / "record" / "gpu_check.log"),
+               PATH=os.pathsep.join((str(Path(sys.executable).parent), os.environ.get("PATH", ""))))  # this python
     r = subprocess.run([bash, str(SCRIPTS / "gpu_check.sh"), "--setup-only", str(tmp_path / "out")],
                        capture_output=True, text=True, env=env, timeout=300)
     return r, tmp_path / "record" / "gpu_check.log"
