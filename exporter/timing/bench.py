@@ -299,7 +299,8 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
         from .iphone import check_device, resolve_bundle_id, resolve_team_id
         phone = check_device(device)  # raises VitedgeError saying what is missing (platform, Xcode tools, device)
         team_id = resolve_team_id(team_id)
-        bundle_id = resolve_bundle_id(bundle_id, team_id)
+        if bundle_id is not None:
+            resolve_bundle_id(bundle_id, team_id)  # a malformed --bundle-id: exit 2 before any work
 
     loaded = build_train_form(model, checkpoint=checkpoint, overrides=overrides)
     sizes = [resolve_imgsz(loaded.model, s) for s in (sizes or [None])]

@@ -176,7 +176,8 @@ def bench_artifact(path: str | Path, *, providers=None, checkpoint: str | Path |
         from .iphone import check_device, resolve_bundle_id, resolve_team_id
         phone = check_device(device)
         team_id = resolve_team_id(team_id)
-        bundle_id = resolve_bundle_id(bundle_id, team_id)
+        if bundle_id is not None:
+            resolve_bundle_id(bundle_id, team_id)  # a malformed --bundle-id: exit 2 before any work
     if model is not None and meta.get("model") not in (None, model):
         raise VitedgeError(f"{path} holds {meta['model']}, not {model}; drop --model or pass --model {meta['model']}")
     if model is not None and not meta.get("model"):

@@ -53,7 +53,10 @@ def time_package(section: dict, phone, team_id: str, package: Path, imgsz: int, 
                          pre.get("std") or IMAGENET_STD)
     x = pset.numpy()
     feed, ref_in = device_inputs(x, image, pre.get("mean"), pre.get("std"))
-    got = run(package, phone, feed, team_id, iterations=iterations, bundle_id=bundle_id)
+    # bundle_id only when given (None: benchmark_on_device derives the team's), so an injected runner of the
+    # older signature keeps working
+    got = run(package, phone, feed, team_id, iterations=iterations,
+              **({"bundle_id": bundle_id} if bundle_id is not None else {}))
     if train is None:
         parity = {"mode": "device", "status": "not run", "samples": 0, "metrics": None, "tolerance": None,
                   "reason": no_parity}
