@@ -180,3 +180,23 @@ def test_a_matrix_cell_builds_its_settings_once():
     assert (s.model, s.targets, s.precision, s.imgsz, s.out, s.force) == \
         ("swiftformer_xs", "onnx", "fp16", ((32, 32),), "out/xs", True)
     assert (s.samples, s.tolerances, s.exporter, s.overrides) == (4, {"fp16": {"psnr_db": 30}}, "dynamo", SWIFT)
+
+
+# ---- the size is an argument, never an attribute on a model -------------------------------------------------
+
+def test_the_size_travels_as_an_argument_not_on_the_model(tmp_path):
+    from vitedge.exporter.flow.deploy_checkpoint import load_deploy_checkpoint, save_deploy_checkpoint
+    from vitedge.exporter.reparam.forms import Loaded, build_deploy_form, build_train_form
+    from vitedge.exporter.verdict.equivalence import verify_equivalence
+
+    loaded = build_train_form("swiftformer_xs", overrides=SWIFT)
+    deploy, deploy64 = build_deploy_form(loaded.model, 32)
+    as_is, _ = build_deploy_form(loaded.model, 32, reparam=False)
+    for m in (loaded.model, deploy, deploy64, as_is):
+        assert [a for a in vars(m) if "imgsz" in a] == []
+    assert verify_equivalence(loaded.model, deploy64, 32, samples=2).passed  # told the size it was folded for
+    path = save_deploy_checkpoint(deploy, tmp_path / "d.pth", imgsz=32)  # the file records the size it is given
+    assert load_deploy_checkpoint(path).deploy_checkpoint_meta["imgsz"] == 32
+    # a checkpoint's own size (a transformers preprocessor's crop) is the default, carried beside the model
+    held = Loaded(loaded.model, "swiftformer_xs", "checkpoint", None, SWIFT, checkpoint_imgsz=64)
+    assert (held.resolve_imgsz(), held.resolve_imgsz(32), loaded.resolve_imgsz()) == (64, 32, 224)

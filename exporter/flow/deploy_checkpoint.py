@@ -21,7 +21,7 @@ from ...models.layers.norms import LinearNorm
 from ...models.registry import create_model
 from ..core import outdir
 from ..verdict.equivalence import verify_equivalence
-from ..reparam.forms import build_deploy_form, build_train_form, resolve_imgsz
+from ..reparam.forms import build_deploy_form, build_train_form
 from ..core.progress import QUIET
 from ..reparam import available_rewrites, reparameterize
 from ..reparam.engine import current_rewrite_names
@@ -46,9 +46,10 @@ def _plain(value, what: str):
                        "metadata only (pass overrides as literals)")
 
 
-def save_deploy_checkpoint(deploy_model: nn.Module, path: str | Path, *, attn_order: str = "auto",
+def save_deploy_checkpoint(deploy_model: nn.Module, path: str | Path, *, imgsz: int, attn_order: str = "auto",
                            checkpoint_sha256: str | None = None, force: bool = False) -> Path:
-    """Write `deploy_model` (from `reparameterize`) to `path` atomically; refuses to overwrite without `force`."""
+    """Write `deploy_model` (from `reparameterize`, folded for `imgsz`) to `path` atomically; refuses to overwrite
+    without `force`."""
     name = getattr(deploy_model, "vitedge_name", None)
     summary = getattr(deploy_model, "reparam_summary", None)
     if name is None or summary is None:
@@ -60,7 +61,7 @@ def save_deploy_checkpoint(deploy_model: nn.Module, path: str | Path, *, attn_or
         "format": FORMAT,
         "model": name,
         "overrides": _plain(dict(getattr(deploy_model, "vitedge_overrides", {})), "override"),
-        "imgsz": int(deploy_model.reparam_imgsz),
+        "imgsz": int(imgsz),
         "attn_order": attn_order,
         "rewrites": list(summary.rewrites),  # the rewrites applied: re-applying exactly these rebuilds the tree
         "attention_order": dict(summary.attention_order),
@@ -201,13 +202,13 @@ def reparam_checkpoint(model_name: str, out: str | Path, *, checkpoint: str | Pa
     _plain(dict(overrides or {}), "override")
     with progress.step("building the train-form model"):
         loaded = build_train_form(model_name, checkpoint, overrides)
-    size = resolve_imgsz(loaded.model, imgsz)
+    size = loaded.resolve_imgsz(imgsz)
     with progress.step("re-parameterizing"):
         deploy, deploy64 = build_deploy_form(loaded.model, size, True, attn_order, strict_schedule, rewrites)
     with progress.step("equivalence gate (float64)"):
         eq = verify_equivalence(loaded.model, deploy64, size, raise_on_fail=False)
     path = None
     if eq.passed:
-        path = save_deploy_checkpoint(deploy, out, attn_order=attn_order, checkpoint_sha256=loaded.checkpoint_sha256,
-                                      force=force)
+        path = save_deploy_checkpoint(deploy, out, imgsz=size, attn_order=attn_order,
+                                      checkpoint_sha256=loaded.checkpoint_sha256, force=force)
     return ReparamResult(path, loaded.name, size, loaded.weights, deploy.reparam_summary, eq)

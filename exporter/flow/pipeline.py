@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from ...errors import VitedgeError
 from ...precisions import TABLE as PRECISION_TABLE
-from ...models.registry import input_stats, recipe_of, resolve_imgsz
+from ...models.registry import input_stats, recipe_of
 from ...targets.graph.metadata import read_metadata, set_metadata
 from ..core import outdir
 from ..core.settings import ExportSettings
@@ -118,12 +118,12 @@ def export(model=None, targets=None, *, progress: Progress | None = None, hub: H
         reused = hub.get() if hub is not None else None
         if reused is not None:  # verified earlier for these inputs: no train-form, fold, gate or ONNX export here
             loaded, deploy, deploy64 = reused.loaded(name), reused.deploy, None
-            imgsz = resolve_imgsz(deploy, asked)
+            imgsz = loaded.resolve_imgsz(asked)
             info = copy.deepcopy(reused.reparam)  # the report adds to it (fp16 analysis)
         else:
             with progress.step("building the train-form model"):
                 loaded = train_form()
-            imgsz = resolve_imgsz(loaded.model, asked)
+            imgsz = loaded.resolve_imgsz(asked)
         classes = class_names(labels, loaded.model, imgsz)
         samples, rule = choose_samples(s.samples, s.model, imgsz, loaded.overrides, loaded.model, s.images)
         with progress.step("reading the parity inputs"):
@@ -251,7 +251,7 @@ class _Build(ExportRun):
         ladder.widen_raw_hop(r.parity, self.raw, fp32)
         record_artifact(r, "onnx", hub, "fp32", {"simplify": simp_info}, root=self.tmp)
         if self.store is not None and all(h.status == "passed" for h in r.parity):  # never share a failed hub
-            self.store.put(Hub(self.deploy, hub, self.raw, ladder.truth, self.inputs.note, copy.deepcopy(r.parity),
+            self.store.put(Hub(self.deploy, imgsz, hub, self.raw, ladder.truth, self.inputs.note, copy.deepcopy(r.parity),
                                copy.deepcopy(r.reparam), run.attn_order, self.loaded.weights,
                                self.loaded.checkpoint_sha256, dict(self.loaded.overrides),
                                {**made.info(), "simplify": simp_info}))

@@ -27,7 +27,7 @@ from .deploy_checkpoint import load_deploy_checkpoint
 from ..verdict.equivalence import verify_equivalence
 from ..quantize.calibrate import COMPRESSED
 from ..quantize.compressed import Judged, compressed_hop
-from ..reparam.forms import build_deploy_form, build_train_form, model_name, reparam_info, resolve_imgsz
+from ..reparam.forms import build_deploy_form, build_train_form, model_name, reparam_info
 from ..verdict.classes import labels_of, predictions
 from ..verdict.hops import Ladder, check_images, hop_checks, class_names, parity_inputs_for, record_artifact
 from ..onnx.onnx_choice import check_exporter
@@ -116,15 +116,16 @@ def parity(model=None, artifact: str | Path | None = None, *, deploy_checkpoint:
     if isinstance(meta.get("preprocess"), dict):  # the artifact's own eval preprocessing (models/preprocess.py)
         loaded.model.vitedge_recipe = Recipe.from_dict(meta["preprocess"])
     check_checkpoint(source, meta, checkpoint, loaded.checkpoint_sha256)
-    imgsz = resolve_imgsz(loaded.model, asked or meta.get("imgsz"))
+    imgsz = loaded.resolve_imgsz(asked or meta.get("imgsz"))
     classes = class_names(labels, loaded.model, imgsz)
     _check_carried_labels(classes, meta.get("labels"), labels, source)
     samples, rule = choose_samples(samples, model_or_name, imgsz, loaded.overrides, loaded.model, images)
     with progress.step("reading the parity inputs"):
         pset = parity_inputs_for(loaded.model, imgsz, samples, images, labels)
-    if deploy is not None and deploy.reparam_imgsz != imgsz:
-        raise VitedgeError(f"{deploy_checkpoint} was folded for imgsz {deploy.reparam_imgsz}, the check runs at "
-                           f"{imgsz}; pass --imgsz {deploy.reparam_imgsz}")
+    folded_for = deploy.deploy_checkpoint_meta["imgsz"] if deploy is not None else imgsz  # (the file's metadata)
+    if folded_for != imgsz:
+        raise VitedgeError(f"{deploy_checkpoint} was folded for imgsz {folded_for}, the check runs at {imgsz}; pass "
+                           f"--imgsz {folded_for}")
     with progress.step("re-parameterizing"):
         # the same rewrites as the deploy checkpoint, so that localization compares like module trees
         same = deploy.deploy_checkpoint_meta.get("rewrites", True) if deploy is not None else True

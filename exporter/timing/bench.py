@@ -30,7 +30,7 @@ from ...targets.base import Runner, UnavailableError
 from ...targets.onnx.target import OnnxRuntimeRunner
 from ...targets.pytorch import TorchRunner
 from . import latency
-from ..reparam.forms import build_deploy_form, build_train_form, resolve_imgsz
+from ..reparam.forms import build_deploy_form, build_train_form
 from .bench_report import BackendResult, BenchReport
 from ..verdict.criteria import GroundTruth, reference_block
 from ..verdict.hops import check_images, class_names, parity_inputs_for
@@ -301,7 +301,7 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
         team_id = resolve_team_id(team_id)
 
     loaded = build_train_form(model, checkpoint=checkpoint, overrides=overrides)
-    sizes = [resolve_imgsz(loaded.model, s) for s in (sizes or [None])]
+    sizes = [loaded.resolve_imgsz(s) for s in (sizes or [None])]
     class_names(labels, loaded.model, sizes[0])  # --labels against the model's class count, before any work
     torch.set_num_threads(threads or os.cpu_count() or 1)
     train = loaded.model.eval()
