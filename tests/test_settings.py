@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 
 from vitedge import cli
@@ -45,7 +46,7 @@ def _handler_call(monkeypatch, module, name: str, argv: list[str]):
 @pytest.mark.parametrize("value,sizes", [
     (224, ((224, 224),)), ("224", ((224, 224),)), ("256x320", ((256, 320),)), ((256, 320), ((256, 320),)),
     ("224, 256x320,224", ((224, 224), (256, 320))), ([224, (256, 320), "64x64"], ((224, 224), (256, 320), (64, 64))),
-    (None, None)])
+    ([224, 256], ((224, 224), (256, 256))), (np.int64(96), ((96, 96),)), (None, None)])
 def test_sizes_are_height_width_pairs(value, sizes):
     assert parse_sizes(value) == sizes
     assert ExportSettings(imgsz=value).imgsz == sizes

@@ -2,7 +2,7 @@
 
 It is built once, where the request comes in: from the command line and its `--config` file
 (exporter/command_line/settings_args.py), from a Python keyword call (`export(model=..., targets=..., ...)`
-builds it with `ExportSettings.of`), or from a matrix cell (exporter/matrix/cell.py); then `export`, `parity`,
+builds it with `ExportSettings.build`), or from a matrix cell (exporter/matrix/cell.py); then `export`, `parity`,
 `bench` and `package` read it instead of spelling the same settings out again. Commands that take a subset say
 which fields they read (`only`), so a setting they would silently ignore is an error instead.
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, fields
+from numbers import Integral
 from pathlib import Path
 
 from ...errors import VitedgeError
@@ -28,7 +29,8 @@ Size = tuple  # (height, width), both positive ints
 def parse_sizes(value, flag: str = "--imgsz") -> tuple[Size, ...] | None:
     """Input sizes as ((H, W), ...), in the order given, duplicates dropped; None stays None (the model's default).
     Accepts an int S (S x S), "S", "HxW", a comma list of those ("224,256x320"), an (H, W) pair, or a list of any
-    of them. Raises VitedgeError naming `flag` for anything else."""
+    of them: a tuple of two ints is one size, (256, 320); several sizes are a list, [224, 256]. Raises
+    VitedgeError naming `flag` for anything else."""
     if value is None:
         return None
     bad = VitedgeError(f"{flag} takes sizes S or HxW (positive integers; e.g. 224 or 256x320), or a comma list of "
@@ -37,7 +39,7 @@ def parse_sizes(value, flag: str = "--imgsz") -> tuple[Size, ...] | None:
         raise bad
     if isinstance(value, str):
         items = [v.strip() for v in value.split(",")]
-    elif isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, int) for v in value):
+    elif isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, Integral) for v in value):
         items = [value]  # one (H, W) pair
     elif isinstance(value, (list, tuple)):
         items = list(value)
@@ -54,8 +56,9 @@ def parse_sizes(value, flag: str = "--imgsz") -> tuple[Size, ...] | None:
             hw = tuple(item)
         else:
             hw = (item,)
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in hw):
+        if not all(isinstance(v, Integral) and not isinstance(v, bool) and v > 0 for v in hw):
             raise bad
+        hw = tuple(int(v) for v in hw)  # (numpy integers too)
         sizes.append(hw * 2 if len(hw) == 1 else hw)
     if not sizes:
         raise bad
