@@ -83,11 +83,8 @@ def cmd_parity(args) -> int:
 def cmd_reparam(args) -> int:
     from vitedge.exporter.flow.deploy_checkpoint import reparam_checkpoint
 
-    asked = settings_of(args, out=None)  # (--out: the deploy checkpoint to write)
-    result = reparam_checkpoint(asked.model, args.out, checkpoint=asked.checkpoint, imgsz=asked.square_size(),
-                                attn_order=asked.attn_order or "auto", strict_schedule=asked.strict_schedule,
-                                overrides=asked.overrides, force=asked.force, progress=args.progress,
-                                rewrites=asked.rewrites)
+    # (--out: the deploy checkpoint to write, not an export folder)
+    result = reparam_checkpoint(settings_of(args, out=None), args.out, progress=args.progress)
     eq, s = result.equivalence, result.summary
     if not eq.passed:
         print(f"FAILED: re-parameterization changed the function: first diverging block {eq.diverging_module} "

@@ -201,3 +201,15 @@ def test_the_size_travels_as_an_argument_not_on_the_model(tmp_path):
     # a checkpoint's own size (a transformers preprocessor's crop) is the default, carried beside the model
     held = Loaded(loaded.model, "swiftformer_xs", "checkpoint", None, SWIFT, checkpoint_imgsz=64)
     assert (held.resolve_imgsz(), held.resolve_imgsz(32), loaded.resolve_imgsz()) == (64, 32, 224)
+
+
+def test_the_reparam_handler_passes_the_settings_whole(monkeypatch):
+    from vitedge.exporter.flow import deploy_checkpoint
+
+    real = deploy_checkpoint.reparam_checkpoint
+    args, kwargs = _handler_call(monkeypatch, deploy_checkpoint, "reparam_checkpoint",
+                                 ["reparam", *TINY, "--out", "d.pth", "--rewrites", "none"])
+    assert isinstance(args[0], ExportSettings) and args[1] == "d.pth" and set(kwargs) == {"progress"}
+    assert (args[0].imgsz, args[0].overrides, args[0].rewrites, args[0].out) == (((32, 32),), SWIFT, False, None)
+    with pytest.raises(VitedgeError, match="reparam does not take samples"):
+        real("swiftformer_xs", "d.pth", samples=4)

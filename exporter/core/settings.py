@@ -3,7 +3,7 @@
 It is built once, where the request comes in: from the command line and its `--config` file
 (exporter/command_line/settings_args.py), from a Python keyword call (`export(model=..., targets=..., ...)`
 builds it with `ExportSettings.build`), or from a matrix cell (exporter/matrix/cell.py); then `export`, `parity`,
-`bench` and `package` read it instead of spelling the same settings out again. Commands that take a subset say
+`bench`, `package` and `vitedge reparam` read it instead of spelling the same settings out again. Commands that take a subset say
 which fields they read (`only`), so a setting they would silently ignore is an error instead.
 
 `imgsz` holds input sizes as (height, width) pairs, ready for several sizes per run; what the pipeline runs today

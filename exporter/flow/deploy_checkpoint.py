@@ -23,6 +23,7 @@ from ..core import outdir
 from ..verdict.equivalence import verify_equivalence
 from ..reparam.forms import build_deploy_form, build_train_form
 from ..core.progress import QUIET
+from ..core.settings import ExportSettings
 from ..reparam import available_rewrites, reparameterize
 from ..reparam.engine import current_rewrite_names
 from ..core.report import versions
@@ -188,12 +189,22 @@ class ReparamResult:
     equivalence: object        # EquivalenceResult
 
 
-def reparam_checkpoint(model_name: str, out: str | Path, *, checkpoint: str | Path | None = None,
-                       imgsz: int | None = None, attn_order: str = "auto", strict_schedule: bool = False,
-                       overrides: dict | None = None, force: bool = False, progress=None,
-                       rewrites=True) -> ReparamResult:
-    """`vitedge reparam`: load, fold, run the float64 gate, and write the deploy-form checkpoint only if it passed."""
+# the settings `vitedge reparam` reads (the rest shape an export, and are refused rather than ignored)
+REPARAM_SETTINGS = ("model", "checkpoint", "imgsz", "attn_order", "strict_schedule", "overrides", "force", "rewrites")
+
+
+def reparam_checkpoint(model=None, out: str | Path | None = None, *, progress=None, **settings) -> ReparamResult:
+    """`vitedge reparam`: load, fold, run the float64 gate, and write the deploy-form checkpoint `out` only if it
+    passed. `model` is an ExportSettings or the model name, with the settings reparam reads as keywords
+    (REPARAM_SETTINGS: checkpoint, imgsz, attn_order, strict_schedule, overrides, force, rewrites), as for
+    `export`."""
+    s = ExportSettings.build(model, settings, "reparam_checkpoint")
+    s.only(REPARAM_SETTINGS, "reparam")
+    model_name, checkpoint, overrides, force = s.model, s.checkpoint, s.overrides, s.force
+    imgsz, attn_order = s.square_size(), s.attn_order or "auto"
     progress = progress or QUIET
+    if out is None:
+        raise VitedgeError("vitedge reparam needs --out PATH (the deploy checkpoint to write)")
     out = Path(out)
     if out.exists() and not force:
         raise VitedgeError(f"{out} exists; pass --force to overwrite it")
@@ -204,7 +215,7 @@ def reparam_checkpoint(model_name: str, out: str | Path, *, checkpoint: str | Pa
         loaded = build_train_form(model_name, checkpoint, overrides)
     size = loaded.resolve_imgsz(imgsz)
     with progress.step("re-parameterizing"):
-        deploy, deploy64 = build_deploy_form(loaded.model, size, True, attn_order, strict_schedule, rewrites)
+        deploy, deploy64 = build_deploy_form(loaded.model, size, True, attn_order, s.strict_schedule, s.rewrites)
     with progress.step("equivalence gate (float64)"):
         eq = verify_equivalence(loaded.model, deploy64, size, raise_on_fail=False)
     path = None
