@@ -213,3 +213,14 @@ def test_the_reparam_handler_passes_the_settings_whole(monkeypatch):
     assert (args[0].imgsz, args[0].overrides, args[0].rewrites, args[0].out) == (((32, 32),), SWIFT, False, None)
     with pytest.raises(VitedgeError, match="reparam does not take samples"):
         real("swiftformer_xs", "d.pth", samples=4)
+
+
+def test_a_deploy_checkpoint_saved_without_its_size_records_the_default_with_a_deprecation_warning(tmp_path):
+    from vitedge.exporter.flow.deploy_checkpoint import load_deploy_checkpoint, save_deploy_checkpoint
+    from vitedge.exporter.reparam import reparameterize
+    from vitedge.models import create_model
+
+    deploy = reparameterize(create_model("swiftformer_xs", **SWIFT).eval())  # folded for its default size, 224
+    with pytest.warns(DeprecationWarning, match="pass imgsz="):
+        path = save_deploy_checkpoint(deploy, tmp_path / "d.pth")
+    assert load_deploy_checkpoint(path).deploy_checkpoint_meta["imgsz"] == 224

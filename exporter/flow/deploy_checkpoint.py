@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import torch.nn as nn
 
 from ...errors import CheckpointError, VitedgeError
 from ...models.layers.norms import LinearNorm
-from ...models.registry import create_model
+from ...models.registry import create_model, default_imgsz
 from ..core import outdir
 from ..verdict.equivalence import verify_equivalence
 from ..reparam.forms import build_deploy_form, build_train_form
@@ -47,10 +48,11 @@ def _plain(value, what: str):
                        "metadata only (pass overrides as literals)")
 
 
-def save_deploy_checkpoint(deploy_model: nn.Module, path: str | Path, *, imgsz: int, attn_order: str = "auto",
-                           checkpoint_sha256: str | None = None, force: bool = False) -> Path:
+def save_deploy_checkpoint(deploy_model: nn.Module, path: str | Path, *, imgsz: int | None = None,
+                           attn_order: str = "auto", checkpoint_sha256: str | None = None, force: bool = False) -> Path:
     """Write `deploy_model` (from `reparameterize`, folded for `imgsz`) to `path` atomically; refuses to overwrite
-    without `force`."""
+    without `force`. `imgsz` None is deprecated: the model's default size is recorded (the size `reparameterize`
+    folds for when none is given), with a DeprecationWarning."""
     name = getattr(deploy_model, "vitedge_name", None)
     summary = getattr(deploy_model, "reparam_summary", None)
     if name is None or summary is None:
@@ -58,6 +60,10 @@ def save_deploy_checkpoint(deploy_model: nn.Module, path: str | Path, *, imgsz: 
     path = Path(path)
     if path.exists() and not force:
         raise VitedgeError(f"{path} exists; pass --force to overwrite it")
+    if imgsz is None:  # the size once rode on the model; it is an argument now
+        imgsz = default_imgsz(deploy_model)
+        warnings.warn(f"save_deploy_checkpoint without imgsz records the model's default size {imgsz}; pass imgsz= "
+                      "(the size the deploy-form was folded for)", DeprecationWarning, stacklevel=2)
     payload = {
         "format": FORMAT,
         "model": name,
