@@ -3,7 +3,8 @@
 Public API (lazily imported so `vitedge --help` stays fast), one call per command, each returning what the command
 writes: export, parity, bench, package, matrix, models (the `vitedge models` rows); and the building blocks
 create_model, list_models, get_spec, load_checkpoint, make_trained_like, reparameterize, verify_equivalence,
-load_deploy_checkpoint, save_deploy_checkpoint, VitedgeError, CheckpointError. Reference: docs/api.md.
+load_deploy_checkpoint, save_deploy_checkpoint, VitedgeError, CheckpointError; and ExportSettings, what the commands
+take (each also builds it from its keywords). Reference: docs/api.md.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ _API = {
     "matrix": "vitedge.exporter.matrix",
     "bench": "vitedge.exporter.timing.bench_api",
     "package": "vitedge.exporter.packaging.package",
+    "ExportSettings": "vitedge.exporter.core.settings",
 }
 # `vitedge.models` is the models package, made callable: vitedge.models(family=None) -> the `vitedge models` rows
 _MODULES = {"models": "vitedge.models"}

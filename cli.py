@@ -40,30 +40,11 @@ from vitedge.exporter.command_line.crash import CRASH_DIR_ENV, crash as _crash, 
 from vitedge.exporter.command_line.flags import (ATTN_ORDERS, BENCH_DEFAULT, Parser,  # noqa: E402,F401
                                                  add_global_flags, bench_backends, target_options)
 from vitedge.exporter.command_line.parsers import PARSERS  # noqa: E402
+from vitedge.exporter.command_line.settings_args import settings_of  # noqa: E402
 from vitedge.exporter.command_line.summary import format_summary, table as _table  # noqa: E402,F401
 from vitedge.precisions import NAMES as PRECISIONS  # noqa: E402,F401
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
-
-
-# ---- turning parsed flags into API keywords ---------------------------------------------------------
-
-def _preprocess(args) -> dict:
-    return {k: getattr(args, k) for k in ("crop_pct", "interpolation", "mean", "std") if getattr(args, k) is not None}
-
-
-def _exporter(args) -> dict:
-    """The exporter keyword for the API: only when given (the API's own default otherwise)."""
-    return {"exporter": args.exporter} if args.exporter else {}
-
-
-def _overrides(args) -> dict:
-    return dict(args.overrides)
-
-
-def _samples(args) -> int | None:
-    """--samples, or None: the API's default (the GMACs rule, exporter/verdict/parity_cost.py)."""
-    return args.samples
 
 
 # ---- the commands ---------------------------------------------------------------------------------
@@ -85,15 +66,7 @@ def cmd_models(args) -> int:
 def cmd_export(args) -> int:
     from vitedge.exporter.flow.pipeline import export
 
-    report = export(args.model, args.target, checkpoint=args.checkpoint, imgsz=args.imgsz, batch=args.batch,
-                    dynamic_batch=args.dynamic_batch, opset=args.opset, precision=args.precision,
-                    out=args.out, reparam=not args.no_reparam, force=args.force, clean=args.clean,
-                    attn_order=args.attn_order or "auto", strict_schedule=args.strict_schedule,
-                    samples=_samples(args), tolerances=args.tol, require_verified=args.require_verified,
-                    overrides=_overrides(args), options={k: getattr(args, k, None) for k in target_options()},
-                    progress=args.progress, rewrites=args.rewrites, require_ane=args.require_ane,
-                    images=args.images, labels=args.labels, calib=args.calib, calib_images=args.calib_images,
-                    truth_cache=not args.no_truth_cache, preprocess=_preprocess(args), **_exporter(args))
+    report = export(settings_of(args), progress=args.progress)
     print(format_summary(report, os.path.join(report.out_dir, "report.json")))
     return report.exit_code
 
@@ -101,12 +74,8 @@ def cmd_export(args) -> int:
 def cmd_parity(args) -> int:
     from vitedge.exporter.flow.verify import parity
 
-    report = parity(args.model, args.artifact, checkpoint=args.checkpoint, deploy_checkpoint=args.deploy_checkpoint,
-                    target=args.target, imgsz=args.imgsz, precision=args.precision, attn_order=args.attn_order,
-                    samples=_samples(args), tolerances=args.tol, require_verified=args.require_verified,
-                    overrides=_overrides(args) or None, report_path=args.report, mode=args.mode,
-                    progress=args.progress, require_ane=args.require_ane, images=args.images, labels=args.labels,
-                    truth_cache=not args.no_truth_cache, **_exporter(args))
+    report = parity(settings_of(args), args.artifact, deploy_checkpoint=args.deploy_checkpoint,
+                    report_path=args.report, mode=args.mode, progress=args.progress)
     print(format_summary(report, args.report))
     return report.exit_code
 
@@ -114,10 +83,8 @@ def cmd_parity(args) -> int:
 def cmd_reparam(args) -> int:
     from vitedge.exporter.flow.deploy_checkpoint import reparam_checkpoint
 
-    result = reparam_checkpoint(args.model, args.out, checkpoint=args.checkpoint, imgsz=args.imgsz,
-                                attn_order=args.attn_order or "auto", strict_schedule=args.strict_schedule,
-                                overrides=_overrides(args), force=args.force, progress=args.progress,
-                                rewrites=args.rewrites)
+    # (--out: the deploy checkpoint to write, not an export folder)
+    result = reparam_checkpoint(settings_of(args, out=None), args.out, progress=args.progress)
     eq, s = result.equivalence, result.summary
     if not eq.passed:
         print(f"FAILED: re-parameterization changed the function: first diverging block {eq.diverging_module} "
@@ -137,15 +104,12 @@ def cmd_bench(args) -> int:
     from vitedge.exporter.timing.bench_api import bench
     from vitedge.exporter.timing.bench_report import format_table
 
-    report = bench(args.model, artifact=args.artifact, providers=args.providers, checkpoint=args.checkpoint,
-                   backends=args.backends, imgsz=args.imgsz, batch=args.batch, threads=args.threads,
-                   warmup_s=args.warmup_s, min_iters=args.min_iters, max_s=args.max_s, baseline=args.baseline,
-                   max_regression=args.max_regression, order=args.order, attn_order=args.attn_order,
-                   overrides=_overrides(args), rewrites=args.rewrites,
+    report = bench(settings_of(args, options=None), artifact=args.artifact, providers=args.providers,
+                   backends=args.backends, threads=args.threads, warmup_s=args.warmup_s, min_iters=args.min_iters,
+                   max_s=args.max_s, baseline=args.baseline, max_regression=args.max_regression, order=args.order,
                    ort_spinning={"default": None, "on": True, "off": False}[args.ort_spinning],
-                   exporter=args.exporter, device=args.device, team_id=args.team_id, bundle_id=args.bundle_id,
-                   input=args.input,
-                   labels=args.labels, images=args.images, report_path=args.report, plot=args.plot,
+                   device=args.device, team_id=args.team_id, bundle_id=args.bundle_id, input=args.input,
+                   report_path=args.report, plot=args.plot,
                    log=(lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr)))
     print(format_table(report))
     if args.fail_on_parity:
@@ -166,13 +130,10 @@ def _parity_not_passed(report) -> list[str]:
 
 
 def cmd_package(args) -> int:
-    common = dict(checkpoint=args.checkpoint, labels=args.labels, imgsz=args.imgsz, samples=args.samples,
-                  overrides=_overrides(args), tolerances=args.tol or None, force=args.force, progress=args.progress,
-                  calib=args.calib, calib_images=args.calib_images, images=args.images, preprocess=_preprocess(args),
-                  **_exporter(args))
     from vitedge.exporter.packaging.package import package
 
-    res = package(args.model, args.out, ios=args.ios, precision=args.precision, target=args.target, **common)
+    # --out is the bundle; --ios is the bundle's own setting, not a target option given to export
+    res = package(settings_of(args, out=None, options=None), args.out, ios=args.ios, progress=args.progress)
     if res.exit_code != 0:
         print(f"FAILED: {res.reason}; no bundle written. The export is kept in {res.export_dir}")
         return res.exit_code

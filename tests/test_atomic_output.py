@@ -394,5 +394,5 @@ def test_deploy_checkpoint_write_clears_its_abandoned_temp_file(tmp_path):
     leftover = tmp_path / outdir.sibling(path, "tmp").name.replace(f"-{os.getpid()}@", f"-{_dead_pid()}@")
     leftover.write_bytes(b"half a checkpoint")
     deploy = reparameterize(create_model(NAME, layers=[1, 1, 1, 1], embed_dims=[8, 8, 16, 16], num_classes=5).eval(), 32)
-    save_deploy_checkpoint(deploy, path)
+    save_deploy_checkpoint(deploy, path, imgsz=32)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["deploy.pt"]

@@ -139,17 +139,17 @@ def test_config_gives_options_and_the_command_line_wins(tmp_path):
                    "ios: 17\nrewrites: none\n")
     a = _parse(["export", "--config", str(cfg)])
     assert (a.model, a.imgsz, a.samples, a.target, a.attn_order, a.require_verified, a.exporter, a.ios, a.rewrites) \
-        == ("swiftformer_xs", 64, 8, "onnx,coreml", "kv_first", True, "dynamo", 17, False)
+        == ("swiftformer_xs", ((64, 64),), 8, "onnx,coreml", "kv_first", True, "dynamo", 17, False)
     assert dict(a.overrides) == {"layers": [1, 1, 1, 1], "embed_dims": [8, 8, 16, 16]} and a.tol == ["fp32.max_rel=2e-4"]
     # flags given on the command line win, before or after --config; repeatable flags add to the file's items
     b = _parse(["--config", str(cfg), "export", "--imgsz", "32", "--exporter", "torchscript", "--set",
                 "embed_dims=[16,16,32,32]", "--tol", "fp32.max_rel=1e-3", "--target", "onnx"])
-    assert (b.imgsz, b.exporter, b.target, b.samples) == (32, "torchscript", "onnx", 8)
+    assert (b.imgsz, b.exporter, b.target, b.samples) == (((32, 32),), "torchscript", "onnx", 8)
     assert dict(b.overrides)["embed_dims"] == [16, 16, 32, 32] and b.tol == ["fp32.max_rel=2e-4", "fp32.max_rel=1e-3"]
     # the same keys from TOML and JSON; a bench's comma lists as YAML lists
     (tmp_path / "b.toml").write_text('model = "swiftformer_xs"\nimgsz = [224, 256]\nbackends = ["torch"]\n')
     c = _parse(["bench", "--config", str(tmp_path / "b.toml")])
-    assert (c.imgsz, c.backends) == ("224,256", "torch")
+    assert (c.imgsz, c.backends) == (((224, 224), (256, 256)), "torch")
     (tmp_path / "m.json").write_text('{"ray": true, "workers": 2}')
     d = _parse(["matrix", "plan.yaml", "--out", "o", "--config", str(tmp_path / "m.json")])
     assert (d.ray, d.workers) == (True, 2)

@@ -101,4 +101,4 @@ def test_cli_reparam_writes_safetensors_by_the_suffix(tmp_path, capsys):
                      "embed_dims=[16,24,32,48]", "--set", "num_classes=10", "--imgsz", str(IMGSZ), "--out", str(out)])
     assert code == 0 and f"wrote {out}" in capsys.readouterr().out
     assert _contents(out)[0]["format"] == FORMAT
-    assert load_deploy_checkpoint(out).reparam_imgsz == IMGSZ
+    assert load_deploy_checkpoint(out).deploy_checkpoint_meta["imgsz"] == IMGSZ

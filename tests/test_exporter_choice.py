@@ -119,9 +119,9 @@ def test_bench_package_and_matrix_carry_the_exporter(tmp_path, monkeypatch):
 
     seen = {}
 
-    def capture(*a, **k):
-        seen.update(k)
-        raise KeyboardInterrupt  # stop before any work: only the keywords matter here
+    def capture(settings, **k):
+        seen.update(vars(settings))
+        raise KeyboardInterrupt  # stop before any work: only the settings matter here
 
     monkeypatch.setattr("vitedge.exporter.packaging.package.export", capture)
     with pytest.raises(KeyboardInterrupt):

@@ -116,7 +116,7 @@ def test_reparam_is_exact(imgsz, rule_order, attn_order, rewrites):
     tokens_norm = (imgsz == 64) == rewrites  # both class-attention variants, across the matrix
     model = _small_model(tokens_norm, seed=imgsz)
     deploy = reparameterize(model, imgsz=imgsz, attn_order=attn_order, rewrites=rewrites)
-    res = verify_equivalence(model, deploy)
+    res = verify_equivalence(model, deploy, imgsz)
     assert res.passed and res.max_abs <= 1e-9 * res.scale
     assert [b["name"] for b in res.blocks][:3] == ["patch_embed", "blocks.0", "blocks.1"]
     n, d = patch_grid(imgsz, 16) ** 2, 32
@@ -137,7 +137,7 @@ def test_reparam_p8_and_eta_none():
     model = _small_model(seed=5, variant="sima_nano_12_p8", eta=None)
     assert not any("gamma" in k for k in model.state_dict())
     deploy = reparameterize(model, imgsz=32)
-    assert verify_equivalence(model, deploy, samples=3).passed
+    assert verify_equivalence(model, deploy, 32, samples=3).passed
     assert deploy.reparam_summary.folded["conv+bn"] == 3
 
 
@@ -219,8 +219,8 @@ def test_gate_names_first_diverging_block():
     with torch.no_grad():  # break block 1 on purpose: the naive LPI shift fold (wrong at the borders)
         lpi.conv2.bias += lpi.conv2.weight.sum(dim=(1, 2, 3)) * lpi.shift.shift
         lpi.shift.shift = None
-    res = verify_equivalence(model, deploy, samples=2, raise_on_fail=False)
+    res = verify_equivalence(model, deploy, 64, samples=2, raise_on_fail=False)
     assert not res.passed and res.diverging_module == "blocks.1"
     assert [b["passed"] for b in res.blocks][:3] == [True, True, False]
     with pytest.raises(EquivalenceError, match="blocks.1"):
-        verify_equivalence(model, deploy, samples=2)
+        verify_equivalence(model, deploy, 64, samples=2)

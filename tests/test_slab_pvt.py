@@ -166,7 +166,7 @@ def test_prepbn_reparam_exact(imgsz):
     # 96 px on the 64-px model: every stage's pos embed is really resized (a constant for that size)
     model = _trained_like("prepbn_pvt_tiny", seed=4)
     deploy = reparameterize(model, imgsz=imgsz)
-    assert verify_equivalence(model, deploy, samples=2).passed
+    assert verify_equivalence(model, deploy, imgsz, samples=2).passed
     _assert_deploy_form(model, deploy)
     s = deploy.reparam_summary
     assert s.folded["attn_scale->q"] == 5 and s.folded["sr_norm->attn.kv"] == 4  # stages 1-3 reduce, stage 4 not
@@ -219,7 +219,7 @@ def test_every_name_gate_and_onnx_parity(name):
     imgsz = 96 if name == "prepbn_pvt_tiny" else 64
     model = make_trained_like(create_model(name, **REDUCED), seed=6).double().eval()
     deploy = reparameterize(model, imgsz=imgsz)
-    assert verify_equivalence(model, deploy, samples=2).passed
+    assert verify_equivalence(model, deploy, imgsz, samples=2).passed
     metrics, ops = onnx_parity(model, deploy, imgsz)
     assert DEFAULT_TOLERANCES["fp32"].violations(metrics) == [], metrics
     assert "Resize" not in ops and not any(op in ops for op in NORM_OPS), ops

@@ -3,6 +3,7 @@
 flags.py        the flags several commands share, argparse types, and each target's flag group (from its row)
 parsers.py      the parser of every subcommand
 config_file.py  `--config FILE`: a command's options from a YAML / TOML / JSON file
+settings_args.py the parsed flags of a command -> its one ExportSettings (exporter/core/settings.py)
 summary.py      the summary table `export` and `parity` print
 crash.py        exit 3: one line, the traceback saved to a file
 

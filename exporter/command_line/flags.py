@@ -22,6 +22,19 @@ def kv(text: str) -> tuple[str, object]:
         return key.strip(), value
 
 
+def image_sizes(text: str):
+    """--imgsz: S, HxW, or a comma list of them, as ((H, W), ...) (exporter/core/settings.py says which the command
+    runs)."""
+    from vitedge.errors import VitedgeError
+    from ..core.settings import parse_sizes  # torch-free
+
+    try:
+        return parse_sizes(text)
+    except VitedgeError:
+        raise argparse.ArgumentTypeError(f"expected a size S or HxW in positive integers (e.g. 224 or 256x320), or "
+                                         f"a comma list of them; got {text!r}") from None
+
+
 def add_model_flags(p: argparse.ArgumentParser, required: bool = True, named: bool = False) -> None:
     p.add_argument("--model", required=required and not named,
                    help=("model name (see `vitedge models`); optional with a --checkpoint that names its model (a "
@@ -34,7 +47,7 @@ def add_model_flags(p: argparse.ArgumentParser, required: bool = True, named: bo
                                         "weights are used and the report says weights: untrained")
     p.add_argument("--set", dest="overrides", action="append", type=kv, default=[], metavar="KEY=VALUE",
                    help="constructor override, official keyword names (e.g. --set depth=2); repeatable")
-    p.add_argument("--imgsz", type=positive_int, help="input size (default: the model's)")
+    p.add_argument("--imgsz", type=image_sizes, metavar="S", help="input size (default: the model's)")
     p.add_argument("--attn-order", choices=ATTN_ORDERS, default=None,
                    help="SLA/SimA attention order for the export size (default auto: the FLOP rule)")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from .flags import (ATTN_ORDERS, BENCH_DEFAULT, add_exporter_flag, add_inputs_flags, add_model_flags,
-                    add_parity_flags, add_preprocess_flags, add_rewrites_flag, add_target_flags, bench_backends, kv,
-                    positive_float, positive_int)
+                    add_parity_flags, add_preprocess_flags, add_rewrites_flag, add_target_flags, bench_backends,
+                    image_sizes, kv, positive_float, positive_int)
 
 
 def add_models(sub) -> argparse.ArgumentParser:
@@ -121,8 +121,9 @@ def add_bench(sub) -> argparse.ArgumentParser:
                    help="constructor override, official keyword names; repeatable")
     p.add_argument("--backends", default=None,
                    help=f"comma list of {','.join(BACKENDS)} (default {','.join(DEFAULT_BACKENDS)})")
-    p.add_argument("--imgsz", default=None, help="comma list of input sizes (default: the model's; with --artifact, "
-                                                 "one size for a graph whose input size is symbolic)")
+    p.add_argument("--imgsz", type=image_sizes, default=None, metavar="S[,S]",
+                   help="comma list of input sizes (default: the model's; with --artifact, one size for a graph "
+                        "whose input size is symbolic)")
     p.add_argument("--batch", type=positive_int, default=None,
                    help="batch size (default 1; with --artifact, its static batch)")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads (0 = all cores; default 1)")
@@ -184,7 +185,7 @@ def add_package(sub) -> argparse.ArgumentParser:
     p.add_argument("--calib", type=int, default=None, metavar="N", help="--precision w8a8: calibration images "
                                                                        "(default 64)")
     p.add_argument("--calib-images", metavar="DIR", help="--precision w8a8: calibrate on images of DIR")
-    p.add_argument("--imgsz", type=int, help="input size (default: the model's)")
+    p.add_argument("--imgsz", type=image_sizes, metavar="S", help="input size (default: the model's)")
     p.add_argument("--set", dest="overrides", action="append", type=kv, default=[], metavar="KEY=VALUE",
                    help="constructor override, official keyword names (e.g. --set depth=2); repeatable")
     p.add_argument("--samples", type=positive_int, help="parity inputs for the ladder (default: as for export)")

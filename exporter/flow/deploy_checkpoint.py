@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,11 +19,12 @@ import torch.nn as nn
 
 from ...errors import CheckpointError, VitedgeError
 from ...models.layers.norms import LinearNorm
-from ...models.registry import create_model
+from ...models.registry import create_model, default_imgsz
 from ..core import outdir
 from ..verdict.equivalence import verify_equivalence
-from ..reparam.forms import build_deploy_form, build_train_form, resolve_imgsz
+from ..reparam.forms import build_deploy_form, build_train_form
 from ..core.progress import QUIET
+from ..core.settings import ExportSettings
 from ..reparam import available_rewrites, reparameterize
 from ..reparam.engine import current_rewrite_names
 from ..core.report import versions
@@ -46,9 +48,11 @@ def _plain(value, what: str):
                        "metadata only (pass overrides as literals)")
 
 
-def save_deploy_checkpoint(deploy_model: nn.Module, path: str | Path, *, attn_order: str = "auto",
-                           checkpoint_sha256: str | None = None, force: bool = False) -> Path:
-    """Write `deploy_model` (from `reparameterize`) to `path` atomically; refuses to overwrite without `force`."""
+def save_deploy_checkpoint(deploy_model: nn.Module, path: str | Path, *, imgsz: int | None = None,
+                           attn_order: str = "auto", checkpoint_sha256: str | None = None, force: bool = False) -> Path:
+    """Write `deploy_model` (from `reparameterize`, folded for `imgsz`) to `path` atomically; refuses to overwrite
+    without `force`. `imgsz` None is deprecated: the model's default size is recorded (the size `reparameterize`
+    folds for when none is given), with a DeprecationWarning."""
     name = getattr(deploy_model, "vitedge_name", None)
     summary = getattr(deploy_model, "reparam_summary", None)
     if name is None or summary is None:
@@ -56,11 +60,15 @@ def save_deploy_checkpoint(deploy_model: nn.Module, path: str | Path, *, attn_or
     path = Path(path)
     if path.exists() and not force:
         raise VitedgeError(f"{path} exists; pass --force to overwrite it")
+    if imgsz is None:  # the size once rode on the model; it is an argument now
+        imgsz = default_imgsz(deploy_model)
+        warnings.warn(f"save_deploy_checkpoint without imgsz records the model's default size {imgsz}; pass imgsz= "
+                      "(the size the deploy-form was folded for)", DeprecationWarning, stacklevel=2)
     payload = {
         "format": FORMAT,
         "model": name,
         "overrides": _plain(dict(getattr(deploy_model, "vitedge_overrides", {})), "override"),
-        "imgsz": int(deploy_model.reparam_imgsz),
+        "imgsz": int(imgsz),
         "attn_order": attn_order,
         "rewrites": list(summary.rewrites),  # the rewrites applied: re-applying exactly these rebuilds the tree
         "attention_order": dict(summary.attention_order),
@@ -187,12 +195,22 @@ class ReparamResult:
     equivalence: object        # EquivalenceResult
 
 
-def reparam_checkpoint(model_name: str, out: str | Path, *, checkpoint: str | Path | None = None,
-                       imgsz: int | None = None, attn_order: str = "auto", strict_schedule: bool = False,
-                       overrides: dict | None = None, force: bool = False, progress=None,
-                       rewrites=True) -> ReparamResult:
-    """`vitedge reparam`: load, fold, run the float64 gate, and write the deploy-form checkpoint only if it passed."""
+# the settings `vitedge reparam` reads (the rest shape an export, and are refused rather than ignored)
+REPARAM_SETTINGS = ("model", "checkpoint", "imgsz", "attn_order", "strict_schedule", "overrides", "force", "rewrites")
+
+
+def reparam_checkpoint(model=None, out: str | Path | None = None, *, progress=None, **settings) -> ReparamResult:
+    """`vitedge reparam`: load, fold, run the float64 gate, and write the deploy-form checkpoint `out` only if it
+    passed. `model` is an ExportSettings or the model name, with the settings reparam reads as keywords
+    (REPARAM_SETTINGS: checkpoint, imgsz, attn_order, strict_schedule, overrides, force, rewrites), as for
+    `export`."""
+    s = ExportSettings.build(model, settings, "reparam_checkpoint")
+    s.only(REPARAM_SETTINGS, "reparam")
+    model_name, checkpoint, overrides, force = s.model, s.checkpoint, s.overrides, s.force
+    imgsz, attn_order = s.square_size(), s.attn_order or "auto"
     progress = progress or QUIET
+    if out is None:
+        raise VitedgeError("vitedge reparam needs --out PATH (the deploy checkpoint to write)")
     out = Path(out)
     if out.exists() and not force:
         raise VitedgeError(f"{out} exists; pass --force to overwrite it")
@@ -201,13 +219,13 @@ def reparam_checkpoint(model_name: str, out: str | Path, *, checkpoint: str | Pa
     _plain(dict(overrides or {}), "override")
     with progress.step("building the train-form model"):
         loaded = build_train_form(model_name, checkpoint, overrides)
-    size = resolve_imgsz(loaded.model, imgsz)
+    size = loaded.resolve_imgsz(imgsz)
     with progress.step("re-parameterizing"):
-        deploy, deploy64 = build_deploy_form(loaded.model, size, True, attn_order, strict_schedule, rewrites)
+        deploy, deploy64 = build_deploy_form(loaded.model, size, True, attn_order, s.strict_schedule, s.rewrites)
     with progress.step("equivalence gate (float64)"):
         eq = verify_equivalence(loaded.model, deploy64, size, raise_on_fail=False)
     path = None
     if eq.passed:
-        path = save_deploy_checkpoint(deploy, out, attn_order=attn_order, checkpoint_sha256=loaded.checkpoint_sha256,
-                                      force=force)
+        path = save_deploy_checkpoint(deploy, out, imgsz=size, attn_order=attn_order,
+                                      checkpoint_sha256=loaded.checkpoint_sha256, force=force)
     return ReparamResult(path, loaded.name, size, loaded.weights, deploy.reparam_summary, eq)

@@ -31,6 +31,7 @@ class Hub:
     ground truth on the parity set (float64 and float32: criteria.GroundTruth) and how that set was made, the hops
     that verified them (deploy-form, onnx, onnx-simplified) and the train-form facts."""
     deploy: nn.Module
+    imgsz: int                       # the size the deploy-form was folded for and the truth computed at
     onnx_path: Path
     raw: onnx.ModelProto | None
     truth: GroundTruth
@@ -47,12 +48,13 @@ class Hub:
 
     def loaded(self, name: str) -> Loaded:
         """The train-form facts of the export, with the deploy-form standing in for the train-form module (whose
-        size and input statistics it carries); the train-form is not built."""
-        return Loaded(self.deploy, name, self.weights, self.checkpoint_sha256, dict(self.overrides))
+        input statistics it carries; its default size is the hub's); the train-form is not built."""
+        return Loaded(self.deploy, name, self.weights, self.checkpoint_sha256, dict(self.overrides),
+                      checkpoint_imgsz=self.imgsz)
 
     def check_fits(self, imgsz: int, inputs: ParitySet, exporter: str | None = None) -> None:
         """A store keyed wrongly would pass off another export's verdicts: refuse it loudly."""
-        size = getattr(self.deploy, "reparam_imgsz", None)
+        size = self.imgsz
         if size != imgsz or len(self.truth.y64) != len(inputs) or self.inputs != inputs.note:
             raise ValueError(f"the hub was built for size {size} and {len(self.truth.y64)} parity inputs "
                              f"({self.inputs}), not {imgsz} and {len(inputs)} ({inputs.note})")

@@ -6,62 +6,53 @@ every hop against the train-form's float64 ground truth on the parity set (defau
 per-sample noise rule (hops.py). The output folder is one transaction (outdir.py): built in a temporary sibling,
 renamed into place in one step; a failed hop moves the artifacts to DIR/quarantine/. Bad input raises VitedgeError
 before anything is written. `parity()` is verify.py. `hub=`: a verified deploy-form and hub ONNX reused from, or
-left in, a store (hub.py).
-
-Length: one run, the export; its imports took a line more when exporter/ was grouped by job (the flow's next change
-should move the target loop out)."""
+left in, a store (hub.py). What the run is asked to do is one ExportSettings (exporter/core/settings.py); the
+targets' own hops are target_hops.py's."""
 from __future__ import annotations
 
 import copy
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-import numpy as np
 import onnx
-import torch
 import torch.nn as nn
 
 from ...errors import VitedgeError
-from ...precisions import CALIBRATED, TABLE as PRECISION_TABLE
-from ...models.registry import input_stats, recipe_of, resolve_imgsz
-from ...targets import LowerSpec, UnavailableError, row_of
+from ...precisions import TABLE as PRECISION_TABLE
+from ...models.registry import input_stats, recipe_of
 from ...targets.graph.metadata import read_metadata, set_metadata
 from ..core import outdir
-from ..quantize.calibrate import COMPRESSED, calibration_set, check_flags
-from ..quantize.compressed import QDQ_HOP, Judged, compressed_hop, write_qdq
+from ..core.settings import ExportSettings
+from ..quantize.calibrate import check_flags
 from ..verdict.criteria import reference_block
 from ..verdict.equivalence import verify_equivalence
-from ..reparam.forms import (DEMO_SEED, Loaded, build_deploy_form, build_train_form, hold_checkpoint, model_name,
-                             reparam_info)
-from ..verdict.hops import (DEPLOY_SUBSET, PRE_HUB_SAMPLES, RAW_SUBSET, Ladder, check_images, class_names, hop_checks,
+from ..reparam.forms import Loaded, build_deploy_form, build_train_form, hold_checkpoint, model_name, reparam_info
+from ..verdict.hops import (DEPLOY_SUBSET, PRE_HUB_SAMPLES, RAW_SUBSET, Ladder, check_images, class_names,
                             parity_inputs_for, record_artifact)
 from .hub import Hub, HubStore
-from ..verdict.inputs import ParitySet
+from .target_hops import ExportRun, TargetHops
 from ..onnx.onnx_export import (DEFAULT_EXPORTER, OnnxExportError, check_onnx, check_opset, default_opset,
                                 export_onnx_info, exporter_label, save_onnx, simplify_keeping_fusions)
 from ..verdict.parity_cost import check_samples, choose_samples
-from ..verdict.parity import FLOAT64_TOLERANCES, failed, profile_for, tolerances as make_tolerances, unverified
+from ..verdict.parity import FLOAT64_TOLERANCES, failed, tolerances as make_tolerances, unverified
 from ..core.progress import QUIET, Progress
-from ..core.report import Hop, ReparamInfo, Report, versions
-from ..core.target_plans import TargetPlan, resolve_targets
+from ..core.report import ReparamInfo, Report, versions
+from ..core.target_plans import resolve_targets
 
-FP16_CALIBRATION = 32    # parity inputs used for the fp16 range analysis
 SKIPPED = "not run: an earlier step failed"
 
 
-def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = None, imgsz: int | None = None,
-           batch: int | None = None, dynamic_batch: bool = False, opset: int | None = None,
-           precision: str | None = None, out: str | Path | None = None, reparam: bool = True, force: bool = False,
-           attn_order: str = "auto", strict_schedule: bool = False, samples: int | None = None,
-           tolerances: dict | list | None = None, require_verified: bool = False, overrides: dict | None = None,
-           options: dict | None = None, seed: int = DEMO_SEED, progress: Progress | None = None,
-           rewrites=True, require_ane: bool = False, hub: HubStore | None = None, images: str | Path | None = None,
-           labels: str | Path | None = None, calib: int | None = None,
-           calib_images: str | Path | None = None, exporter: str = DEFAULT_EXPORTER,
-           truth_cache: bool = True, clean: bool = False, preprocess: dict | None = None) -> Report:
-    """Export `model_or_name` to `targets` in folder `out` (default runs/NAME) and run the parity ladder.
+def export(model=None, targets=None, *, progress: Progress | None = None, hub: HubStore | None = None,
+           **settings) -> Report:
+    """Export a model to `targets` in folder `out` (default runs/NAME) and run the parity ladder.
+
+    `model` is an ExportSettings (exporter/core/settings.py), or the model (a registered name, an nn.Module, or
+    None: the one a transformers checkpoint names) with the settings as keywords, which build the ExportSettings:
+    checkpoint, imgsz, batch, dynamic_batch, opset, precision, out, reparam, force, clean, attn_order,
+    strict_schedule, samples, tolerances, require_verified, overrides, options, seed, rewrites, require_ane,
+    images, labels, calib, calib_images, exporter, truth_cache, preprocess (`model_or_name` and `target` are
+    accepted spellings of `model` and `targets`). Given an ExportSettings, keywords change fields of it.
 
     `rewrites`: the deploy-form's speed rewrites (True all, False none, or names; see `available_rewrites`).
     `require_ane`: a CoreML device hop fails when the model mostly runs off the Neural Engine (macOS).
@@ -77,78 +68,85 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
     `calib` / `calib_images`: --precision int8 | w8a8: how many calibration images (default 64) and, optionally,
     the folder they come from (else views of the shipped photos the compressed hops are not judged on; see
     exporter/quantize/calibrate.py). `truth_cache`: use the disk cache of float64 ground truths (exporter/verdict/truth_cache.py).
-    `model_or_name` None: the one a transformers checkpoint names; `preprocess`: crop_pct, interpolation, mean, std.
+    `preprocess`: crop_pct, interpolation, mean, std.
 
     Returns the Report also written to OUT/report.json; `report.exit_code` is 0 (all executed hops
     passed), 1 (a hop failed: artifacts in OUT/quarantine/). Raises VitedgeError (exit 2) on bad input or --out,
     before anything is written; `force` replaces only files vitedge wrote there (`clean`: any file).
     """
+    s = ExportSettings.build(model, settings, "export", targets=targets)
     progress = progress or QUIET
     # -- validate everything that can be validated without work
-    options = dict(options or {})
-    held, labels = hold_checkpoint(model_or_name, checkpoint, overrides, labels, options.pop("labels", None))
-    made = {"held": held, "preprocess": preprocess}  # how build_train_form makes the train-form
-    plans = resolve_targets(targets, precision, dynamic_batch, options, labels=labels, batch=batch)
-    n_calib = check_flags(precision, calib, calib_images, images, labels)
+    asked = s.square_size()  # one square size for now (settings.py says what is not supported yet)
+    options = dict(s.options or {})
+    held, labels = hold_checkpoint(s.model, s.checkpoint, s.overrides, s.labels, options.pop("labels", None))
+    made = {"held": held, "preprocess": s.preprocess}  # how build_train_form makes the train-form
+    plans = resolve_targets(s.targets or "onnx", s.precision, s.dynamic_batch, options, labels=labels, batch=s.batch)
+    n_calib = check_flags(s.precision, s.calib, s.calib_images, s.images, labels)
     if any(PRECISION_TABLE[p.precision].extra == "compress" for p in plans if p.precision in PRECISION_TABLE):
         from ...targets.coreml.compress import require_kmeans
 
-        require_kmeans(precision)  # scikit-learn, the [compress] extra: before any work
-    if dynamic_batch and batch is not None:
+        require_kmeans(s.precision)  # scikit-learn, the [compress] extra: before any work
+    if s.dynamic_batch and s.batch is not None:
         raise VitedgeError("--batch and --dynamic-batch exclude each other; drop one")
-    if batch is not None and batch <= 0:
-        raise VitedgeError(f"--batch must be positive; got {batch}")
-    batch = None if dynamic_batch else (batch or 1)
-    opset = default_opset(exporter) if opset is None else opset  # (default_opset checks the exporter's name)
+    if s.batch is not None and s.batch <= 0:
+        raise VitedgeError(f"--batch must be positive; got {s.batch}")
+    exporter = s.exporter or DEFAULT_EXPORTER
+    opset = default_opset(exporter) if s.opset is None else s.opset  # (default_opset checks the exporter's name)
     check_opset(opset, exporter)
-    tols = make_tolerances(tolerances, FLOAT64_TOLERANCES)
-    check_samples(samples)
-    check_images(images, labels)
-    if not reparam and rewrites is not True:
+    tols = make_tolerances(s.tolerances, FLOAT64_TOLERANCES)
+    check_samples(s.samples)
+    check_images(s.images, labels)
+    if not s.reparam and s.rewrites is not True:
         raise VitedgeError("--rewrites shapes the re-parameterized deploy-form; drop it or drop --no-reparam")
-    if hub is not None and not reparam:
+    if hub is not None and not s.reparam:
         raise VitedgeError("a shared hub holds the re-parameterized deploy-form; drop --no-reparam")
-    name = held.name if held else model_or_name if isinstance(model_or_name, str) else model_name(model_or_name)
-    out = Path(out) if out is not None else Path("runs") / name
+    name = held.name if held else s.model if isinstance(s.model, str) else model_name(s.model)
+    out = Path(s.out) if s.out is not None else Path("runs") / name
     for line in outdir.recover(out):  # before the check: a killed --force run may have left DIR aside
         progress.note(line)
-    outdir.check_out(out, force, clean)
+    outdir.check_out(out, s.force, s.clean)
+    # the settings as this run resolved them (what the targets' loop and the report read)
+    run = s.replace(batch=None if s.dynamic_batch else (s.batch or 1), opset=opset, exporter=exporter,
+                    attn_order=s.attn_order or "auto", out=out, labels=labels, options=options)
+
+    def train_form():
+        return build_train_form(s.model, s.checkpoint, s.overrides, s.seed, **made)
 
     # Ctrl-C anywhere from here on ends the run (exit 130, DIR as it was), even where a library swallowed it
     with outdir.InterruptWatch() as interrupts:
         reused = hub.get() if hub is not None else None
         if reused is not None:  # verified earlier for these inputs: no train-form, fold, gate or ONNX export here
             loaded, deploy, deploy64 = reused.loaded(name), reused.deploy, None
-            imgsz = resolve_imgsz(deploy, imgsz)
+            imgsz = loaded.resolve_imgsz(asked)
             info = copy.deepcopy(reused.reparam)  # the report adds to it (fp16 analysis)
         else:
             with progress.step("building the train-form model"):
-                loaded = build_train_form(model_or_name, checkpoint, overrides, seed, **made)
-            imgsz = resolve_imgsz(loaded.model, imgsz)
+                loaded = train_form()
+            imgsz = loaded.resolve_imgsz(asked)
         classes = class_names(labels, loaded.model, imgsz)
-        samples, rule = choose_samples(samples, model_or_name, imgsz, loaded.overrides, loaded.model, images)
+        samples, rule = choose_samples(s.samples, s.model, imgsz, loaded.overrides, loaded.model, s.images)
         with progress.step("reading the parity inputs"):
-            pset = parity_inputs_for(loaded.model, imgsz, samples, images, labels)
+            pset = parity_inputs_for(loaded.model, imgsz, samples, s.images, labels)
         if reused is not None:
             reused.check_fits(imgsz, pset, exporter)
         else:
             with progress.step("re-parameterizing"):
-                deploy, deploy64 = build_deploy_form(loaded.model, imgsz, reparam, attn_order, strict_schedule,
-                                                     rewrites)
-            info = reparam_info(deploy, reparam)
+                deploy, deploy64 = build_deploy_form(loaded.model, imgsz, s.reparam, run.attn_order,
+                                                     s.strict_schedule, s.rewrites)
+            info = reparam_info(deploy, s.reparam)
 
-        report = Report(model=loaded.name, imgsz=imgsz, batch=batch, reparam=info, **loaded.facts(),
+        report = Report(model=loaded.name, imgsz=imgsz, batch=run.batch, reparam=info, **loaded.facts(),
                         versions=versions(), command="export", targets=[p.name for p in plans],
                         samples=len(pset), samples_rule=rule, inputs=pset.note,
-                        images=None if images is None else str(images), labels=None if labels is None else str(labels),
-                        require_verified=require_verified, require_ane=require_ane, exporter=exporter,
+                        images=None if s.images is None else str(s.images),
+                        labels=None if labels is None else str(labels),
+                        require_verified=s.require_verified, require_ane=s.require_ane, exporter=exporter,
                         opset=opset)
-        with outdir.OutputFolder(out, force, interrupts) as folder:
-            build = _Build(report, plans, loaded, deploy, deploy64, folder.tmp, batch, opset, attn_order, reparam,
-                           tols, progress, folder.checkpoint, pset, classes, hub, reused,
-                           lambda: build_train_form(model_or_name, checkpoint, overrides, seed, **made).model,
-                           n_calib=n_calib, calib_images=calib_images, images=images, labels_file=labels,
-                           exporter=exporter, truth_cache=truth_cache)
+        with outdir.OutputFolder(out, s.force, interrupts) as folder:
+            build = _Build(run, report, deploy, folder.tmp, tols, progress, folder.checkpoint, pset,
+                           lambda: train_form().model, n_calib, plans=plans, loaded=loaded, deploy64=deploy64,
+                           classes=classes, store=hub, reused=reused)
             build.run()
             report.finalize()
             report.out_dir = str(out)
@@ -161,8 +159,9 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
     return report
 
 
-def _metadata(loaded: Loaded, imgsz: int, batch: int | None, attn_order: str, info: ReparamInfo,
-              vers: dict, labels: list[str] | None = None, report: Report | None = None) -> dict:
+def _metadata(loaded: Loaded, imgsz: int, run: ExportSettings, info: ReparamInfo, vers: dict,
+              labels: list[str] | None = None, report: Report | None = None) -> dict:
+    batch, attn_order = run.batch, run.attn_order
     mean, std = input_stats(loaded.model)
     extra = {"labels": labels} if labels is not None else {}  # vitedge.labels: class names travel with the graph
     extra["preprocess"] = recipe_of(loaded.model).to_dict()  # vitedge.preprocess: the eval recipe
@@ -177,47 +176,23 @@ def _metadata(loaded: Loaded, imgsz: int, batch: int | None, attn_order: str, in
 
 
 @dataclass
-class _Build:
-    """One export run building into `tmp`: fills `report` hop by hop."""
-    report: Report
+class _Build(ExportRun):
+    """One export run building into `tmp`: fills `report` hop by hop up to the hub graph, then hands the targets to
+    target_hops.py."""
     plans: list
     loaded: Loaded
-    deploy: nn.Module
-    deploy64: nn.Module
-    tmp: Path
-    batch: int | None
-    opset: int
-    attn_order: str
-    reparam: bool
-    tols: dict
-    progress: Progress
-    checkpoint: Callable[[str], None]   # the output folder's named points (Ctrl-C, test pauses)
-    inputs: ParitySet                   # the parity set (default or --images)
+    deploy64: nn.Module | None          # the float64 deploy-form of the gate (None: a reused hub's)
     classes: list | None = None         # --labels: class names in index order
     store: HubStore | None = None       # where a hub this run verifies is put (export(hub=...))
     reused: Hub | None = None           # a verified hub: the steps up to the hub graph are not run again
-    build_train: Callable[[], nn.Module] | None = None  # the train-form, when a reused hub's hop needs it
-    exporter: str = DEFAULT_EXPORTER    # the ONNX exporter asked for (report.exporter: the one that wrote it)
     raw: onnx.ModelProto | None = None  # the unsimplified graph, kept for the quarantine
-    fp16_analysis: object = None        # exporter.verdict.fp16_ranges.Fp16Analysis, computed once if any target is fp16
-    fp16_problem: str | None = None
-    fp16_module: str | None = None
-    n_calib: int | None = None          # --precision int8 | w8a8: calibration images to take
-    calib_images: str | Path | None = None
-    images: str | Path | None = None    # --images (split between calibration and judging) and --labels
-    labels_file: str | Path | None = None
-    calibration: object = None          # targets.calibration.Calibration, chosen once per run
-    judged: Judged | None = None        # what compressed hops are judged on, built once per run
-    truth_cache: bool = True            # the disk cache of ground truths (truth_cache.py)
 
     def run(self) -> None:
         ready = self._reuse_hub() if self.reused is not None else self._build_hub()
         if ready is None:
             return self._skip_rest()
         hub, meta, ladder = ready
-        for plan in self.plans:  # every requested target, generically through the TARGETS table
-            if self.report.hop(plan.hop()) is None:  # (the onnx fp32 artifact is the hub graph, already checked)
-                self.report.parity.append(self._target_hop(plan, hub, meta, ladder))
+        TargetHops(**self.shared()).run(self.plans, hub, meta, ladder)
 
     def _reuse_hub(self) -> tuple[Path, dict, Ladder]:
         """The reused hub's hop records, its graph copied into the build folder, and its reference."""
@@ -226,7 +201,7 @@ class _Build:
         r.exporter, r.exporter_fallback = h.export["exporter"], h.export["exporter_fallback"]
         self.raw = h.raw
         hub = self.tmp / f"{r.model}.onnx"
-        meta = _metadata(self.loaded, r.imgsz, self.batch, self.attn_order, r.reparam, r.versions, self.classes, r)
+        meta = _metadata(self.loaded, r.imgsz, self.settings, r.reparam, r.versions, self.classes, r)
         if read_metadata(h.onnx_path).get("labels") != self.classes:  # class names belong to this export
             save_onnx(set_metadata(onnx.load(str(h.onnx_path)), meta), hub)
         else:
@@ -239,13 +214,13 @@ class _Build:
     def _build_hub(self) -> tuple[Path, dict, Ladder] | None:
         """Gate, reference, deploy-form hop, ONNX export + hop, onnxsim + hop: (hub path, metadata, ladder), or
         None when a step failed. A hub whose every hop passed is put in the store."""
-        r, fp32, imgsz = self.report, self.tols["fp32"], self.report.imgsz
-        if self.reparam and not self._gate():
+        r, fp32, imgsz, run = self.report, self.tols["fp32"], self.report.imgsz, self.settings
+        if run.reparam and not self._gate():
             return None
-        ladder = Ladder.build(self.loaded.model, self.deploy, self.inputs, self.progress, self.truth_cache)
+        ladder = Ladder.build(self.loaded.model, self.deploy, self.inputs, self.progress, run.truth_cache)
         r.reference = ladder.reference()
         hop = ladder.deploy_hop(self.deploy, fp32, (PRE_HUB_SAMPLES, DEPLOY_SUBSET))
-        if hop.status == "failed" and self.reparam:  # the fp64 gate passed: float32 arithmetic, not a wrong fold
+        if hop.status == "failed" and run.reparam:  # the fp64 gate passed: float32 arithmetic, not a wrong fold
             hop.reason += ("; the float64 equivalence gate passed: float32 rounding in the deploy-form exceeds its "
                            "allowance")
         r.parity.append(hop)
@@ -253,11 +228,11 @@ class _Build:
         # ONNX: the raw export, then the simplified hub graph every target builds from
         try:
             with self.progress.step("exporting ONNX"):  # (benchmarks/export_time.py reads the step names)
-                made = export_onnx_info(self.deploy, imgsz, self.batch, self.opset, self.exporter)
+                made = export_onnx_info(self.deploy, imgsz, run.batch, run.opset, run.exporter)
                 self.raw = check_onnx(made.model)
             del self.raw.graph.value_info[:]  # inferred shapes were for checking; saved graphs stay lean
         except OnnxExportError as e:
-            r.parity.append(failed("onnx", exporter_label(self.exporter), str(e)))
+            r.parity.append(failed("onnx", exporter_label(run.exporter), str(e)))
             return None
         r.exporter, r.exporter_fallback = made.exporter, made.fallback_reason
         if made.fallback_reason:
@@ -269,15 +244,15 @@ class _Build:
         except OnnxExportError as e:
             r.parity.append(failed("onnx-simplified", "onnxsim", str(e)))
             return None
-        meta = _metadata(self.loaded, imgsz, self.batch, self.attn_order, r.reparam, r.versions, self.classes, r)
+        meta = _metadata(self.loaded, imgsz, self.settings, r.reparam, r.versions, self.classes, r)
         hub = save_onnx(set_metadata(simp, meta), self.tmp / f"{r.model}.onnx")
         self.checkpoint("hub-graph")
         r.parity.append(ladder.onnx_hop("onnx-simplified", simp, fp32))
         ladder.widen_raw_hop(r.parity, self.raw, fp32)
         record_artifact(r, "onnx", hub, "fp32", {"simplify": simp_info}, root=self.tmp)
         if self.store is not None and all(h.status == "passed" for h in r.parity):  # never share a failed hub
-            self.store.put(Hub(self.deploy, hub, self.raw, ladder.truth, self.inputs.note, copy.deepcopy(r.parity),
-                               copy.deepcopy(r.reparam), self.attn_order, self.loaded.weights,
+            self.store.put(Hub(self.deploy, imgsz, hub, self.raw, ladder.truth, self.inputs.note, copy.deepcopy(r.parity),
+                               copy.deepcopy(r.reparam), run.attn_order, self.loaded.weights,
                                self.loaded.checkpoint_sha256, dict(self.loaded.overrides),
                                {**made.info(), "simplify": simp_info}))
         return hub, meta, ladder
@@ -299,106 +274,8 @@ class _Build:
                 tolerance=self.tols["fp32"], diverging_module=eq.diverging_module))
         return eq.passed
 
-    def _fp16_safe(self, x: np.ndarray) -> bool:
-        """fp16 range analysis of the deploy-form (once per run): a model that would overflow in fp16 outside
-        the precision policy's fp32 islands fails its fp16 hops with the module named, before lowering."""
-        if self.fp16_analysis is None:
-            from ...targets.graph.precision import default_policy
-            from ..verdict.fp16_ranges import analyze_fp16_ranges
-
-            with self.progress.step("fp16 range analysis"):
-                policy = default_policy()
-                self.fp16_analysis = analyze_fp16_ranges(self.deploy, torch.from_numpy(x[:FP16_CALIBRATION]),
-                                                         policy)
-            self.report.reparam.fp16 = self.fp16_analysis.to_dict()
-            bad = [h for h in self.fp16_analysis.hazards if policy.covers(h.op) is None]
-            if bad:
-                more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
-                self.fp16_module = bad[0].module
-                self.fp16_problem = (f"fp16 is unsafe: {bad[0].describe()} outside the precision policy's fp32 "
-                                     f"islands{more}; export this target with --precision fp32")
-        return self.fp16_problem is None
-
     def _skip_rest(self) -> None:
         done = {h.hop for h in self.report.parity}
         for h in dict.fromkeys(["onnx", "onnx-simplified"] + [p.hop() for p in self.plans]):
             if h not in done:
                 self.report.parity.append(unverified(h, "-", SKIPPED))
-
-    def _calibration(self):
-        """The run's calibration set (--precision int8 | w8a8), chosen once; None for other precisions."""
-        if self.n_calib is not None and self.calibration is None:
-            with self.progress.step(f"choosing {self.n_calib} calibration images"):
-                self.calibration = calibration_set(self.n_calib, self.report.imgsz, *input_stats(self.deploy),
-                                                   images_dir=self.images, calib_images=self.calib_images,
-                                                   labels_file=self.labels_file, recipe=recipe_of(self.deploy))
-            self.report.calibration = self.calibration.record()
-        return self.calibration
-
-    def _judged(self, ladder: Ladder) -> Judged:
-        """The parity set's natural and user samples (none that calibrated) and the ladder's truth on them, once."""
-        if self.judged is None:
-            r = self.report
-            train = ladder.train if ladder.train is not None else self.build_train()
-            with self.progress.step("choosing the samples the compressed hops are judged on"):
-                calib = self._calibration()
-                self.judged = Judged.build(train, self.inputs, calib.ids if calib is not None else (),
-                                           truth=ladder.truth, deploy=self.deploy)
-            r.compressed_inputs = self.judged.describe(r.inputs, ", none that calibrated" if calib is not None else "")
-        return self.judged
-
-    def _int8_graph(self, plan: TargetPlan, hub: Path, ladder: Ladder, tol) -> Path:
-        """The QDQ graph of the hub in the target's encoding, written and recorded; the tensorrt encoding gets
-        its own hop on ONNX Runtime CPU (the engine itself needs a GPU)."""
-        from ...targets import get_target
-
-        encoding = plan.target.qdq_encoding
-        with self.progress.step(f"int8 QDQ graph for {plan.name} ({encoding} encoding)"):
-            path, info = write_qdq(hub, self._calibration(), encoding, self.tmp, self.report.model)
-        key = plan.hop() if row_of(plan.name).onnx_graph else QDQ_HOP  # (an ONNX target's int8 artifact IS the graph)
-        record_artifact(self.report, key, path, "int8", info, root=self.tmp)
-        if key == QDQ_HOP:
-            onnx_t = get_target("onnx")
-            art = onnx_t.lower(self.deploy, LowerSpec(self.report.model, self.report.imgsz, self.batch, "int8",
-                                                      self.tmp, hub, qdq_path=path))
-            self.report.parity.append(compressed_hop(QDQ_HOP, onnx_t, art, tol, self._judged(ladder), self.deploy,
-                                                     self.progress))
-        return path
-
-    def _target_hop(self, plan: TargetPlan, hub: Path, meta: dict, ladder: Ladder) -> Hop:
-        hop_name, t = plan.hop(), plan.target
-        tol = self.tols.get(profile_for(plan.precision)) if plan.precision else None
-        if t is None:
-            return unverified(hop_name, plan.name, plan.missing, tol)
-        compressed = plan.precision in COMPRESSED
-        try:
-            qdq_path = self._int8_graph(plan, hub, ladder, tol) if plan.precision == "int8" and t.qdq_encoding else None
-        except VitedgeError:
-            raise  # bad input (e.g. unreadable --calib-images): exit 2, nothing written
-        except Exception as e:
-            return failed(hop_name, t.name, f"int8 quantization failed: {type(e).__name__}: {e}", tolerance=tol)
-        ok, why = t.available()
-        if not ok:
-            return unverified(hop_name, t.name, f"{t.name} cannot lower here: {why}", tol)
-        if plan.precision == "fp16" and not self._fp16_safe(ladder.x):
-            return failed(hop_name, t.name, self.fp16_problem, tolerance=tol, diverging_module=self.fp16_module)
-        spec = LowerSpec(name=self.report.model, imgsz=self.report.imgsz, batch=self.batch, precision=plan.precision,
-                         out_dir=self.tmp, onnx_path=hub, metadata=dict(meta, precision=plan.precision),
-                         options=dict(plan.options), qdq_path=qdq_path,
-                         calibration=self._calibration() if plan.precision in CALIBRATED else None)
-        try:
-            with self.progress.step(f"lowering to {t.name} ({plan.precision})"):
-                artifact = t.lower(self.deploy, spec)
-        except VitedgeError:
-            raise  # bad target-specific input (e.g. a missing --labels file): exit 2, nothing written
-        except UnavailableError as e:
-            return unverified(hop_name, t.name, f"{t.name} cannot lower here: {e}", tol)
-        except Exception as e:
-            return failed(hop_name, t.name, f"lowering to {t.name} failed: {type(e).__name__}: {e}", tolerance=tol)
-        if not (row_of(plan.name).onnx_graph and compressed):  # (an ONNX target's int8 artifact: the QDQ graph)
-            record_artifact(self.report, hop_name, artifact.path, artifact.precision, artifact.info, root=self.tmp)
-        self.checkpoint(f"lowered-{t.name}")
-        if compressed:
-            return compressed_hop(hop_name, t, artifact, tol, self._judged(ladder), self.deploy, self.progress,
-                                  also=hop_checks(t, self.report.require_ane))
-        return ladder.artifact_hop(hop_name, t, artifact, tol, require_ane=self.report.require_ane)

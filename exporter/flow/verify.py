@@ -27,7 +27,7 @@ from .deploy_checkpoint import load_deploy_checkpoint
 from ..verdict.equivalence import verify_equivalence
 from ..quantize.calibrate import COMPRESSED
 from ..quantize.compressed import Judged, compressed_hop
-from ..reparam.forms import DEMO_SEED, build_deploy_form, build_train_form, model_name, reparam_info, resolve_imgsz
+from ..reparam.forms import build_deploy_form, build_train_form, model_name, reparam_info
 from ..verdict.classes import labels_of, predictions
 from ..verdict.hops import Ladder, check_images, hop_checks, class_names, parity_inputs_for, record_artifact
 from ..onnx.onnx_choice import check_exporter
@@ -36,32 +36,43 @@ from ..verdict.localize import localize_torch
 from ..verdict.parity_cost import check_samples, choose_samples
 from ..verdict.parity import FLOAT64_TOLERANCES, noise_rule, profile_for, tolerances as make_tolerances, unverified
 from ..core.progress import QUIET, Progress
+from ..core.settings import ExportSettings
 from ..core.report import Hop, Report, versions
 from ..core.target_plans import TargetPlan, check_precision, load_target, resolve_targets
 
 
-def parity(model_or_name=None, artifact: str | Path | None = None, *, checkpoint: str | Path | None = None,
-           deploy_checkpoint: str | Path | None = None, target: str | None = None, imgsz: int | None = None,
-           precision: str | None = None, attn_order: str | None = None, samples: int | None = None,
-           tolerances: dict | list | None = None, require_verified: bool = False, overrides: dict | None = None,
-           seed: int = DEMO_SEED, report_path: str | Path | None = None, mode: str | None = None,
-           progress: Progress | None = None, require_ane: bool = False, images: str | Path | None = None,
-           labels: str | Path | None = None, exporter: str | None = None, truth_cache: bool = True) -> Report:
+# the settings parity reads (the rest shape an export, and are refused rather than ignored)
+PARITY_SETTINGS = ("model", "targets", "checkpoint", "imgsz", "precision", "attn_order", "samples", "tolerances",
+                   "require_verified", "overrides", "seed", "require_ane", "images", "labels", "exporter",
+                   "truth_cache")
+
+
+def parity(model=None, artifact: str | Path | None = None, *, deploy_checkpoint: str | Path | None = None,
+           report_path: str | Path | None = None, mode: str | None = None, progress: Progress | None = None,
+           **settings) -> Report:
     """The parity ladder for an existing artifact and/or a deploy-form checkpoint (`vitedge reparam`).
+
+    `model` is an ExportSettings (exporter/core/settings.py) or the model, with the settings parity reads as
+    keywords (PARITY_SETTINGS: checkpoint, target, imgsz, precision, attn_order, samples, tolerances,
+    require_verified, overrides, seed, require_ane, images, labels, exporter, truth_cache), as for `export`.
 
     Hops: deploy-form (the deploy checkpoint if given, else a fresh re-parameterization) and the artifact,
     each against the train-form's float64 ground truth on the parity set. Artifact metadata (ONNX metadata_props)
-    supplies the size, overrides and attention order it was exported with; flags given explicitly win. `mode`
+    supplies the size, overrides and attention order it was exported with; settings given explicitly win. `mode`
     ("device" | "emulated") insists on how the artifact runs: otherwise the hop is unverified. `images` /
     `labels`: the user's image folder as the parity set, class names in index order (as for `export`); labels
     that differ from those the artifact carries are an error.
 
-    `model_or_name` None: the model the artifact's (or deploy checkpoint's) metadata names. `exporter`: the ONNX
+    `model` None: the model the artifact's (or deploy checkpoint's) metadata names. `exporter`: the ONNX
     exporter the artifact was written with, recorded in the report where its metadata does not say; one that
     contradicts the metadata is an error. An artifact carrying class names (`vitedge.labels`) gets its top-1
     class names on the first parity inputs in the report (`parity[].predictions`). `truth_cache`: read and keep the
     float64 ground truth in the disk cache (exporter/verdict/truth_cache.py).
     """
+    s = ExportSettings.build(model, settings, "parity")
+    s.only(PARITY_SETTINGS, "parity")
+    model_or_name, checkpoint, target, precision = s.model, s.checkpoint, s.targets, s.precision
+    attn_order, samples, overrides, images, labels = s.attn_order, s.samples, s.overrides, s.images, s.labels
     progress = progress or QUIET
     if mode not in (None, "device", "emulated"):
         raise VitedgeError(f"--mode must be device or emulated; got {mode!r}")
@@ -69,7 +80,8 @@ def parity(model_or_name=None, artifact: str | Path | None = None, *, checkpoint
         raise VitedgeError("vitedge parity needs --artifact PATH (and/or --deploy-checkpoint PATH)")
     check_precision(precision)
     check_samples(samples)
-    tols = make_tolerances(tolerances, FLOAT64_TOLERANCES)
+    asked = s.square_size()  # one square size for now (settings.py says what is not supported yet)
+    tols = make_tolerances(s.tolerances, FLOAT64_TOLERANCES)
     check_images(images, labels)
     tname, art_model, meta = None, None, {}
     if artifact is not None:
@@ -91,7 +103,7 @@ def parity(model_or_name=None, artifact: str | Path | None = None, *, checkpoint
             raise VitedgeError(f"{source} carries no vitedge metadata naming its model; pass --model NAME")
         model_or_name = meta["model"]
     name = model_or_name if isinstance(model_or_name, str) else model_name(model_or_name)
-    made_with = _exporter_of(source, tname, meta, exporter)
+    made_with = _exporter_of(source, tname, meta, s.exporter)
     if meta.get("model") and meta["model"] != name:
         raise VitedgeError(f"{source} holds {meta['model']}, not {name}; pass --model {meta['model']}")
     check_checkpoint(source, meta, checkpoint)
@@ -100,19 +112,20 @@ def parity(model_or_name=None, artifact: str | Path | None = None, *, checkpoint
     plan = resolve_targets(tname, precision)[0] if tname else None
 
     with progress.step("building the train-form model"):
-        loaded = build_train_form(model_or_name, checkpoint, overrides, seed)
+        loaded = build_train_form(model_or_name, checkpoint, overrides, s.seed)
     if isinstance(meta.get("preprocess"), dict):  # the artifact's own eval preprocessing (models/preprocess.py)
         loaded.model.vitedge_recipe = Recipe.from_dict(meta["preprocess"])
     check_checkpoint(source, meta, checkpoint, loaded.checkpoint_sha256)
-    imgsz = resolve_imgsz(loaded.model, imgsz or meta.get("imgsz"))
+    imgsz = loaded.resolve_imgsz(asked or meta.get("imgsz"))
     classes = class_names(labels, loaded.model, imgsz)
     _check_carried_labels(classes, meta.get("labels"), labels, source)
     samples, rule = choose_samples(samples, model_or_name, imgsz, loaded.overrides, loaded.model, images)
     with progress.step("reading the parity inputs"):
         pset = parity_inputs_for(loaded.model, imgsz, samples, images, labels)
-    if deploy is not None and deploy.reparam_imgsz != imgsz:
-        raise VitedgeError(f"{deploy_checkpoint} was folded for imgsz {deploy.reparam_imgsz}, the check runs at "
-                           f"{imgsz}; pass --imgsz {deploy.reparam_imgsz}")
+    folded_for = deploy.deploy_checkpoint_meta["imgsz"] if deploy is not None else imgsz  # (the file's metadata)
+    if folded_for != imgsz:
+        raise VitedgeError(f"{deploy_checkpoint} was folded for imgsz {folded_for}, the check runs at {imgsz}; pass "
+                           f"--imgsz {folded_for}")
     with progress.step("re-parameterizing"):
         # the same rewrites as the deploy checkpoint, so that localization compares like module trees
         same = deploy.deploy_checkpoint_meta.get("rewrites", True) if deploy is not None else True
@@ -126,11 +139,11 @@ def parity(model_or_name=None, artifact: str | Path | None = None, *, checkpoint
                     versions=versions(), command="parity", targets=[tname] if tname else [],
                     overrides=loaded.overrides, samples=len(pset), samples_rule=rule, inputs=pset.note,
                     images=None if images is None else str(images), labels=None if labels is None else str(labels),
-                    require_verified=require_verified, require_ane=require_ane, exporter=made_with,
+                    require_verified=s.require_verified, require_ane=s.require_ane, exporter=made_with,
                     exporter_fallback=meta.get("exporter_fallback") if made_with else None,
                     opset=graph_opset(art_model) if art_model is not None else None)
 
-    ladder = Ladder.build(loaded.model, deploy, pset, progress, truth_cache)
+    ladder = Ladder.build(loaded.model, deploy, pset, progress, s.truth_cache)
     report.reference = ladder.reference()
     hop = ladder.deploy_hop(deploy, tols["fp32"])
     if hop.status == "failed":

@@ -11,6 +11,7 @@ import time
 import traceback
 from pathlib import Path
 
+from ..core.settings import ExportSettings
 from .plan import Cell
 from .status import cell_status
 
@@ -60,15 +61,23 @@ def _export(c: Cell, out: Path, hub: Path | None):
     from ..flow.pipeline import export
     from ..core.progress import QUIET
 
-    kw = {}
-    if hub is not None:
-        from .hub import FolderHub
+    return export(cell_settings(c, out), progress=QUIET, hub=_hub(hub))
 
-        kw["hub"] = FolderHub(hub)
-    return export(c.model, c.target, checkpoint=c.checkpoint, imgsz=c.imgsz, batch=c.batch, opset=c.opset,
-                  precision=c.precision, out=out, force=True, attn_order=c.attn_order, samples=c.samples,
-                  tolerances=c.tolerances or None, overrides=c.overrides, options=c.options, progress=QUIET,
-                  rewrites=c.rewrites, exporter=c.exporter, **kw)
+
+def cell_settings(c: Cell, out: str | Path) -> ExportSettings:
+    """The export a cell runs, into the folder `out` (replaced if present): its settings, built once here."""
+    return ExportSettings(model=c.model, targets=c.target, checkpoint=c.checkpoint, imgsz=c.imgsz, batch=c.batch,
+                          opset=c.opset, precision=c.precision, out=out, force=True, attn_order=c.attn_order,
+                          samples=c.samples, tolerances=c.tolerances or None, overrides=c.overrides,
+                          options=c.options, rewrites=c.rewrites, exporter=c.exporter)
+
+
+def _hub(folder: Path | None):
+    if folder is None:
+        return None
+    from .hub import FolderHub
+
+    return FolderHub(folder)
 
 
 def _latency(c: Cell, report, out: Path) -> dict:

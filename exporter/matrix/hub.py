@@ -41,7 +41,8 @@ class FolderHub:
             return None
         try:
             raw = self.path / "raw.onnx"
-            return Hub(deploy=load_deploy_checkpoint(self.path / "deploy.pth"), onnx_path=self.path / "hub.onnx",
+            deploy = load_deploy_checkpoint(self.path / "deploy.pth")
+            return Hub(deploy=deploy, imgsz=deploy.deploy_checkpoint_meta["imgsz"], onnx_path=self.path / "hub.onnx",
                        raw=onnx.load(str(raw)) if raw.is_file() else None,
                        truth=GroundTruth(np.load(self.path / "y64.npy"), np.load(self.path / "y32.npy"),
                                          tuple(meta["sets"]), None if meta["labels"] is None
@@ -63,7 +64,7 @@ class FolderHub:
         tmp = outdir.sibling(self.path, "tmp")
         try:
             tmp.mkdir()
-            save_deploy_checkpoint(hub.deploy, tmp / "deploy.pth", attn_order=hub.attn_order,
+            save_deploy_checkpoint(hub.deploy, tmp / "deploy.pth", imgsz=hub.imgsz, attn_order=hub.attn_order,
                                    checkpoint_sha256=hub.checkpoint_sha256)
             shutil.copyfile(hub.onnx_path, tmp / "hub.onnx")
             if hub.raw is not None:

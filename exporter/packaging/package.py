@@ -38,8 +38,8 @@ from ...targets.coreml.runners import EmulatedCoreMLRunner
 from .bundle import (GOLDEN_SAMPLES, GOLDEN_SEED, METRIC_DIGITS, ZIP_DATE, GoldenMismatch, PackageResult,  # noqa: F401
                      _json_bytes, _npy_bytes, _tree_files, build_bundle, check_bundle_out, finish_bundle,
                      golden_vectors, golden_verdict, write_deterministic_zip)
-from ..reparam.forms import DEMO_SEED, build_train_form
-from ..onnx.onnx_choice import DEFAULT_EXPORTER
+from ..reparam.forms import build_train_form
+from ..core.settings import ExportSettings
 from ..verdict.parity import profile_for, tolerances as make_tolerances
 from ..flow.pipeline import export
 
@@ -157,64 +157,64 @@ Integrity: `manifest.json` lists the sha256 of every file in this bundle.
 
 # ------------------------------------------------------------------------------------------------ package
 
-def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = None, labels: str | Path | None = None,
-            ios: int | str | None = None, imgsz: int | None = None, precision: str | None = None,
-            samples: int | None = None, overrides: dict | None = None, tolerances=None, force: bool = False,
-            seed: int | None = None, progress=None, calib: int | None = None,
-            calib_images: str | Path | None = None, images: str | Path | None = None,
-            exporter: str = DEFAULT_EXPORTER, preprocess: dict | None = None, target: str = "coreml") -> PackageResult:
-    """Build BUNDLE.zip at `out`: `vitedge package`. Returns the PackageResult (`path`, `exit_code`, the export
-    `report`, the `manifest`). Raises VitedgeError on bad input (nothing written); a failed parity hop gives
-    exit_code 1, no zip, and the export folder kept at `out` + '.failed/' for inspection. `ios` None: 16, or what
-    the precision needs (w8a8: 17, recorded in the manifest). `labels` (class names in index order) make the model
-    a classifier; `images`, `preprocess` and `model_or_name` None are as for `export`. `exporter`: the ONNX
-    exporter of the ladder's hub graph (the CoreML package itself is converted from the deploy-form). `target`
-    "executorch": the Android bundle instead (exporter/packaging/package_android.py; `precision` fp32, default, or int8)."""
+# the settings a package reads (the rest shape the export it runs itself, and are refused rather than ignored)
+PACKAGE_SETTINGS = ("model", "targets", "checkpoint", "labels", "imgsz", "precision", "samples", "overrides",
+                    "tolerances", "force", "seed", "calib", "calib_images", "images", "exporter", "preprocess")
+
+
+def package(model=None, out: str | Path | None = None, *, ios: int | str | None = None, progress=None,
+            **settings) -> PackageResult:
+    """Build BUNDLE.zip at `out`: `vitedge package`. `model` is an ExportSettings (exporter/core/settings.py) or
+    the model, with the settings a package reads as keywords (PACKAGE_SETTINGS: target, checkpoint, labels, imgsz,
+    precision, samples, overrides, tolerances, force, seed, calib, calib_images, images, exporter, preprocess), as
+    for `export`; `force` replaces an existing `out`.
+
+    Returns the PackageResult (`path`, `exit_code`, the export `report`, the `manifest`). Raises VitedgeError on bad
+    input (nothing written); a failed parity hop gives exit_code 1, no zip, and the export folder kept at `out` +
+    '.failed/' for inspection. `ios` None: 16, or what the precision needs (w8a8: 17, recorded in the manifest).
+    `labels` (class names in index order) make the model a classifier; `images`, `preprocess` and `model` None are
+    as for `export`. `exporter`: the ONNX exporter of the ladder's hub graph (the CoreML package itself is
+    converted from the deploy-form). `target` "executorch": the Android bundle instead
+    (exporter/packaging/package_android.py; `precision` fp32, default, or int8)."""
+    s = ExportSettings.build(model, settings, "package")
+    s.only(PACKAGE_SETTINGS, "package")
+    if out is None:
+        raise VitedgeError("vitedge package needs --out BUNDLE.zip (the bundle to write)")
+    target = s.targets or "coreml"
     if target not in BUNDLES:
         raise VitedgeError(f"vitedge package --target must be {' or '.join(BUNDLES)}; got {target!r}")
-    precision = precision or get_target(target).default_precision
-    common = dict(checkpoint=checkpoint, labels=labels, imgsz=imgsz, precision=precision, samples=samples,
-                  overrides=overrides, tolerances=tolerances, force=force, seed=seed, progress=progress, calib=calib,
-                  calib_images=calib_images, images=images, exporter=exporter, preprocess=preprocess)
+    s = s.replace(targets=target, precision=s.precision or get_target(target).default_precision)
     if BUNDLES[target] is not None:  # another target's bundle, in its own module
         if ios is not None:
             raise VitedgeError("--ios applies to --target coreml only; drop it for an ExecuTorch bundle")
         module, func = BUNDLES[target].split(":")
-        return getattr(importlib.import_module(module, __package__), func)(model_or_name, out, **common)
-    return _package_coreml(model_or_name, out, ios=ios, **common)
+        return getattr(importlib.import_module(module, __package__), func)(s, out, progress=progress)
+    return _package_coreml(s, out, ios, progress)
 
 
-
-def _package_coreml(model_or_name, out, *, checkpoint, labels, ios, imgsz, precision, samples, overrides,
-                    tolerances, force, seed, progress, calib, calib_images, images, exporter,
-                    preprocess) -> PackageResult:
-    out = check_bundle_out(out, force)
+def _package_coreml(s: ExportSettings, out, ios, progress) -> PackageResult:
+    out = check_bundle_out(out, s.force)
     ios = parse_ios(ios) if ios is not None else None
-    if precision not in ("fp16",) + KINDS:
-        raise VitedgeError(f"vitedge package --precision must be one of fp16, {', '.join(KINDS)}; got {precision!r}")
-    if labels is not None:
-        read_labels(labels)  # the file's problems before any work (its count is checked against the model later)
-    tol = make_tolerances(tolerances)[profile_for(precision)]
+    if s.precision not in ("fp16",) + KINDS:
+        raise VitedgeError(f"vitedge package --precision must be one of fp16, {', '.join(KINDS)}; got {s.precision!r}")
+    if s.labels is not None:
+        read_labels(s.labels)  # the file's problems before any work (its count is checked against the model later)
+    tol = make_tolerances(s.tolerances)[profile_for(s.precision)]
 
-    def run(export_dir: Path):
-        return export(model_or_name, "coreml", checkpoint=checkpoint, imgsz=imgsz, precision=precision,
-                      out=export_dir, samples=samples, tolerances=tolerances,
-                      overrides=overrides, seed=DEMO_SEED if seed is None else seed, progress=progress,
-                      options={"input": "image", "ios": ios}, labels=labels, images=images,
-                      calib=calib, calib_images=calib_images, exporter=exporter, preprocess=preprocess)
+    def run(export_dir: Path):  # (force: the bundle's; the export folder is a fresh one of its own)
+        return export(s.replace(out=export_dir, force=False, options={"input": "image", "ios": ios}),
+                      progress=progress)
 
-    return build_bundle(out, run, "coreml", lambda report, export_dir: _assemble(
-        report, export_dir, out, checkpoint, overrides, labels, precision, tol, seed, progress, preprocess))
+    return build_bundle(out, run, "coreml", lambda report, export_dir: _assemble(report, export_dir, out, s, tol))
 
 
-def _assemble(report, export_dir: Path, out: Path, checkpoint, overrides, labels, precision: str, tol,
-              seed, progress, preprocess: dict | None = None) -> PackageResult:
-    name = report.model
+def _assemble(report, export_dir: Path, out: Path, s: ExportSettings, tol) -> PackageResult:
+    name, labels, precision = report.model, s.labels, s.precision
     entry = report.artifacts["coreml"]
     mlpackage = export_dir / entry.path
     ios = int(entry.info["ios"])
     compressed = precision in KINDS
-    loaded = build_train_form(name, checkpoint, overrides, DEMO_SEED if seed is None else seed, preprocess=preprocess)
+    loaded = build_train_form(name, s.checkpoint, s.overrides, s.seed, preprocess=s.preprocess)
     labels = labels if labels is not None else loaded.labels  # (a transformers checkpoint's id2label)
     pixels, logits = golden_vectors(loaded.model, report.imgsz, *input_stats(loaded.model), natural=compressed,
                                     recipe=recipe_of(loaded.model))  # the export's own recipe (report.preprocess)

@@ -30,8 +30,8 @@ from ...targets import get_target
 from ...targets.rows import EXECUTORCH_ROW
 from ...targets.executorch.target import ExecuTorchRunner
 from ...targets.labels import read_labels
-from ..reparam.forms import DEMO_SEED, build_train_form
-from ..onnx.onnx_choice import DEFAULT_EXPORTER
+from ..reparam.forms import build_train_form
+from ..core.settings import ExportSettings
 from .bundle import (GOLDEN_SEED, GoldenMismatch, PackageResult, _json_bytes, _npy_bytes, build_bundle,
                      check_bundle_out, finish_bundle, golden_vectors, golden_verdict, normalize_pixels)
 from ..verdict.parity import DEFAULT_TOLERANCES, profile_for
@@ -132,35 +132,30 @@ says the same in machine form. Integrity: `manifest.json` lists the sha256 of ev
 """
 
 
-def package_executorch(model_or_name, out: str | Path, *, checkpoint=None, labels=None, imgsz: int | None = None,
-                       precision: str = "fp32", samples: int | None = None, overrides: dict | None = None,
-                       tolerances=None, force: bool = False, seed: int | None = None, progress=None,
-                       calib: int | None = None, calib_images=None, images=None, exporter: str = DEFAULT_EXPORTER,
-                       preprocess: dict | None = None) -> PackageResult:
-    """Build the Android bundle at `out` (a .zip): as `package.package`, for the executorch target."""
-    out = check_bundle_out(out, force)
-    if precision not in PRECISIONS:
-        raise VitedgeError(f"vitedge package --target executorch --precision must be fp32 or int8; got {precision!r}")
-    if labels is not None:
-        read_labels(labels)
-    hop_name = get_target("executorch").hop_name(precision)
+def package_executorch(model=None, out: str | Path | None = None, *, progress=None, **settings) -> PackageResult:
+    """Build the Android bundle at `out` (a .zip): as `package.package` (the same settings), for the executorch
+    target."""
+    s = ExportSettings.build(model, settings, "package_executorch").replace(targets="executorch")
+    s = s.replace(precision=s.precision or "fp32")
+    out = check_bundle_out(out, s.force)
+    if s.precision not in PRECISIONS:
+        raise VitedgeError(f"vitedge package --target executorch --precision must be fp32 or int8; got {s.precision!r}")
+    if s.labels is not None:
+        read_labels(s.labels)
+    hop_name = get_target("executorch").hop_name(s.precision)
 
-    def run(export_dir: Path):
-        return export(model_or_name, "executorch", checkpoint=checkpoint, imgsz=imgsz, precision=precision,
-                      out=export_dir, samples=samples, tolerances=tolerances, overrides=overrides,
-                      seed=DEMO_SEED if seed is None else seed, progress=progress, labels=labels, images=images,
-                      calib=calib, calib_images=calib_images, exporter=exporter, preprocess=preprocess)
+    def run(export_dir: Path):  # (force: the bundle's; the export folder is a fresh one of its own)
+        return export(s.replace(out=export_dir, force=False), progress=progress)
 
-    return build_bundle(out, run, hop_name, lambda report, export_dir: _assemble(
-        report, export_dir, out, hop_name, checkpoint, overrides, labels, precision, seed, preprocess))
+    return build_bundle(out, run, hop_name, lambda report, export_dir: _assemble(report, export_dir, out, hop_name,
+                                                                                 s))
 
 
-def _assemble(report, export_dir: Path, out: Path, hop_name: str, checkpoint, overrides, labels, precision: str,
-              seed, preprocess) -> PackageResult:
-    name = report.model
+def _assemble(report, export_dir: Path, out: Path, hop_name: str, s: ExportSettings) -> PackageResult:
+    name, labels, precision = report.model, s.labels, s.precision
     entry = report.artifacts[hop_name]
     pte = export_dir / entry.path
-    loaded = build_train_form(name, checkpoint, overrides, DEMO_SEED if seed is None else seed, preprocess=preprocess)
+    loaded = build_train_form(name, s.checkpoint, s.overrides, s.seed, preprocess=s.preprocess)
     labels = labels if labels is not None else loaded.labels
     recipe = recipe_of(loaded.model)
     compressed = precision != "fp32"

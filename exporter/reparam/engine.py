@@ -203,8 +203,7 @@ def reparameterize(model: nn.Module, imgsz: int | None = None, attn_order: str =
     for d in {id(deploy): deploy, id(deploy64): deploy64}.values():
         d.reparam_summary = ctx.summary
         d.reparam_blocks = ctx.blocks
-        d.reparam_imgsz = imgsz
-        for attr in ("vitedge_name", "vitedge_overrides", "vitedge_spec", "vitedge_recipe", "vitedge_imgsz"):
+        for attr in ("vitedge_name", "vitedge_overrides", "vitedge_spec", "vitedge_recipe"):
             if hasattr(model, attr):
                 setattr(d, attr, getattr(model, attr))
     if deploy is not deploy64:

@@ -39,6 +39,12 @@ class Loaded:
     overrides: dict
     labels: CarriedLabels | None = None   # class names the checkpoint carries (a transformers id2label)
     from_checkpoint: dict | None = None   # what the checkpoint determined (report.json `from_checkpoint`)
+    checkpoint_imgsz: int | None = None   # the size the checkpoint's preprocessing crops to (its default size)
+
+    def resolve_imgsz(self, imgsz: int | None = None) -> int:
+        """`imgsz`, else the model's default size (its checkpoint's, where it says one), checked against the
+        sizes the model accepts."""
+        return resolve_imgsz(self.model, imgsz, self.checkpoint_imgsz)
 
     def facts(self) -> dict:
         """The report.json fields that describe these weights and how they are fed."""
@@ -107,8 +113,6 @@ def build_train_form(model_or_name, checkpoint: str | Path | None = None, overri
             model = create_model(held.name, **held.overrides)
             load_checkpoint(model, held.raw, where=held.where)
             weights, sha, overrides = "checkpoint", held.digest(), dict(held.overrides)
-            if held.imgsz:
-                model.vitedge_imgsz = held.imgsz
         else:
             model, weights = create_model(model_or_name, **overrides), "untrained"
             make_trained_like(model, seed)  # realistic statistics make the demo's parity meaningful
@@ -118,7 +122,8 @@ def build_train_form(model_or_name, checkpoint: str | Path | None = None, overri
     if any(p.dtype != torch.float32 for p in model.parameters() if p.is_floating_point()):
         model = copy.deepcopy(model).float()  # the ladder's reference is the float32 train-form
     notes = dict(held.notes, layout=held.layout) if held is not None else None
-    return Loaded(model.eval(), model_name(model), weights, sha, overrides, carried_labels(held), notes)
+    return Loaded(model.eval(), model_name(model), weights, sha, overrides, carried_labels(held), notes,
+                  held.imgsz if held is not None else None)
 
 
 def build_deploy_form(model: nn.Module, imgsz: int, reparam: bool = True, attn_order: str = "auto",
@@ -127,7 +132,6 @@ def build_deploy_form(model: nn.Module, imgsz: int, reparam: bool = True, attn_o
     float64 gate checks the fold itself and the float32 weights carry a single rounding."""
     if not reparam:
         deploy = copy.deepcopy(model).eval()
-        deploy.reparam_imgsz = imgsz
         return deploy, copy.deepcopy(deploy).double()
     deploy = reparameterize(model, imgsz=imgsz, attn_order=attn_order, strict_schedule=strict_schedule,
                             rewrites=rewrites)

@@ -30,7 +30,8 @@ from ...targets.base import Runner, UnavailableError
 from ...targets.onnx.target import OnnxRuntimeRunner
 from ...targets.pytorch import TorchRunner
 from . import latency
-from ..reparam.forms import build_deploy_form, build_train_form, resolve_imgsz
+from ..core.settings import ExportSettings
+from ..reparam.forms import build_deploy_form, build_train_form
 from .bench_report import BackendResult, BenchReport
 from ..verdict.criteria import GroundTruth, reference_block
 from ..verdict.hops import check_images, class_names, parity_inputs_for
@@ -117,14 +118,6 @@ def parse_backends(spec: str | list) -> list[str]:
     if bad or not names:
         raise VitedgeError(f"--backends takes a comma list of {', '.join(table)}; got {spec!r}")
     return list(dict.fromkeys(names))
-
-
-def parse_sizes(spec: str | list | int) -> list[int]:
-    try:
-        sizes = [int(s) for s in (str(spec).split(",") if not isinstance(spec, list) else spec)]
-    except ValueError:
-        raise VitedgeError(f"--imgsz takes a comma list of integers (e.g. 224,320); got {spec!r}") from None
-    return list(dict.fromkeys(sizes))
 
 
 # ---- the harness --------------------------------------------------------------------------------------
@@ -282,10 +275,7 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
     backends' graphs (each result's `export` says which one wrote it)."""
     backends_l = parse_backends(backends)
     check_exporter(exporter)
-    sizes = parse_sizes(imgsz) if imgsz is not None else None
-    for s in sizes or []:
-        if s <= 0:
-            raise VitedgeError(f"--imgsz must be positive, got {s}")
+    sizes = ExportSettings(imgsz=imgsz).square_sizes()  # (the one place sizes are read and checked)
     base_p50 = check_settings(batch, threads, warmup_s, min_iters, max_s, baseline, max_regression)
     if order not in ("auto", "measured"):
         raise VitedgeError(f"--order must be auto or measured; got {order!r}")
@@ -303,7 +293,7 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
             resolve_bundle_id(bundle_id, team_id)  # a malformed --bundle-id: exit 2 before any work
 
     loaded = build_train_form(model, checkpoint=checkpoint, overrides=overrides)
-    sizes = [resolve_imgsz(loaded.model, s) for s in (sizes or [None])]
+    sizes = [loaded.resolve_imgsz(s) for s in (sizes or [None])]
     class_names(labels, loaded.model, sizes[0])  # --labels against the model's class count, before any work
     torch.set_num_threads(threads or os.cpu_count() or 1)
     train = loaded.model.eval()

@@ -37,7 +37,7 @@ from .bench import PARITY_SAMPLES, check_parity, check_settings, gate, machine_i
 from .bench_report import BackendResult, BenchReport
 from ..verdict.classes import labels_of, predictions
 from ..quantize.compressed import Judged, judge_compressed
-from ..reparam.forms import build_train_form, resolve_imgsz
+from ..reparam.forms import build_train_form
 from ..verdict.hops import parity_inputs_for
 from ..verdict.inputs import parity_inputs
 from ..verdict.parity import FLOAT64_TOLERANCES, PROFILE_OF, ground_truth, profile_for, tolerances, with_fp16_reference
@@ -266,7 +266,7 @@ def _parity_source(plan: _Plan, checkpoint, imgsz: int | None) -> None:
     if imgsz is not None and meta.get("imgsz") not in (None, imgsz):
         raise VitedgeError(f"{plan.path} was exported for imgsz {meta['imgsz']}; drop --imgsz")
     plan.train = loaded.model.eval()
-    plan.imgsz = resolve_imgsz(plan.train, meta.get("imgsz"))
+    plan.imgsz = loaded.resolve_imgsz(meta.get("imgsz"))
 
 
 def _backends(plan: _Plan, eps: list[str], batch: int | None, imgsz: int | None, threads: int,

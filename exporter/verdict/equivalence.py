@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
+from ...models.registry import default_imgsz
 from .inputs import parity_inputs
 
 DEFAULT_RTOL = 1e-9  # relative to max|y|; real fold bugs move logits by >= 1e-6 with trained-like weights
@@ -89,8 +90,9 @@ def verify_equivalence(train_model: nn.Module, deploy_model: nn.Module, imgsz: i
                        raise_on_fail: bool = True, k64: float = DEFAULT_K64) -> EquivalenceResult:
     """Compare both models in float64 on structured inputs; each block check and the logits must agree within
     max(rtol * max|reference|, k64 * float64's estimated rounding noise) (module doc; k64=0 gives the plain
-    relative bound). On failure, names the first diverging block (in forward order)."""
-    imgsz = imgsz or getattr(deploy_model, "reparam_imgsz", 224)
+    relative bound). On failure, names the first diverging block (in forward order). `imgsz`: the size the
+    deploy-form was folded for (default: the train-form's default size, as `reparameterize` defaults)."""
+    imgsz = imgsz or default_imgsz(train_model)
     x = (inputs if inputs is not None else parity_inputs(samples, imgsz, seed=1234)).double()
     t = copy.deepcopy(train_model).double().eval()
     t32 = copy.deepcopy(train_model).float().eval()  # its deviation from t measures the rounding amplification

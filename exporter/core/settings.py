@@ -1,0 +1,186 @@
+"""What a run was asked to do, as one typed object: `ExportSettings`.
+
+It is built once, where the request comes in: from the command line and its `--config` file
+(exporter/command_line/settings_args.py), from a Python keyword call (`export(model=..., targets=..., ...)`
+builds it with `ExportSettings.build`), or from a matrix cell (exporter/matrix/cell.py); then `export`, `parity`,
+`bench`, `package` and `vitedge reparam` read it instead of spelling the same settings out again. Commands that take a subset say
+which fields they read (`only`), so a setting they would silently ignore is an error instead.
+
+`imgsz` holds input sizes as (height, width) pairs, ready for several sizes per run; what the pipeline runs today
+(one square size, or several square sizes for bench) is checked here, in one place (`square_size`,
+`square_sizes`). Dense outputs (the backbone's feature maps) are the next field to join.
+
+Torch-free: the command line builds it before any heavy import.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from numbers import Integral
+from pathlib import Path
+
+from ...errors import VitedgeError
+
+DEMO_SEED = 0  # trained-like demo weights when no checkpoint is given
+
+Size = tuple  # (height, width), both positive ints
+
+
+def parse_sizes(value, flag: str = "--imgsz") -> tuple[Size, ...] | None:
+    """Input sizes as ((H, W), ...), in the order given, duplicates dropped; None stays None (the model's default).
+    Accepts an int S (S x S), "S", "HxW", a comma list of those ("224,256x320"), an (H, W) pair, or a list of any
+    of them: a tuple of two ints is one size, (256, 320); several sizes are a list, [224, 256]. Raises
+    VitedgeError naming `flag` for anything else."""
+    if value is None:
+        return None
+    bad = VitedgeError(f"{flag} takes sizes S or HxW (positive integers; e.g. 224 or 256x320), or a comma list of "
+                       f"them; got {value!r}")
+    if isinstance(value, bool):
+        raise bad
+    if isinstance(value, str):
+        items = [v.strip() for v in value.split(",")]
+    elif isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, Integral) for v in value):
+        items = [value]  # one (H, W) pair
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        items = [value]
+    sizes = []
+    for item in items:
+        if isinstance(item, str):
+            parts = item.lower().split("x")
+            if len(parts) not in (1, 2) or not all(p.strip().isdigit() for p in parts):
+                raise bad
+            hw = tuple(int(p) for p in parts)
+        elif isinstance(item, (list, tuple)) and len(item) == 2:
+            hw = tuple(item)
+        else:
+            hw = (item,)
+        if not all(isinstance(v, Integral) and not isinstance(v, bool) and v > 0 for v in hw):
+            raise bad
+        hw = tuple(int(v) for v in hw)  # (numpy integers too)
+        sizes.append(hw * 2 if len(hw) == 1 else hw)
+    if not sizes:
+        raise bad
+    return tuple(dict.fromkeys(sizes))
+
+
+def size_text(size: Size) -> str:
+    """224 for a square size, 256x320 (height x width) otherwise: how a size is written on the command line."""
+    h, w = size
+    return str(h) if h == w else f"{h}x{w}"
+
+
+@dataclass(frozen=True)
+class ExportSettings:
+    """Everything `export` is asked to do; `parity`, `bench` and `package` read the fields they share with it.
+    The fields are the keywords of `export` and the flags of `vitedge export` of the same name; None means "the
+    default" (for `parity`: what the artifact says). `imgsz` takes anything `parse_sizes` accepts (224, "256x320",
+    "224,256", (256, 320)) and holds ((H, W), ...). Frozen: derive a changed copy with `replace(**changes)`.
+    """
+    model: object = None                   # a registered name, an nn.Module, or None: the one the checkpoint names
+    targets: object = None                 # comma list or list of targets; None: onnx (parity: the artifact's)
+    checkpoint: str | Path | None = None   # train-form weights (file, transformers folder, hf-hub:, timm:)
+    imgsz: tuple | None = None             # input sizes ((H, W), ...); None: the model's default size
+    batch: int | None = None               # static batch; None: 1 (bench --artifact: the artifact's)
+    dynamic_batch: bool = False            # a dynamic batch axis (targets that have one)
+    opset: int | None = None               # ONNX opset; None: the exporter's default
+    precision: str | None = None           # None: each target's default (parity: the artifact's)
+    out: str | Path | None = None          # output folder; None: runs/NAME
+    reparam: bool = True                   # False: export the train-form as is
+    force: bool = False                    # replace an output that holds vitedge's files
+    clean: bool = False                    # with force: also delete files vitedge did not write
+    attn_order: str | None = None          # auto | qk_first | kv_first; None: auto (parity: the artifact's)
+    strict_schedule: bool = False          # an unfinished LN->RepBN schedule is an error, not a warning
+    samples: int | None = None             # parity inputs; None: the GMACs rule
+    tolerances: object = None              # {profile: {key: value}} or ["profile.key=value", ...]
+    require_verified: bool = False         # an unverified hop of a requested target fails the run
+    overrides: dict | None = None          # constructor overrides, official keyword names
+    options: dict | None = None            # the targets' own options (their rows' flags: ios, input, ...)
+    seed: int = DEMO_SEED                  # the seeded demo weights' seed (no checkpoint)
+    rewrites: object = True                # deploy-form rewrites: True (all), False (none) or [names]
+    require_ane: bool = False              # coreml on macOS: fail a hop that mostly runs off the Neural Engine
+    images: str | Path | None = None       # a folder of the user's images as the parity set
+    labels: str | Path | None = None       # class names in index order, one per line
+    calib: int | None = None               # int8 / w8a8: calibration images; None: 64
+    calib_images: str | Path | None = None  # int8 / w8a8: the folder calibration images come from
+    exporter: str | None = None            # ONNX exporter; None: the default (parity: the artifact's)
+    truth_cache: bool = True               # read and keep the float64 ground truth in the disk cache
+    preprocess: dict | None = None         # crop_pct, interpolation, mean, std over the model's own
+
+    # keyword spellings the commands have used for the same field
+    ALIASES = {"model_or_name": "model", "target": "targets"}
+
+    def __post_init__(self):
+        object.__setattr__(self, "imgsz", parse_sizes(self.imgsz))
+        object.__setattr__(self, "seed", DEMO_SEED if self.seed is None else self.seed)
+
+    @classmethod
+    def of(cls, keywords: dict, who: str = "ExportSettings") -> dict:
+        """`keywords` by field name: each is a field or an alias (model_or_name, target); an unknown one is a
+        TypeError naming `who`, as Python's own would be."""
+        names, given = {f.name for f in fields(cls)}, {}
+        for key, value in keywords.items():
+            name = cls.ALIASES.get(key, key)
+            if name not in names:
+                raise TypeError(f"{who}() got an unexpected keyword argument {key!r}")
+            if name in given:
+                raise TypeError(f"{who}() got {key!r} and another spelling of {name!r}; give one")
+            given[name] = value
+        return given
+
+    @classmethod
+    def build(cls, first=None, keywords: dict | None = None, who: str = "ExportSettings",
+              **positional) -> "ExportSettings":
+        """A command's settings from its call (`export(model=..., targets=..., imgsz=...)`): `first` is an
+        ExportSettings, whose fields the keywords then change, or the model; `positional`: the command's other
+        positional arguments by field name (None: not given)."""
+        keywords = {**(keywords or {}), **{k: v for k, v in positional.items() if v is not None}}
+        if isinstance(first, cls):
+            return first.replace(**cls.of(keywords, who))
+        if first is not None:
+            keywords["model"] = first
+        return cls(**cls.of(keywords, who))
+
+    def replace(self, **changes) -> "ExportSettings":
+        bad = sorted(set(changes) - {f.name for f in fields(self)})
+        if bad:
+            raise TypeError(f"ExportSettings has no field {bad[0]!r}")
+        return dataclasses.replace(self, **changes)
+
+    def given(self) -> list[str]:
+        """The fields set to something other than their default."""
+        return [f.name for f in fields(self) if getattr(self, f.name) != f.default]
+
+    def only(self, allowed, command: str) -> None:
+        """A command that reads a subset of the settings refuses the rest, so nothing is silently ignored."""
+        extra = [n for n in self.given() if n not in allowed]
+        if extra:
+            raise VitedgeError(f"{command} does not take {', '.join(extra)} (settings of `export`); drop "
+                               f"{'it' if len(extra) == 1 else 'them'}")
+
+    # -- sizes: what today's pipeline runs, checked in one place --------------------------------------------
+
+    def square_sizes(self) -> list[int] | None:
+        """The sizes as side lengths (None: the model's default); a non-square size is not supported yet."""
+        if self.imgsz is None:
+            return None
+        wide = [s for s in self.imgsz if s[0] != s[1]]
+        if wide:
+            raise VitedgeError(f"--imgsz {size_text(wide[0])}: non-square input sizes are not supported yet; give a "
+                               f"square size S (e.g. --imgsz {max(wide[0])})")
+        return [h for h, _ in self.imgsz]
+
+    def square_size(self) -> int | None:
+        """The one square size of this run (None: the model's default); several sizes in one export are not
+        supported yet."""
+        sides = self.square_sizes()
+        if sides is not None and len(sides) > 1:
+            raise VitedgeError(f"--imgsz {','.join(map(str, sides))}: one size per export for now; run one export "
+                               "per size (`vitedge matrix` plans several; `vitedge bench` times several)")
+        return None if sides is None else sides[0]
+
+    def imgsz_or(self, default: int | None) -> int | None:
+        """The run's square size, else `default` (e.g. the size an artifact records)."""
+        size = self.square_size()
+        return default if size is None else size
