@@ -11,7 +11,8 @@ moved into the rooms keep their old import path for one release (vitedge._MOVED:
 
 Imports are read from the source (AST), function-level ones included, so a lazy import cannot hide an arrow that
 points up. No module outside a target's own home compares anything with that target's name (`== "coreml"`, `in ("onnx",
-"tensorrt")`): what differs between targets is read from their rows (targets/rows.py).
+"tensorrt")`): what differs between targets is read from their rows (targets/rows.py). No module but precisions.py
+lists precision names or keys a dict by them: a per-precision number or fact lives in its row there.
 
 The checkers are also run on small planted trees, so a violation is known to fail.
 """
@@ -198,6 +199,23 @@ def target_comparisons(files: list[Path], names, home) -> list[str]:
     return bad
 
 
+def precision_copies(files: list[Path], names, table: Path = ROOT / "precisions.py") -> list[str]:
+    """`path:line: names` for each literal tuple / list / set of two or more strings, or dict with two or more
+    string keys, all precision (or tolerance profile) names, outside the table's own file: a per-precision fact kept
+    outside its row. A name among others (MIL's dtypes "fp32", "int8", ...) is another vocabulary, not a copy."""
+    bad = []
+    for p in files:
+        if p == table:
+            continue
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            listed = (node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set))
+                      else node.keys if isinstance(node, ast.Dict) else [])
+            if len(listed) >= 2 and all(isinstance(e, ast.Constant) and e.value in names for e in listed):
+                where = p.relative_to(ROOT) if p.is_relative_to(ROOT) else p.name
+                bad.append((str(where), node.lineno, ", ".join(e.value for e in listed)))
+    return [f"{w}:{line}: {names}" for w, line, names in sorted(bad)]
+
+
 def target_home(name: str, path: Path, root: Path = ROOT) -> bool:
     """A target's home: targets/<name>* (its package or loose modules) and the module its row's class lives in."""
     from vitedge.targets import row_of
@@ -242,6 +260,13 @@ def test_no_target_name_is_compared_outside_its_own_home():
     files = [p for p in package_modules().values() if p.relative_to(ROOT).parts[0] in ("exporter", "targets", "cli.py")]
     assert target_comparisons(files, tuple(TARGETS), target_home) == [], \
         "read what differs from the target's row (targets/rows.py) instead of naming the target"
+
+
+def test_no_precision_names_are_listed_or_keyed_outside_the_table():
+    from vitedge.precisions import NAMES, PROFILES
+
+    assert precision_copies(list(package_modules().values()), NAMES + tuple(PROFILES)) == [], \
+        "a per-precision fact belongs in its row of precisions.py; read the table (NAMES, TABLE[p].field) instead"
 
 
 def test_every_subpackage_is_packaged():
@@ -329,6 +354,16 @@ def test_a_target_name_comparison_is_caught(tmp_path):
     home = lambda n, p: p.relative_to(root).as_posix().startswith(f"targets/{n}")  # noqa: E731
     found = [line.split("/")[-1] for line in target_comparisons(files, ("onnx", "coreml", "tensorrt"), home)]
     assert found == ["a.py:2: coreml", "b.py:2: onnx", "b.py:2: tensorrt"]
+
+
+def test_a_precision_copy_is_caught(tmp_path):
+    planted = tmp_path / "plans.py"
+    planted.write_text('PRECISIONS = ("fp32", "fp16", "int8")\nOK = ("fp16", "bf16")\nONE = ("int8",)\n'
+                       'def f(p):\n    return p in {"w8", "w8a8"}\n'
+                       'K = {"int8": 32.0, "palette": 8.0}\nDTYPES = {"fp32": 4, "int32": 4}\nHOP = {"fp32": "x"}\n')
+    names = ("fp32", "fp16", "int8", "w8", "w8a8", "palette")
+    assert precision_copies([planted], names) == ["plans.py:1: fp32, fp16, int8", "plans.py:5: w8, w8a8",
+                                                  "plans.py:6: int8, palette"]
 
 
 def test_a_long_file_needs_its_reason(tmp_path):

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import VitedgeError
+from ...precisions import TABLE
 from ...models.preprocess import Recipe
 from ...models.registry import input_stats, recipe_of
 from ...targets import get_target
@@ -73,11 +74,9 @@ def check_golden(mlpackage: Path, pixels_nhwc: np.ndarray, expected: np.ndarray,
 # ------------------------------------------------------------------------------------------------ README
 
 def _compression_line(precision: str) -> str:
-    if precision == "fp16":
+    what = TABLE[precision].stored  # the precision row's wording ("" for a float precision)
+    if not what:
         return ""
-    what = {"w8": "8-bit linear weights", "palette4": "4-bit k-means palettized weights",
-            "palette6": "6-bit k-means palettized weights",
-            "w8a8": "8-bit weights and 8-bit activations"}[precision]
     return (f"\n- Compressed: {what} (`manifest.json` -> `compression`; its parity on natural images -> `parity`, "
             "and the golden vectors' tolerance is that profile's).")
 

@@ -12,7 +12,7 @@ scales: targets/executorch/weights.py) and each output channel's deviation from 
 ||w_art - w||_c, is compared with what a correct artifact of that precision does to that channel: the precision's
 emulation (exporter/verdict/emulate: fp16 rounding, int8 per channel, with PT2E's 2^-12 scale floor for a .pte, a
 k-means palette) gives ||w_emul - w||_c. A channel fails when its deviation exceeds max(WEIGHT_FLOOR x ||w||_c,
-WEIGHT_K x that, raised to the tensor's median): K and the floor from benchmarks/fp16_verdicts.py and benchmarks/compressed_verdicts.py (README "Weights check").
+K x that, raised to the tensor's median), K the precision's `weight_k` (precisions.py, with its reasons).
 
 Weights that map to no parameter (a converter's fused or renamed constants) are counted, not judged; an artifact
 none of whose weights maps is `not run`, saying so (unverified under --require-verified).
@@ -28,18 +28,11 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ...precisions import TABLE
+from ...precisions import HALF_ULP, TABLE
 from .criteria import NoiseRule
 from .emulate import stored_weight
 
-# correct artifacts' channels: fp16 and the int8 kinds exactly the emulation's rounding (ratio 1, 1.6 for a near-dead
-# channel's fp16 scale); palettes up to 1.16x (coremltools' k-means against the emulation's), so K = 2 there: a x1.1
-# tensor moves by 0.1 ||w||, 2x a 6-bit palette's own error; a x1.1 channel is 20-400x an fp16 or int8 channel's
-WEIGHT_K = {"fp16": 4.0, "int8": 4.0, "w8": 4.0, "w8a8": 4.0, "palette4": 2.0, "palette6": 2.0}
-WEIGHT_FLOOR = 2.0 ** -11      # relative to the channel's norm: half an fp16 ulp
-# a palette's lookup table serves a whole tensor (iOS 16-17) or 16 channels (iOS 18), and another k-means lands its
-# centres elsewhere: its channels are judged together
-PER_TENSOR = tuple(n for n, p in TABLE.items() if p.tolerance_profile == "palette")
+WEIGHT_FLOOR = HALF_ULP      # relative to the channel's norm: half an fp16 ulp
 READERS = (".onnx", ".mlpackage", ".pte")
 SUFFIXES = ("_palettized", "_quantized", "_dequantized", "_to_fp16", "_fp16")
 
@@ -71,7 +64,7 @@ class WeightCheck:
 def judge_weights(hop, deploy: nn.Module, path: str | Path, precision: str) -> None:
     """After an fp16 or compressed artifact's hop that ran: its weights check in `hop.weights`; a failed check fails
     the hop, one that raised leaves a passed hop unverified (a check that raised is never a pass)."""
-    if hop.status not in ("passed", "failed") or precision not in WEIGHT_K:
+    if hop.status not in ("passed", "failed") or TABLE.get(precision) is None or TABLE[precision].weight_k is None:
         return
     if Path(path).suffix not in READERS:  # a TensorRT engine: its weights are not readable outside TensorRT
         hop.weights = {"status": "not applicable", "why": f"the stored weights of a {Path(path).suffix} artifact "
@@ -98,7 +91,10 @@ def check_weights(deploy: nn.Module, path: str | Path, precision: str) -> Weight
     path = Path(path)
     stored, min_scale = read_stored(path, deploy, precision)
     params = reference_params(deploy, path)
-    k = WEIGHT_K[precision]
+    k = TABLE[precision].weight_k
+    # a palette's lookup table serves a whole tensor (iOS 16-17) or 16 channels (iOS 18), and another k-means lands
+    # its centres elsewhere: its channels are judged together
+    per_tensor = TABLE[precision].palette
     check = WeightCheck("passed")
     for name, value in stored.items():
         p = params.get(_key(name))
@@ -106,7 +102,7 @@ def check_weights(deploy: nn.Module, path: str | Path, precision: str) -> Weight
         if value is None:
             check.unmatched += 1
             continue
-        rows = 1 if precision in PER_TENSOR or p.shape[0] == 1 else p.shape[0]  # (1, ...): a table, not channels
+        rows = 1 if per_tensor or p.shape[0] == 1 else p.shape[0]  # (1, ...): a table, not channels
         w = p.detach().double().reshape(rows, -1)
         art = torch.as_tensor(value).reshape(w.shape)
         emul = stored_weight(p.detach().float(), precision, min_scale).double().reshape(w.shape)

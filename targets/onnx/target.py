@@ -83,7 +83,7 @@ class OnnxRuntimeRunner(Runner):
 class OnnxTarget(Target):
     row = ONNX_ROW
     # The fp32 artifact IS the pipeline's simplified hub graph, whose hop is "onnx-simplified".
-    hop_names = {"fp32": "onnx-simplified", "fp16": "onnx-fp16", "int8": "onnx-int8"}
+    hop_names = {p: f"onnx-{p}" for p in ONNX_ROW.precisions} | {"fp32": "onnx-simplified"}
     existing_hop_names = {"fp32": "onnx"}  # `parity --artifact X.onnx`: the graph as given, simplified or not
     qdq_encoding = "onnxruntime"
 
