@@ -51,6 +51,7 @@ class Emulation:
     fp16_compute: bool = True       # everything not quantized is stored and computed in fp16 (False: float32)
     image_conv_float: bool = False  # the Conv that reads the image stays float (the ONNX QDQ graph's choice)
     fp16_scales: bool = True        # per-channel scales stored in fp16 (a near-dead channel's scale underflows)
+    min_elements: int = 0           # weights with fewer elements stay fp16 (not compressed)
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,12 @@ W8A8 = Profile("w8a8", Rule(EMULATED, floor=HALF_ULP, k=32.0, median=3.0),
 # int8 is the ONNX QDQ graph's (targets/graph/qdq.py; ExecuTorch's PT2E stores the same): float32 around the int8
 # ops, float32 scales, uint8 activations, the image's Conv left float; the other kinds are CoreML's (fp16 compute)
 INT8_STORAGE = Emulation("int8", activations="uint8", fp16_compute=False, image_conv_float=True, fp16_scales=False)
+# the CoreML kinds: fp16 compute and scales, weights of 2048 elements or more compressed (coremltools' default
+# weight_threshold, which targets/coreml/compress.py passes on), smaller ones fp16
+SMALL_STAY_FP16 = 2048
+COREML_INT8 = Emulation("int8", min_elements=SMALL_STAY_FP16)
+COREML_PALETTE = Emulation("palette", min_elements=SMALL_STAY_FP16)
+COREML_W8A8 = Emulation("int8", activations="int8", min_elements=SMALL_STAY_FP16)
 
 # The weights check's K (exporter/verdict/weight_check.py): correct artifacts' channels sit at exactly the
 # emulation's rounding for fp16 and the int8 kinds (ratio 1; 1.6 for a near-dead channel's fp16 scale), so K 4;
@@ -139,14 +146,14 @@ TABLE: dict[str, Precision] = {p.name: p for p in (
     Precision("fp16", HALF, FP16, weight_k=4.0, bits=16, emulation=Emulation("fp16")),
     Precision("int8", COMPRESSED, INT8, calibrates=True, weight_k=4.0, bits=8, emulation=INT8_STORAGE,
               stored="8-bit weights and 8-bit activations"),
-    Precision("w8", COMPRESSED, W8, weight_k=4.0, bits=8, emulation=Emulation("int8"),
+    Precision("w8", COMPRESSED, W8, weight_k=4.0, bits=8, emulation=COREML_INT8,
               stored="8-bit linear weights"),
     Precision("palette4", COMPRESSED, PALETTE, extra="compress", weight_k=2.0, bits=4,  # k-means: scikit-learn
-              emulation=Emulation("palette"), stored="4-bit k-means palettized weights"),
+              emulation=COREML_PALETTE, stored="4-bit k-means palettized weights"),
     Precision("palette6", COMPRESSED, PALETTE, extra="compress", weight_k=2.0, bits=6,
-              emulation=Emulation("palette"), stored="6-bit k-means palettized weights"),
+              emulation=COREML_PALETTE, stored="6-bit k-means palettized weights"),
     Precision("w8a8", COMPRESSED, W8A8, calibrates=True, weight_k=4.0, bits=8,
-              emulation=Emulation("int8", activations="int8"), stored="8-bit weights and 8-bit activations"),
+              emulation=COREML_W8A8, stored="8-bit weights and 8-bit activations"),
 )}
 
 NAMES: tuple[str, ...] = tuple(TABLE)

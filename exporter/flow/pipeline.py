@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 
 from ...errors import VitedgeError
-from ...precisions import CALIBRATED, TABLE as PRECISION_TABLE
+from ...precisions import CALIBRATED
 from ...models.registry import input_stats, recipe_of, resolve_imgsz
 from ...targets import LowerSpec, UnavailableError, row_of
 from ...targets.graph.metadata import read_metadata, set_metadata
@@ -90,10 +90,9 @@ def export(model_or_name, targets="onnx", *, checkpoint: str | Path | None = Non
     made = {"held": held, "preprocess": preprocess}  # how build_train_form makes the train-form
     plans = resolve_targets(targets, precision, dynamic_batch, options, labels=labels, batch=batch)
     n_calib = check_flags(precision, calib, calib_images, images, labels)
-    if any(PRECISION_TABLE[p.precision].extra == "compress" for p in plans if p.precision in PRECISION_TABLE):
-        from ...targets.coreml.compress import require_kmeans
-
-        require_kmeans(precision)  # scikit-learn, the [compress] extra: before any work
+    for plan in plans:  # what each precision needs on its target (palette's scikit-learn): before any work
+        if plan.precision and plan.target is not None:
+            plan.target.require(plan.precision)
     if dynamic_batch and batch is not None:
         raise VitedgeError("--batch and --dynamic-batch exclude each other; drop one")
     if batch is not None and batch <= 0:

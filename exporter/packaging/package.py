@@ -23,6 +23,7 @@ its contents, every computation on one thread: bundle.build_bundle).
 from __future__ import annotations
 
 import importlib
+import inspect
 from pathlib import Path
 
 import numpy as np
@@ -32,10 +33,9 @@ from ...precisions import TABLE
 from ...models.preprocess import Recipe
 from ...models.registry import input_stats, recipe_of
 from ...targets import get_target
-from . import BUNDLES
-from ...targets.coreml.compress import KINDS
-from ...targets.coreml.options import parse_ios, read_labels
-from ...targets.coreml.runners import EmulatedCoreMLRunner
+from . import bundles
+from ...targets.labels import read_labels
+from ...targets.rows import COREML_ROW
 from .bundle import (GOLDEN_SAMPLES, GOLDEN_SEED, METRIC_DIGITS, ZIP_DATE, GoldenMismatch, PackageResult,  # noqa: F401
                      _json_bytes, _npy_bytes, _tree_files, build_bundle, check_bundle_out, finish_bundle,
                      golden_vectors, golden_verdict, write_deterministic_zip)
@@ -45,6 +45,7 @@ from ..verdict.parity import profile_for, tolerances as make_tolerances
 from ..flow.pipeline import export
 
 BUNDLE_FORMAT = "vitedge-coreml-bundle/1"
+KINDS = tuple(p for p in COREML_ROW.precisions if TABLE[p].compressed)  # the compressed kinds a package can hold
 
 
 # ------------------------------------------------------------------------------------------------ small helpers
@@ -66,8 +67,8 @@ def _compression_entry(info: dict | None) -> dict | None:
 
 def check_golden(mlpackage: Path, pixels_nhwc: np.ndarray, expected: np.ndarray, tolerance) -> dict:
     """Run the golden pixels through the emulated CoreML hop; metrics and verdict against `tolerance`."""
-    with EmulatedCoreMLRunner(mlpackage, max_samples=None) as runner:
-        y = runner.run_raw(pixels_nhwc.transpose(0, 3, 1, 2).astype(np.float32))
+    with get_target(COREML_ROW.name).bundle_runner(mlpackage) as runner:
+        y = runner.run(pixels_nhwc.transpose(0, 3, 1, 2).astype(np.float32))
     return golden_verdict(runner, y, expected, tolerance)
 
 
@@ -169,26 +170,30 @@ def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = N
     a classifier; `images`, `preprocess` and `model_or_name` None are as for `export`. `exporter`: the ONNX
     exporter of the ladder's hub graph (the CoreML package itself is converted from the deploy-form). `target`
     "executorch": the Android bundle instead (exporter/packaging/package_android.py; `precision` fp32, default, or int8)."""
-    if target not in BUNDLES:
-        raise VitedgeError(f"vitedge package --target must be {' or '.join(BUNDLES)}; got {target!r}")
+    makers = bundles()
+    if target not in makers:
+        raise VitedgeError(f"vitedge package --target must be {' or '.join(makers)}; got {target!r}")
     precision = precision or get_target(target).default_precision
     common = dict(checkpoint=checkpoint, labels=labels, imgsz=imgsz, precision=precision, samples=samples,
                   overrides=overrides, tolerances=tolerances, force=force, seed=seed, progress=progress, calib=calib,
                   calib_images=calib_images, images=images, exporter=exporter, preprocess=preprocess)
-    if BUNDLES[target] is not None:  # another target's bundle, in its own module
-        if ios is not None:
-            raise VitedgeError("--ios applies to --target coreml only; drop it for an ExecuTorch bundle")
-        module, func = BUNDLES[target].split(":")
-        return getattr(importlib.import_module(module, __package__), func)(model_or_name, out, **common)
-    return _package_coreml(model_or_name, out, ios=ios, **common)
+    module, func = makers[target].split(":")
+    maker = getattr(importlib.import_module(module), func)  # the target's bundle, in its own module
+    if ios is not None:
+        if "ios" not in inspect.signature(maker).parameters:
+            raise VitedgeError(f"--ios applies to --target coreml only; drop it for the {target} bundle")
+        common["ios"] = ios
+    return maker(model_or_name, out, **common)
 
 
 
-def _package_coreml(model_or_name, out, *, checkpoint, labels, ios, imgsz, precision, samples, overrides,
-                    tolerances, force, seed, progress, calib, calib_images, images, exporter,
-                    preprocess) -> PackageResult:
+def package_coreml(model_or_name, out, *, checkpoint, labels, imgsz, precision, samples, overrides,
+                   tolerances, force, seed, progress, calib, calib_images, images, exporter,
+                   preprocess, ios=None) -> PackageResult:
+    """Build the iOS bundle at `out` (a .zip): as `package`, for the coreml target (see the module doc)."""
     out = check_bundle_out(out, force)
-    ios = parse_ios(ios) if ios is not None else None
+    if ios is not None:
+        get_target(COREML_ROW.name).validate_options({"ios": ios})  # --ios before any work
     if precision not in ("fp16",) + KINDS:
         raise VitedgeError(f"vitedge package --precision must be one of fp16, {', '.join(KINDS)}; got {precision!r}")
     if labels is not None:

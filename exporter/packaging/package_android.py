@@ -26,7 +26,6 @@ from ...models.preprocess import Recipe
 from ...models.registry import input_stats, recipe_of
 from ...targets import get_target
 from ...targets.rows import EXECUTORCH_ROW
-from ...targets.executorch.target import ExecuTorchRunner
 from ...targets.labels import read_labels
 from ..reparam.forms import DEMO_SEED, build_train_form
 from ..onnx.onnx_choice import DEFAULT_EXPORTER
@@ -48,7 +47,7 @@ def golden_tolerance(precision: str):
 def check_golden(pte: Path, pixels_nhwc: np.ndarray, expected: np.ndarray, recipe: Recipe, tolerance) -> dict:
     """Run the golden pixels, normalized by `recipe`, through the `.pte` here; metrics and verdict."""
     x = normalize_pixels(pixels_nhwc.transpose(0, 3, 1, 2), recipe.mean, recipe.std)
-    with ExecuTorchRunner(pte) as runner:
+    with get_target(EXECUTORCH_ROW.name).bundle_runner(pte) as runner:
         y = runner.run(x)
     return golden_verdict(runner, y, expected, tolerance)
 

@@ -74,8 +74,8 @@ def stored_weight(w: torch.Tensor, precision: str, min_scale: float = 0.0) -> to
     e: Emulation = TABLE[precision].emulation
     if e.weights == "fp16":
         return w.half().float()
-    if e.fp16_compute and w.numel() < _coreml_threshold():
-        return w.half().float()
+    if w.numel() < e.min_elements:  # too small to compress: stored as the rest is
+        return w.half().float() if e.fp16_compute else w
     if e.weights == "palette":
         q = _palette(w, 2 ** TABLE[precision].bits)
     else:  # a CoreML package stores its per-channel scales in float16 (constexpr_affine_dequantize on fp16 weights)
@@ -85,12 +85,6 @@ def stored_weight(w: torch.Tensor, precision: str, min_scale: float = 0.0) -> to
 
 def _copy(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model).float().eval()
-
-
-def _coreml_threshold() -> int:
-    from ...targets.coreml.compress import WEIGHT_THRESHOLD  # coremltools' default: smaller weights stay fp16
-
-    return WEIGHT_THRESHOLD
 
 
 def _round_weights(m: nn.Module, fn) -> None:

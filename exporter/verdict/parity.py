@@ -16,7 +16,8 @@ from dataclasses import asdict, replace
 import numpy as np
 
 from ...errors import VitedgeError
-from ...precisions import EMULATED, FP16_ERROR, MEDIAN_MIN_SAMPLES, NOISE, PROFILE_OF, PROFILES, Profile, profile_for  # noqa: F401
+from ...precisions import (EMULATED, FP16_ERROR, MEDIAN_MIN_SAMPLES, NOISE, PROFILE_OF, PROFILES,  # noqa: F401
+                           Profile, profile_for)  # PROFILE_OF, profile_for: the precision table's, re-exported
 from ...targets.base import Runner, pad_batch
 from .criteria import GroundTruth, NoiseRule, accuracy, accuracy_delta, effective_noise, sample_errors
 from .emulate import fp16_reference
