@@ -177,7 +177,8 @@ def localize(hop: Hop, artifact: Artifact, deploy: nn.Module, x: np.ndarray, tar
     its outputs, say so (the target's own words, Target.localization)."""
     try:
         graph = target.graph(artifact.path)
-        stored = None if graph is not None else target.read_weights(artifact.path)
+        # a target that says why it is not localized is not read for weights to localize with
+        stored = None if graph is not None or target.localization else target.read_weights(artifact.path)
         if graph is not None:
             div = localize_onnx(graph, deploy, x, hop.tolerance)
             how = "ONNX Runtime per module"
