@@ -66,7 +66,7 @@ _MOVED_GROUPS = {
 }
 _MOVED = {f"vitedge.exporter.{m}": f"vitedge.exporter.{g}.{m}" for g, ms in _MOVED_GROUPS.items() for m in ms.split()}
 _MOVED.update({f"vitedge.targets.{old}": f"vitedge.targets.{new}" for old, new in {
-    "ort": "onnx.target", "ort_fusions": "onnx.fusions", "tensorrt_api": "tensorrt.api",
+    "ort": "onnx.target", "ort_fusions": "graph.fusions", "tensorrt_api": "tensorrt.api",
     "tensorrt_precision": "tensorrt.precision", "cuda_memory": "tensorrt.cuda_memory"}.items()})
 
 

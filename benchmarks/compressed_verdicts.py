@@ -36,11 +36,12 @@ import numpy as np
 import _common as C
 import vitedge
 from vitedge.exporter.quantize.compressed import Judged, judge_compressed
-from vitedge.exporter.verdict.criteria import COMPRESSED_K, COMPRESSED_MEDIAN, effective_noise, sample_errors
+from vitedge.exporter.verdict.criteria import effective_noise, sample_errors
+from vitedge.precisions import EMULATED, PROFILES, TABLE
 from vitedge.exporter.reparam.forms import build_deploy_form
 from vitedge.exporter.verdict.hops import parity_inputs_for
 from vitedge.exporter.verdict.parity import FLOAT64_TOLERANCES, compute_metrics, profile_for, run_batched
-from vitedge.exporter.verdict.weight_check import WEIGHT_K, judge_weights
+from vitedge.exporter.verdict.weight_check import judge_weights
 from vitedge.models import make_trained_like
 from vitedge.targets.coreml.runners import EmulatedCoreMLRunner
 from vitedge.targets.onnx.target import OnnxRuntimeRunner
@@ -52,6 +53,10 @@ QUICK_KINDS, QUICK_PLANTS = ("int8", "w8"), ("zero_layer", "sign_flip", "x1.1")
 POSITIONS = (0.25, 0.5, 0.75)
 VISIBLE = 3.0
 SAMPLES = 64
+# the rows' numbers, recorded with the results (keyed as the JSON has always been)
+COMPRESSED_K = {n: p.rule.k for n, p in PROFILES.items() if p.rule.reference == EMULATED}
+COMPRESSED_MEDIAN = {n: p.rule.median for n, p in PROFILES.items() if p.rule.reference == EMULATED}
+WEIGHT_K = {n: p.weight_k for n, p in TABLE.items() if p.weight_k is not None}
 
 
 def _models(quick: bool) -> dict:
@@ -172,7 +177,7 @@ def summary(rows: list[dict]) -> dict:
             rs = [r for r in bad if r["plant"] == p]
             by_plant[p] = {**C.plant_counts(rs), "smallest_weights_ratio": min(r["weights_ratio"] or 0.0 for r in rs)}
         out["kinds"][kind] = {
-            "k": COMPRESSED_K[profile_for(kind)], "worst_correct_ratio": max(r["worst_ratio"] for r in mine),
+            "k": PROFILES[profile_for(kind)].rule.k, "worst_correct_ratio": max(r["worst_ratio"] for r in mine),
             "worst_correct_median": max((r["median_ratio"] or 0.0) for r in mine),
             "worst_correct_weights_ratio": max((r["weights_ratio"] or 0.0) for r in mine),
             "smallest_caught_error": min((r["worst_error"] for r in bad if r["caught"]), default=None),

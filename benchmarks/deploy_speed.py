@@ -31,7 +31,7 @@ import _common as C
 from vitedge.exporter.onnx.onnx_export import OnnxExportError, check_onnx, export_onnx, simplify_onnx
 from vitedge.exporter.reparam import reparameterize
 from vitedge.models import create_model, list_models, make_trained_like
-from vitedge.targets.onnx.fusions import fused_op_counts
+from vitedge.targets.graph.fusions import fused_op_counts
 
 MODELS = ("swiftformer_xs", "slab_deit_tiny", "sima_nano_12_p16", "slab_swin_tiny")  # one per family
 QUICK_IMGSZ = {"swiftformer_xs": 64, "sima_nano_12_p16": 64}  # reduced configs at small sizes (SLAB: 224 only)

@@ -55,7 +55,7 @@ import torch.nn.functional as F
 import _common as C
 import vitedge
 from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, simplify_keeping_fusions
-from vitedge.exporter.verdict.criteria import NOISE_FLOOR, NOISE_K, NoiseRule, allowances, sample_errors
+from vitedge.exporter.verdict.criteria import FLOAT32_RULE, NoiseRule, allowances, sample_errors
 from vitedge.exporter.verdict.inputs import natural_inputs
 from vitedge.exporter.verdict.parity import ROUNDING_ULPS, ground_truth, run_batched
 from vitedge.models.registry import get_spec
@@ -138,9 +138,9 @@ def tail_estimate(ratios: np.ndarray, n: int = SAMPLES, boot: int = BOOT, seed: 
             "p_fail_at_n_upper": fail_hi, "n": n}
 
 
-def ratio_stats(errors: np.ndarray, eff: np.ndarray, floor: float = NOISE_FLOOR) -> dict:
+def ratio_stats(errors: np.ndarray, eff: np.ndarray, floor: float = FLOAT32_RULE.floor) -> dict:
     """The distribution of error / allowance at the product's rule, and the tail estimate at every K of the grid."""
-    r = errors / allowances(eff, floor, NOISE_K)
+    r = errors / allowances(eff, floor, FLOAT32_RULE.k)
     qs = (0.5, 0.9, 0.99, 0.999)
     by_k, tails = {}, {}
     for k in KS:
@@ -149,8 +149,8 @@ def ratio_stats(errors: np.ndarray, eff: np.ndarray, floor: float = NOISE_FLOOR)
         by_k[f"{k:g}"] = {"max": float(rk.max()), "above_1": int((rk > 1).sum()), "p_fail_at_n": t["p_fail_at_n"],
                           "p_fail_at_n_upper": t["p_fail_at_n_upper"]}
     return {"samples": int(r.size), **{f"q{q:g}": float(np.quantile(r, q)) for q in qs}, "max": float(r.max()),
-            "above_1": int((r > 1).sum()), "floor_bound": int((floor > NOISE_K * eff).sum()),
-            "tail": tails.get(NOISE_K) or tail_estimate(r), "by_k": by_k}
+            "above_1": int((r > 1).sum()), "floor_bound": int((floor > FLOAT32_RULE.k * eff).sum()),
+            "tail": tails.get(FLOAT32_RULE.k) or tail_estimate(r), "by_k": by_k}
 
 
 def models(quick: bool) -> list[tuple[str, str, Callable[[], torch.nn.Module], int, str]]:
@@ -247,7 +247,7 @@ def main(argv=None) -> int:
     worst = max(a["tail"]["p_fail_at_n"] for a in arts)
     above = sum(a["above_1"] for a in arts)
     upper = {r["model"]: max(a["tail"]["p_fail_at_n_upper"] for a in r["artifacts"].values()) for r in rows}
-    summary = {"rule": {"floor": NOISE_FLOOR, "k": NOISE_K, "rounding_ulps": ROUNDING_ULPS}, "target": TARGET,
+    summary = {"rule": {"floor": FLOAT32_RULE.floor, "k": FLOAT32_RULE.k, "rounding_ulps": ROUNDING_ULPS}, "target": TARGET,
                "samples": min(r["samples"] for r in rows), "extrapolated_to": SAMPLES,
                "worst_p_fail_at_n": worst, "above_1": above, "met": bool(worst < TARGET and above == 0),
                "worst_p_fail_at_n_upper": max(upper.values()),
@@ -262,7 +262,7 @@ def main(argv=None) -> int:
     if not missing:  # complete: nothing left to resume
         shutil.rmtree(partial, ignore_errors=True)
     print(f"\nresults: {path}")
-    print(f"\nper-sample ratio error / allowance of correct fp32 artifacts (floor {NOISE_FLOOR:g}, K {NOISE_K:g}; "
+    print(f"\nper-sample ratio error / allowance of correct fp32 artifacts (floor {FLOAT32_RULE.floor:g}, K {FLOAT32_RULE.k:g}; "
           f"P(fail at {SAMPLES}): the tail fit's estimate, its upper bound in brackets):")
     for r in rows:
         for art, a in r["artifacts"].items():
@@ -275,7 +275,7 @@ def main(argv=None) -> int:
         print(f"  not measured yet: {', '.join(missing)} (--models)")
     print(f"worst P(fail at {SAMPLES}) per K: " + ", ".join(f"K {k}: {p:.2g} ({by_k_upper[k]:.2g})"
                                                              for k, p in by_k.items()))
-    print(f"worst P(a correct export fails at {SAMPLES} samples) at K {NOISE_K:g}: {worst:.2g} (target < {TARGET:g}); "
+    print(f"worst P(a correct export fails at {SAMPLES} samples) at K {FLOAT32_RULE.k:g}: {worst:.2g} (target < {TARGET:g}); "
           f"samples above 1: {above}: {'met' if summary['met'] else 'NOT met'}; the upper bound is above the target "
           f"for: {', '.join(summary['upper_above_target']) or 'none'}")
     return 0 if summary["met"] else 1

@@ -28,7 +28,8 @@ import numpy as np
 
 import _common as C
 import vitedge
-from vitedge.exporter.verdict.criteria import FP16_K, FP16_MEDIAN, effective_noise, sample_errors
+from vitedge.exporter.verdict.criteria import effective_noise, sample_errors
+from vitedge.precisions import TABLE
 from vitedge.exporter.reparam.forms import build_deploy_form
 from vitedge.exporter.verdict.hops import parity_inputs_for
 from vitedge.exporter.verdict.parity import FLOAT64_TOLERANCES, ground_truth, judge, run_batched, with_fp16_reference
@@ -142,7 +143,7 @@ def summary(rows: list[dict]) -> dict:
         rs = [r for r in planted if r["plant"] == p]
         by_plant[p] = {**C.plant_counts(rs),
                        "smallest_caught_error": min((r["worst_error"] for r in rs if r["caught"]), default=None)}
-    return {"k": FP16_K, "median": FP16_MEDIAN, "worst_correct_ratio": max(r["worst_ratio"] for r in correct),
+    return {"k": TABLE['fp16'].profile.rule.k, "median": TABLE['fp16'].profile.rule.median, "worst_correct_ratio": max(r["worst_ratio"] for r in correct),
             "worst_correct_weights_ratio": max(r["weights_ratio"] or 0.0 for r in correct),
             "correct_failed": [f"{r['model']}/{r['artifact']}" for r in correct if r["caught"]],
             "smallest_caught_error": min((r["worst_error"] for r in planted if r["caught"]), default=None),
@@ -161,11 +162,11 @@ def main(argv=None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     summ = summary(rows)
     path = C.write_results(C.out_path("fp16_verdicts", args), "fp16_verdicts", info, args,
-                           {"settings": {"k": FP16_K, "median": FP16_MEDIAN, "positions": POSITIONS,
+                           {"settings": {"k": TABLE['fp16'].profile.rule.k, "median": TABLE['fp16'].profile.rule.median, "positions": POSITIONS,
                                          "visible": VISIBLE},
                             "cases": rows, "summary": summ}, started)
     print(f"\nresults: {path}")
-    print(f"\nfp16 rule (K = {FP16_K:g}, median {FP16_MEDIAN:g}): correct artifacts' worst ratio {summ['worst_correct_ratio']:.2f} "
+    print(f"\nfp16 rule (K = {TABLE['fp16'].profile.rule.k:g}, median {TABLE['fp16'].profile.rule.median:g}): correct artifacts' worst ratio {summ['worst_correct_ratio']:.2f} "
           f"({len(summ['correct_failed'])} failed); per plant, caught / planted (visible but missed):")
     for p, e in summ["plants"].items():
         print(f"  {p}: {e['caught']}/{e['of']} ({e['visible_missed']})")

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 import _common as C
-from vitedge.exporter.verdict.criteria import NOISE_FLOOR, NOISE_K, allowances, effective_noise, rows, sample_errors
+from vitedge.exporter.verdict.criteria import FLOAT32_RULE, allowances, effective_noise, rows, sample_errors
 from vitedge.exporter.verdict.inputs import natural_inputs, parity_inputs
 from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, simplify_onnx
 from vitedge.exporter.verdict.parity import ground_truth, run_batched
@@ -177,9 +177,9 @@ def main() -> None:
         print("  ".join(line) + f"  ({r['seconds']} s)", flush=True)
     table = evaluate(results)
     compared = forms(results)
-    chosen = next(t for t in table if t["floor"] == NOISE_FLOOR and t["k"] == NOISE_K) \
-        if NOISE_FLOOR in FLOORS and NOISE_K in KS else None
-    body = {"margin": MARGIN, "chosen": {"floor": NOISE_FLOOR, "k": NOISE_K, "evaluation": chosen},
+    chosen = next(t for t in table if t["floor"] == FLOAT32_RULE.floor and t["k"] == FLOAT32_RULE.k) \
+        if FLOAT32_RULE.floor in FLOORS and FLOAT32_RULE.k in KS else None
+    body = {"margin": MARGIN, "chosen": {"floor": FLOAT32_RULE.floor, "k": FLOAT32_RULE.k, "evaluation": chosen},
             "grid": table, "forms": compared, "configs": results}
     if args.source:  # the measurements' own provenance, beside this evaluation's
         body["measured"] = {k: stored.get(k) for k in ("command", "wall_s", "machine")}
@@ -197,7 +197,7 @@ def main() -> None:
               f"{len(t['caught']['x1.01'])}/{len(results)}  x1.001 caught {len(t['caught']['x1.001'])}/{len(results)}"
               f"{'  ok' if t['ok'] else ''}")
     if chosen:
-        print(f"chosen floor {NOISE_FLOOR:g}, K {NOISE_K:g}: worst correct ratio {chosen['worst_correct_ratio']:.3f}; "
+        print(f"chosen floor {FLOAT32_RULE.floor:g}, K {FLOAT32_RULE.k:g}: worst correct ratio {chosen['worst_correct_ratio']:.3f}; "
               f"x1.001 missed in {[r['label'] for r in results if r['label'] not in chosen['caught']['x1.001']]}")
     print(f"results: {path}")
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 import _common as C
-from vitedge.exporter.verdict.criteria import NOISE_FLOOR, NOISE_K, NoiseRule, sample_errors
+from vitedge.exporter.verdict.criteria import FLOAT32_RULE, NoiseRule, sample_errors
 from vitedge.exporter.reparam.forms import build_deploy_form
 from vitedge.exporter.verdict.inputs import parity_set
 from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, simplify_onnx
@@ -79,7 +79,7 @@ def main() -> None:
     started = time.time()
     rows = [measure(n, samples, C.REDUCED.get(n), 64) if args.quick else measure(n, samples, None) for n in names]
     path = C.write_results(C.out_path("reference_threads", args), "reference_threads", dict(info), args,
-                           {"reference_threads": REFERENCE_THREADS, "rule": {"floor": NOISE_FLOOR, "k": NOISE_K},
+                           {"reference_threads": REFERENCE_THREADS, "rule": {"floor": FLOAT32_RULE.floor, "k": FLOAT32_RULE.k},
                             "models": rows}, started)
     print(f"{'model':18s} {'threads':>7s} {'set':8s} {'noise med':>9s} {'noise max':>9s}  worst ratio (deploy | ORT all | ORT 1)")
     for r in rows:

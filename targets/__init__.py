@@ -94,5 +94,20 @@ def row_for_suffix(filename: str) -> TargetRow | None:
     return None
 
 
+def target_for_file(path) -> Target | None:
+    """The target whose row's suffixes name the artifact at `path` (as `parity --artifact` finds it); None where
+    none does or its backend cannot be imported here."""
+    from pathlib import Path
+
+    row = row_for_suffix(Path(path).name)
+    if row is None:
+        return None
+    try:
+        return get_target(row.name)
+    except ImportError:
+        return None
+
+
 __all__ = ["TARGETS", "ALIASES", "get_target", "usable_target", "register", "unregister", "row_of", "rows", "row_for_suffix",
+           "target_for_file",
            "TargetRow", "Option", "Artifact", "LowerSpec", "Runner", "Target", "UnavailableError"]

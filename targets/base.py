@@ -8,6 +8,12 @@ default, so a backend overrides only what it has.
 A Runner is a context manager owning its resources (sessions, engines, device buffers): `with target.runner(a)
 as r: ...` releases them at the end (`close()`).
 
+What the verdict needs from a backend beyond running it goes through hooks here too, so that exporter/ never
+imports a backend or looks at a file's suffix: `read_weights` (the stored weights, for the weights check and the
+localization of a failed compressed hop, or why they cannot be read), `graph` (the artifact as an ONNX graph, where
+it is one: localized per module and checked as a graph), `require` (what a precision needs installed) and
+`bundle_runner` (an app bundle's self-check).
+
 Also the small facts every layer shares about artifacts and batches: `sha256_file`, `size_bytes`, `pad_batch`.
 """
 from __future__ import annotations
@@ -48,6 +54,22 @@ class Artifact:
     precision: str
     extra_files: list = field(default_factory=list)  # sidecars written next to it
     info: dict = field(default_factory=dict)          # anything the report should carry (policy, node counts, ...)
+
+
+@dataclass
+class StoredWeights:
+    """The weights an artifact stores, read back from the saved file (by the backend's own reader): the weights check
+    compares them with the deploy-form's, and a failed compressed hop without a graph is localized with them."""
+    values: dict                       # name -> float32 value (dequantized / decompressed) of every stored weight
+    named: bool = True                 # False: the file carries no names (matched to parameters by shape and values)
+    scale_floor: float = 0.0           # the backend's int8 quantizer's floor on a channel's scale (the emulation's)
+    graph: object = None               # the onnx.ModelProto where the artifact is one (unnamed MatMul weights are
+    #                                    named by their module scopes)
+    reference: object = None           # deploy-form -> the deploy-form as the artifact was built from it (an image
+    #                                    input's 1/std folded into its first conv); None: the deploy-form itself
+    input_scale: tuple | None = None   # with `reference`: the per-channel factor the inputs get on the way in (std)
+    localize: dict | None = None       # the weights a localization loads into a copy of the deploy-form (None: it
+    #                                    is not localized by its weights)
 
 
 class Runner(ABC):
@@ -94,6 +116,7 @@ class Target(ABC):
     qdq_encoding: str | None = None  # int8: which QDQ encoding the pipeline writes for it (targets/graph/qdq.py);
     #                                  None: the target quantizes the deploy-form itself (LowerSpec.calibration)
     localization: str | None = None  # why a failed hop of this target's artifacts is not localized, where it is not
+    weights_unread: str = "its stored weights are not read outside its runtime"  # where read_weights gives None
     threaded: bool = False           # its runner takes `threads` (a CPU runtime's pool), as the bench sets them
     existing_hop_names: dict = {}    # precision -> hop name of an existing artifact `parity` checks, where it differs
     row: "TargetRow | None" = None   # its declaration (rows.py): name, suffix, precisions, options come from it
@@ -140,6 +163,35 @@ class Target(ABC):
         """What an artifact this target wrote says about itself (model, imgsz, precision, overrides, ...);
         string values may be JSON. {} when the artifact carries nothing."""
         return {}
+
+    def require(self, precision: str) -> None:
+        """Check, before any work, that what `precision` needs on this target is installed; raise VitedgeError
+        naming the extra."""
+
+    def read_weights(self, path: str | Path) -> StoredWeights | None:
+        """The weights the artifact at `path` stores, read from the file; None where they cannot be read outside
+        the runtime (`weights_unread` says why). An ONNX graph's (its row's `onnx_graph`) are read here."""
+        model = self.graph(path)
+        if model is None:
+            return None
+        from .graph.weights import onnx_stored_weights
+
+        return StoredWeights(onnx_stored_weights(model), graph=model)
+
+    def graph(self, path: str | Path, weights: bool = True):
+        """The artifact at `path` as an onnx.ModelProto, where it is an ONNX graph (its row's `onnx_graph`: checked
+        as a graph and localized per module by ONNX Runtime); None otherwise. `weights=False`: the graph without
+        its external data (counting nodes)."""
+        if self.row is None or not self.row.onnx_graph:
+            return None
+        import onnx
+
+        return onnx.load(str(path), load_external_data=weights)
+
+    def bundle_runner(self, path: str | Path) -> Runner:
+        """A runner of the artifact at `path` on the input an app feeds it (an image input's pixels 0-255, else the
+        normalized tensor), on every sample, here: `vitedge package` checks its bundle's golden vectors with it."""
+        raise UnavailableError(f"the {self.name} target makes no app bundle")
 
     @abstractmethod
     def lower(self, deploy_model: "nn.Module", spec: LowerSpec) -> Artifact:

@@ -21,6 +21,7 @@ from ..precisions import pick
 ONNX, TORCH = "onnx", "torch"  # what a target lowers: the simplified fp32 ONNX graph, or the torch deploy-form
 ANE = "ane"                    # a hop check: --require-ane (where CoreML runs the model)
 IOS_TARGETS = (16, 17, 18)     # coreml --ios values (declared with its row; targets/coreml/options.py checks them)
+DEFAULT_IOS = 16               # coreml's --ios when none is given
 INPUT_KINDS = ("tensor", "image")  # coreml --input values
 
 
@@ -66,6 +67,8 @@ class TargetRow:
     matrix_settings: tuple[str, ...] = ()  # plan settings that apply to its cells only
     per_arch: bool = False               # a plan's trt_arch list makes one cell per GPU architecture
     cache_pin: Callable | None = None    # (cell, versions) -> ({what the key pins}, why not cacheable | None)
+    bundle: str | None = None            # "module:function" making its app bundle (`vitedge package --target`),
+    #                                      called (model_or_name, out, **the package settings); None: no bundle
 
     @property
     def suffix(self) -> str:
@@ -125,6 +128,7 @@ COREML_ROW = TargetRow(
         Option("--ios", "minimum deployment target", type=int, choices=IOS_TARGETS),
         Option("--input", "input type (image: RGB pixels, normalization built in)", choices=INPUT_KINDS)),
     shared_options=("labels",), packages=("coremltools",), bench="coreml", aliases=("mlpackage", "ios"),
+    bundle="vitedge.exporter.packaging.package:package_coreml",
     devices=("iphone",), checks=(ANE,), ray_labels=_coreml_labels, matrix_settings=("coreml_mode",))
 
 
@@ -155,6 +159,7 @@ TENSORRT_ROW = TargetRow(
 
 EXECUTORCH_ROW = TargetRow(
     "executorch", "vitedge.targets.executorch.target:ExecuTorchTarget", suffixes=(".pte",),
+    bundle="vitedge.exporter.packaging.package_android:package_executorch",
     precisions=pick("fp32", "int8"), default_precision="fp32", source=TORCH, options=(
         Option("--executorch-backend", "delegate (default xnnpack; portable: ExecuTorch's own kernels, fp32 only)",
                choices=("xnnpack", "portable")),

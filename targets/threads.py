@@ -13,7 +13,7 @@ import contextlib
 import os
 import sys
 
-from .onnx.target import THREADS_ENV
+from .graph.runtime import THREADS_ENV
 
 _XNNPACK_POOL = "executorch.extension.pybindings.portable_lib"  # loaded only by the executorch target
 

@@ -11,7 +11,10 @@ moved into the rooms keep their old import path for one release (vitedge._MOVED:
 
 Imports are read from the source (AST), function-level ones included, so a lazy import cannot hide an arrow that
 points up. No module outside a target's own home compares anything with that target's name (`== "coreml"`, `in ("onnx",
-"tensorrt")`): what differs between targets is read from their rows (targets/rows.py).
+"tensorrt")`): what differs between targets is read from their rows (targets/rows.py). No module but precisions.py
+lists precision names or keys a dict by them: a per-precision number or fact lives in its row there. exporter/
+imports no backend (targets/coreml, targets/executorch, ...: only what the backends share, and the registry) and
+compares nothing with an artifact suffix: what it needs from a backend are its Target's hooks (targets/base.py).
 
 The checkers are also run on small planted trees, so a violation is known to fail.
 """
@@ -32,6 +35,11 @@ EXPORTER_GROUPS = ("core", "reparam", "onnx", "verdict", "quantize", "flow", "ti
                    "command_line")
 TARGETS_SHARED = ("base", "calibration", "labels", "graph", "rows")  # what targets/' backends share; the rest are backends
 TARGETS_ACROSS = ("threads",)  # above the backends: settings that span them all (the exporter's packaging uses it)
+TARGETS_REFERENCE = ("pytorch",)  # the torch runners of the train- and deploy-form: the ladder's reference, no backend
+# exporter/ reaches a backend only through the interface of targets/base.py and the registry (targets/__init__.py);
+# these modules still import one directly: the iPhone device bench (devicectl, CoreML only), whose hook is the
+# device-paths work's, still to come
+BACKEND_IMPORTS_LEFT = ("vitedge.exporter.timing.iphone", "vitedge.exporter.timing.device_bench")
 MAX_LINES = 400
 
 
@@ -198,6 +206,56 @@ def target_comparisons(files: list[Path], names, home) -> list[str]:
     return bad
 
 
+def backend_imports(graph: dict[str, set[str]], left: tuple = BACKEND_IMPORTS_LEFT) -> list[str]:
+    """Arrows from exporter/ into a backend of targets/ (anything but what the backends share and what spans them):
+    what the verdict, quantization, packaging and timing need from a backend goes through its Target's hooks."""
+    bad = []
+    for m in sorted(graph):
+        if not m.startswith(f"{PACKAGE}.exporter.") or m in left:
+            continue
+        for t in sorted(graph[m]):
+            s = room(t)
+            if s and s[0] == "targets" and s[1] not in TARGETS_SHARED + TARGETS_ACROSS + TARGETS_REFERENCE:
+                bad.append(f"{m} -> {t}: read the backend through its Target's hooks (targets/base.py)")
+    return bad
+
+
+def suffix_dispatch(files: list[Path], suffixes) -> list[str]:
+    """`path:line: suffix` for each comparison with, `endswith` of, or literal collection of an artifact suffix
+    (a target row's `.onnx`, `.pte`, ...): which backend an artifact belongs to is its target's to say."""
+    bad = []
+    for p in files:
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            found = []
+            if isinstance(node, ast.Compare):
+                for operand in [node.left, *node.comparators]:
+                    found += _names_in(operand, suffixes)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "endswith":
+                found += [n for a in node.args for n in _names_in(a, suffixes)]
+            elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                found += _names_in(node, suffixes)
+            where = p.relative_to(ROOT) if p.is_relative_to(ROOT) else p.name
+            bad += [f"{where}:{node.lineno}: {s}" for s in found]
+    return sorted(set(bad))
+
+
+def precision_copies(files: list[Path], names, table: Path = ROOT / "precisions.py") -> list[str]:
+    """`path:line: names` for each literal tuple / list / set of two or more strings, or dict with two or more
+    string keys, all precision (or tolerance profile) names, outside the table's own file: a per-precision fact kept
+    outside its row. A name among others (MIL's dtypes "fp32", "int8", ...) is another vocabulary, not a copy."""
+    bad = []
+    for p in files:
+        if p == table:
+            continue
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            listed = (node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set))
+                      else node.keys if isinstance(node, ast.Dict) else [])
+            if len(listed) >= 2 and all(isinstance(e, ast.Constant) and e.value in names for e in listed):
+                where = p.relative_to(ROOT) if p.is_relative_to(ROOT) else p.name
+                bad.append((str(where), node.lineno, ", ".join(e.value for e in listed)))
+    return [f"{w}:{line}: {names}" for w, line, names in sorted(bad)]
+
+
 def target_home(name: str, path: Path, root: Path = ROOT) -> bool:
     """A target's home: targets/<name>* (its package or loose modules) and the module its row's class lives in."""
     from vitedge.targets import row_of
@@ -242,6 +300,25 @@ def test_no_target_name_is_compared_outside_its_own_home():
     files = [p for p in package_modules().values() if p.relative_to(ROOT).parts[0] in ("exporter", "targets", "cli.py")]
     assert target_comparisons(files, tuple(TARGETS), target_home) == [], \
         "read what differs from the target's row (targets/rows.py) instead of naming the target"
+
+
+def test_exporter_reaches_backends_only_through_their_targets():
+    assert backend_imports(package_graph()) == []
+
+
+def test_exporter_never_dispatches_on_an_artifact_suffix():
+    from vitedge.targets import rows
+
+    suffixes = tuple({s for r in rows() for s in r.suffixes})
+    files = [p for p in package_modules().values() if p.relative_to(ROOT).parts[0] == "exporter"]
+    assert suffix_dispatch(files, suffixes) == [], "ask the artifact's target (targets.target_for_file, its hooks)"
+
+
+def test_no_precision_names_are_listed_or_keyed_outside_the_table():
+    from vitedge.precisions import NAMES, PROFILES
+
+    assert precision_copies(list(package_modules().values()), NAMES + tuple(PROFILES)) == [], \
+        "a per-precision fact belongs in its row of precisions.py; read the table (NAMES, TABLE[p].field) instead"
 
 
 def test_every_subpackage_is_packaged():
@@ -329,6 +406,31 @@ def test_a_target_name_comparison_is_caught(tmp_path):
     home = lambda n, p: p.relative_to(root).as_posix().startswith(f"targets/{n}")  # noqa: E731
     found = [line.split("/")[-1] for line in target_comparisons(files, ("onnx", "coreml", "tensorrt"), home)]
     assert found == ["a.py:2: coreml", "b.py:2: onnx", "b.py:2: tensorrt"]
+
+
+def test_a_backend_import_and_a_suffix_dispatch_are_caught(tmp_path):
+    graph = {"vitedge.exporter.verdict.a": {"vitedge.targets.coreml.mil_interpreter", "vitedge.targets.base",
+                                            "vitedge.targets.graph.weights", "vitedge.targets"},
+             "vitedge.exporter.timing.b": {"vitedge.targets.onnx.target"},
+             "vitedge.targets.threads": {"vitedge.targets.coreml.mil_interpreter"}}
+    assert [line.split(":")[0] for line in backend_imports(graph, left=())] == [
+        "vitedge.exporter.timing.b -> vitedge.targets.onnx.target",
+        "vitedge.exporter.verdict.a -> vitedge.targets.coreml.mil_interpreter"]
+    planted = tmp_path / "read.py"
+    planted.write_text('def f(p):\n    if p.suffix == ".onnx":\n        return 1\n    READERS = (".pte", ".zip")\n'
+                       '    return str(p).endswith(".mlpackage") or p.name == "model.onnx"\n')
+    assert suffix_dispatch([planted], (".onnx", ".pte", ".mlpackage")) == [
+        "read.py:2: .onnx", "read.py:4: .pte", "read.py:5: .mlpackage"]
+
+
+def test_a_precision_copy_is_caught(tmp_path):
+    planted = tmp_path / "plans.py"
+    planted.write_text('PRECISIONS = ("fp32", "fp16", "int8")\nOK = ("fp16", "bf16")\nONE = ("int8",)\n'
+                       'def f(p):\n    return p in {"w8", "w8a8"}\n'
+                       'K = {"int8": 32.0, "palette": 8.0}\nDTYPES = {"fp32": 4, "int32": 4}\nHOP = {"fp32": "x"}\n')
+    names = ("fp32", "fp16", "int8", "w8", "w8a8", "palette")
+    assert precision_copies([planted], names) == ["plans.py:1: fp32, fp16, int8", "plans.py:5: w8, w8a8",
+                                                  "plans.py:6: int8, palette"]
 
 
 def test_a_long_file_needs_its_reason(tmp_path):

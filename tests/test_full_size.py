@@ -16,7 +16,7 @@ import torch
 
 from vitedge.exporter.flow.pipeline import export
 from vitedge.exporter.reparam.forms import build_deploy_form, build_train_form
-from vitedge.exporter.verdict.criteria import NOISE_FLOOR, NOISE_K
+from vitedge.exporter.verdict.criteria import FLOAT32_RULE
 from vitedge.models import get_spec, list_models
 
 ONE_PER_FAMILY = ("swiftformer_xs", "slab_deit_tiny", "prepbn_deit_tiny", "slab_swin_tiny", "prepbn_swin_tiny",
@@ -76,7 +76,7 @@ def test_the_committed_full_exports_cover_every_model():
     assert sorted(rows) == sorted(list_models())
     for name, r in rows.items():
         assert r["exit_code"] == 0 and r["status"] == "passed", name
-        rule = r.get("rule") or {"noise_floor": NOISE_FLOOR, "noise_k": 8.0}
-        assert rule["noise_floor"] == NOISE_FLOOR and rule["noise_k"] <= NOISE_K, (name, rule)
+        rule = r.get("rule") or {"noise_floor": FLOAT32_RULE.floor, "noise_k": 8.0}
+        assert rule["noise_floor"] == FLOAT32_RULE.floor and rule["noise_k"] <= FLOAT32_RULE.k, (name, rule)
         ratios = [s["noise_ratio"] for hop in r["hops"].values() for s in hop["sets"].values()]
         assert len(ratios) >= 2 and max(ratios) <= 1 and all(h["status"] == "passed" for h in r["hops"].values()), name

@@ -18,7 +18,7 @@ from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, run_onnxs
 from vitedge.exporter.reparam import reparameterize
 from vitedge.models import create_model, make_trained_like
 from vitedge.targets.onnx.target import OnnxRuntimeRunner
-from vitedge.targets.onnx.fusions import fused_op_counts, lost_fusions
+from vitedge.targets.graph.fusions import fused_op_counts, lost_fusions
 
 SWIFT = dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10)
 # one small config per family: (name, overrides, imgsz)

@@ -123,7 +123,7 @@ def test_int8_graph_runs_every_gelu_in_int8_or_as_one_fused_kernel(name):
     """ONNX Runtime encoding: by default every GELU of the fp32 graph runs int8, as QLinearSigmoid + QLinearMul
     (x * sigmoid(1.702 x), the gain folded into the Sigmoid's input scale: no float Gelu, no Mul by 1.702 left);
     with gelu="exact" each runs as one fused float Gelu kernel. The TensorRT encoding keeps standard ONNX ops."""
-    from vitedge.targets.onnx.fusions import fused_op_counts
+    from vitedge.targets.graph.fusions import fused_op_counts
 
     fp32_gelus = fused_op_counts(tf.onnx_fp32(name)).get("Gelu", 0)
     q = quantized(name)

@@ -96,7 +96,7 @@ def add_reparam(sub) -> argparse.ArgumentParser:
 
 
 def add_bench(sub) -> argparse.ArgumentParser:
-    from vitedge.targets.coreml.options import INPUT_KINDS  # torch-free
+    from vitedge.targets.rows import INPUT_KINDS  # torch-free
 
     BACKENDS, DEFAULT_BACKENDS = bench_backends(), BENCH_DEFAULT  # no torch import while building the parser
     p = sub.add_parser("bench", help="latency per backend and size (or of an existing artifact): paired, "
@@ -160,16 +160,16 @@ def add_bench(sub) -> argparse.ArgumentParser:
 
 
 def add_package(sub) -> argparse.ArgumentParser:
-    from vitedge.exporter.packaging import BUNDLES  # torch-free
+    from vitedge.exporter.packaging import bundles  # torch-free
     from vitedge.precisions import NAMES
-    from vitedge.targets.coreml.options import DEFAULT_IOS, IOS_TARGETS
+    from vitedge.targets.rows import DEFAULT_IOS, IOS_TARGETS
 
     p = sub.add_parser("package", help="app-ready bundle (.zip): CoreML for iOS (image-input .mlpackage, Swift "
                                        "README) or ExecuTorch for Android (.pte, Kotlin README); golden vectors, manifest",
                        description="Export to CoreML (image input; classifier with --labels) or ExecuTorch, run the "
                                    "parity ladder and write a deterministic BUNDLE.zip. Exit 1 (nothing written) if a "
                                    "hop fails.")
-    p.add_argument("--target", choices=tuple(BUNDLES), default="coreml",
+    p.add_argument("--target", choices=tuple(bundles()), default="coreml",
                    help="coreml (default: iOS) or executorch (Android, and iOS through ExecuTorch)")
     p.add_argument("--model", help="model name (see `vitedge models`); optional with a --checkpoint that names its "
                                    "model (a transformers folder or hf-hub: repo with config.json, or timm:NAME)")

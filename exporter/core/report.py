@@ -75,12 +75,12 @@ class Tolerance:
     # rounded to fp16) in place of the float32 noise: error <= max(fp16_floor, fp16_k * that error).
     fp16_floor: float | None = None
     fp16_k: float | None = None
-    # and, over a set of at least FP16_MEDIAN_MIN_SAMPLES samples, the median of error / that error: a systematic
+    # and, over a set of at least MEDIAN_MIN_SAMPLES samples (precisions.py), the median of error / that error: a systematic
     # error moves most samples, where a correct artifact's median stays near 1
     fp16_median: float | None = None
     # Compressed kinds (int8, w8, palette4/6, w8a8): the same per-sample form with the error of an independent
     # emulation of the kind in torch (exporter/verdict/emulate.compressed_reference): error <= max(compressed_floor,
-    # compressed_k * that error), and over a set of at least FP16_MEDIAN_MIN_SAMPLES samples the median of error /
+    # compressed_k * that error), and over a set of at least MEDIAN_MIN_SAMPLES samples (precisions.py) the median of error /
     # that error within compressed_median: an artifact far beyond what a correct one of its kind does fails.
     compressed_floor: float | None = None
     compressed_k: float | None = None

@@ -19,7 +19,6 @@ import onnx
 import torch.nn as nn
 
 from ...errors import VitedgeError
-from ...precisions import TABLE as PRECISION_TABLE
 from ...models.registry import input_stats, recipe_of
 from ...targets.graph.metadata import read_metadata, set_metadata
 from ..core import outdir
@@ -83,10 +82,9 @@ def export(model=None, targets=None, *, progress: Progress | None = None, hub: H
     made = {"held": held, "preprocess": s.preprocess}  # how build_train_form makes the train-form
     plans = resolve_targets(s.targets or "onnx", s.precision, s.dynamic_batch, options, labels=labels, batch=s.batch)
     n_calib = check_flags(s.precision, s.calib, s.calib_images, s.images, labels)
-    if any(PRECISION_TABLE[p.precision].extra == "compress" for p in plans if p.precision in PRECISION_TABLE):
-        from ...targets.coreml.compress import require_kmeans
-
-        require_kmeans(s.precision)  # scikit-learn, the [compress] extra: before any work
+    for plan in plans:  # what each precision needs on its target (palette's scikit-learn): before any work
+        if plan.precision and plan.target is not None:
+            plan.target.require(plan.precision)
     if s.dynamic_batch and s.batch is not None:
         raise VitedgeError("--batch and --dynamic-batch exclude each other; drop one")
     if s.batch is not None and s.batch <= 0:

@@ -20,7 +20,7 @@ BENCH_WARMUP_S, BENCH_MIN_ITERS, BENCH_MAX_S = 0.3, 20, 2.0
 
 def configure_threads(threads: int) -> None:
     """Intra-op threads of this worker (torch and ONNX Runtime sessions), so workers x threads <= cores."""
-    from ...targets.onnx.target import THREADS_ENV
+    from ...targets.graph.runtime import THREADS_ENV
 
     os.environ[THREADS_ENV] = str(threads)
     import torch
@@ -84,7 +84,7 @@ def _latency(c: Cell, report, out: Path) -> dict:
     """p50 etc. of the cell's artifact on its own runtime; an emulated runtime is not a latency measurement."""
     from ...models.registry import get_spec
     from ...targets import Artifact, get_target
-    from ...targets.onnx.target import THREADS_ENV
+    from ...targets.graph.runtime import THREADS_ENV
     from ..verdict.inputs import parity_inputs
     from ..timing.latency import summarize, time_loop
     from ..core.target_plans import artifact_key

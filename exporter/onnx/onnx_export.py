@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 
 from ...errors import VitedgeError
-from ...targets.onnx.fusions import fused_op_counts, lost_fusions
+from ...targets.graph.fusions import fused_op_counts, lost_fusions
 from ...targets.graph.gelu import copy_model, restore_gelu_halves
 from .onnx_choice import (DEFAULT_EXPORTER, DEFAULT_OPSET, DYNAMO_OPSET, EXPORTERS, MIN_OPSET,  # noqa: F401
                           check_exporter, default_opset, exporter_label)
@@ -185,7 +185,7 @@ def simplify_keeping_fusions(model: onnx.ModelProto) -> tuple[onnx.ModelProto, d
 
     onnxsim computes the same function with fewer nodes, but a rewrite can hide a subgraph from ONNX Runtime's
     pattern-matching fusions (`targets.graph.gelu` has the measured case). So the fused ops of the raw and the
-    simplified graph are counted in ONNX Runtime's optimized form (`targets.onnx.fusions`); where the simplified
+    simplified graph are counted in ONNX Runtime's optimized form (`targets.graph.fusions`); where the simplified
     graph has fewer of a kind, a ladder runs, checking the counts again at every rung, and the first graph that
     keeps them all is returned:
       1. re-establish the patterns onnxsim broke (`restore_gelu_halves`: exact, bit for bit);

@@ -3,8 +3,10 @@
 """
 from __future__ import annotations
 
-from ...targets.rows import COREML_ROW, EXECUTORCH_ROW
+from ...targets import rows
 
-# `vitedge package --target`: target -> its bundle maker ("module:function" in this package, imported when used;
-# None: the CoreML bundle of package.py). Torch-free, so the command line's choices come from here.
-BUNDLES = {COREML_ROW.name: None, EXECUTORCH_ROW.name: ".package_android:package_executorch"}
+
+def bundles() -> dict[str, str]:
+    """`vitedge package --target`: target -> its bundle maker ("module:function", its row's `bundle`, imported when
+    used). Torch-free, so the command line's choices come from here."""
+    return {r.name: r.bundle for r in rows() if r.bundle}

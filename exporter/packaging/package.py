@@ -23,18 +23,19 @@ its contents, every computation on one thread: bundle.build_bundle).
 from __future__ import annotations
 
 import importlib
+import inspect
 from pathlib import Path
 
 import numpy as np
 
 from ...errors import VitedgeError
+from ...precisions import TABLE
 from ...models.preprocess import Recipe
 from ...models.registry import input_stats, recipe_of
 from ...targets import get_target
-from . import BUNDLES
-from ...targets.coreml.compress import KINDS
-from ...targets.coreml.options import parse_ios, read_labels
-from ...targets.coreml.runners import EmulatedCoreMLRunner
+from . import bundles
+from ...targets.labels import read_labels
+from ...targets.rows import COREML_ROW
 from .bundle import (GOLDEN_SAMPLES, GOLDEN_SEED, METRIC_DIGITS, ZIP_DATE, GoldenMismatch, PackageResult,  # noqa: F401
                      _json_bytes, _npy_bytes, _tree_files, build_bundle, check_bundle_out, finish_bundle,
                      golden_vectors, golden_verdict, write_deterministic_zip)
@@ -44,6 +45,7 @@ from ..verdict.parity import profile_for, tolerances as make_tolerances
 from ..flow.pipeline import export
 
 BUNDLE_FORMAT = "vitedge-coreml-bundle/1"
+KINDS = tuple(p for p in COREML_ROW.precisions if TABLE[p].compressed)  # the compressed kinds a package can hold
 
 
 # ------------------------------------------------------------------------------------------------ small helpers
@@ -65,19 +67,17 @@ def _compression_entry(info: dict | None) -> dict | None:
 
 def check_golden(mlpackage: Path, pixels_nhwc: np.ndarray, expected: np.ndarray, tolerance) -> dict:
     """Run the golden pixels through the emulated CoreML hop; metrics and verdict against `tolerance`."""
-    with EmulatedCoreMLRunner(mlpackage, max_samples=None) as runner:
-        y = runner.run_raw(pixels_nhwc.transpose(0, 3, 1, 2).astype(np.float32))
+    with get_target(COREML_ROW.name).bundle_runner(mlpackage) as runner:
+        y = runner.run(pixels_nhwc.transpose(0, 3, 1, 2).astype(np.float32))
     return golden_verdict(runner, y, expected, tolerance)
 
 
 # ------------------------------------------------------------------------------------------------ README
 
 def _compression_line(precision: str) -> str:
-    if precision == "fp16":
+    what = TABLE[precision].stored  # the precision row's wording ("" for a float precision)
+    if not what:
         return ""
-    what = {"w8": "8-bit linear weights", "palette4": "4-bit k-means palettized weights",
-            "palette6": "6-bit k-means palettized weights",
-            "w8a8": "8-bit weights and 8-bit activations"}[precision]
     return (f"\n- Compressed: {what} (`manifest.json` -> `compression`; its parity on natural images -> `parity`, "
             "and the golden vectors' tolerance is that profile's).")
 
@@ -174,27 +174,32 @@ def package(model=None, out: str | Path | None = None, *, ios: int | str | None 
     '.failed/' for inspection. `ios` None: 16, or what the precision needs (w8a8: 17, recorded in the manifest).
     `labels` (class names in index order) make the model a classifier; `images`, `preprocess` and `model` None are
     as for `export`. `exporter`: the ONNX exporter of the ladder's hub graph (the CoreML package itself is
-    converted from the deploy-form). `target` "executorch": the Android bundle instead
-    (exporter/packaging/package_android.py; `precision` fp32, default, or int8)."""
+    converted from the deploy-form). `target`: the target whose bundle is built (its row's `bundle`: coreml, the
+    default, for iOS; executorch for Android, exporter/packaging/package_android.py)."""
     s = ExportSettings.build(model, settings, "package")
     s.only(PACKAGE_SETTINGS, "package")
     if out is None:
         raise VitedgeError("vitedge package needs --out BUNDLE.zip (the bundle to write)")
+    makers = bundles()
     target = s.targets or "coreml"
-    if target not in BUNDLES:
-        raise VitedgeError(f"vitedge package --target must be {' or '.join(BUNDLES)}; got {target!r}")
+    if target not in makers:
+        raise VitedgeError(f"vitedge package --target must be {' or '.join(makers)}; got {target!r}")
     s = s.replace(targets=target, precision=s.precision or get_target(target).default_precision)
-    if BUNDLES[target] is not None:  # another target's bundle, in its own module
-        if ios is not None:
-            raise VitedgeError("--ios applies to --target coreml only; drop it for an ExecuTorch bundle")
-        module, func = BUNDLES[target].split(":")
-        return getattr(importlib.import_module(module, __package__), func)(s, out, progress=progress)
-    return _package_coreml(s, out, ios, progress)
+    module, func = makers[target].split(":")
+    maker = getattr(importlib.import_module(module), func)  # the target's bundle, in its own module
+    extra = {}
+    if ios is not None:
+        if "ios" not in inspect.signature(maker).parameters:
+            raise VitedgeError(f"--ios applies to --target coreml only; drop it for the {target} bundle")
+        extra["ios"] = ios
+    return maker(s, out, progress=progress, **extra)
 
 
-def _package_coreml(s: ExportSettings, out, ios, progress) -> PackageResult:
+def package_coreml(s: ExportSettings, out, *, progress=None, ios=None) -> PackageResult:
+    """Build the iOS bundle at `out` (a .zip): as `package`, for the coreml target (see the module doc)."""
     out = check_bundle_out(out, s.force)
-    ios = parse_ios(ios) if ios is not None else None
+    if ios is not None:
+        get_target(COREML_ROW.name).validate_options({"ios": ios})  # --ios before any work
     if s.precision not in ("fp16",) + KINDS:
         raise VitedgeError(f"vitedge package --precision must be one of fp16, {', '.join(KINDS)}; got {s.precision!r}")
     if s.labels is not None:

@@ -28,7 +28,6 @@ from ...models.preprocess import Recipe
 from ...models.registry import input_stats, recipe_of
 from ...targets import get_target
 from ...targets.rows import EXECUTORCH_ROW
-from ...targets.executorch.target import ExecuTorchRunner
 from ...targets.labels import read_labels
 from ..reparam.forms import build_train_form
 from ..core.settings import ExportSettings
@@ -63,7 +62,7 @@ def android_runtime(executorch: str | None) -> dict:
 def check_golden(pte: Path, pixels_nhwc: np.ndarray, expected: np.ndarray, recipe: Recipe, tolerance) -> dict:
     """Run the golden pixels, normalized by `recipe`, through the `.pte` here; metrics and verdict."""
     x = normalize_pixels(pixels_nhwc.transpose(0, 3, 1, 2), recipe.mean, recipe.std)
-    with ExecuTorchRunner(pte) as runner:
+    with get_target(EXECUTORCH_ROW.name).bundle_runner(pte) as runner:
         y = runner.run(x)
     return golden_verdict(runner, y, expected, tolerance)
 

@@ -14,12 +14,14 @@ run writes, the samples compressed hops are judged on, the hops, and the localiz
   records the bounds it was judged by. Each sample is also judged against an independent emulation of the kind
   (exporter/verdict/emulate.compressed_reference, the deploy-form compressed the kind's way in torch): an artifact far
   beyond what a correct one of its kind does on that sample fails (the compressed rule, parity.judge).
-- Localization of a failed hop: ONNX graphs by exporter/verdict/localize.localize_onnx with the profile's bounds (int8
-  quantization error per module stays within them on correct artifacts); CoreML packages on the torch side: the
-  compressed weights, decompressed by the MIL interpreter's own kernels from the saved package, are loaded into a
-  copy of the deploy-form, which is compared module by module with the deploy-form (localize_torch). That finds
-  a weight's error (a corrupted lookup table or scale, too coarse a palette); w8a8's activation quantization is
-  not modelled on the torch side, and the reason says so when the weights alone diverge nowhere.
+- Localization of a failed hop, by what the artifact's target gives (targets/base.py): an ONNX graph (`graph`) by
+  exporter/verdict/localize.localize_onnx with the profile's bounds (int8 quantization error per module stays within
+  them on correct artifacts); otherwise, where its reader gives weights to localize with (`read_weights`: a CoreML
+  package's compressed weights, decompressed by the MIL interpreter's own kernels from the saved package), on the
+  torch side: they are loaded into a copy of the deploy-form, which is compared module by module with the
+  deploy-form (localize_torch). That finds a weight's error (a corrupted lookup table or scale, too coarse a
+  palette); quantized activations (w8a8) are not modelled on the torch side, and the reason says so when the
+  weights alone diverge nowhere.
 """
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ import torch
 import torch.nn as nn
 
 from ...errors import VitedgeError
-from ...targets.base import Artifact, Runner, Target
+from ...precisions import TABLE
+from ...targets.base import Artifact, Runner, StoredWeights, Target
 from ...targets.calibration import Calibration
 from ...targets.graph.metadata import read_metadata, set_metadata
 from ...targets.graph.qdq import quantize_qdq
@@ -47,7 +50,7 @@ from ..verdict.inputs import ParitySet
 from ..verdict.localize import localize_onnx, localize_torch
 from ..verdict.parity import check_hop, ground_truth, unverified
 from ..core.progress import Progress
-from ..verdict.weight_check import judge_weights, package_weights
+from ..verdict.weight_check import judge_weights
 from ..core.report import Hop, Tolerance
 
 QDQ_FILES = {"onnxruntime": "{name}.int8.onnx", "tensorrt": "{name}.int8.tensorrt.onnx"}
@@ -158,29 +161,32 @@ def compressed_hop(hop_name: str, target: Target, artifact: Artifact, tol: Toler
         return unverified(hop_name, hop.backend, f"--mode {mode} requested, but {target.name} runs here in "
                                                  f"{hop.mode} mode only", tol)
     with progress.step(f"{hop_name} weights check"):
-        judge_weights(hop, deploy, artifact.path, artifact.precision)
+        judge_weights(hop, deploy, artifact.path, artifact.precision, target)
     if hop.status == "failed":
         with progress.step(f"localizing the {hop_name} divergence"):
-            localize(hop, artifact, deploy, judged.x[:LOCALIZE_SAMPLES], target.localization)
+            localize(hop, artifact, deploy, judged.x[:LOCALIZE_SAMPLES], target)
     return hop
 
 
 OUTPUTS_ONLY = "not localized: only the artifact's outputs are read here"
 
 
-def localize(hop: Hop, artifact: Artifact, deploy: nn.Module, x: np.ndarray, why_not: str | None = None) -> None:
-    """Name the first diverging module of a failed compressed hop in `hop` (see the module doc); for an artifact
-    read only by its outputs, say so (`why_not`: the target's own words, Target.localization)."""
-    path = Path(artifact.path)
+def localize(hop: Hop, artifact: Artifact, deploy: nn.Module, x: np.ndarray, target: Target) -> None:
+    """Name the first diverging module of a failed compressed hop in `hop` (see the module doc): an ONNX graph per
+    module, an artifact whose reader gives weights to localize with on the torch side; for an artifact read only by
+    its outputs, say so (the target's own words, Target.localization)."""
     try:
-        if path.suffix == ".onnx":
-            div = localize_onnx(onnx.load(str(path)), deploy, x, hop.tolerance)
+        graph = target.graph(artifact.path)
+        # a target that says why it is not localized is not read for weights to localize with
+        stored = None if graph is not None or target.localization else target.read_weights(artifact.path)
+        if graph is not None:
+            div = localize_onnx(graph, deploy, x, hop.tolerance)
             how = "ONNX Runtime per module"
-        elif path.suffix == ".mlpackage":
-            div = localize_package(deploy, path, x, hop.tolerance)
-            how = "the package's decompressed weights in the deploy-form, per module"
+        elif stored is not None and stored.localize:
+            div = localize_weights(deploy, stored, x, hop.tolerance)
+            how = "the artifact's decompressed weights in the deploy-form, per module"
         else:
-            hop.reason = f"{hop.reason}; {why_not or OUTPUTS_ONLY}"
+            hop.reason = f"{hop.reason}; {target.localization or OUTPUTS_ONLY}"
             return
     except Exception as e:  # a diagnosis aid: never mask the hop's own failure
         hop.reason = f"{hop.reason}; localization failed ({type(e).__name__}: {e})"
@@ -188,8 +194,8 @@ def localize(hop: Hop, artifact: Artifact, deploy: nn.Module, x: np.ndarray, why
     if div is not None:
         hop.diverging_module = div.module
         hop.reason = f"{hop.reason}; {div.describe()} ({how})"
-    elif path.suffix == ".mlpackage" and artifact.precision == "w8a8":
-        hop.reason = (f"{hop.reason}; with the package's decompressed weights no module diverges: the activation "
+    elif graph is None and TABLE[artifact.precision].calibrates:
+        hop.reason = (f"{hop.reason}; with the artifact's decompressed weights no module diverges: the activation "
                       "quantization (not modelled on the torch side) is where it goes wrong")
     else:
         hop.reason = f"{hop.reason}; no module's output diverges beyond the profile ({how}): accumulated error"
@@ -199,32 +205,26 @@ def _torch_key(name: str) -> str:
     return name.replace(".", "_")
 
 
-def localize_package(deploy: nn.Module, path: Path, x: np.ndarray, tol: Tolerance):
-    """First module whose output differs between the deploy-form and a copy of it holding the package's
-    decompressed weights (matched by name: the converter names a weight after its parameter,
-    `network.2.0.fc1.weight` -> `network_2_0_fc1_weight`). An image-input package carries 1/std folded into its
-    first conv (targets/coreml/convert.fold_input_std): the reference gets the same fold and both see x * std."""
-    import json
-
-    from ...targets.coreml.convert import fold_input_std
-    from ...targets.coreml.mil_interpreter import load_program
-
-    program = load_program(path)
+def localize_weights(deploy: nn.Module, stored: StoredWeights, x: np.ndarray, tol: Tolerance):
+    """First module whose output differs between the deploy-form and a copy of it holding the artifact's
+    decompressed weights (`stored.localize`, matched by name: the converter names a weight after its parameter,
+    `network.2.0.fc1.weight` -> `network_2_0_fc1_weight`). An artifact built from a changed deploy-form (an
+    image-input package's 1/std folded into its first conv: `stored.reference`) is compared with the same change,
+    both seeing x scaled as it scales its inputs (`stored.input_scale`)."""
     ref = copy.deepcopy(deploy).float().eval()
-    if program.input_kind == "image":
-        pre = json.loads(dict(program.spec.description.metadata.userDefined).get("preprocessing") or "{}")
-        std = pre["std"]
-        ref, _ = fold_input_std(ref, std, x.shape[-1])
-        x = (x * np.asarray(std, np.float32).reshape(1, -1, 1, 1)).astype(np.float32)
+    if stored.reference is not None:
+        ref = stored.reference(ref)
+        if stored.input_scale is not None:
+            x = (x * np.asarray(stored.input_scale, np.float32).reshape(1, -1, 1, 1)).astype(np.float32)
     cand = copy.deepcopy(ref)
     params = {_torch_key(n): p for n, p in cand.named_parameters()}
     matched = 0
     with torch.no_grad():
-        for key, value in package_weights(program).items():
+        for key, value in stored.localize.items():
             p = params.get(key)
             if p is not None and p.numel() == value.size:
                 p.copy_(torch.from_numpy(value.reshape(p.shape)))
                 matched += 1
     if matched == 0:
-        raise RuntimeError("no compressed weight of the package matches a deploy-form parameter by name")
+        raise RuntimeError("no compressed weight of the artifact matches a deploy-form parameter by name")
     return localize_torch(ref, cand, x, tol)

@@ -27,7 +27,7 @@ from ...errors import VitedgeError
 from ...targets import LowerSpec, row_of, rows, usable_target
 from ...targets.rows import ONNX
 from ...targets.base import Runner, UnavailableError
-from ...targets.onnx.target import OnnxRuntimeRunner
+from ...targets.graph.runtime import OnnxRuntimeRunner
 from ...targets.pytorch import TorchRunner
 from . import latency
 from ..core.settings import ExportSettings

@@ -32,7 +32,7 @@ from ...errors import VitedgeError
 from ...precisions import TABLE as PRECISION_TABLE
 from ...targets import Artifact, row_of, usable_target
 from ...targets.base import Runner, UnavailableError, sha256_file
-from ...targets.onnx.target import OnnxRuntimeRunner
+from ...targets.graph.runtime import OnnxRuntimeRunner
 from .bench import PARITY_SAMPLES, check_parity, check_settings, gate, machine_info, time_backends
 from .bench_report import BackendResult, BenchReport
 from ..verdict.classes import labels_of, predictions

@@ -27,44 +27,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# K: a correct fp32 export must fail less than once in 1000 at 5000 natural samples on every model of
-# benchmarks/results/false_failures.json (trained small fixtures and the full-size trained corpus; a generalized
-# Pareto fit to the tail of each correct artifact's per-sample ratio): the full-size SLAB-DeiT-T's 5000-sample estimate
-# was 8.5e-3 at K = 8, 5.8e-4 at K = 10 and 5.3e-5 at K = 12; on 20000 samples its tail is lighter, and at K = 12 the
-# fit's upper bound is below the target on every model. Its cost, from benchmarks/results/parity_noise.json: correct
-# hops of every family reach at most 0.25 of the allowance, a 1 % single-channel error is still caught in all 14
-# configs, 0.1 % in 11 of 14 (12 at K = 8). The floor, 2.5 float32 ulps of the sample's largest logit, only matters
-# where float32 reproduces float64 (almost) exactly (no sample of the trained corpus): no artifact that stores
-# float32 logits can be asked to be closer than that.
-NOISE_FLOOR = 3e-7
-NOISE_K = 12.0
-# fp16 artifacts (CoreML, ONNX fp16, TensorRT fp16): the same per-sample rule, with an independent fp16 computation
-# in place of the float32 one: the deploy-form with its weights and every module output rounded to float16
-# (parity.fp16_reference) shows how far fp16 storage of that model moves each sample. Chosen from correct and
-# planted-broken artifacts (benchmarks/fp16_verdicts.py, README "fp16 rule"): correct emulated CoreML and ONNX Runtime
-# fp16 artifacts reach at most 2.3x that error (median-raised, as for float32); every zeroed layer and sign-flipped
-# channel planted was caught. The floor is half an fp16 ulp of the sample's largest logit.
-FP16_FLOOR = 2.0 ** -11
-FP16_K = 4.0
-# Over a set of 8 samples or more, the median of error / reference error must also stay within 2: correct artifacts'
-# medians were 0.5-1.1; a mid-network channel x0 or x2 that no single sample shows beyond 4x moved it to 2.5-2.8.
-FP16_MEDIAN = 2.0
-FP16_MEDIAN_MIN_SAMPLES = 8
-# Compressed kinds: the same per-sample form against an independent emulation of the kind (exporter/verdict/emulate.py), so
-# that an artifact far beyond what a correct artifact of that kind does on that sample fails. Chosen from
-# benchmarks/compressed_verdicts.py and the 364 held-out digits (docs/quantization.md, "The compressed rule"): the
-# weight-only kinds' correct artifacts reached 1.6x their emulation's error; int8's reached 16.6x on one of 364 held-out
-# digits (median 1.1): samples whose activations leave the calibrated ranges are clipped by the artifact, not by the
-# emulation (which takes its ranges from the samples judged), so the kinds that quantize activations get a wide K and
-# the median rule carries their systematic errors. Finer changes to stored weights are the weights check's
-# (exporter/verdict/weight_check.py). The floor is half an fp16 ulp of the sample's largest logit, as for fp16.
-# The median bound per kind: int8's correct QDQ graphs of the full-size trained SLAB-DeiTs (12 and 6 blocks, photos
-# judged against calibration on other photos) reached a median of 2.5 and 2.1 times their emulation, so int8's is 4;
-# w8a8's correct package of the 6-block one reached 2.1 (the weight-only kinds at most 1.1), so w8a8's is 3. What
-# the wider bounds give up is caught by the weights check (benchmarks/results/compressed_verdicts.json).
-COMPRESSED_FLOOR = 2.0 ** -11
-COMPRESSED_K = {"int8": 32.0, "w8a8": 32.0, "w8": 8.0, "palette": 8.0}
-COMPRESSED_MEDIAN = {"int8": 4.0, "w8a8": 3.0, "w8": 2.0, "palette": 2.0}
+from ...precisions import TABLE
+
+# Each precision's floor, K and median bound, with the measurements that chose them, are its row of precisions.py.
+FLOAT32_RULE = TABLE["fp32"].profile.rule   # the noise rule: hops against float64 and localized module outputs
 
 
 def rows(a: np.ndarray) -> np.ndarray:
@@ -106,8 +72,8 @@ def allowances(noise: np.ndarray, floor: float, k: float) -> np.ndarray:
 @dataclass(frozen=True)
 class NoiseRule:
     """The per-sample rule `error <= max(floor, K * noise)`; used for logits and for module outputs alike."""
-    floor: float = NOISE_FLOOR
-    k: float = NOISE_K
+    floor: float = FLOAT32_RULE.floor
+    k: float = FLOAT32_RULE.k
 
     def allowance(self, noise: np.ndarray) -> np.ndarray:
         """Per-sample allowance from each sample's reference error `noise` (the samples given form one set):

@@ -25,12 +25,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ...precisions import CALIBRATED, COMPRESSED_NAMES
+from ...precisions import COMPRESSED_NAMES, TABLE, Emulation
 
-KINDS = COMPRESSED_NAMES
-PALETTE_ENTRIES = {"palette4": 16, "palette6": 64}
-ONNX_KINDS = ("int8",)           # computed in float32 around the int8 ops; the CoreML kinds compute in fp16
-ACTIVATION_KINDS = CALIBRATED
+KINDS = COMPRESSED_NAMES         # each kind's facts (what it stores, fp16 compute or not): its row's `emulation`
 IMAGE_CHANNELS = 4               # a group-1 conv reading <= 4 channels reads the image: int8 keeps it float
 KMEANS_ITERATIONS = 12
 BATCH = 32
@@ -47,22 +44,24 @@ def compressed_reference(model: nn.Module, x: np.ndarray, kind: str, batch: int 
     """`model` (the deploy-form) computed as a correct artifact of compressed `kind` would (see the module doc)."""
     if kind not in KINDS:
         raise ValueError(f"no emulation of compressed kind {kind!r}; one of {', '.join(KINDS)}")
+    e = TABLE[kind].emulation
     m = _copy(model)
-    fp16 = kind not in ONNX_KINDS
+    fp16 = e.fp16_compute
     with torch.no_grad():
         for mod in m.modules():
             if not isinstance(mod, (nn.Conv2d, nn.Conv1d, nn.Linear)):
                 continue
-            if kind == "int8" and isinstance(mod, nn.Conv2d) and mod.groups == 1 and mod.in_channels <= IMAGE_CHANNELS:
+            if (e.image_conv_float and isinstance(mod, nn.Conv2d) and mod.groups == 1
+                    and mod.in_channels <= IMAGE_CHANNELS):
                 continue
             mod.weight.copy_(stored_weight(mod.weight, kind))
     if fp16:
         _round_weights(m, lambda w: w.half().float())
     base = _half if fp16 else None
-    if kind not in ACTIVATION_KINDS:
+    if e.activations is None:
         return _forward(m, x, batch, output=base, input_fp16=fp16)
     ranges = _ranges(m, x, batch, base, fp16)
-    symmetric = kind == "w8a8"
+    symmetric = e.activations == "int8"
     return _forward(m, x, batch, output=lambda mod, y: _fake_quant(base(mod, y) if base else y, ranges.get(mod),
                                                                     symmetric), input_fp16=fp16)
 
@@ -72,25 +71,20 @@ def stored_weight(w: torch.Tensor, precision: str, min_scale: float = 0.0) -> to
     compressed kind: see the module doc), in float32. `min_scale`: the int8 quantizer's floor on a channel's scale
     (PT2E's XNNPACK quantizer: its observer's eps, 2^-12; none for the ONNX and CoreML kinds)."""
     w = w.detach().float()
-    if precision == "fp16":
+    e: Emulation = TABLE[precision].emulation
+    if e.weights == "fp16":
         return w.half().float()
-    if precision not in ONNX_KINDS and w.numel() < _coreml_threshold():
-        return w.half().float()
-    if precision in PALETTE_ENTRIES:
-        q = _palette(w, PALETTE_ENTRIES[precision])
+    if w.numel() < e.min_elements:  # too small to compress: stored as the rest is
+        return w.half().float() if e.fp16_compute else w
+    if e.weights == "palette":
+        q = _palette(w, 2 ** TABLE[precision].bits)
     else:  # a CoreML package stores its per-channel scales in float16 (constexpr_affine_dequantize on fp16 weights)
-        q = _int8_per_channel(w, torch.float32 if precision in ONNX_KINDS else torch.float16, min_scale)
-    return q if precision in ONNX_KINDS else q.half().float()
+        q = _int8_per_channel(w, torch.float16 if e.fp16_scales else torch.float32, min_scale)
+    return q.half().float() if e.fp16_compute else q
 
 
 def _copy(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model).float().eval()
-
-
-def _coreml_threshold() -> int:
-    from ...targets.coreml.compress import WEIGHT_THRESHOLD  # coremltools' default: smaller weights stay fp16
-
-    return WEIGHT_THRESHOLD
 
 
 def _round_weights(m: nn.Module, fn) -> None:

@@ -22,9 +22,10 @@ import torch
 import torch.nn as nn
 
 from ...models.registry import recipe_of
+from ...targets import target_for_file
 from ...targets.base import Artifact, Runner, Target, UnavailableError, sha256_file, size_bytes
 from ...targets.labels import read_labels
-from ...targets.onnx.target import OnnxRuntimeRunner
+from ...targets.graph.runtime import OnnxRuntimeRunner
 from ...targets.pytorch import deploy_form_runner
 from ...targets.rows import ANE
 from . import images as image_files, inputs as parity_inputs
@@ -258,9 +259,10 @@ class Ladder:
             return unverified(hop_name, hop.backend, _mode_mismatch(mode, target, hop.mode), tol)
         if artifact.precision == "fp16":
             with self.progress.step(f"{hop_name} weights check"):
-                judge_weights(hop, self.deploy, artifact.path, artifact.precision)
-        if Path(artifact.path).suffix == ".onnx" and hop.status in ("passed", "failed"):
-            self.check_onnx(hop, onnx.load(str(artifact.path)))
+                judge_weights(hop, self.deploy, artifact.path, artifact.precision, target)
+        graph = target.graph(artifact.path) if hop.status in ("passed", "failed") else None
+        if graph is not None:
+            self.check_onnx(hop, graph)
         elif hop.status == "failed" and target.localization:
             hop.reason = f"{hop.reason}; {target.localization}"
         return hop
@@ -365,8 +367,9 @@ def record_artifact(report: Report, hop_name: str, path: Path, precision: str, i
     """The report entry of an artifact: its path (relative to `root`, the build folder), sha256, size, precision,
     ONNX node counts and the target's facts."""
     path = Path(path)
-    if model is None and path.suffix == ".onnx":
-        model = onnx.load(str(path), load_external_data=False)
+    if model is None:  # an ONNX graph's node counts (its target says whether it is one)
+        target = target_for_file(path)
+        model = target.graph(path, weights=False) if target is not None else None
     report.artifacts[artifact_key(hop_name)] = ArtifactEntry(
         path=str(path.relative_to(root) if root is not None else path), sha256=sha256_file(path),
         bytes=size_bytes(path), precision=precision, nodes=node_counts(model) if model is not None else None,

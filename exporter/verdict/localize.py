@@ -274,7 +274,7 @@ def localize_onnx(onnx_model: onnx.ModelProto, deploy_model: nn.Module, x: np.nd
     (float32) by more than the hop's tolerance and the module's own float32 noise (vs a float64 copy). With
     `rule`, the parity noise rule instead: ONNX vs the deploy-form in float64, allowance from the deploy-form's
     float32 noise per module and sample."""
-    from ...targets.onnx.target import OnnxRuntimeRunner
+    from ...targets.graph.runtime import OnnxRuntimeRunner
 
     paths = {p for p, _ in deploy_model.named_modules() if p}
     mapping = module_outputs(onnx_model, paths, param_owners(deploy_model))

@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import numpy as np
 
+from ...precisions import EMULATED as COMPRESSED_ERROR, MEDIAN_MIN_SAMPLES
 from ..core.report import Metrics, Tolerance
-from .criteria import FP16_MEDIAN_MIN_SAMPLES, GroundTruth
+from .criteria import GroundTruth
 
 PSNR_CAP_DB = 300.0  # identical outputs (RMSE 0) report this instead of infinity
-COMPRESSED_ERROR = "emulated error"  # what a compressed hop's per-sample allowance is scaled from
 
 
 def _topk_sets(y: np.ndarray, k: int) -> np.ndarray:
@@ -56,9 +56,9 @@ def set_bounds(tolerance: Tolerance, truth: GroundTruth, idx: np.ndarray, what: 
     whichever is looser. Bounds fixed on two small models cannot hold for every model: a trained SimA-Nano's correct
     int8 graph misses them on photos because the kind itself does there (docs/quantization.md, "The compressed
     rule"). Only the profile's own `defaults` are loosened: a bound a user set with --tol stands as given. Other
-    profiles, sets under FP16_MEDIAN_MIN_SAMPLES samples, or no median bound: the fixed bounds."""
+    profiles, sets under MEDIAN_MIN_SAMPLES samples, or no median bound: the fixed bounds."""
     margin = tolerance.compressed_median
-    if what != COMPRESSED_ERROR or not margin or truth.yq is None or len(idx) < FP16_MEDIAN_MIN_SAMPLES:
+    if what != COMPRESSED_ERROR or not margin or truth.yq is None or len(idx) < MEDIAN_MIN_SAMPLES:
         return tolerance, {}
     mq = compute_metrics(truth.y64[idx], truth.yq[idx])
     loose = {"cosine": 1.0 - margin ** 2 * (1.0 - mq.cosine), "psnr_db": mq.psnr_db - 20 * math.log10(margin)}

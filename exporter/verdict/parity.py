@@ -16,45 +16,39 @@ from dataclasses import asdict, replace
 import numpy as np
 
 from ...errors import VitedgeError
-from ...precisions import PROFILE_OF, profile_for  # noqa: F401  (the precision table's; re-exported)
+from ...precisions import (EMULATED, FP16_ERROR, MEDIAN_MIN_SAMPLES, NOISE, PROFILE_OF, PROFILES,  # noqa: F401
+                           Profile, profile_for)  # PROFILE_OF, profile_for: the precision table's, re-exported
 from ...targets.base import Runner, pad_batch
-from .criteria import (COMPRESSED_FLOOR, COMPRESSED_K, COMPRESSED_MEDIAN, FP16_FLOOR, FP16_K, FP16_MEDIAN, FP16_MEDIAN_MIN_SAMPLES, NOISE_FLOOR, NOISE_K, GroundTruth,
-                       NoiseRule, accuracy, accuracy_delta, effective_noise, sample_errors)
+from .criteria import GroundTruth, NoiseRule, accuracy, accuracy_delta, effective_noise, sample_errors
 from .emulate import fp16_reference
 from .metrics import COMPRESSED_ERROR, PSNR_CAP_DB, compute_metrics, set_bounds  # noqa: F401  (re-exported)
 from ..core.report import Hop, Metrics, Tolerance, allowed_count
 
-# The documented defaults (README "Tolerances"); `--tol PROFILE.KEY=VALUE` overrides any of them.
-DEFAULT_TOLERANCES: dict[str, Tolerance] = {
-    "fp32": Tolerance("fp32", max_rel=1e-4, cosine=0.99999),
-    "fp16": Tolerance("fp16", cosine=0.999, psnr_db=35.0, top1_agreement=0.99),
-}
+# the Tolerance keys of each rule's floor, K and median bound (the noise rule has no median bound)
+RULE_KEYS = {NOISE: Tolerance.NOISE, FP16_ERROR: Tolerance.FP16, EMULATED: Tolerance.COMPRESSED}
+
+
+def _tolerance(profile: Profile, against_float64: bool) -> Tolerance:
+    """A profile row of precisions.py as the Tolerance it judges with: against the float32 train-form its metric
+    bounds alone; against float64 ground truth its per-sample rule too (and its bounds unless the row says not)."""
+    bounds = profile.bounds if profile.bounds_against_float64 or not against_float64 else {}
+    if not against_float64:
+        return Tolerance(profile.name, **bounds)
+    r = profile.rule
+    rule = dict(zip(RULE_KEYS[r.reference], (r.floor, r.k, r.median)))
+    return Tolerance(profile.name, **bounds, **rule)
+
+
+# The documented defaults (README "Tolerances"), one per profile of precisions.py; `--tol PROFILE.KEY=VALUE`
+# overrides any of them. Against the float32 train-form: the metric bounds only.
+DEFAULT_TOLERANCES: dict[str, Tolerance] = {n: _tolerance(p, False) for n, p in PROFILES.items()}
 # The defaults once hops are judged against float64 ground truth (GroundTruth given): fp32 by the per-sample noise
-# rule alone (docs/parity_criteria.md); fp16 by its metric thresholds, against float64, per input set, and by the
-# per-sample fp16 rule (an independent fp16 computation of the deploy-form sets each sample's allowance).
-FLOAT64_TOLERANCES: dict[str, Tolerance] = {
-    "fp32": Tolerance("fp32", noise_floor=NOISE_FLOOR, noise_k=NOISE_K),
-    "fp16": replace(DEFAULT_TOLERANCES["fp16"], fp16_floor=FP16_FLOOR, fp16_k=FP16_K, fp16_median=FP16_MEDIAN),
-}
-# Compressed artifacts (--precision int8 | w8 | palette4 | palette6 | w8a8), one profile per kind: judged against
-# float64 on natural images and a user's --images only (exporter/quantize/compressed.py), by the metric thresholds (no
-# float32 noise rule: the error is quantization, not float32 rounding), the accuracy drop where labels exist, and
-# the compressed rule: per sample against an independent emulation of the kind (exporter/verdict/emulate.py, K per kind
-# in criteria.COMPRESSED_K), so that an artifact far beyond what a correct one of its kind does on that sample fails.
-# Chosen from measurements on the trained reference fixtures (docs/quantization.md, "Parity profiles"): each bound
-# sits below the worst value a correct artifact of either family reached, and above what a corrupted scale or
-# lookup table, or a miscalibrated artifact, gives. top5_agreement (exact top-5 set equality) is reported, not
-# gated: near-tied tail classes swap under any quantization (0.72-0.98 measured on correct artifacts).
-COMPRESSED_TOLERANCES: dict[str, Tolerance] = {
-    "int8": Tolerance("int8", cosine=0.95, psnr_db=30.0, top1_agreement=0.9, accuracy_drop=0.005),
-    "w8": Tolerance("w8", cosine=0.999, psnr_db=45.0, top1_agreement=0.95, accuracy_drop=0.005),
-    "palette": Tolerance("palette", cosine=0.8, psnr_db=22.0, top1_agreement=0.7, accuracy_drop=0.02),
-    "w8a8": Tolerance("w8a8", cosine=0.97, psnr_db=32.0, top1_agreement=0.9, accuracy_drop=0.005),
-}
-DEFAULT_TOLERANCES.update(COMPRESSED_TOLERANCES)  # against the float32 train-form: the metric thresholds only
-COMPRESSED_TOLERANCES = {p: replace(t, compressed_floor=COMPRESSED_FLOOR, compressed_k=COMPRESSED_K[p],
-                                    compressed_median=COMPRESSED_MEDIAN[p]) for p, t in COMPRESSED_TOLERANCES.items()}
-FLOAT64_TOLERANCES.update(COMPRESSED_TOLERANCES)
+# rule alone (docs/parity_criteria.md); fp16 and the compressed kinds by their metric thresholds, against float64,
+# per input set, and their per-sample rule (an independent fp16 computation or emulation of the kind sets each
+# sample's allowance: exporter/verdict/emulate.py). Compressed kinds are judged on natural images and a user's
+# --images only (exporter/quantize/compressed.py), with the accuracy drop where labels exist.
+FLOAT64_TOLERANCES: dict[str, Tolerance] = {n: _tolerance(p, True) for n, p in PROFILES.items()}
+COMPRESSED_TOLERANCES: dict[str, Tolerance] = {n: t for n, t in FLOAT64_TOLERANCES.items() if t.compressed_rule()}
 TOL_KEYS = Tolerance.UPPER + Tolerance.LOWER + Tolerance.NOISE + Tolerance.FP16 + Tolerance.COMPRESSED + Tolerance.LABELLED
 
 
@@ -148,7 +142,6 @@ def sample_rule(tolerance: Tolerance, truth: GroundTruth) -> tuple[NoiseRule, np
     return None
 
 
-FP16_ERROR = "fp16 error"  # what a sample's allowance is scaled from (COMPRESSED_ERROR: metrics.py)
 MEDIANS = {FP16_ERROR: ("fp16_median", "fp16_median_ratio", "reference_fp16_error", "fp16 reference"),
            COMPRESSED_ERROR: ("compressed_median", "compressed_median_ratio", "reference_compressed_error",
                               "kind's emulation")}
@@ -189,7 +182,7 @@ def judge(truth: GroundTruth, out: np.ndarray, tolerance: Tolerance,
         median = None
         bound_key, median_key, ref_key, ref_name = MEDIANS.get(what, (None,) * 4)
         bound = getattr(tolerance, bound_key) if bound_key else None
-        if bound is not None and len(idx) >= FP16_MEDIAN_MIN_SAMPLES:
+        if bound is not None and len(idx) >= MEDIAN_MIN_SAMPLES:
             # each sample's error over its (floored) reference error: the rule's allowance at K = 1
             median = float(np.median(errors[idx] / replace(rule, k=1.0).allowance(noise[idx])))
             if not median <= bound:

@@ -113,7 +113,7 @@ class _TensorOf:
 
 def onnx_tensor(onnx_model: onnx.ModelProto, tensor: str, x: np.ndarray) -> np.ndarray:
     """The value of `tensor` in `onnx_model` on `x` (ONNX Runtime, CPU), float64."""
-    from ...targets.onnx.target import OnnxRuntimeRunner
+    from ...targets.graph.runtime import OnnxRuntimeRunner
 
     runner = OnnxRuntimeRunner(_with_outputs(onnx_model, [tensor]))
     try:

@@ -6,21 +6,19 @@ rule that correct artifacts pass. The weights show it. Each weight of the artifa
 parameter by name and shape (ONNX initializers keep the parameter's name, an int8 one with `_quantized`; CoreML consts
 carry it with `_` for `.` and suffixes such as `_to_fp16`, `_quantized`, `_palettized`) or, in an ExecuTorch program
 whose XNNPACK graphs carry no names, by shape and values (`by_nearest`: the same-shape parameter it is nearest to)
-is read back from the saved file (fp16 initializers, int8 initializers through their DequantizeLinear scales, the
-package's weight.bin through the MIL interpreter's own kernels, a .pte's XNNPACK filters through their per-channel
-scales: targets/executorch/weights.py) and each output channel's deviation from the deploy-form's float32 values,
-||w_art - w||_c, is compared with what a correct artifact of that precision does to that channel: the precision's
+is read back from the saved file by the artifact's target (Target.read_weights: fp16 initializers, int8
+initializers through their DequantizeLinear scales, the package's weight.bin through the MIL interpreter's own
+kernels, a .pte's XNNPACK filters through their per-channel scales) and each output channel's deviation from the
+deploy-form's float32 values, ||w_art - w||_c, is compared with what a correct artifact of that precision does to that channel: the precision's
 emulation (exporter/verdict/emulate: fp16 rounding, int8 per channel, with PT2E's 2^-12 scale floor for a .pte, a
 k-means palette) gives ||w_emul - w||_c. A channel fails when its deviation exceeds max(WEIGHT_FLOOR x ||w||_c,
-WEIGHT_K x that, raised to the tensor's median): K and the floor from benchmarks/fp16_verdicts.py and benchmarks/compressed_verdicts.py (README "Weights check").
+K x that, raised to the tensor's median), K the precision's `weight_k` (precisions.py, with its reasons).
 
 Weights that map to no parameter (a converter's fused or renamed constants) are counted, not judged; an artifact
 none of whose weights maps is `not run`, saying so (unverified under --require-verified).
 """
 from __future__ import annotations
 
-import copy
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,19 +26,14 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ...precisions import TABLE
+from ...precisions import HALF_ULP, TABLE
+from ...targets import target_for_file
+from ...targets.base import StoredWeights, Target
+from ...targets.graph.weights import onnx_stored_weights
 from .criteria import NoiseRule
 from .emulate import stored_weight
 
-# correct artifacts' channels: fp16 and the int8 kinds exactly the emulation's rounding (ratio 1, 1.6 for a near-dead
-# channel's fp16 scale); palettes up to 1.16x (coremltools' k-means against the emulation's), so K = 2 there: a x1.1
-# tensor moves by 0.1 ||w||, 2x a 6-bit palette's own error; a x1.1 channel is 20-400x an fp16 or int8 channel's
-WEIGHT_K = {"fp16": 4.0, "int8": 4.0, "w8": 4.0, "w8a8": 4.0, "palette4": 2.0, "palette6": 2.0}
-WEIGHT_FLOOR = 2.0 ** -11      # relative to the channel's norm: half an fp16 ulp
-# a palette's lookup table serves a whole tensor (iOS 16-17) or 16 channels (iOS 18), and another k-means lands its
-# centres elsewhere: its channels are judged together
-PER_TENSOR = tuple(n for n, p in TABLE.items() if p.tolerance_profile == "palette")
-READERS = (".onnx", ".mlpackage", ".pte")
+WEIGHT_FLOOR = HALF_ULP      # relative to the channel's norm: half an fp16 ulp
 SUFFIXES = ("_palettized", "_quantized", "_dequantized", "_to_fp16", "_fp16")
 
 
@@ -68,18 +61,20 @@ class WeightCheck:
                 f"({w['allowance']:.3g}; {len(self.failing)} channel(s) of {self.checked} weights beyond it)")
 
 
-def judge_weights(hop, deploy: nn.Module, path: str | Path, precision: str) -> None:
+def judge_weights(hop, deploy: nn.Module, path: str | Path, precision: str, target: Target | None = None) -> None:
     """After an fp16 or compressed artifact's hop that ran: its weights check in `hop.weights`; a failed check fails
-    the hop, one that raised leaves a passed hop unverified (a check that raised is never a pass)."""
-    if hop.status not in ("passed", "failed") or precision not in WEIGHT_K:
+    the hop, one that raised leaves a passed hop unverified (a check that raised is never a pass). `target`: the
+    artifact's (default: the one whose row names its suffix), whose reader reads the stored weights."""
+    if hop.status not in ("passed", "failed") or TABLE.get(precision) is None or TABLE[precision].weight_k is None:
         return
-    if Path(path).suffix not in READERS:  # a TensorRT engine: its weights are not readable outside TensorRT
-        hop.weights = {"status": "not applicable", "why": f"the stored weights of a {Path(path).suffix} artifact "
-                                                          "are not read (ONNX graphs, CoreML packages and "
-                                                          "ExecuTorch programs are)"}
-        return
+    target = target or target_for_file(path)
     try:
-        check = check_weights(deploy, path, precision)
+        stored = target.read_weights(path) if target is not None else None
+        if stored is None:  # a TensorRT engine: its weights are not readable outside TensorRT
+            why = target.weights_unread if target is not None else "no target reads this artifact's weights"
+            hop.weights = {"status": "not applicable", "why": f"{Path(path).name}: {why}"}
+            return
+        check = check_weights(deploy, path, precision, target, stored)
     except Exception as e:
         why = f"{type(e).__name__}: {e}"
         hop.weights = {"status": "error", "why": why}
@@ -93,12 +88,22 @@ def judge_weights(hop, deploy: nn.Module, path: str | Path, precision: str) -> N
         hop.status = "failed"
 
 
-def check_weights(deploy: nn.Module, path: str | Path, precision: str) -> WeightCheck:
-    """Judge the weights stored in the artifact at `path` (precision fp16 or a compressed kind) against `deploy`."""
+def check_weights(deploy: nn.Module, path: str | Path, precision: str, target: Target | None = None,
+                  read: StoredWeights | None = None) -> WeightCheck:
+    """Judge the weights stored in the artifact at `path` (precision fp16 or a compressed kind) against `deploy`,
+    read by `target`'s reader (default: the target whose row names the suffix; `read`: what it already read)."""
     path = Path(path)
-    stored, min_scale = read_stored(path, deploy, precision)
-    params = reference_params(deploy, path)
-    k = WEIGHT_K[precision]
+    if read is None:
+        target = target or target_for_file(path)
+        read = target.read_weights(path) if target is not None else None
+        if read is None:
+            raise ValueError(f"{path.name}: {target.weights_unread if target else 'no target reads its weights'}")
+    stored, min_scale = read_stored(read, deploy, precision)
+    params = reference_params(deploy, read)
+    k = TABLE[precision].weight_k
+    # a palette's lookup table serves a whole tensor (iOS 16-17) or 16 channels (iOS 18), and another k-means lands
+    # its centres elsewhere: its channels are judged together
+    per_tensor = TABLE[precision].palette
     check = WeightCheck("passed")
     for name, value in stored.items():
         p = params.get(_key(name))
@@ -106,7 +111,7 @@ def check_weights(deploy: nn.Module, path: str | Path, precision: str) -> Weight
         if value is None:
             check.unmatched += 1
             continue
-        rows = 1 if precision in PER_TENSOR or p.shape[0] == 1 else p.shape[0]  # (1, ...): a table, not channels
+        rows = 1 if per_tensor or p.shape[0] == 1 else p.shape[0]  # (1, ...): a table, not channels
         w = p.detach().double().reshape(rows, -1)
         art = torch.as_tensor(value).reshape(w.shape)
         emul = stored_weight(p.detach().float(), precision, min_scale).double().reshape(w.shape)
@@ -131,22 +136,19 @@ def check_weights(deploy: nn.Module, path: str | Path, precision: str) -> Weight
     return check
 
 
-def read_stored(path: Path, deploy: nn.Module, precision: str) -> tuple[dict[str, np.ndarray], float]:
-    """({name: float32 value} of the weights the artifact at `path` stores, named by the deploy-form parameter they
-    store where the file carries no names (an ExecuTorch program: `by_nearest`, against each parameter as
-    `precision` stores it); the floor its int8 quantizer puts on a channel's scale, for the emulation (PT2E's
-    observer eps; none for ONNX and CoreML))."""
-    if path.suffix == ".onnx":
-        return onnx_weights(path, deploy), 0.0
-    if path.suffix == ".mlpackage":
-        return package_weights_all(path), 0.0
-    from ...targets.executorch.quantize import weight_scale_floor
-    from ...targets.executorch.weights import pte_weights
-
-    floor = weight_scale_floor()
+def read_stored(read: StoredWeights, deploy: nn.Module, precision: str) -> tuple[dict[str, np.ndarray], float]:
+    """({name: float32 value} of the weights the artifact stores (`read`: its target's reader), named by the
+    deploy-form parameter they store where the file carries no names (an ExecuTorch program: `by_nearest`, against
+    each parameter as `precision` stores it) or, in an ONNX graph, by their module's scope; the floor its int8
+    quantizer puts on a channel's scale, for the emulation (PT2E's observer eps; none for ONNX and CoreML))."""
+    if read.graph is not None:
+        return _named_by_scope(read.graph, read.values, deploy), read.scale_floor
+    if read.named:
+        return read.values, read.scale_floor
+    floor = read.scale_floor
     expected = {n: stored_weight(p, precision, floor).double().numpy() for n, p in deploy.named_parameters()
                 if p.dim() >= 2}
-    return by_nearest(pte_weights(path), expected), floor
+    return by_nearest(read.values, expected), floor
 
 
 def by_nearest(stored: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -198,19 +200,10 @@ def _key(name: str) -> str:
     return name.replace(".", "_")
 
 
-def reference_params(deploy: nn.Module, path: Path) -> dict[str, torch.Tensor]:
+def reference_params(deploy: nn.Module, read: StoredWeights) -> dict[str, torch.Tensor]:
     """{parameter name with `_` for `.`: tensor} of the deploy-form as the artifact was built from it (an image-input
-    package carries 1/std folded into its first conv: the reference gets the same fold)."""
-    ref = deploy
-    if path.suffix == ".mlpackage":
-        from ...targets.coreml.convert import fold_input_std
-        from ...targets.coreml.mil_interpreter import load_program
-
-        program = load_program(path)
-        if program.input_kind == "image":
-            pre = json.loads(dict(program.spec.description.metadata.userDefined).get("preprocessing") or "{}")
-            imgsz = int(next(iter(program.inputs.values()))[1][-1])
-            ref, _ = fold_input_std(copy.deepcopy(deploy).float().eval(), pre["std"], imgsz)
+    package carries 1/std folded into its first conv: the reference gets the same fold, `read.reference`)."""
+    ref = read.reference(deploy) if read.reference is not None else deploy
     return {_key(n): p for n, p in ref.named_parameters()}
 
 
@@ -220,10 +213,9 @@ def onnx_weights(path: Path, deploy: nn.Module | None = None) -> dict[str, np.nd
     transposed `onnx::MatMul_N`) is keyed by the parameter of the module its MatMul / Gemm belongs to, transposed
     back to (out, in)."""
     import onnx
-    from onnx import numpy_helper
 
     model = onnx.load(str(path))
-    out = _stored_onnx(model, onnx, numpy_helper)
+    out = onnx_stored_weights(model)
     return out if deploy is None else _named_by_scope(model, out, deploy)
 
 
@@ -250,63 +242,3 @@ def _named_by_scope(model, stored: dict[str, np.ndarray], deploy: nn.Module) -> 
     renamed = {name: value for name, value in stored.items() if name not in out}
     renamed.update({param: value for param, value in out.values()})
     return renamed
-
-
-def _stored_onnx(model, onnx, numpy_helper) -> dict[str, np.ndarray]:
-    inits = {i.name: i for i in model.graph.initializer}
-    out = {}
-    for i in model.graph.initializer:
-        if i.data_type == onnx.TensorProto.FLOAT16 and len(i.dims) >= 2:
-            out[i.name] = numpy_helper.to_array(i).astype(np.float32)
-    for n in model.graph.node:
-        if n.op_type != "DequantizeLinear" or n.input[0] not in inits or len(inits[n.input[0]].dims) < 2:
-            continue
-        q = numpy_helper.to_array(inits[n.input[0]]).astype(np.float64)
-        if n.input[1] not in inits:
-            continue
-        scale = numpy_helper.to_array(inits[n.input[1]]).astype(np.float64)
-        zero = (numpy_helper.to_array(inits[n.input[2]]).astype(np.float64)
-                if len(n.input) > 2 and n.input[2] in inits else np.zeros_like(scale))
-        axis = next((a.i for a in n.attribute if a.name == "axis"), 1)
-        shape = [1] * q.ndim
-        if scale.size > 1:
-            shape[axis] = scale.size
-        out[n.input[0]] = ((q - zero.reshape(shape)) * scale.reshape(shape)).astype(np.float32)
-    return out
-
-
-def _arg(binding, env: dict):
-    if isinstance(binding, list):
-        return [_arg(b, env) for b in binding]
-    kind, v = binding
-    return env[v] if kind == "var" else v
-
-
-def package_weights(program) -> dict[str, np.ndarray]:
-    """{MIL weight name without its compression suffixes: decompressed float32 value} for every compressed weight
-    of a loaded package program, computed by the interpreter's kernels from the bytes on disk."""
-    from ...targets.coreml.mil_ops import OPS, OpArgs
-
-    out = {}
-    for o in program.ops:
-        if not o.type.startswith("constexpr_"):
-            continue
-        args = OpArgs(o.type, o.name, {k: _arg(b, program.consts) for k, b in o.inputs.items()},
-                      [dt for _, dt in o.outputs])
-        name = o.outputs[0][0]
-        for suffix in ("_palettized", "_quantized", "_dequantized", "_to_fp16"):
-            name = name.removesuffix(suffix)
-        out[name] = np.asarray(OPS[o.type](args)[0], np.float32)
-    return out
-
-
-def package_weights_all(path: Path) -> dict[str, np.ndarray]:
-    """{MIL name: float32 value} of every float const of rank >= 2 and every compressed weight (decompressed by the
-    interpreter's kernels) of the saved package."""
-    from ...targets.coreml.mil_interpreter import load_program
-
-    program = load_program(path)
-    out = {name: np.asarray(v, np.float32) for name, v in program.consts.items()
-           if isinstance(v, np.ndarray) and v.ndim >= 2 and np.issubdtype(v.dtype, np.floating)}
-    out.update(package_weights(program))
-    return out

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import VitedgeError
-from ...precisions import COMPRESSED_NAMES, WEIGHT_ONLY as WEIGHT_ONLY_NAMES
+from ...precisions import COMPRESSED_NAMES, TABLE, WEIGHT_ONLY as WEIGHT_ONLY_NAMES
 from ..rows import COREML_ROW
 from ..calibration import calibration_record
 from .convert import _no_progress_bars
@@ -40,11 +40,13 @@ from .mlpackage import load_program_spec, make_package_deterministic
 
 KINDS = tuple(p for p in COREML_ROW.precisions if p in COMPRESSED_NAMES)  # the compressed kinds coreml offers
 WEIGHT_ONLY = tuple(k for k in KINDS if k in WEIGHT_ONLY_NAMES)
-MIN_IOS = {"w8": 16, "palette4": 16, "palette6": 16, "w8a8": 17}
-PALETTE_BITS = {"palette4": 4, "palette6": 6}
+# the iOS each kind needs: weight compression (constexpr_* ops) iOS 16; quantized activations (activation
+# quantize/dequantize ops) iOS 17
+MIN_IOS = {k: 17 if TABLE[k].calibrates else 16 for k in KINDS}
+PALETTE_BITS = {k: TABLE[k].bits for k in KINDS if TABLE[k].palette}  # the precision rows' bits
 GROUPED_PALETTE_IOS = 18       # per_grouped_channel palettization needs the iOS 18 constexpr_lut_to_dense
 PALETTE_GROUP = 16             # output channels sharing one LUT on iOS 18
-WEIGHT_THRESHOLD = 2048        # coremltools' default: smaller weights stay fp16
+WEIGHT_THRESHOLD = max(TABLE[k].emulation.min_elements for k in KINDS)  # the rows': smaller weights stay fp16
 _SPEC_TO_IOS = {7: 16, 8: 17, 9: 18}
 ACTIVATION_FLOAT_OPS = ("add",)  # residual adds keep float activations (see docs/quantization_spike.md)
 _FLOAT = ("fp16", "fp32", "fp64")  # MIL float dtypes

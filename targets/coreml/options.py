@@ -9,9 +9,7 @@ from dataclasses import dataclass
 
 from ...errors import VitedgeError
 from ..labels import read_labels  # noqa: F401  (one reader for every target; re-exported)
-from ..rows import INPUT_KINDS, IOS_TARGETS  # noqa: F401  (declared with the target's row)
-
-DEFAULT_IOS = 16
+from ..rows import DEFAULT_IOS, INPUT_KINDS, IOS_TARGETS  # noqa: F401  (declared with the target's row)
 
 
 @dataclass

@@ -18,15 +18,23 @@ from pathlib import Path
 import torch.nn as nn
 
 from ...errors import VitedgeError
-from ..base import Artifact, LowerSpec, Runner, Target, UnavailableError, reraise_interrupt
+from ..base import Artifact, LowerSpec, Runner, StoredWeights, Target, UnavailableError, reraise_interrupt
 from ..rows import COREML_ROW
-from .compress import KINDS, MIN_IOS, compress_package
+from .compress import KINDS, MIN_IOS, compress_package, require_kmeans
 from .convert import convert, input_channels, num_classes
 from .mil_interpreter import quiet_coremltools
 from .mlpackage import read_metadata
+from .weights import read_package
 from .options import DEFAULT_IOS, check_input, parse_ios, parse_options
 from .framework import CoreMLFramework, coreml_framework_status
 from .runners import DEFAULT_EMULATED_SAMPLES, DEVICE_COMPUTE_UNITS, DeviceCoreMLRunner, EmulatedCoreMLRunner, _pixels
+
+
+class PackageRunner(EmulatedCoreMLRunner):
+    """The emulated package on the input an app feeds it (pixels 0-255 for an image input)."""
+
+    def run(self, x):
+        return self.run_raw(x)
 
 
 class CoreMLTarget(Target):
@@ -52,6 +60,15 @@ class CoreMLTarget(Target):
         if self.framework is not None:  # an injected framework stands in for CoreML.framework on "darwin"
             return (True, None) if system == "darwin" else (False, "CoreML predictions need macOS")
         return coreml_framework_status(system)
+
+    def require(self, precision: str) -> None:
+        require_kmeans(precision)  # palette4/6: scikit-learn, the [compress] extra
+
+    def read_weights(self, path) -> StoredWeights:
+        return read_package(path)
+
+    def bundle_runner(self, path) -> Runner:
+        return PackageRunner(Path(path), max_samples=None)
 
     def validate_options(self, options: dict) -> None:
         """Check --ios/--input/--labels before any work (the label count is checked against the model later)."""

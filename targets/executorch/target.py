@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 
 from ...errors import VitedgeError
-from ..base import Artifact, LowerSpec, Runner, Target, UnavailableError, pad_batch, reraise_interrupt
+from ..base import Artifact, LowerSpec, Runner, StoredWeights, Target, UnavailableError, pad_batch, reraise_interrupt
 from ..rows import EXECUTORCH_ROW
 from .delegable import GATE_RTOL, gate, make_delegable
 
@@ -228,6 +228,17 @@ class ExecuTorchTarget(Target):
         path = Path(spec.out_dir) / f"{stem}{self.suffix}"
         path.write_bytes(buffer)
         return Artifact(self.name, path, spec.precision, info=info)
+
+    def bundle_runner(self, path) -> Runner:
+        return ExecuTorchRunner(Path(path))
+
+    def read_weights(self, path) -> StoredWeights:
+        """A .pte's XNNPACK filters through their per-channel scales (weights.py): unnamed, matched by values; PT2E's
+        scale floor for the emulation."""
+        from .quantize import weight_scale_floor
+        from .weights import pte_weights
+
+        return StoredWeights(pte_weights(path), named=False, scale_floor=weight_scale_floor())
 
     def runner(self, artifact: Artifact, mode: str | None = None, **kw) -> Runner:
         if mode not in (None, "device"):

@@ -14,76 +14,12 @@ from ..rows import ONNX_ROW
 from ..graph.metadata import read_metadata, set_metadata
 from ..graph.onnx_fp16 import convert_onnx_fp16
 from ..graph.precision import default_policy
-
-THREADS_ENV = "VITEDGE_THREADS"  # default intra-op threads of sessions not given `threads` (set by matrix workers)
-_NP_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}
-
-
-class OnnxRuntimeRunner(Runner):
-    """ONNX Runtime (CPU execution provider unless told otherwise) on a file, bytes or a ModelProto.
-
-    `threads`: intra-op threads (0 = ONNX Runtime's default, every core). `spinning`: whether idle intra-op
-    workers busy-wait for the next op (ONNX Runtime's default, None, is yes). Every session owns its pool, so
-    when several multi-thread sessions take turns in one process (two models in an app, a benchmark
-    alternating variants) the spinning workers of one compete with the next for the cores; turning spinning
-    off steadies them (measured figures: README "vitedge bench" and benchmarks/README.md).
-    `threads=None` reads $VITEDGE_THREADS (0 when unset), so that processes running side by side (the
-    `vitedge matrix` workers) keep workers x threads within the cores."""
-    mode = "device"
-
-    def __init__(self, model: str | Path | bytes | onnx.ModelProto, providers: list[str] | None = None,
-                 threads: int | None = None, spinning: bool | None = None):
-        try:
-            import onnxruntime as ort
-        except ImportError as e:  # pragma: no cover - onnxruntime is a dependency
-            reraise_interrupt(e)
-            raise UnavailableError(f"onnxruntime is not installed ({e}); pip install onnxruntime") from e
-        if isinstance(model, onnx.ModelProto):
-            model = model.SerializeToString()
-        elif isinstance(model, Path):
-            model = str(model)
-        if threads is None:
-            threads = int(os.environ.get(THREADS_ENV) or 0)
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.log_severity_level = 3
-        if spinning is not None:
-            opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-        self.threads, self.spinning = threads, spinning
-        self.session = ort.InferenceSession(model, opts, providers=providers or ["CPUExecutionProvider"])
-        self.input = self.session.get_inputs()[0]
-        self.in_dtype = _NP_TYPES.get(self.input.type, np.float32)
-        self.backend = f"onnxruntime {ort.__version__} ({self.session.get_providers()[0]})"
-        if spinning is False:
-            self.backend += ", no spinning"
-
-    def run(self, x: np.ndarray) -> np.ndarray:
-        y = self.session.run(None, {self.input.name: x.astype(self.in_dtype, copy=False)})[0]
-        return y.astype(np.float32, copy=False)
-
-    def run_all(self, x: np.ndarray) -> dict[str, np.ndarray]:
-        """Every graph output by name (localization adds intermediate tensors as outputs)."""
-        names = [o.name for o in self.session.get_outputs()]
-        return dict(zip(names, self.session.run(names, {self.input.name: x.astype(self.in_dtype, copy=False)})))
-
-    def max_batch(self) -> int | None:
-        b = self.input.shape[0]
-        return b if isinstance(b, int) else None
-
-    def info(self) -> dict:
-        if self.session is None:
-            return {}
-        return {"providers": self.session.get_providers(), "intra_op_threads": self.threads,
-                "spinning": {None: "default", True: "on", False: "off"}[self.spinning]}
-
-    def close(self) -> None:
-        self.session = None  # the session owns its thread pool and arena: freed with it
-
+from ..graph.runtime import THREADS_ENV, OnnxRuntimeRunner  # noqa: F401  (the hub graph's runtime, shared)
 
 class OnnxTarget(Target):
     row = ONNX_ROW
     # The fp32 artifact IS the pipeline's simplified hub graph, whose hop is "onnx-simplified".
-    hop_names = {"fp32": "onnx-simplified", "fp16": "onnx-fp16", "int8": "onnx-int8"}
+    hop_names = {p: f"onnx-{p}" for p in ONNX_ROW.precisions} | {"fp32": "onnx-simplified"}
     existing_hop_names = {"fp32": "onnx"}  # `parity --artifact X.onnx`: the graph as given, simplified or not
     qdq_encoding = "onnxruntime"
 
