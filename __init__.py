@@ -18,7 +18,7 @@ _API = {
     "VitedgeError": "vitedge.errors",
     "CheckpointError": "vitedge.errors",
     "make_trained_like": "vitedge.models.trained_like",
-    "load_checkpoint": "vitedge.models.checkpoint",
+    "load_checkpoint": "vitedge.models.checkpoints",
     "reparameterize": "vitedge.exporter.reparam",
     "verify_equivalence": "vitedge.exporter.verdict.equivalence",
     "export": "vitedge.exporter.flow.pipeline",

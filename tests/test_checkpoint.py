@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from vitedge.models import create_model, list_models, make_trained_like
-from vitedge.models.checkpoint import LoadResult, load_checkpoint
+from vitedge.models.checkpoints import LoadResult, load_checkpoint
 from vitedge.errors import CheckpointError
 from vitedge.models.flops import count_params, meta_model
 

@@ -23,7 +23,7 @@ from vitedge.exporter.reparam.forms import build_deploy_form
 from vitedge.exporter.flow.pipeline import export
 from vitedge.exporter.core.report import Report
 from vitedge.models import create_model, make_trained_like
-from vitedge.models.checkpoint import load_checkpoint
+from vitedge.models.checkpoints import load_checkpoint
 
 from vitedge.tests.conftest import golden_path, load_golden
 

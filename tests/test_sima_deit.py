@@ -12,7 +12,7 @@ from vitedge.exporter.reparam.engine import FoldContext
 from vitedge.exporter.reparam.sima import FixedOrderSimA
 from vitedge.exporter.reparam.sima_deit import SimADeiTDeploy, plan_sima_deit
 from vitedge.models import VitedgeError, create_model, make_trained_like
-from vitedge.models.checkpoint import load_checkpoint
+from vitedge.models.checkpoints import load_checkpoint
 
 from vitedge.tests.conftest import onnx_parity
 

@@ -14,7 +14,7 @@ from vitedge.exporter.reparam.engine import FoldContext
 from vitedge.exporter.reparam.primitives import ChannelAffine
 from vitedge.exporter.reparam.slab_cswin import CSWinDeploy, merge_depthwise, plan_cswin
 from vitedge.models import VitedgeError, create_model, make_trained_like
-from vitedge.models.checkpoint import load_checkpoint
+from vitedge.models.checkpoints import load_checkpoint
 from vitedge.models.layers import LinearNorm, RepBN
 
 from vitedge.tests.conftest import onnx_parity

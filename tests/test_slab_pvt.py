@@ -13,7 +13,7 @@ from vitedge.exporter.reparam.engine import FoldContext
 from vitedge.exporter.reparam.primitives import ChannelAffine
 from vitedge.exporter.reparam.slab_pvt import PVTDeploy, plan_pvt
 from vitedge.models import VitedgeError, create_model, make_trained_like
-from vitedge.models.checkpoint import load_checkpoint
+from vitedge.models.checkpoints import load_checkpoint
 from vitedge.models.layers import LinearNorm, RepBN
 from vitedge.models.slab_pvt import PVTLinearAttention
 
