@@ -38,7 +38,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-import _common as C
+import _corpus
+import _graphs
+import _script
 from vitedge.exporter.verdict import hops
 from vitedge.exporter.verdict.parity_cost import SAMPLES_RULE
 from vitedge.exporter.verdict.criteria import sample_errors
@@ -49,7 +51,7 @@ from vitedge.models import get_spec, list_models
 from vitedge.targets.onnx.target import OnnxRuntimeRunner
 from vitedge.tests._plant import plant_channel_scale, planted_module, weight_nodes
 
-QUICK_MODELS = ("swiftformer_xs", "sima_nano_12_p16")  # --quick: their reduced configs (_common.REDUCED) at 64 px
+QUICK_MODELS = ("swiftformer_xs", "sima_nano_12_p16")  # --quick: their reduced configs (_corpus.REDUCED) at 64 px
 QUICK_SAMPLES = 8
 QUICK_IMGSZ = 64
 FACTORS = (1.01, 1.001)
@@ -186,7 +188,7 @@ def measure(name: str, samples: int | None, work: Path, overrides: dict | None =
 
 def _cost(name: str) -> float:
     try:
-        return C.gflop(name, get_spec(name).default_imgsz)
+        return _graphs.gflop(name, get_spec(name).default_imgsz)
     except Exception:
         return 0.0
 
@@ -196,7 +198,7 @@ def _fmt(v, spec: str) -> str:
 
 
 def main() -> None:
-    p = C.parser("all_models", __doc__)
+    p = _script.parser("all_models", __doc__)
     p.add_argument("--models", default=None, help="comma-separated model names (default: all registered)")
     p.add_argument("--samples", type=int, default=None,
                    help=f"parity samples per model (default: the export's, by the GMACs rule; --quick "
@@ -207,17 +209,17 @@ def main() -> None:
     names = args.models.split(",") if args.models else (list(QUICK_MODELS) if args.quick else list_models())
     names.sort(key=_cost)
     samples = args.samples or (QUICK_SAMPLES if args.quick else None)
-    info = C.machine()
-    C.banner("all_models", info, args.quick)
+    info = _script.machine()
+    _script.banner("all_models", info, args.quick)
     started = time.time()
-    path = Path(C.out_path("all_models", args))
+    path = Path(_script.out_path("all_models", args))
     rows, kept, old = [], [], {}
     if args.update and path.is_file():  # the other models' rows stay as measured, in cost order
         old = {r["model"]: r for r in json.loads(path.read_text())["models"]}
         kept = [r for m, r in old.items() if m not in names]
     with tempfile.TemporaryDirectory(prefix="vitedge-all-models-") as tmp:
         for name in names:
-            r = (measure(name, samples, Path(tmp), C.REDUCED.get(name), QUICK_IMGSZ) if args.quick
+            r = (measure(name, samples, Path(tmp), _corpus.REDUCED.get(name), QUICK_IMGSZ) if args.quick
                  else measure(name, samples, Path(tmp)))
             rows.append(r)
             pending = [old[n] for n in names[len(rows):] if n in old]  # an interrupted --update keeps their old rows
@@ -226,7 +228,7 @@ def main() -> None:
                                                                     "noise_k": FLOAT64_TOLERANCES["fp32"].noise_k}},
                     "models": sorted(kept + rows + pending, key=lambda r: _cost(r["model"])),
                     "complete": len(rows) == len(names) and (not args.update or len(kept + rows) == len(list_models()))}
-            C.write_results(path, "all_models", dict(info), args, body, started)  # survives an interrupted run
+            _script.write_results(path, "all_models", dict(info), args, body, started)  # survives an interrupted run
             w = r["worst_noise_ratio"]
             print(f"{name:20s} exit {r['exit_code']}  worst ratio natural {_fmt(w['natural'], '.2f')} stress "
                   f"{_fmt(w['stress'], '.2f')}  smallest caught {r['smallest_caught']}  ({r['samples']} samples, "

@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-import _common as C
+import _script
 from vitedge.exporter.quantize.calibrate import natural_calibration
 from vitedge.exporter.quantize.compressed import Judged, resolution_bounds
 from vitedge.exporter.core.report import Tolerance
@@ -196,9 +196,9 @@ def summary(rows: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = C.parser("compressed_profiles", __doc__)
+    ap = _script.parser("compressed_profiles", __doc__)
     args = ap.parse_args(argv)
-    started, info = C.begin("compressed_profiles", args.quick)
+    started, info = _script.begin("compressed_profiles", args.quick)
     names = ["swiftformer_digits"] if args.quick else tf.reference_names()
     work = Path(tempfile.mkdtemp(prefix="vitedge-profiles-"))
     try:
@@ -209,7 +209,7 @@ def main(argv=None) -> int:
     body = {"settings": {"calibration_samples": CALIB, "emulated_prefix": EMULATED_PREFIX,
                          "profiles": {k: dataclasses.asdict(v) for k, v in COMPRESSED_TOLERANCES.items()}},
             "cases": rows, "summary": summ}
-    path = C.write_results(C.out_path("compressed_profiles", args), "compressed_profiles", info, args, body, started)
+    path = _script.write_results(_script.out_path("compressed_profiles", args), "compressed_profiles", info, args, body, started)
     print(f"\nresults: {path}")
     print("\nprofiles (per criterion: worst correct artifact | threshold | best planted-broken artifact):")
     for profile, entry in summ.items():

@@ -33,7 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
-import _common as C
+import _corpus
+import _script
+import _stats
 import vitedge
 from vitedge.exporter.quantize.compressed import Judged, judge_compressed
 from vitedge.exporter.verdict.criteria import COMPRESSED_K, COMPRESSED_MEDIAN, effective_noise, sample_errors
@@ -70,9 +72,9 @@ def _models(quick: bool) -> dict:
         "slab_swin_small": demo("slab_swin_tiny", 64, depths=[1, 1, 1, 1], img_size=64, window_size=2,
                                 num_classes=10),
     })
-    for name in C.TRAINED_FULL:  # the full-size trained corpus, where it is cached here
-        if C.cached_trained(name) is not None:
-            models[name] = lambda name=name: C.cached_trained(name)
+    for name in _corpus.TRAINED_FULL:  # the full-size trained corpus, where it is cached here
+        if _corpus.cached_trained(name) is not None:
+            models[name] = lambda name=name: _corpus.cached_trained(name)
     return models
 
 
@@ -170,7 +172,7 @@ def summary(rows: list[dict]) -> dict:
         by_plant = {}
         for p in dict.fromkeys(r["plant"] for r in bad):
             rs = [r for r in bad if r["plant"] == p]
-            by_plant[p] = {**C.plant_counts(rs), "smallest_weights_ratio": min(r["weights_ratio"] or 0.0 for r in rs)}
+            by_plant[p] = {**_stats.plant_counts(rs), "smallest_weights_ratio": min(r["weights_ratio"] or 0.0 for r in rs)}
         out["kinds"][kind] = {
             "k": COMPRESSED_K[profile_for(kind)], "worst_correct_ratio": max(r["worst_ratio"] for r in mine),
             "worst_correct_median": max((r["median_ratio"] or 0.0) for r in mine),
@@ -196,7 +198,7 @@ def _remeasure(partial: Path, models: str | None, kinds: tuple, work: Path, quic
 
 
 def main(argv=None) -> int:
-    ap = C.parser("compressed_verdicts", __doc__)
+    ap = _script.parser("compressed_verdicts", __doc__)
     ap.add_argument("--models", default=None, help="comma-separated subset of the models (default: all)")
     ap.add_argument("--remeasure", default=None, help="comma-separated kinds: measure them again for the --models "
                     "already measured (their rows replace the kept ones)")
@@ -204,13 +206,13 @@ def main(argv=None) -> int:
                     f"(default: all of {', '.join(KINDS)}; the summary lists, per model, the kinds it holds)")
     args = ap.parse_args(argv)
     kinds = tuple(args.kinds.split(",")) if args.kinds else None
-    started, info = C.begin("compressed_verdicts", args.quick)
+    started, info = _script.begin("compressed_verdicts", args.quick)
     work = Path(tempfile.mkdtemp(prefix="vitedge-compressed-"))
-    partial = C.out_path("compressed_verdicts", args).with_suffix(".partial")  # one model's rows per file
+    partial = _script.out_path("compressed_verdicts", args).with_suffix(".partial")  # one model's rows per file
     try:
         if args.remeasure:
             _remeasure(partial, args.models, tuple(args.remeasure.split(",")), work, args.quick)
-        rows, missing = C.measured_per_model(
+        rows, missing = _corpus.measured_per_model(
             {n: (lambda n=n, make=make: measure(n, make, work, args.quick, kinds))
              for n, make in _models(args.quick).items()},
             partial, args.models)
@@ -220,7 +222,7 @@ def main(argv=None) -> int:
     summ["not_measured"] = missing  # said, not hidden
     summ["kinds_measured"] = {m: sorted({r["kind"] for r in rows if r["model"] == m}, key=KINDS.index)
                               for m in dict.fromkeys(r["model"] for r in rows)}
-    path = C.write_results(C.out_path("compressed_verdicts", args), "compressed_verdicts", info, args,
+    path = _script.write_results(_script.out_path("compressed_verdicts", args), "compressed_verdicts", info, args,
                            {"settings": {"k": COMPRESSED_K, "median": COMPRESSED_MEDIAN, "positions": POSITIONS,
                                          "visible": VISIBLE, "samples": SAMPLES, "weight_k": WEIGHT_K},
                             "cases": rows, "summary": summ}, started)

@@ -31,7 +31,7 @@ costs in sensitivity is measured by benchmarks/parity_noise.py (planted x1.01 / 
 and benchmarks/trained_verdicts.py (planted errors in trained models' saved artifacts, judged by the product).
 
 Models: the small trained fixtures of tests/fixtures/trained/ (SwiftFormer, SLAB-DeiT) and the full-size trained
-corpus cached by scripts/train_reference.py (benchmarks/_common.TRAINED_FULL: SwiftFormer-XS, SLAB-DeiT-T's default
+corpus cached by scripts/train_reference.py (benchmarks/_corpus.TRAINED_FULL: SwiftFormer-XS, SLAB-DeiT-T's default
 config, SLAB-DeiT depth 6 / patch 8, SimA-Nano, PRepBN-PVT-Tiny; all at 64 px) where cached.
 --quick: the two small trained fixtures on 300 samples.
 
@@ -52,7 +52,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-import _common as C
+import _corpus
+import _script
 import vitedge
 from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, simplify_keeping_fusions
 from vitedge.exporter.verdict.criteria import NOISE_FLOOR, NOISE_K, NoiseRule, allowances, sample_errors
@@ -160,16 +161,16 @@ def models(quick: bool) -> list[tuple[str, str, Callable[[], torch.nn.Module], i
         entry = tf.manifest()["models"][name]
         out.append((name, entry["model"], lambda n=name: tf.load_reference(n), entry["imgsz"],
                     "trained (small fixture)"))
-    cached = [n for n in C.TRAINED_FULL if (C.TRAINED_CACHE / f"{n}.pth").is_file()]
+    cached = [n for n in _corpus.TRAINED_FULL if (_corpus.TRAINED_CACHE / f"{n}.pth").is_file()]
     if quick or not cached:
         return out
-    manifest = json.loads((C.TRAINED_CACHE / "manifest.json").read_text())["models"]
-    for name in C.TRAINED_FULL:
+    manifest = json.loads((_corpus.TRAINED_CACHE / "manifest.json").read_text())["models"]
+    for name in _corpus.TRAINED_FULL:
         if name not in cached:
             print(f"{name}: not cached (scripts/train_reference.py --models {name}); skipped", flush=True)
             continue
         man = manifest[name]
-        out.append((name, man["model"], lambda n=name: C.cached_trained(n)[0], man["imgsz"],
+        out.append((name, man["model"], lambda n=name: _corpus.cached_trained(n)[0], man["imgsz"],
                     "trained (full size, cached)"))
     return out
 
@@ -214,17 +215,17 @@ def reevaluate(row: dict, keep: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = C.parser("false_failures", __doc__)
+    ap = _script.parser("false_failures", __doc__)
     ap.add_argument("--samples", type=int, default=None,
                     help=f"natural samples per model (default {SAMPLES}; the rate is always extrapolated to {SAMPLES})")
     ap.add_argument("--models", default=None, help="comma-separated subset of the models to measure now (default: all)")
     ap.add_argument("--reevaluate", action="store_true",
                     help="recompute every model's figures from its kept samples (no measuring)")
     args = ap.parse_args(argv)
-    started, info = C.begin("false_failures", args.quick, threads=2)
+    started, info = _script.begin("false_failures", args.quick, threads=2)
     n = args.samples or (300 if args.quick else SAMPLES)
     photos = max(1, n * PHOTOS // SAMPLES)
-    results = C.out_path("false_failures", args)
+    results = _script.out_path("false_failures", args)
     partial = results.with_suffix(".partial")  # one model's row per file (resumable)
     keep = KEPT / results.stem
 
@@ -239,7 +240,7 @@ def main(argv=None) -> int:
         measured = stored.get("measured") or {k: stored.get(k) for k in ("command", "wall_s", "machine")}
     else:
         measured = None
-        rows, missing = C.measured_per_model({m[0]: (lambda m=m: one(m)) for m in models(args.quick)},
+        rows, missing = _corpus.measured_per_model({m[0]: (lambda m=m: one(m)) for m in models(args.quick)},
                                              partial, args.models)
     arts = [a for r in rows for a in r["artifacts"].values()]
     by_k = {k: max(a["by_k"][k]["p_fail_at_n"] for a in arts) for k in arts[0]["by_k"]}
@@ -258,7 +259,7 @@ def main(argv=None) -> int:
     body = {"models": rows, "summary": summary}
     if args.reevaluate:  # the measurements' own provenance, beside this evaluation's
         body["measured"] = measured
-    path = C.write_results(results, "false_failures", info, args, body, started)
+    path = _script.write_results(results, "false_failures", info, args, body, started)
     if not missing:  # complete: nothing left to resume
         shutil.rmtree(partial, ignore_errors=True)
     print(f"\nresults: {path}")

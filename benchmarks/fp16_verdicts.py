@@ -26,7 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-import _common as C
+import _corpus
+import _script
+import _stats
 import vitedge
 from vitedge.exporter.verdict.criteria import FP16_K, FP16_MEDIAN, effective_noise, sample_errors
 from vitedge.exporter.reparam.forms import build_deploy_form
@@ -60,8 +62,8 @@ def _models(quick: bool) -> dict:
                                 num_classes=10),
         "swiftformer_xs_full": demo("swiftformer_xs", 224, 16),
     })
-    if C.cached_trained("swiftformer_xs_digits64") is not None:  # full size, trained (scripts/train_reference.py)
-        models["swiftformer_xs_digits64"] = lambda: (*C.cached_trained("swiftformer_xs_digits64"), 64)
+    if _corpus.cached_trained("swiftformer_xs_digits64") is not None:  # full size, trained (scripts/train_reference.py)
+        models["swiftformer_xs_digits64"] = lambda: (*_corpus.cached_trained("swiftformer_xs_digits64"), 64)
     return models
 
 
@@ -140,7 +142,7 @@ def summary(rows: list[dict]) -> dict:
     by_plant = {}
     for p in dict.fromkeys(r["plant"] for r in planted):
         rs = [r for r in planted if r["plant"] == p]
-        by_plant[p] = {**C.plant_counts(rs),
+        by_plant[p] = {**_stats.plant_counts(rs),
                        "smallest_caught_error": min((r["worst_error"] for r in rs if r["caught"]), default=None)}
     return {"k": FP16_K, "median": FP16_MEDIAN, "worst_correct_ratio": max(r["worst_ratio"] for r in correct),
             "worst_correct_weights_ratio": max(r["weights_ratio"] or 0.0 for r in correct),
@@ -151,16 +153,16 @@ def summary(rows: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = C.parser("fp16_verdicts", __doc__)
+    ap = _script.parser("fp16_verdicts", __doc__)
     args = ap.parse_args(argv)
-    started, info = C.begin("fp16_verdicts", args.quick)
+    started, info = _script.begin("fp16_verdicts", args.quick)
     work = Path(tempfile.mkdtemp(prefix="vitedge-fp16-"))
     try:
         rows = [r for name, make in _models(args.quick).items() for r in measure(name, make, work, args.quick)]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     summ = summary(rows)
-    path = C.write_results(C.out_path("fp16_verdicts", args), "fp16_verdicts", info, args,
+    path = _script.write_results(_script.out_path("fp16_verdicts", args), "fp16_verdicts", info, args,
                            {"settings": {"k": FP16_K, "median": FP16_MEDIAN, "positions": POSITIONS,
                                          "visible": VISIBLE},
                             "cases": rows, "summary": summ}, started)

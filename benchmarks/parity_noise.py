@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import _common as C
+import _script
 from vitedge.exporter.verdict.criteria import NOISE_FLOOR, NOISE_K, allowances, effective_noise, rows, sample_errors
 from vitedge.exporter.verdict.inputs import natural_inputs, parity_inputs
 from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, simplify_onnx
@@ -147,7 +147,7 @@ def forms(results: list[dict]) -> dict:
 
 
 def main() -> None:
-    p = C.parser("parity_noise", __doc__)
+    p = _script.parser("parity_noise", __doc__)
     p.add_argument("--from", dest="source", type=Path, default=None,
                    help="re-evaluate the measurements stored in this results file instead of measuring")
     args = p.parse_args()
@@ -158,8 +158,8 @@ def main() -> None:
         args.quick = stored["quick"]
         print(f"re-evaluating {len(results)} stored configs from {args.source}")
     else:
-        info = C.machine()
-        C.banner("parity_noise", info, args.quick)
+        info = _script.machine()
+        _script.banner("parity_noise", info, args.quick)
         configs = [(lab, n, o, 6, 6) if args.quick else (lab, n, o, 18, 6) for lab, n, o in SMALL]
         if args.quick:
             configs = configs[:2]
@@ -184,7 +184,7 @@ def main() -> None:
     if args.source:  # the measurements' own provenance, beside this evaluation's
         body["measured"] = {k: stored.get(k) for k in ("command", "wall_s", "machine")}
         body["measured"]["command"] = stored.get("measured", {}).get("command") or stored.get("command")
-    path = C.write_results(C.out_path("parity_noise", args), "parity_noise", dict(info), args, body, started)
+    path = _script.write_results(_script.out_path("parity_noise", args), "parity_noise", dict(info), args, body, started)
     print("\nerror/noise ratios, floor-free (worst correct hop | planted x1.01 | x1.001) per error form / noise:")
     for name, f in compared.items():
         print(f"  {name:16s} discrimination (min x1.01 / max correct) {f['discrimination']:.2f}")

@@ -29,7 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-import _common as C
+import _corpus
+import _script
+import _stats
+import _timing
 from vitedge.exporter.quantize.calibrate import natural_calibration
 from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, simplify_onnx
 from vitedge.exporter.reparam import reparameterize
@@ -42,7 +45,7 @@ from vitedge.targets.graph.qdq import quantize_qdq
 from vitedge.tests import trained_fixtures as tf
 
 LATENCY = {"swiftformer_xs": ({}, 224), "slab_deit_tiny": ({}, 224)}
-LATENCY_QUICK = {"swiftformer_xs": (C.REDUCED["swiftformer_xs"], 64)}
+LATENCY_QUICK = {"swiftformer_xs": (_corpus.REDUCED["swiftformer_xs"], 64)}
 SIZES = ("swiftformer_l3", {}, 64)
 SIZES_QUICK = ("swiftformer_l3", {"layers": [1, 1, 1, 1]}, 32)  # L3 widths, one block per stage (8.4 M)
 KINDS = {"w8": 16, "palette4": 16, "palette6": 16, "w8a8": 17}  # kind: iOS (the export's default for it)
@@ -76,18 +79,18 @@ def latency_model(name: str, overrides: dict, imgsz: int, timing: dict) -> dict:
     out["bytes"]["fp32/int8"] = out["bytes"]["fp32-simplified"] / out["bytes"]["int8"]
     x = np.random.default_rng(100).standard_normal((1, 3, imgsz, imgsz)).astype(np.float32)
     for label, threads in timing["threads"]:
-        sessions = {k: C.ort(g, threads) for k, g in graphs.items()}
+        sessions = {k: _timing.ort(g, threads) for k, g in graphs.items()}
         pairs = [(k, b) for k in ("int8", "int8-tensorrt-encoding") for b in ("fp32-raw", "fp32-simplified")]
         block_s = 0.0 if threads == 1 else timing["block_s"]
         t0 = time.perf_counter()
-        times = C.time_until_precise({k: (lambda s=s: s.run(x)) for k, s in sessions.items()}, pairs,
+        times = _timing.time_until_precise({k: (lambda s=s: s.run(x)) for k, s in sessions.items()}, pairs,
                                      timing["min_rounds"], timing["max_s"], timing["ci_width"], block_s,
                                      timing["min_s"])
-        lat = {k: C.stats(v) for k, v in times.items()}
+        lat = {k: _stats.stats(v) for k, v in times.items()}
         base = min(("fp32-raw", "fp32-simplified"), key=lambda k: lat[k]["p50_ms"])
         cell = {"threads": label, "baseline": base, "rounds": len(times[base]),
                 "seconds": round(time.perf_counter() - t0, 1), "latency": lat,
-                "speedups": {f"{base}/{k}": C.speedup(times[base], times[k])
+                "speedups": {f"{base}/{k}": _stats.speedup(times[base], times[k])
                              for k in ("int8", "int8-tensorrt-encoding")}}
         for k, s in lat.items():
             print(f"    {str(label):>3} thread(s) {k:<24} p50 {s['p50_ms']:8.3f} ms  CV {s['cv']:.3f}", flush=True)
@@ -159,12 +162,12 @@ def fixture_accuracy(name: str, work: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = C.parser("quantization", __doc__)
+    ap = _script.parser("quantization", __doc__)
     ap.add_argument("--ci-width", type=float, default=0.04,
                     help="stop a latency cell once every ratio's 95%% CI is this wide (relative)")
     ap.add_argument("--max-s-per-cell", type=float, default=60.0)
     args = ap.parse_args(argv)
-    started, info = C.begin("quantization", args.quick)
+    started, info = _script.begin("quantization", args.quick)
     if args.quick:
         timing = {"min_rounds": 5, "max_s": 0.5, "min_s": 0.0, "ci_width": 1.0, "block_s": 0.05,
                   "threads": THREAD_CONFIGS[:1]}
@@ -184,14 +187,14 @@ def main(argv=None) -> int:
     body = {"settings": {"calibration_samples": CALIB, "ci_width": timing["ci_width"], "max_s_per_cell": timing["max_s"],
                          "torch_threads": 1, "targets": TARGETS},
             "latency": lat, "coreml_sizes": sizes, "fixtures": acc}
-    path = C.write_results(C.out_path("quantization", args), "quantization", info, args, body, started)
+    path = _script.write_results(_script.out_path("quantization", args), "quantization", info, args, body, started)
     print(f"\nresults: {path}\n{info['load_note']}")
     print("\nratios (latency: the faster fp32 graph / int8, > 1 = int8 faster; size: fp16 package / compressed, "
           "> 1 = smaller; top-1: points below fp32):")
     for r in lat:
         for c in r["cells"]:
             for key, q in c["speedups"].items():
-                print(f"  {r['model']} latency {c['threads']} thread(s) {key}: {C.fmt_ratio(q)}")
+                print(f"  {r['model']} latency {c['threads']} thread(s) {key}: {_stats.fmt_ratio(q)}")
         print(f"  {r['model']} ONNX size fp32/int8: {r['bytes']['fp32/int8']:.2f}x")
         want = TARGETS["int8_speedup"].get(r["model"])
         one = next((c for c in r["cells"] if c["threads"] == 1), None)

@@ -17,7 +17,8 @@ import time
 import numpy as np
 import torch
 
-import _common as C
+import _corpus
+import _script
 from vitedge.exporter.verdict.criteria import NOISE_FLOOR, NOISE_K, NoiseRule, sample_errors
 from vitedge.exporter.reparam.forms import build_deploy_form
 from vitedge.exporter.verdict.inputs import parity_set
@@ -69,16 +70,16 @@ def measure(name: str, samples: int, overrides: dict | None, imgsz: int | None =
 
 
 def main() -> None:
-    p = C.parser("reference_threads", __doc__)
+    p = _script.parser("reference_threads", __doc__)
     p.add_argument("--samples", type=int, default=None, help="parity samples per model (default 16; --quick 4)")
     args = p.parse_args()
     samples = args.samples or (4 if args.quick else 16)
     names = MODELS[:1] if args.quick else MODELS
-    info = C.machine()
-    C.banner("reference_threads", info, args.quick)
+    info = _script.machine()
+    _script.banner("reference_threads", info, args.quick)
     started = time.time()
-    rows = [measure(n, samples, C.REDUCED.get(n), 64) if args.quick else measure(n, samples, None) for n in names]
-    path = C.write_results(C.out_path("reference_threads", args), "reference_threads", dict(info), args,
+    rows = [measure(n, samples, _corpus.REDUCED.get(n), 64) if args.quick else measure(n, samples, None) for n in names]
+    path = _script.write_results(_script.out_path("reference_threads", args), "reference_threads", dict(info), args,
                            {"reference_threads": REFERENCE_THREADS, "rule": {"floor": NOISE_FLOOR, "k": NOISE_K},
                             "models": rows}, started)
     print(f"{'model':18s} {'threads':>7s} {'set':8s} {'noise med':>9s} {'noise max':>9s}  worst ratio (deploy | ORT all | ORT 1)")
