@@ -9,7 +9,7 @@ Per model (smallest first, so a partial run covers the most models; the JSON is 
   error / allowance (noise_ratio) and worst-sample error per set;
 - each ONNX hop's feature probe (exporter/verdict/probe.py): the module, its worst noise_ratio per set;
 - sensitivity: one output channel of the mid-network Conv/Gemm/MatMul weight of the exported ONNX scaled by 1.01
-  and by 1.001 (tests/_plant.py), each judged like `vitedge parity` judges an ONNX artifact (same parity set,
+  and by 1.001 (targets/plants.py), each judged like `vitedge parity` judges an ONNX artifact (same parity set,
   same ground truth: the export's own, reused, no second float64 run; `Ladder.onnx_hop`: logits, feature probe,
   localization), with the module localization names, the module whose weight was planted (`planted_module`:
   the deploy-form parameter the planted initializer held, matched by value) and `caught_by` (logits or feature probe).
@@ -49,7 +49,7 @@ from vitedge.exporter.verdict.probe import deploy_reference, onnx_tensor, probe_
 from vitedge.exporter.flow.pipeline import export
 from vitedge.models import get_spec, list_models
 from vitedge.targets.onnx.target import OnnxRuntimeRunner
-from vitedge.tests._plant import plant_channel_scale, planted_module, weight_nodes
+from vitedge.targets.plants import plant_channel_scale, planted_module, weight_nodes
 
 QUICK_MODELS = ("swiftformer_xs", "sima_nano_12_p16")  # --quick: their reduced configs (_corpus.REDUCED) at 64 px
 QUICK_SAMPLES = 8

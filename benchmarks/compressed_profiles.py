@@ -44,7 +44,8 @@ from vitedge.targets.base import LowerSpec
 from vitedge.targets.coreml import CoreMLTarget, EmulatedCoreMLRunner
 from vitedge.targets.coreml.compress import compress_package
 from vitedge.targets.graph.qdq import quantize_qdq
-from vitedge.tests import trained_fixtures as tf
+from vitedge.exporter.verdict import trained_reference as tf
+from vitedge.targets.plants import corrupt_package
 
 CALIB = 64
 EMULATED_PREFIX = 16
@@ -144,7 +145,7 @@ def measure_fixture(name: str, work: Path, quick: bool) -> list[dict]:
                 record(kind, f"coreml {kind} iOS {ios}", False, where, run(x), truth, where == "natural")
                 if kind in CORRUPT and where == "natural" and ios == 16:
                     bad = folder / f"{kind}-corrupt.mlpackage"
-                    tf.corrupt_package(path, bad, *CORRUPT[kind])
+                    corrupt_package(path, bad, *CORRUPT[kind])
                     label = "scale sign-flipped" if kind == "w8" else "LUT reversed"
                     record(kind, f"coreml {kind} iOS {ios} {label}", True, where,
                            EmulatedCoreMLRunner(bad, max_samples=None).run(x), truth, True)

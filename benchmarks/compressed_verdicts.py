@@ -46,8 +46,8 @@ from vitedge.exporter.verdict.weight_check import WEIGHT_K, judge_weights
 from vitedge.models import make_trained_like
 from vitedge.targets.coreml.runners import EmulatedCoreMLRunner
 from vitedge.targets.onnx.target import OnnxRuntimeRunner
-from vitedge.tests import trained_fixtures as tf
-from vitedge.tests._plant import PLANT_FACTORS, plant_int8_scale, plant_package_compression
+from vitedge.exporter.verdict import trained_reference as tf
+from vitedge.targets.plants import PLANT_FACTORS, plant_int8_scale, plant_package_compression
 
 KINDS = ("int8", "w8", "palette4", "palette6", "w8a8")
 QUICK_KINDS, QUICK_PLANTS = ("int8", "w8"), ("zero_layer", "sign_flip", "x1.1")

@@ -61,7 +61,7 @@ from vitedge.exporter.verdict.inputs import natural_inputs
 from vitedge.exporter.verdict.parity import ROUNDING_ULPS, ground_truth, run_batched
 from vitedge.models.registry import get_spec
 from vitedge.targets.onnx.target import OnnxRuntimeRunner
-from vitedge.tests import trained_fixtures as tf
+from vitedge.exporter.verdict import trained_reference as tf
 
 SAMPLES = 5000          # the figure: a correct export must fail less than once in 1000 at this many samples
 PHOTOS = 500            # of them, views of the shipped photos (the rest: digits and their augmented copies)

@@ -38,8 +38,8 @@ from vitedge.exporter.verdict.weight_check import check_weights
 from vitedge.models import make_trained_like
 from vitedge.targets.coreml.runners import EmulatedCoreMLRunner
 from vitedge.targets.onnx.target import OnnxRuntimeRunner
-from vitedge.tests import trained_fixtures as tf
-from vitedge.tests._plant import PLANT_FACTORS, plant_fp16_initializer, plant_package_weights
+from vitedge.exporter.verdict import trained_reference as tf
+from vitedge.targets.plants import PLANT_FACTORS, plant_fp16_initializer, plant_package_weights
 
 POSITIONS = (0.25, 0.5, 0.75)
 VISIBLE = 3.0     # a plant is visible when it moves some sample's outputs by > 3x the correct artifact's error

@@ -35,7 +35,7 @@ from vitedge.exporter.verdict.parity import ground_truth, run_batched
 from vitedge.exporter.reparam.forms import build_deploy_form
 from vitedge.models import create_model, get_spec, make_trained_like
 from vitedge.targets.onnx.target import OnnxRuntimeRunner
-from vitedge.tests._plant import plant_channel_scale
+from vitedge.targets.plants import plant_channel_scale
 
 # (label, model, overrides, natural samples, stress samples): small configs of every family, then full size.
 SMALL = [

@@ -42,7 +42,7 @@ from vitedge.targets.base import LowerSpec
 from vitedge.targets.coreml import CoreMLTarget, EmulatedCoreMLRunner
 from vitedge.targets.coreml.compress import compress_package
 from vitedge.targets.graph.qdq import quantize_qdq
-from vitedge.tests import trained_fixtures as tf
+from vitedge.exporter.verdict import trained_reference as tf
 
 LATENCY = {"swiftformer_xs": ({}, 224), "slab_deit_tiny": ({}, 224)}
 LATENCY_QUICK = {"swiftformer_xs": (_corpus.REDUCED["swiftformer_xs"], 64)}

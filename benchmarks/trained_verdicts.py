@@ -34,8 +34,8 @@ from PIL import Image
 import _corpus
 import _script
 import vitedge
-from vitedge.tests import trained_fixtures as tf
-from vitedge.tests._plant import plant_channel_scale
+from vitedge.exporter.verdict import trained_reference as tf
+from vitedge.targets.plants import plant_channel_scale
 
 CACHE = _corpus.TRAINED_CACHE
 FULL = _corpus.TRAINED_FULL
@@ -101,7 +101,7 @@ def measure(name: str, model, imgsz: int, images: Path, labels: Path, work: Path
 
 def _zero_layer(graph):
     """The middle Conv/Gemm/MatMul weight of `graph`, zeroed (every channel x0)."""
-    from vitedge.tests._plant import weight_nodes
+    from vitedge.targets.plants import weight_nodes
     from onnx import numpy_helper
 
     g = copy.deepcopy(graph)

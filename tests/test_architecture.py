@@ -6,7 +6,7 @@ one job needs more).
 Inside the layers, rooms: exporter/ is grouped by job, in an order of its own (EXPORTER_GROUPS: a group imports
 its own modules and the groups to its left, and no module sits loose beside the groups); in targets/, each backend
 (a module or package) imports only what the backends share (TARGETS_SHARED), never another backend; what works
-across the backends (TARGETS_ACROSS: the one-thread pin) may import them, and no backend imports it.
+across the backends (TARGETS_ACROSS: the one-thread pin, the planted errors) may import them, and no backend imports it.
 
 Imports are read from the source (AST), function-level ones included, so a lazy import cannot hide an arrow that
 points up. No module outside a target's own home compares anything with that target's name (`== "coreml"`, `in ("onnx",
@@ -30,7 +30,7 @@ SUBPACKAGES = ("models", "targets", "exporter")            # the package's folde
 EXPORTER_GROUPS = ("core", "reparam", "onnx", "verdict", "quantize", "flow", "timing", "packaging", "matrix",
                    "command_line")
 TARGETS_SHARED = ("base", "calibration", "labels", "graph", "rows")  # what targets/' backends share; the rest are backends
-TARGETS_ACROSS = ("threads",)  # above the backends: settings that span them all (the exporter's packaging uses it)
+TARGETS_ACROSS = ("threads", "plants")  # above the backends: the one-thread pin (packaging uses it), the planted errors
 MAX_LINES = 400
 
 

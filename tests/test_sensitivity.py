@@ -21,7 +21,7 @@ from vitedge.exporter.verdict.localize import localize_torch
 from vitedge.exporter.verdict.parity import DEFAULT_TOLERANCES, FLOAT64_TOLERANCES
 from vitedge.exporter.flow.pipeline import export
 from vitedge.exporter.core.report import Report
-from vitedge.tests._plant import plant_channel_scale, planted_module
+from vitedge.targets.plants import plant_channel_scale, planted_module
 
 # family: (model, overrides, imgsz): the golden-fixture sized configs (benchmarks/parity_noise.py measures the same)
 FAMILIES = {
