@@ -10,13 +10,14 @@ from typing import Callable
 
 import torch.nn as nn
 
+from vitedge.models.reduced import reduced
+
 # Reduced configurations (the test suite's: golden-fixture sized) for --quick and for time-short runs.
 REDUCED = {
-    "swiftformer_xs": dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10),
-    "slab_deit_tiny": dict(embed_dim=64, depth=2, num_heads=2, num_classes=10),
-    "sima_nano_12_p16": dict(embed_dim=32, depth=2, num_heads=1, num_classes=10),
-    "slab_swin_tiny": dict(embed_dim=16, depths=[1, 1, 2, 1], num_heads=[1, 2, 4, 8], mlp_ratio=2.0,
-                           num_classes=10, drop_path_rate=0.0),
+    "swiftformer_xs": reduced("swiftformer"),
+    "slab_deit_tiny": reduced("slab_deit"),
+    "sima_nano_12_p16": reduced("sima_narrow"),
+    "slab_swin_tiny": reduced("slab_swin"),
 }
 
 TRAINED_CACHE = Path.home() / ".cache" / "vitedge" / "trained"   # scripts/train_reference.py --out

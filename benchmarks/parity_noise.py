@@ -34,26 +34,22 @@ from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, simplify_
 from vitedge.exporter.verdict.parity import ground_truth, run_batched
 from vitedge.exporter.reparam.forms import build_deploy_form
 from vitedge.models import create_model, get_spec, make_trained_like
+from vitedge.models.reduced import reduced
 from vitedge.targets.onnx.target import OnnxRuntimeRunner
 from vitedge.targets.plants import plant_channel_scale
 
 # (label, model, overrides, natural samples, stress samples): small configs of every family, then full size.
 SMALL = [
-    ("swiftformer", "swiftformer_xs", dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10)),
-    ("slab_deit", "slab_deit_tiny", dict(embed_dim=64, depth=2, num_heads=2, num_classes=10)),
-    ("prepbn_deit", "prepbn_deit_tiny", dict(embed_dim=64, depth=2, num_heads=2, num_classes=10)),
-    ("slab_swin", "slab_swin_tiny", dict(embed_dim=16, depths=[1, 1, 2, 1], num_heads=[1, 2, 4, 8], mlp_ratio=2.0,
-                                         num_classes=10, drop_path_rate=0.0)),
-    ("prepbn_swin", "prepbn_swin_tiny", dict(embed_dim=16, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8],
-                                             mlp_ratio=2.0, num_classes=10, drop_path_rate=0.0)),
-    ("slab_pvt", "slab_pvt_tiny", dict(img_size=64, embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4],
-                                       depths=[1, 2, 1, 1], num_classes=10)),
-    ("prepbn_pvt", "prepbn_pvt_tiny", dict(img_size=64, embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4],
-                                           depths=[1, 2, 1, 1], num_classes=10)),
-    ("slab_cswin", "slab_cswin_tiny", dict(img_size=64, embed_dim=16, depth=[1, 2, 1, 1], num_heads=[2, 2, 4, 4],
-                                           split_size=[1, 2, 2, 2], la_split_size="16-8-4-2", num_classes=10)),
-    ("sima", "sima_nano_12_p16", dict(embed_dim=64, depth=2, num_heads=2, num_classes=10)),
-    ("sima_deit", "sima_deit_tiny", dict(img_size=64, embed_dim=64, depth=2, num_heads=4, num_classes=10)),
+    ("swiftformer", "swiftformer_xs", reduced("swiftformer")),
+    ("slab_deit", "slab_deit_tiny", reduced("slab_deit")),
+    ("prepbn_deit", "prepbn_deit_tiny", reduced("prepbn_deit")),
+    ("slab_swin", "slab_swin_tiny", reduced("slab_swin")),
+    ("prepbn_swin", "prepbn_swin_tiny", reduced("prepbn_swin")),
+    ("slab_pvt", "slab_pvt_tiny", reduced("slab_pvt")),
+    ("prepbn_pvt", "prepbn_pvt_tiny", reduced("prepbn_pvt")),
+    ("slab_cswin", "slab_cswin_tiny", reduced("slab_cswin")),
+    ("sima", "sima_nano_12_p16", reduced("sima")),
+    ("sima_deit", "sima_deit_tiny", reduced("sima_deit")),
 ]
 FULL = ["swiftformer_xs", "slab_deit_tiny", "prepbn_deit_tiny", "sima_nano_12_p16"]
 PLANTS = (1.01, 1.001)

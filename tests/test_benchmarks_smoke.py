@@ -4,6 +4,8 @@ benchmarks/README.md are rendered from.
 The scripts run concurrently in subprocesses, as a user runs them (`python benchmarks/NAME.py`);
 their timings are meaningless here (the point is that they run and report). The ratio and target logic
 is checked on synthetic numbers.
+
+Length: one smoke check per benchmark script, all fed by one concurrent run of the scripts (the `runs` fixture).
 """
 from __future__ import annotations
 

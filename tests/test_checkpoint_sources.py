@@ -18,13 +18,14 @@ from vitedge.models import create_model, make_trained_like
 from vitedge.models.checkpoints import load_checkpoint
 from vitedge.errors import CheckpointError
 from vitedge.models.checkpoints.hub_sources import DEFAULT_FILES, TIMM_WEIGHTS, parse_source, resolve_checkpoint
+from vitedge.models.reduced import reduced
 from vitedge.tests._ci import require
 from vitedge.tests._timm import import_timm
 
 hub = require("huggingface_hub", "the [hub] extra (huggingface_hub) is needed for hub sources", module_level=True)
 from huggingface_hub.file_download import repo_folder_name  # noqa: E402
 
-TINY = dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10)
+TINY = reduced("swiftformer")
 
 
 def put_in_cache(cache: Path, repo_id: str, filename: str, data: bytes, revision: str = "main") -> Path:

@@ -20,9 +20,10 @@ from vitedge.models import create_model, make_trained_like
 from vitedge.models.checkpoints import load_checkpoint
 from vitedge.errors import CheckpointError, VitedgeError
 from vitedge.models.checkpoints.safe_pickle import UnsafePickleError
+from vitedge.models.reduced import reduced
 
-SWIFT_MINI = dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10)
-SLAB_MINI = dict(embed_dim=64, depth=2, num_heads=2, num_classes=10)
+SWIFT_MINI = reduced("swiftformer")
+SLAB_MINI = reduced("slab_deit")
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,12 @@ from vitedge.errors import CheckpointError
 from vitedge.exporter.reparam.forms import build_train_form
 from vitedge.models import create_model, make_trained_like
 from vitedge.models.checkpoints import identify
+from vitedge.models.reduced import reduced
 from vitedge.tests._ci import require
 from vitedge.tests._timm import import_transformers
 
-TINY = {"depths": [1, 1, 2, 1], "embed_dims": [16, 24, 32, 48]}
+_SWIFT = reduced("swiftformer")
+TINY = {"depths": _SWIFT["layers"], "embed_dims": _SWIFT["embed_dims"]}  # in config.json's names
 LABELS = ["cat", "dog", "bird"]
 PREPROCESSOR = {"image_processor_type": "ViTImageProcessor", "do_resize": True, "size": {"height": 64, "width": 64},
                 "resample": 2, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
