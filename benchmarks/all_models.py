@@ -41,6 +41,7 @@ import onnx
 import _corpus
 import _graphs
 import _script
+from _tables import load
 from vitedge.exporter.verdict import hops
 from vitedge.exporter.verdict.parity_cost import SAMPLES_RULE
 from vitedge.exporter.verdict.criteria import sample_errors
@@ -247,6 +248,33 @@ def main() -> None:
     print(f"exit 0: {passed}/{len(allrows)}; x1.01 caught in {sum(bool(r['planted'].get('x1.01', {}).get('caught')) for r in allrows)}"
           f", x1.001 in {sum(bool(r['planted'].get('x1.001', {}).get('caught')) for r in allrows)}")
     print(f"results: {path}")
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def all_models_summary() -> str:
+    """What benchmarks/results/all_models.json holds, counted from its rows."""
+    d = load("all_models.json")
+    ms, rule = d["models"], d["settings"]["rule"]
+    n = len(ms)
+    today = sum(m.get("rule") == rule for m in ms)
+    missed = [m["model"] for m in ms if not m["planted"]["x1.01"]["caught"]]
+    probe = sum(m.get("measured_in") == "this run" for m in ms)
+    worst = [max(m["worst_noise_ratio"].values()) for m in ms]
+    return (f"`benchmarks/results/all_models.json` as committed: {n} models, {sum(m['exit_code'] == 0 for m in ms)} "
+            f"exit 0, the worst hop at {min(worst):.2f}–{max(worst):.2f} of its allowance on the logits; × 1.01 "
+            f"caught in {n - len(missed)} of {n} rows" + (f" (not in {', '.join(missed)})" if missed else "")
+            + f", × 1.001 in {sum(m['planted']['x1.001']['caught'] for m in ms)} of {n}; "
+            + ("every row measured with the feature probe" if probe == n else
+               f"{probe} rows measured with the feature probe, {n - probe} from the earlier run without it")
+            + " (`measured_in`); "
+            + ("every row" if today == n else f"{today} rows") + f" judged by today's fp32 rule (floor "
+            f"{rule['noise_floor']:g}, K {rule['noise_k']:g})" + (f", {n - today} by an earlier one" if today < n else "")
+            + " (each row's `rule`).")
+
+
+TABLES = {"all_models_summary": all_models_summary}
 
 
 if __name__ == "__main__":

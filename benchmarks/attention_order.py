@@ -22,6 +22,7 @@ import _corpus
 import _graphs
 import _script
 import _stats
+from _tables import load, ratio, table
 import _timing
 from vitedge.exporter.reparam import reparameterize
 from vitedge.models import create_model, list_models, make_trained_like
@@ -269,6 +270,46 @@ def main(argv=None) -> int:
     print(f"\nresults: {path}\n{info['load_note']}")
     print_ratios(result)  # last, as every benchmark script does
     return 0
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def attention_order(index: str) -> str:
+    """One series of attention_order.json: qk/kv and rule/best per token count N, ONNX Runtime and torch."""
+    s = load("attention_order.json")["series"][int(index)]
+    rows = []
+    for p in s["points"]:
+        n = f"{p['N']} ({p['imgsz']} px)" if p.get("imgsz") else str(p["N"])
+        row = [n, p["rule"]]
+        for b in ("onnxruntime", "torch"):
+            row += [ratio(p[b]["qk_over_kv"]), f"{p[b]['rule_over_best']['ratio']:.3f}"]
+        rows.append(row)
+    title = f"**{s['name']}** — d = {s['head_dim']}, the rule flips at N = {s['rule_crossover_N']}"
+    bullets = [f"- {label}: {_attention_summary(s['backends'][b], len(s['points']))}"
+               for b, label in (("onnxruntime", "ONNX Runtime"), ("torch", "torch"))]
+    return (title + "\n\n" + table(["N", "rule", "ORT qk/kv", "ORT rule/best", "torch qk/kv", "torch rule/best"], rows)
+            + "\n\n" + "\n".join(bullets))
+
+
+def _attention_summary(b: dict, points: int) -> str:
+    """One backend's crossover and the rule's distance from the best order, in words."""
+    x = b["crossover"]
+    if x["N"] is not None:
+        where = (f"kv_first is the faster median from N = {x['between'][1]} on "
+                 f"(interpolated crossover N* ≈ {x['N']:g})")
+    else:
+        where = x["note"]
+    slow = b["rule_significantly_slower_at"]
+    worst = b["max_rule_over_best"]
+    return (f"{where}; kv_first faster beyond noise from N = {x['kv_significantly_faster_from']}; the rule picked the "
+            f"faster median at {len(b['rule_is_best_at'])}/{points} N; worst rule/best {ratio(worst)} at N = "
+            f"{worst['N']}; the rule's order is "
+            + ("never slower beyond noise." if not slow else
+               "slower beyond noise at " + ", ".join(f"N = {p['N']} ({ratio(p)})" for p in slow) + "."))
+
+
+TABLES = {"attention_order": attention_order}
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import onnx
 from onnx import numpy_helper
 
 import _script
+from _tables import load, table
 from vitedge.exporter.quantize.calibrate import natural_calibration
 from vitedge.exporter.quantize.compressed import Judged, resolution_bounds
 from vitedge.exporter.core.report import Tolerance
@@ -227,6 +228,37 @@ def main(argv=None) -> int:
 
 def _f(v) -> str:
     return "-" if v is None else f"{v:.4g}"
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def compressed_profiles() -> str:
+    """Per compressed profile and criterion: the worst correct value | the threshold | the best planted value."""
+    def num(x, spec: str) -> str:
+        return "-" if x is None else format(x, spec)
+    rows = []
+    for kind, s in load("compressed_profiles.json")["summary"].items():
+        row = [kind]
+        for key, spec in (("cosine", ".4f"), ("psnr_db", ".1f"), ("top1_agreement", ".3f"), ("accuracy_drop", ".2g")):
+            c = s[key]
+            row.append(f"{num(c['worst_correct'], spec)} \\| {c['threshold']:g} \\| {num(c['best_planted'], spec)}")
+        rows.append(row)
+    return table(["profile", "cosine", "PSNR dB", "top-1 agreement", "accuracy drop"], rows)
+
+
+def compressed_int8() -> str:
+    """The int8 profile's worst correct values against its thresholds, from compressed_profiles.json."""
+    s = load("compressed_profiles.json")["summary"]["int8"]
+    return (f"worst correct int8 artifact cosine {s['cosine']['worst_correct']:.3f} (threshold "
+            f"{s['cosine']['threshold']:g}), PSNR {s['psnr_db']['worst_correct']:.1f} dB "
+            f"({s['psnr_db']['threshold']:g}), "
+            f"top-1 agreement {s['top1_agreement']['worst_correct']:.3f} ({s['top1_agreement']['threshold']:g}); "
+            + ("every planted-broken int8 artifact fails" if not s["planted_passed"]
+               else f"{len(s['planted_passed'])} planted-broken int8 artifacts pass"))
+
+
+TABLES = {"compressed_profiles": compressed_profiles, "compressed_int8": compressed_int8}
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ import numpy as np
 import _corpus
 import _script
 import _stats
+from _tables import load, table
 import vitedge
 from vitedge.exporter.quantize.compressed import Judged, judge_compressed
 from vitedge.exporter.verdict.criteria import COMPRESSED_K, COMPRESSED_MEDIAN, effective_noise, sample_errors
@@ -238,6 +239,28 @@ def main(argv=None) -> int:
               f"{e['worst_correct_median']:.2f}, weights {e['worst_correct_weights_ratio']:.2f}; caught / planted "
               f"(by the outputs alone, visible but missed): {plants}")
     return 0
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def compressed_verdicts() -> str:
+    """Per compressed kind: K, the worst correct ratio to the emulation, planted errors caught (by the outputs
+    alone), the x1.1 plants caught and the smallest error the outputs caught, from compressed_verdicts.json."""
+    rows = []
+    for kind, k in load("compressed_verdicts.json")["summary"]["kinds"].items():
+        plants = k["plants"].values()
+        caught, of = sum(p["caught"] for p in plants), sum(p["of"] for p in plants)
+        small = k["plants"]["x1.1"]
+        rows.append([f"`{kind}`", f"{k['k']:g}", f"{k['worst_correct_ratio']:.2f}",
+                     f"{caught}/{of} ({sum(p['caught_by_outputs'] for p in plants)})",
+                     f"{small['caught']}/{small['of']}", f"{k['smallest_caught_by_outputs_error']:.1e}"])
+    head = ["kind", "K", "worst correct ratio", "caught / planted (by the outputs alone)", "× 1.1 caught",
+            "smallest error caught by the outputs"]
+    return table(head, rows, sep="| ---")
+
+
+TABLES = {"compressed_verdicts": compressed_verdicts}
 
 
 if __name__ == "__main__":

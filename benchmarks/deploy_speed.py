@@ -17,6 +17,9 @@ latency, GFLOP/s, % of GEMM, nodes and ORT's fused ops per graph, speedups with 
 the issue's targets as PASS/MISS, measured, never tuned.
 
     python benchmarks/deploy_speed.py [--quick] [--swin reduced] [--out FILE]
+
+Length: one study (every candidate graph built, timed and checked per model, thread count and batch) and the
+tables that render its JSON, which read the same cells.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ import _corpus
 import _graphs
 import _script
 import _stats
+from _tables import load, ratio, run_line, table
 import _timing
 from vitedge.exporter.onnx.onnx_export import OnnxExportError, check_onnx, export_onnx, simplify_onnx
 from vitedge.exporter.reparam import reparameterize
@@ -394,6 +398,109 @@ def main(argv=None) -> int:
     print_summary(results, gemm_median)
     print_ratios(results, targets)
     return 0
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def _threads_label(c: dict) -> str:
+    if c["threads"] == 1:
+        return "1"
+    return "all no-spin" if c.get("spinning") == "off" else "all"
+
+
+def _json_cell(m: dict, threads, batch: int, spinning: str = "default") -> dict | None:
+    return next((c for c in m["cells"] if c["threads"] == threads and c["batch"] == batch
+                 and c.get("spinning", "default") == spinning), None)
+
+
+def _target(d: dict, model: str, key: str) -> dict | None:
+    return next((t for t in d.get("targets", []) if t.get("model") == model and t["target"].endswith(f"({key})")),
+                None)
+
+
+def _with_target(d: dict, model: str, key: str, r: dict) -> str:
+    t = _target(d, model, key)
+    if t is None:
+        return ratio(r)
+    met = "met" if t["status"] == "PASS" else "**missed**"
+    return f"{ratio(r)} (target ≥ {t['threshold']:.2f}: {met})"
+
+
+def deploy_speed_headline(name: str = "deploy_speed.json") -> str:
+    """Per model: vitedge's deploy-form over the best plain export (c/a) at 1 thread and all threads, batch 1,
+    and over timm's port (c/d), with the run's targets."""
+    d = load(name)
+    rows = []
+    for m in d["models"]:
+        one, every = _json_cell(m, 1, 1), _json_cell(m, "all", 1)
+        rows.append([m["model"], _with_target(d, m["model"], "c/a", one["speedups"]["c/a"]),
+                     ratio(every["speedups"]["c/a"]) if every else "",
+                     _with_target(d, m["model"], "c/d", one["speedups"]["c/d"]) if "c/d" in one["speedups"] else ""])
+    head = ["model", "deploy-form vs best plain export, 1 thread, batch 1", "same, all threads, batch 1",
+            "vs timm's port (its best export), 1 thread"]
+    return f"Run: {run_line(d)} (`benchmarks/results/{name}`):\n\n" + table(head, rows, sep="| ---")
+
+
+def deploy_speed_model(name: str, model: str) -> str:
+    """One model's cells: latencies of (a) the best plain export, (b) folded, (c) folded + rewrites, (d) the best
+    timm export, GFLOP/s, % of the GEMM and the paired ratios."""
+    m = next(m for m in load(name)["models"] if m["model"] == model)
+    timm = any("d" in c["baselines"] for c in m["cells"])
+    nodes = ", ".join(f"({k}) {n['total']}" for k, n in m["nodes"].items())
+    head = ["threads", "batch", "rounds", "(a) =", "(a) ms", "(b) ms", "(c) ms"] + (["(d) =", "(d) ms"] if timm else [])
+    head += ["(c) GFLOP/s", "(c) % GEMM", "b/a", "c/a"] + (["c/d"] if timm else [])
+    rows = []
+    for c in m["cells"]:
+        a = c["baselines"]["a"]["best"]
+        row = [_threads_label(c), c["batch"], c["rounds"], a, f"{c['latency'][a]['p50_ms']:.2f}",
+               f"{c['latency']['b']['p50_ms']:.2f}", f"{c['latency']['c']['p50_ms']:.2f}"]
+        if timm:
+            dd = c["baselines"]["d"]["best"]
+            row += [dd, f"{c['latency'][dd]['p50_ms']:.2f}"]
+        pct = c["pct_gemm"].get("c") if c["threads"] == 1 else None
+        row += [f"{c['gflops']['c']:.1f}", "" if pct is None else f"{pct:.1f}", ratio(c["speedups"]["b/a"]),
+                ratio(c["speedups"]["c/a"])] + ([ratio(c["speedups"]["c/d"])] if timm else [])
+        rows.append(row)
+    return f"Rewrites in (c): {', '.join(m['rewrites'])}. ONNX nodes: {nodes}.\n\n" + table(head, rows)
+
+
+def deploy_speed_targets(name: str) -> str:
+    """The run's targets as the script judged them (PASS / MISS on the point estimate, the CI stated)."""
+    rows = []
+    for t in load(name)["targets"]:
+        if "ratio" in t:
+            clears = "clears the target" if t["ci_clears"] else "reaches below the target"
+            got = f"{t['ratio']:.3f}× [{t['ci'][0]:.3f}–{t['ci'][1]:.3f}] (base {t['base']}); the CI {clears}"
+        elif "below" in t:
+            got = f"{t['ratios'] - len(t['below'])}/{t['ratios']} ratios clear it"
+        elif "pct_gemm" in t:
+            got = f"{t['pct_gemm']:.1f} % of the GEMM"
+        else:
+            got = t["why"]
+        rows.append([t["target"], got, f"**{t['status']}**"])
+    return table(["target", "measured", "status"], rows)
+
+
+def deploy_speed_line(name: str) -> str:
+    """A deploy-speed run's 1-thread, batch-1 c/a per model (c/d beside it) and its floor, in one sentence."""
+    d = load(name)
+    parts = []
+    for m in d["models"]:
+        sp = _json_cell(m, 1, 1)["speedups"]
+        cd = f" (c/d {ratio(sp['c/d'])})" if "c/d" in sp else ""
+        parts.append(f"{m['model']} {ratio(sp['c/a'])}{cd}")
+    floor = next(t for t in d["targets"] if "below" in t)
+    return (f"1 thread, batch 1, c/a: {', '.join(parts)}; floor: {floor['ratios'] - len(floor['below'])}/"
+            f"{floor['ratios']} lower bounds ≥ {floor['threshold']:g}")
+
+
+TABLES = {
+    "deploy_speed_headline": deploy_speed_headline,
+    "deploy_speed_model": deploy_speed_model,
+    "deploy_speed_targets": deploy_speed_targets,
+    "deploy_speed_line": deploy_speed_line,
+}
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import _corpus
 import _graphs
 import _script
 import _stats
+from _tables import load, table
 import _timing
 from vitedge.exporter.reparam.forms import build_deploy_form, build_train_form
 from vitedge.exporter.verdict.inputs import natural_inputs
@@ -141,6 +142,48 @@ def main(argv=None) -> int:
             for key, q in cell["speedups"].items():
                 print(f"  {r['model']} ({r['config']}) {cell['threads']} thread(s) {key}: {_stats.fmt_ratio(q)}")
     return 0
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def _x(r: dict) -> str:
+    return f"{r['ratio']:.2f}x ({r['ci'][0]:.2f}-{r['ci'][1]:.2f})"
+
+
+def executorch_speed() -> str:
+    """ExecuTorch fp32 / int8 against ONNX Runtime fp32 on the same deploy-form, per thread count."""
+    d = load("executorch_speed.json")
+    rows = []
+    for m in d["models"]:
+        for c in m["cells"]:
+            lat, sp = c["latency_ms"], c["speedups"]
+            rows.append([m["model"], c["threads"]]
+                        + [f"{lat[k]['p50_ms']:.2f} ms" for k in ("ort", "et", "et.plain", "et.int8")]
+                        + [_x(sp["et vs ort"]), _x(sp["et vs et.plain"]), _x(sp["et.int8 vs et"])])
+    head = ["model", "threads", "ONNX Runtime fp32", "ExecuTorch fp32", "fp32, no rewrites", "ExecuTorch int8",
+            "ET fp32 vs ORT", "rewrites gain", "int8 vs fp32"]
+    mach = d["machine"]
+    sizes = ", ".join(f"{m['model']} {m['pte_bytes']['et'] / 1e6:.1f} MB fp32 / "
+                      f"{m['pte_bytes']['et.int8'] / 1e6:.1f} MB int8" for m in d["models"])
+    met = sum(t["status"] == "PASS" for t in d["targets"])
+    return (table(head, rows, sep="| ---") + f"\n\nMedians (batch {d['settings']['batch']}) on {mach['cpu']}, "
+            f"{mach['cores']} cores, {mach['date']}; ratios are paired bootstrap 95 % intervals. "
+            f"Program sizes: {sizes}.\n"
+            f"Targets: {met} of {len(d['targets'])} met.")
+
+
+def executorch_ratios() -> str:
+    """ET fp32 over ORT fp32 and int8 over fp32, per model, 1 thread / 2 threads, from executorch_speed.json."""
+    d = load("executorch_speed.json")
+
+    def per(key: str) -> str:
+        return ", ".join(f"{m['model']} " + " / ".join(f"{c['speedups'][key]['ratio']:.2f}×" for c in m["cells"])
+                         for m in d["models"])
+    return f"{per('et vs ort')}; the int8 `.pte` against its fp32 {per('et.int8 vs et')}"
+
+
+TABLES = {"executorch_speed": executorch_speed, "executorch_ratios": executorch_ratios}
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import re
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from pathlib import Path
 import _corpus
 import _graphs
 import _script
+from _tables import load
 from vitedge.models import get_spec, list_models
 
 TARGET_S = 300.0
@@ -94,6 +96,24 @@ def main() -> None:
         print(f"  {r['model']:20s} {r['wall_s']:7.1f} s  exit {r['exit_code']}  {r['samples']} samples")
     within = sum(r["wall_s"] <= TARGET_S and r["exit_code"] == 0 for r in every)
     print(f"within {TARGET_S:.0f} s and exit 0: {within}/{len(every)}")
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def export_all_time() -> str:
+    """Every registered model's default export, from export_all_time.json."""
+    d = load("export_all_time.json")
+    ms = sorted(d["models"], key=lambda m: m["wall_s"])
+    ok = [m for m in ms if m["exit_code"] == 0 and m["wall_s"] <= d["settings"]["target_s"]]
+    rest, slow = ms[:-3], ms[-3:][::-1]
+    return (f"**{len(ok)} of {len(ms)} exit 0 within {d['settings']['target_s'] / 60:g} minutes**: "
+            f"{rest[0]['wall_s']:.0f}–{rest[-1]['wall_s']:.0f} s for {len(rest)} of them, median "
+            f"{statistics.median(m['wall_s'] for m in ms):.0f} s; the slowest are "
+            + ", ".join(f"{m['model']} {m['wall_s']:.0f} s" for m in slow))
+
+
+TABLES = {"export_all_time": export_all_time}
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import _corpus
 import _graphs
 import _script
 import _stats
+from _tables import load, ratio, table
 import _timing
 from vitedge.exporter.verdict.hops import parity_inputs_for
 from vitedge.exporter.onnx.onnx_export import EXPORTERS, check_onnx, default_opset, export_onnx_info, simplify_onnx
@@ -173,6 +174,22 @@ def main(argv=None) -> int:
         print(f"  {r['model']} ({r['config']}) export time dynamo/torchscript: "
               f"{_stats.fmt_ratio(r['export_time']['dynamo/torchscript'])}")
     return 0
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def exporters() -> str:
+    """Per model: the faster TorchScript graph over the faster dynamo graph (> 1: dynamo faster), and export time."""
+    rows = []
+    for m in load("exporters.json")["models"]:
+        lat = [ratio(c["speedups"]["torchscript-best/dynamo-best"]) for c in m["cells"]]
+        t = m["export_time"]
+        rows.append([m["model"]] + lat + [f"{t['dynamo']['p50_ms'] / t['torchscript']['p50_ms']:.1f}×"])
+    return table(["model", "latency, 1 thread", "all threads", "export time"], rows, sep="| ---")
+
+
+TABLES = {"exporters": exporters}
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ import torch.nn.functional as F
 
 import _corpus
 import _script
+from _tables import load, sci
 import vitedge
 from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, simplify_keeping_fusions
 from vitedge.exporter.verdict.criteria import NOISE_FLOOR, NOISE_K, NoiseRule, allowances, sample_errors
@@ -280,6 +281,43 @@ def main(argv=None) -> int:
           f"samples above 1: {above}: {'met' if summary['met'] else 'NOT met'}; the upper bound is above the target "
           f"for: {', '.join(summary['upper_above_target']) or 'none'}")
     return 0 if summary["met"] else 1
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def false_failures() -> str:
+    """The false-failure study: per model, the samples, median and largest ratio of its correct fp32 ONNX artifacts,
+    the tail's shape and the estimated probability that a correct export fails at the extrapolated size (with its
+    upper bound); then that estimate per K of the grid, and the K the product uses."""
+    d = load("false_failures.json")
+    s = d["summary"]
+    parts = []
+    for m in d["models"]:
+        arts = list(m["artifacts"].values())
+        t = max((a["tail"] for a in arts), key=lambda t: t["p_fail_at_n_upper"])
+        parts.append(f"{m['model']} ({m['weights']}, {m['samples']} samples): median ratio "
+                     f"{max(a['q0.5'] for a in arts):.2f}, largest {max(a['max'] for a in arts):.2f}, "
+                     f"{sum(a['above_1'] for a in arts)} above 1, tail shape {t['shape']:.2f} "
+                     f"[{t['shape_ci95'][0]:.2f}, {t['shape_ci95'][1]:.2f}], P(fail at {s['extrapolated_to']}) "
+                     f"{sci(t['p_fail_at_n'])} (upper bound {sci(t['p_fail_at_n_upper'])})")
+    grid = ", ".join(f"K {k}: {sci(p)} ({sci(s['worst_p_fail_by_k_upper'][k])})"
+                     for k, p in s["worst_p_fail_by_k"].items())
+    verdict = "met" if s["met"] else "**not met**"
+    smallest = "none of the grid" if s["smallest_k_meeting"] is None else f"K = {s['smallest_k_meeting']:g}"
+    above = s["upper_above_target"]
+    return (f"{'; '.join(parts)}. The worst estimate over these models per K of the grid (floor "
+            f"{s['rule']['floor']:g}; upper bound in brackets): {grid}; the smallest K whose estimate meets the "
+            f"target: {smallest}. At the product's K = {s['rule']['k']:g}, the target, a correct export failing "
+            f"fewer than {s['target']:g} of the time at {s['extrapolated_to']} natural samples, is {verdict} by the "
+            f"tail fit's estimate (at most {sci(s['worst_p_fail_at_n'])}); its upper bound (the tail's shape at the "
+            "top of its 95 % bootstrap interval) is " + (f"above the target for {', '.join(above)} (at most "
+                                                          f"{sci(s['worst_p_fail_at_n_upper'])})" if above
+                                                          else "below it too")
+            + " (`benchmarks/results/false_failures.json`).")
+
+
+TABLES = {"false_failures": false_failures}
 
 
 if __name__ == "__main__":

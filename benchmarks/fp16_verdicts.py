@@ -29,6 +29,7 @@ import numpy as np
 import _corpus
 import _script
 import _stats
+from _tables import load, sci
 import vitedge
 from vitedge.exporter.verdict.criteria import FP16_K, FP16_MEDIAN, effective_noise, sample_errors
 from vitedge.exporter.reparam.forms import build_deploy_form
@@ -172,6 +173,26 @@ def main(argv=None) -> int:
     for p, e in summ["plants"].items():
         print(f"  {p}: {e['caught']}/{e['of']} ({e['visible_missed']})")
     return 0
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def fp16_verdicts() -> str:
+    """What the fp16 rule caught and passed, from fp16_verdicts.json."""
+    s = load("fp16_verdicts.json")["summary"]
+    names = {"zero_layer": "a zeroed layer", "sign_flip": "a sign-flipped channel", "x10": "a channel × 10",
+             "x2": "× 2", "x0": "× 0", "x1.1": "× 1.1"}
+    plants = s["plants"]
+    return (f"correct artifacts reach at most {s['worst_correct_ratio']:.2f} × their reference error and "
+            f"{s['worst_correct_weights_ratio']:.2f} of the weights check's allowance ("
+            + ("none failed" if not s["correct_failed"] else f"{len(s['correct_failed'])} failed") + "); caught: "
+            + ", ".join(f"{names.get(k, k)} {v['caught']}/{v['of']}" for k, v in plants.items())
+            + " (by the outputs alone: " + ", ".join(str(v["caught_by_outputs"]) for v in plants.values())
+            + f"). The smallest error caught was {sci(s['smallest_caught_error'])} of the largest logit")
+
+
+TABLES = {"fp16_verdicts": fp16_verdicts}
 
 
 if __name__ == "__main__":

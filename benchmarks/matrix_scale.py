@@ -31,6 +31,7 @@ import yaml
 import _corpus
 import _script
 import _stats
+from _tables import load, ratio
 from vitedge.exporter.timing import latency
 from vitedge.exporter.matrix import matrix
 
@@ -139,6 +140,22 @@ def main(argv=None) -> int:
     t = body["targets"][0]
     print(f"  {t['status']}: {t['name']}: {t['value_s']:.2f} s")
     return 0
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def matrix_scale() -> str:
+    """The 12-cell plan on 1 and 2 local workers, Ray, and a fully cached re-run, from matrix_scale.json."""
+    d = load("matrix_scale.json")
+    med, r = d["median_s"], d["ratios"]
+    return (f"1 local worker {med['local1']:.2f} s, 2 workers {med['local2']:.2f} s ({ratio(r['local1/local2'])}), "
+            f"Ray with 2 CPUs {med['ray2']:.2f} s ({ratio(r['ray2/local2'])} of the 2-worker pool's time; Ray's "
+            f"start-up, {d['ray_start_s']:.1f} s, not included); **a fully cached re-run of the "
+            f"{d['settings']['cells']} cells in a fresh process: {med['cached']:.2f} s**")
+
+
+TABLES = {"matrix_scale": matrix_scale}
 
 
 if __name__ == "__main__":

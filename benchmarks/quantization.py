@@ -32,6 +32,7 @@ import numpy as np
 import _corpus
 import _script
 import _stats
+from _tables import load, ratio, table
 import _timing
 from vitedge.exporter.quantize.calibrate import natural_calibration
 from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, simplify_onnx
@@ -218,6 +219,69 @@ def main(argv=None) -> int:
                 print(f"  {n} top-1 {k}: {v['drop_points']:+.2f} points below fp32 (agreement "
                       f"{v['agreement_with_fp32']:.4f}){verdict}")
     return 0
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def quantization_speed() -> str:
+    """int8 QDQ (the graph vitedge writes) over the faster fp32 deploy-form graph, 1 thread and all threads."""
+    d = load("quantization.json")
+    goals = d["settings"]["targets"]["int8_speedup"]
+    rows = []
+    for m in d["latency"]:
+        row = [m["model"]]
+        for c in m["cells"]:
+            r = c["speedups"][f"{c['baseline']}/int8"]
+            goal = goals.get(m["model"]) if c["threads"] == 1 else None
+            met = "" if goal is None else f" (target ≥ {goal:g}: {'met' if r['ratio'] >= goal else '**missed**'})"
+            row.append(ratio(r) + met)
+        rows.append(row + [f"{m['bytes']['fp32/int8']:.2f}×"])
+    return table(["model", "int8 speed-up, 1 thread", "all threads", "ONNX size fp32 / int8"], rows, sep="| ---")
+
+
+def quantization_fixtures() -> str:
+    """Top-1 of every artifact kind on the trained fixtures' held-out digits, and its agreement with fp32."""
+    fx = load("quantization.json")["fixtures"]
+    names = {"fp32": "fp32", "int8": "int8 (ONNX Runtime encoding)",
+             "int8-tensorrt-encoding": "int8 (TensorRT encoding, on ONNX Runtime)", "coreml-fp16": "CoreML fp16",
+             "coreml-w8": "w8", "coreml-palette4": "palette4", "coreml-palette6": "palette6", "coreml-w8a8": "w8a8"}
+    order = ("swiftformer_digits", "slab_deit_digits")
+
+    def top1(r: dict, full: bool) -> str:
+        lo, hi = r["wilson95"]
+        return f"{r['correct']} ({100 * r['top1']:.2f} %, {100 * lo:.1f}-{100 * hi:.1f})" if full else str(r["correct"])
+    rows = []
+    for key, label in names.items():
+        row = [label]
+        for f in order:
+            r = fx[f][key]
+            row += [top1(r, key == "fp32" or r["correct"] != fx[f]["fp32"]["correct"]),
+                    "" if key == "fp32" else f"{r['agreement_with_fp32']:.4f}"]
+        rows.append(row)
+    return table(["artifact", "SwiftFormer top-1", "agreement with fp32", "SLAB-DeiT top-1", "agreement"], rows)
+
+
+def coreml_sizes_table() -> str:
+    """How much smaller each compressed CoreML package is than the fp16 one, from quantization.json."""
+    q = load("quantization.json")
+    d, goals = q["coreml_sizes"], q["settings"]["targets"]
+
+    def one(kind: str, x: float, first: bool) -> str:
+        goal = goals.get(f"{kind}_smaller")
+        verdict = "met" if goal is not None and x >= goal else "**missed**"
+        met = "" if goal is None else f" ({'target ' if first else ''}≥ {goal:g}: {verdict})"
+        return f"{kind} {x:.2f}×" + (" smaller than fp16" if first else "") + met
+    packs = [(k, v["smaller_than_fp16"]) for k, v in d["packages"].items() if "smaller_than_fp16" in v]
+    return (f"CoreML sizes on {d['model']} ({d['params'] / 1e6:.1f} M parameters): "
+            + ", ".join(one(k, x, i == 0) for i, (k, x) in enumerate(packs)))
+
+
+TABLES = {
+    "quantization_speed": quantization_speed,
+    "quantization_fixtures": quantization_fixtures,
+    "coreml_sizes": coreml_sizes_table,
+}
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import torch
 
 import _corpus
 import _script
+from _tables import load, table
 from vitedge.exporter.verdict.criteria import NOISE_FLOOR, NOISE_K, NoiseRule, sample_errors
 from vitedge.exporter.reparam.forms import build_deploy_form
 from vitedge.exporter.verdict.inputs import parity_set
@@ -90,6 +91,28 @@ def main() -> None:
                 print(f"{r['model']:18s} {t:>7s} {s:8s} {d['noise_median']:9.2e} {d['noise_max']:9.2e}  "
                       + " | ".join(f"{v:.2f}" for v in w))
     print(f"results: {path}")
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def reference_threads() -> str:
+    """The natural-set float32 noise median per thread count, and the worst correct ratio against the 1- and
+    2-thread references."""
+    rows = []
+    for m in load("reference_threads.json")["models"]:
+        th = m["threads"]
+
+        def worst(n: str) -> float:
+            return max(r for s in th[n].values() for r in s["worst_ratio"].values())
+        noise = [f"{th[n]['natural']['noise_median']:.2e}".replace("e-0", "e-") for n in ("1", "2", "4")]
+        rows.append([m["model"]] + noise
+                    + [f"{worst('1'):.2f} / {worst('2'):.2f}"])
+    return table(["model", "1 thread", "2 threads", "4 threads",
+                  "worst correct ratio vs the 1-thread / 2-thread reference"], rows)
+
+
+TABLES = {"reference_threads": reference_threads}
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import _corpus
 import _graphs
 import _script
 import _stats
+from _tables import load
 import _timing
 from vitedge.exporter.reparam import reparameterize
 from vitedge.models import create_model, get_spec, list_models, make_trained_like
@@ -292,6 +293,18 @@ def main(argv=None) -> int:
           + (", ".join(f"{d['model']} {d['imgsz']} px {d['ratio']:.3f}x{' (beyond noise)' if d['beyond_noise'] else ''}"
                        for d in dis) or "no disagreement"))
     return 0
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def resolution_scaling() -> str:
+    """ONNX Runtime p50 per size and model, with the measured best attention order and the rule's verdict: the
+    table resolution_scaling.py rendered from its own `sizes` and stored beside them in the JSON."""
+    return load("resolution_scaling.json")["markdown"]
+
+
+TABLES = {"resolution_scaling": resolution_scaling}
 
 
 if __name__ == "__main__":

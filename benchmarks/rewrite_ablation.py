@@ -19,6 +19,7 @@ import _corpus
 import _graphs
 import _script
 import _stats
+from _tables import load, ratio, table
 import _timing
 from vitedge.exporter.verdict.inputs import parity_inputs
 from vitedge.exporter.reparam import available_rewrites, reparameterize
@@ -84,6 +85,24 @@ def main(argv=None) -> int:
     print("\nratios (latency of all but one rewrite / latency of all, > 1 = that rewrite makes the graph faster):")
     _stats.print_ratios(results, "speedups")
     return 0
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def rewrite_ablation(name: str = "rewrite_ablation.json") -> str:
+    """Per model and rewrite: all rewrites over all but that one (> 1: the rewrite makes the graph faster)."""
+    rows = []
+    for m in load(name)["models"]:
+        for rw in m["rewrites"]:
+            r = m["speedups"][f"all/all-but-{rw}"]
+            nodes = f"{m['nodes']['all']['total']} / {m['nodes'][f'all-but-{rw}']['total']}"
+            rows.append([m["model"], f"`{rw}`", nodes,
+                         ratio(r)])
+    return table(["model", "without this rewrite", "ONNX nodes (all / without)", "all / all-but"], rows)
+
+
+TABLES = {"rewrite_ablation": rewrite_ablation}
 
 
 if __name__ == "__main__":

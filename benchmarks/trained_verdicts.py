@@ -33,6 +33,7 @@ from PIL import Image
 
 import _corpus
 import _script
+from _tables import load, table
 import vitedge
 from vitedge.exporter.verdict import trained_reference as tf
 from vitedge.targets.plants import plant_channel_scale
@@ -144,6 +145,34 @@ def main(argv=None) -> int:
     if missing:
         print(f"  not measured yet: {', '.join(missing)} (--models)")
     return 0 if correct_ok and all(v == len(rows) for v in caught.values()) else 1
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def trained_verdicts() -> str:
+    """Each trained model's hops on its labelled held-out images (status and worst ratio over the sets) and the
+    errors planted in its saved ONNX, from trained_verdicts.json."""
+    d = load("trained_verdicts.json")
+    hops = [h["hop"] for h in d["models"][0]["hops"]]
+    plants = list(d["models"][0]["planted"])
+    rows = []
+    for m in d["models"]:
+        by = {h["hop"]: h for h in m["hops"]}
+        cells = []
+        for name in hops:
+            h = by.get(name)
+            worst = max(h["noise_ratio"].values()) if h else None
+            cells.append("" if h is None else ("passed" if h["status"] == "passed" else f"**{h['status']}**")
+                         + f" {worst:.2f}")
+        caught = ", ".join(f"{k} {'caught' if v['caught'] else '**missed**'}" for k, v in m["planted"].items())
+        rows.append([m["model"], f"{100 * m['reference_top1_accuracy']:.1f} %"] + cells + [caught])
+    head = (["model", "train-form top-1"] + [f"{h} (worst ratio)" for h in hops]
+            + [f"planted in the ONNX ({len(plants)})"])
+    return table(head, rows, sep="| ---")
+
+
+TABLES = {"trained_verdicts": trained_verdicts}
 
 
 if __name__ == "__main__":
