@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..models.checkpoints.digest import sha256_file  # noqa: F401  (shared here with every layer above)
+from ..models.digest import sha256_file  # noqa: F401  (shared here with every layer above)
 
 if TYPE_CHECKING:  # annotations only: importing this module stays torch-free (the CLI builds parsers from it)
     import torch.nn as nn

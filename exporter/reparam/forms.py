@@ -13,7 +13,8 @@ import torch
 import torch.nn as nn
 
 from ...errors import VitedgeError
-from ...models.checkpoints import Identified, identify, load_checkpoint, resolve_checkpoint, sha256_file
+from ...models.checkpoints import Identified, identify, load_checkpoint, resolve_checkpoint
+from ...models.digest import sha256_file
 from ...models.preprocess import RECIPE_FLAGS, Recipe
 from ...models.registry import create_model, recipe_of, resolve_imgsz
 from ...models.trained_like import make_trained_like

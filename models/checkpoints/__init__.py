@@ -1,6 +1,6 @@
 """The checkpoint room: everything that turns a checkpoint someone trained into weights in a vitedge model.
 
-Entry point (names imported lazily from here, so `import vitedge.models.checkpoints` is torch-free):
+Entry point:
 
     found = identify(checkpoint, name=None, overrides={})      # the model it holds, read once
     model = create_model(found.name, **found.overrides)
@@ -15,7 +15,8 @@ keys.py                 its keys against a model's: wrapper prefixes, the famili
 safe_pickle.py          reads torch.save files (zip and legacy) without running code from them
 transformers_folder.py  a transformers save_pretrained folder: config.json, weights or shards, preprocessor
 hub_sources.py          `hf-hub:` / `timm:` checkpoints, resolved through huggingface_hub's cache (vitedge[hub])
-digest.py               sha256 of the weights (and of any file: targets/base.py shares it with every layer)
+
+The weights' sha256 is models/digest.py's (one file hash for every layer: targets/base.py shares it, torch-free).
 
 A family's own layouts stay beside its models and are registered there (registry.register_family): timm's and
 transformers' SwiftFormer names (models/swiftformer.py, models/swiftformer_hf.py), SLAB's norm layouts
@@ -23,19 +24,9 @@ transformers' SwiftFormer names (models/swiftformer.py, models/swiftformer_hf.py
 """
 from __future__ import annotations
 
-import importlib
+from .hub_sources import resolve_checkpoint
+from .identify_model import Identified, identify
+from .load import LoadResult, extract_state_dict, load_checkpoint, read_checkpoint
 
-_NAMES = {
-    "identify": "identify_model", "Identified": "identify_model",
-    "load_checkpoint": "load", "LoadResult": "load", "read_checkpoint": "load", "extract_state_dict": "load",
-    "resolve_checkpoint": "hub_sources",
-    "sha256_file": "digest",
-}
-
-__all__ = sorted(_NAMES)
-
-
-def __getattr__(name: str):
-    if name in _NAMES:
-        return getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["Identified", "LoadResult", "extract_state_dict", "identify", "load_checkpoint", "read_checkpoint",
+           "resolve_checkpoint"]

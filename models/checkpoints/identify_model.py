@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...errors import CheckpointError
+from ..digest import digest_files
 from ..preprocess import Recipe, from_preprocessor_config
 from ..registry import get_spec, transformers_ports
-from .digest import digest_files
 from .hub_sources import is_hub_spec, parse_source, resolve_checkpoint
 from .keys import head_classes
 from .load import extract_state_dict, read_checkpoint, read_weights

@@ -1,4 +1,5 @@
-"""sha256 of files on disk: a checkpoint's weights, and (through targets/base.py) every artifact vitedge writes.
+"""sha256 of files on disk: a checkpoint's weights (models/checkpoints/), and (through targets/base.py) every
+artifact vitedge writes.
 
 One implementation for every layer: models/ is the lowest layer that both the checkpoint room and the targets can
 import. Torch-free, so the CLI's parsers (built from targets/base.py) stay fast.
