@@ -270,7 +270,8 @@ def all_models_summary() -> str:
                f"{probe} rows measured with the feature probe, {n - probe} from the earlier run without it")
             + " (`measured_in`); "
             + ("every row" if today == n else f"{today} rows") + f" judged by today's fp32 rule (floor "
-            f"{rule['noise_floor']:g}, K {rule['noise_k']:g})" + (f", {n - today} by an earlier one" if today < n else "")
+            f"{rule['noise_floor']:g}, K {rule['noise_k']:g})"
+            + (f", {n - today} by an earlier one" if today < n else "")
             + " (each row's `rule`).")
 
 

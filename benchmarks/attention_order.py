@@ -53,7 +53,8 @@ def measure_point(candidates: dict[tuple[str, str], tuple], x: np.ndarray, rule:
     Runtime call slows that call (caches evicted), which would bias whichever order follows it."""
     out = {}
     for b in BACKENDS:
-        t = _timing.time_rounds({o: (lambda f=candidates[(b, o)][0]: f(x)) for o in ORDERS}, rounds, max_s / len(BACKENDS))
+        t = _timing.time_rounds({o: (lambda f=candidates[(b, o)][0]: f(x)) for o in ORDERS}, rounds,
+                                max_s / len(BACKENDS))
         med = {o: float(np.median(t[o])) for o in ORDERS}
         best = min(ORDERS, key=med.get)
         qk_kv = _stats.speedup(t["qk_first"], t["kv_first"])  # median(qk) / median(kv): > 1 = kv_first faster
@@ -266,7 +267,8 @@ def main(argv=None) -> int:
     result = {"settings": {"threads": 1, "min_rounds": rounds, "max_s_per_point": max_s, "batch": 1,
                            "backends": list(BACKENDS)},
               "series": series, "fixed_size": fixed_size_orders(args.quick)}
-    path = _script.write_results(_script.out_path("attention_order", args), "attention_order", info, args, result, started)
+    path = _script.write_results(_script.out_path("attention_order", args), "attention_order",
+                                 info, args, result, started)
     print(f"\nresults: {path}\n{info['load_note']}")
     print_ratios(result)  # last, as every benchmark script does
     return 0

@@ -211,7 +211,8 @@ def main(argv=None) -> int:
     body = {"settings": {"calibration_samples": CALIB, "emulated_prefix": EMULATED_PREFIX,
                          "profiles": {k: dataclasses.asdict(v) for k, v in COMPRESSED_TOLERANCES.items()}},
             "cases": rows, "summary": summ}
-    path = _script.write_results(_script.out_path("compressed_profiles", args), "compressed_profiles", info, args, body, started)
+    path = _script.write_results(_script.out_path("compressed_profiles", args), "compressed_profiles",
+                                 info, args, body, started)
     print(f"\nresults: {path}")
     print("\nprofiles (per criterion: worst correct artifact | threshold | best planted-broken artifact):")
     for profile, entry in summ.items():

@@ -173,7 +173,8 @@ def summary(rows: list[dict]) -> dict:
         by_plant = {}
         for p in dict.fromkeys(r["plant"] for r in bad):
             rs = [r for r in bad if r["plant"] == p]
-            by_plant[p] = {**_stats.plant_counts(rs), "smallest_weights_ratio": min(r["weights_ratio"] or 0.0 for r in rs)}
+            by_plant[p] = {**_stats.plant_counts(rs),
+                           "smallest_weights_ratio": min(r["weights_ratio"] or 0.0 for r in rs)}
         out["kinds"][kind] = {
             "k": COMPRESSED_K[profile_for(kind)], "worst_correct_ratio": max(r["worst_ratio"] for r in mine),
             "worst_correct_median": max((r["median_ratio"] or 0.0) for r in mine),
@@ -224,7 +225,7 @@ def main(argv=None) -> int:
     summ["kinds_measured"] = {m: sorted({r["kind"] for r in rows if r["model"] == m}, key=KINDS.index)
                               for m in dict.fromkeys(r["model"] for r in rows)}
     path = _script.write_results(_script.out_path("compressed_verdicts", args), "compressed_verdicts", info, args,
-                           {"settings": {"k": COMPRESSED_K, "median": COMPRESSED_MEDIAN, "positions": POSITIONS,
+                                 {"settings": {"k": COMPRESSED_K, "median": COMPRESSED_MEDIAN, "positions": POSITIONS,
                                          "visible": VISIBLE, "samples": SAMPLES, "weight_k": WEIGHT_K},
                             "cases": rows, "summary": summ}, started)
     if not missing:  # complete: nothing left to resume

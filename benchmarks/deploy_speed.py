@@ -186,15 +186,15 @@ def measure_cell(graphs: dict, keys: list, config: tuple, batch: int, imgsz: int
     label, threads, spinning = config
     x = np.random.default_rng(100 + batch).standard_normal((batch, 3, imgsz, imgsz)).astype(np.float32)
     sessions = _timing.ort_sessions({k: graphs[(k, batch)] for k in keys}, threads, spinning, seed=batch + threads,
-                              copies=COPIES if threads == 1 else 1)
+                                    copies=COPIES if threads == 1 else 1)
     # the stopping rule watches every ratio a baseline could end up in: each candidate against (b) and (c)
     pairs = [(new, cand) for new, base in SPEEDUPS if new in sessions for cand in candidate_keys(base)
              if cand in sessions]
     t0 = time.perf_counter()
     block_s = 0.0 if threads == 1 else timing["block_s"]
     times = _timing.time_until_precise({k: (lambda s=s: s.run(x)) for k, s in sessions.items()}, pairs,
-                                 timing["min_rounds"], timing["max_s"], timing["ci_width"], block_s,
-                                 timing["min_s"])
+                                       timing["min_rounds"], timing["max_s"], timing["ci_width"], block_s,
+                                       timing["min_s"])
     cell_s = time.perf_counter() - t0
     gemm_gflops = None
     if threads == 1:
@@ -352,7 +352,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-s-per-cell", type=float, default=120.0,
                     help="time budget per (threads, batch) cell once its minimum rounds are done (default 120)")
     args = ap.parse_args(argv)
-    started, info = _script.begin("deploy_speed", args.quick)  # the GEMM ceiling is single-thread; ONNX Runtime sets its own threads
+    # the GEMM ceiling is single-thread; ONNX Runtime sets its own threads
+    started, info = _script.begin("deploy_speed", args.quick)
     timing = ({"min_rounds": 3, "min_s": 0.0, "max_s": 0.03, "gemm_s": 0.01, "ci_width": args.ci_width,
                "block_s": 0.01} if args.quick else
               {"min_rounds": 8, "min_s": MIN_S_PER_CELL, "max_s": args.max_s_per_cell, "gemm_s": 1.0,

@@ -54,8 +54,8 @@ def main(argv=None) -> int:
                 left = ", ".join(f"{k} x{v}" for k, v in row["outside_delegate"].items()) or "none"
                 print(f"  {family:<12} {precision} rewrites {rewrites:<3}: outside XNNPACK: {left}", flush=True)
     body = {"settings": {"configs": "tests/_families.py CASES", "calibration": "8 natural views"}, "rows": rows}
-    path = _script.write_results(_script.out_path("executorch_delegation", args), "executorch_delegation", info, args, body,
-                           started)
+    path = _script.write_results(_script.out_path("executorch_delegation", args), "executorch_delegation",
+                                 info, args, body, started)
     whole = [r for r in rows if r["rewrites"] == "on"]
     print(f"\nresults: {path}\nwith the rewrites: {sum(r['fully_delegated'] for r in whole)} of {len(whole)} "
           "(family, precision) programs delegated whole")

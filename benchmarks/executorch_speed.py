@@ -96,7 +96,7 @@ def measure_model(name: str, overrides: dict, config: str, imgsz: int, thread_co
         fns = {"ort": lambda: ort.run(xb), **{k: (lambda r=r: r.run(xb)) for k, r in runners.items()}}
         # more threads: blocks, not call by call (the pools' idle workers spin and would compete: _timing)
         times = _timing.time_until_precise(fns, list(PAIRS), timing["min_rounds"], timing["max_s"], timing["ci_width"],
-                                     block_s=timing["block_s"] if threads > 1 else 0.0, min_s=timing["min_s"])
+                                           block_s=timing["block_s"] if threads > 1 else 0.0, min_s=timing["min_s"])
         cell = {"threads": threads, "latency_ms": {k: _stats.stats(v) for k, v in times.items()},
                 "speedups": {f"{new} vs {base}": _stats.speedup(times[base], times[new]) for new, base in PAIRS}}
         cells.append(cell)
@@ -132,7 +132,8 @@ def main(argv=None) -> int:
                                 "status": "PASS" if q["ratio"] >= floor else "MISS"})
     body = {"settings": {"batch": 1, "threads": thread_counts, "calibration": f"{CALIB} natural views",
                          **timing}, "models": results, "targets": targets}
-    path = _script.write_results(_script.out_path("executorch_speed", args), "executorch_speed", info, args, body, started)
+    path = _script.write_results(_script.out_path("executorch_speed", args), "executorch_speed",
+                                 info, args, body, started)
     print(f"\nresults: {path}\n{info['load_note']}")
     for t in targets:
         print(f"  {t['status']}  {t['model']} {t['threads']} thread(s): {t['ratio']} >= {t['target']}x: "

@@ -55,7 +55,8 @@ def export_once(name: str, tmp: Path, quick: bool) -> dict:
     report = json.loads((out / "report.json").read_text()) if (out / "report.json").is_file() else {}
     steps = [(m.group(1), float(m.group(2))) for m in map(STEP_RE.match, p.stderr.splitlines()) if m]
     return {"model": name, "exit_code": p.returncode, "wall_s": round(wall, 1), "load_before": load_before,
-            "load_after": _script.load_average(), "samples": report.get("samples"), "samples_rule": report.get("samples_rule"),
+            "load_after": _script.load_average(), "samples": report.get("samples"),
+            "samples_rule": report.get("samples_rule"),
             "status": report.get("status"), "cache": ((report.get("reference") or {}).get("cache") or {}).get("status"),
             "hops": {h["hop"]: {"status": h["status"], "samples": h["samples"], "seconds": h["seconds"]}
                      for h in report.get("parity", [])},
@@ -68,7 +69,8 @@ def main() -> None:
     p.add_argument("--update", action="store_true", help="re-measure --models only; keep the other rows")
     args = p.parse_args()
     names = args.models.split(",") if args.models else list(QUICK_MODELS if args.quick else list_models())
-    names.sort(key=lambda n: _graphs.gflop(n, 64, _corpus.REDUCED[n]) if args.quick else _graphs.gflop(n, get_spec(n).default_imgsz))
+    names.sort(key=lambda n: _graphs.gflop(n, 64, _corpus.REDUCED[n]) if args.quick
+               else _graphs.gflop(n, get_spec(n).default_imgsz))
     info = _script.machine()
     _script.banner("export_all_time", info, args.quick)
     started = time.time()

@@ -80,7 +80,8 @@ def measure_cell(graphs: dict, label, threads: int, x: np.ndarray, timing: dict,
     t0 = time.perf_counter()
     block_s = 0.0 if threads == 1 else timing["block_s"]
     times = _timing.time_until_precise({k: (lambda s=s: s.run(x)) for k, s in sessions.items()}, pairs,
-                                 timing["min_rounds"], timing["max_s"], timing["ci_width"], block_s, timing["min_s"])
+                                       timing["min_rounds"], timing["max_s"], timing["ci_width"], block_s,
+                                       timing["min_s"])
     lat = {k: _stats.stats(v) for k, v in times.items()}
     cell = {"threads": label, "rounds": len(next(iter(times.values()))), "block_s": block_s or None,
             "seconds": round(time.perf_counter() - t0, 1), "latency": lat, "speedups": {}}
@@ -142,7 +143,8 @@ def main(argv=None) -> int:
                     help="stop a latency cell once every ratio's 95%% CI is this wide (relative)")
     ap.add_argument("--max-s-per-cell", type=float, default=60.0)
     args = ap.parse_args(argv)
-    started, info = _script.begin("exporters", args.quick)  # exports and the train-form reference; ORT threads are per cell
+    # one thread for the exports and the train-form reference; ORT threads are per cell
+    started, info = _script.begin("exporters", args.quick)
     samples = args.samples or (4 if args.quick else 32)
     repeats = args.export_repeats or (2 if args.quick else 5)
     if args.quick:

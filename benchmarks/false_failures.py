@@ -242,7 +242,7 @@ def main(argv=None) -> int:
     else:
         measured = None
         rows, missing = _corpus.measured_per_model({m[0]: (lambda m=m: one(m)) for m in models(args.quick)},
-                                             partial, args.models)
+                                                   partial, args.models)
     arts = [a for r in rows for a in r["artifacts"].values()]
     by_k = {k: max(a["by_k"][k]["p_fail_at_n"] for a in arts) for k in arts[0]["by_k"]}
     by_k_upper = {k: max(a["by_k"][k]["p_fail_at_n_upper"] for a in arts) for k in arts[0]["by_k"]}

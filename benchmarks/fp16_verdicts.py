@@ -164,7 +164,7 @@ def main(argv=None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     summ = summary(rows)
     path = _script.write_results(_script.out_path("fp16_verdicts", args), "fp16_verdicts", info, args,
-                           {"settings": {"k": FP16_K, "median": FP16_MEDIAN, "positions": POSITIONS,
+                                 {"settings": {"k": FP16_K, "median": FP16_MEDIAN, "positions": POSITIONS,
                                          "visible": VISIBLE},
                             "cases": rows, "summary": summ}, started)
     print(f"\nresults: {path}")

@@ -82,7 +82,8 @@ def main() -> None:
         rows.append(r)
         partial = {"samples": "per model (models[].sets[].samples)", "weights": "make_trained_like(seed=0)", "models": rows,
                    "complete": len(rows) == len(names)}
-        _script.write_results(path, "intrinsic_noise", dict(info), args, partial, started)  # survives an interrupted run
+        # written after every model: survives an interrupted run
+        _script.write_results(path, "intrinsic_noise", dict(info), args, partial, started)
         nat, st = r["sets"]["natural"], r["sets"].get("stress")
         print(f"{name:20s} max|y| {r['max_abs_y']:9.3g}  natural noise median {nat['median']:.2e} max "
               f"{nat['max']:.2e}" + (f"  stress median {st['median']:.2e} max {st['max']:.2e}" if st else "")

@@ -40,7 +40,8 @@ SAMPLES = 8
 
 
 def plan(quick: bool) -> dict:
-    swift, sima, slab = _corpus.REDUCED["swiftformer_xs"], _corpus.REDUCED["sima_nano_12_p16"], _corpus.REDUCED["slab_deit_tiny"]
+    reduced = _corpus.REDUCED
+    swift, sima, slab = reduced["swiftformer_xs"], reduced["sima_nano_12_p16"], reduced["slab_deit_tiny"]
     models = [{"name": "swiftformer_xs", "imgsz": [64] if quick else [64, 96], "set": swift}]
     if not quick:
         models += [{"name": "sima_nano_12_p16", "imgsz": [64, 96], "set": sima},

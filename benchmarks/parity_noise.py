@@ -183,7 +183,8 @@ def main() -> None:
     if args.source:  # the measurements' own provenance, beside this evaluation's
         body["measured"] = {k: stored.get(k) for k in ("command", "wall_s", "machine")}
         body["measured"]["command"] = stored.get("measured", {}).get("command") or stored.get("command")
-    path = _script.write_results(_script.out_path("parity_noise", args), "parity_noise", dict(info), args, body, started)
+    path = _script.write_results(_script.out_path("parity_noise", args), "parity_noise",
+                                 dict(info), args, body, started)
     print("\nerror/noise ratios, floor-free (worst correct hop | planted x1.01 | x1.001) per error form / noise:")
     for name, f in compared.items():
         print(f"  {name:16s} discrimination (min x1.01 / max correct) {f['discrimination']:.2f}")

@@ -85,8 +85,8 @@ def latency_model(name: str, overrides: dict, imgsz: int, timing: dict) -> dict:
         block_s = 0.0 if threads == 1 else timing["block_s"]
         t0 = time.perf_counter()
         times = _timing.time_until_precise({k: (lambda s=s: s.run(x)) for k, s in sessions.items()}, pairs,
-                                     timing["min_rounds"], timing["max_s"], timing["ci_width"], block_s,
-                                     timing["min_s"])
+                                           timing["min_rounds"], timing["max_s"], timing["ci_width"], block_s,
+                                           timing["min_s"])
         lat = {k: _stats.stats(v) for k, v in times.items()}
         base = min(("fp32-raw", "fp32-simplified"), key=lambda k: lat[k]["p50_ms"])
         cell = {"threads": label, "baseline": base, "rounds": len(times[base]),

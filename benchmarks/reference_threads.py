@@ -81,7 +81,7 @@ def main() -> None:
     started = time.time()
     rows = [measure(n, samples, _corpus.REDUCED.get(n), 64) if args.quick else measure(n, samples, None) for n in names]
     path = _script.write_results(_script.out_path("reference_threads", args), "reference_threads", dict(info), args,
-                           {"reference_threads": REFERENCE_THREADS, "rule": {"floor": NOISE_FLOOR, "k": NOISE_K},
+                                 {"reference_threads": REFERENCE_THREADS, "rule": {"floor": NOISE_FLOOR, "k": NOISE_K},
                             "models": rows}, started)
     print(f"{'model':18s} {'threads':>7s} {'set':8s} {'noise med':>9s} {'noise max':>9s}  worst ratio (deploy | ORT all | ORT 1)")
     for r in rows:

@@ -114,8 +114,8 @@ def measure_size(size: int, quick: bool, timing: dict) -> dict:
     pairs = [(f"{n}:kv_first", f"{n}:qk_first") for n, m in per_model.items()
              if "labels" in m and {"qk_first", "kv_first"} <= set(m["labels"])]
     t0 = time.perf_counter()
-    times = _timing.time_until_precise({k: (lambda s=s: s.run(x)) for k, s in keys.items()}, pairs, timing["min_rounds"],
-                                 timing["max_s"], timing["ci_width"], 0.0, timing["min_s"])
+    times = _timing.time_until_precise({k: (lambda s=s: s.run(x)) for k, s in keys.items()}, pairs,
+                                       timing["min_rounds"], timing["max_s"], timing["ci_width"], 0.0, timing["min_s"])
     out = {"imgsz": size, "rounds": len(next(iter(times.values()))) if times else 0,
            "seconds": round(time.perf_counter() - t0, 1), "models": {}}
     for name, m in per_model.items():

@@ -36,7 +36,8 @@ def measure_model(name: str, overrides: dict, config: str, imgsz: int, timing: d
     variants = {"all": list(rewrites), **{f"all-but-{r}": [x for x in rewrites if x != r] for r in rewrites}}
     x = parity_inputs(SAMPLES, imgsz, seed=0).numpy()
     truth = _graphs.ground_truth_on(train, x)
-    graphs = {k: _graphs.onnx_image_model(reparameterize(train, imgsz, rewrites=v), imgsz, 1) for k, v in variants.items()}
+    graphs = {k: _graphs.onnx_image_model(reparameterize(train, imgsz, rewrites=v), imgsz, 1)
+              for k, v in variants.items()}
     sessions = _timing.ort_sessions(graphs, threads=1, copies=COPIES)
     parity = {k: _graphs.parity_problems(truth, np.concatenate([s.run(x[i:i + 1]) for i in range(len(x))]))
               for k, s in sessions.items()}
@@ -47,7 +48,7 @@ def measure_model(name: str, overrides: dict, config: str, imgsz: int, timing: d
     pairs = [("all", k) for k in passed if k != "all"] if "all" in passed else []
     t0 = time.perf_counter()
     times = _timing.time_until_precise(fns, pairs, timing["min_rounds"], timing["max_s"], timing["ci_width"],
-                                 min_s=timing["min_s"])
+                                       min_s=timing["min_s"])
     return {"model": name, "config": config, "overrides": overrides, "imgsz": imgsz, "rewrites": list(rewrites),
             "variants": variants, "nodes": nodes, "parity_failed": {k: v for k, v in parity.items() if v},
             "seconds": round(time.perf_counter() - t0, 1), "rounds": len(next(iter(times.values()), [])),
@@ -66,7 +67,8 @@ def main(argv=None) -> int:
     wanted = args.models.split(",") if args.models else list(MODELS)
     if args.quick:
         timing = {"min_rounds": 5, "max_s": 0.5, "min_s": 0.0, "ci_width": 1.0}
-        plan = [(n, _corpus.REDUCED[n], "reduced", 64 if n != "slab_deit_tiny" else 224) for n in wanted if n in _corpus.REDUCED]
+        plan = [(n, _corpus.REDUCED[n], "reduced", 64 if n != "slab_deit_tiny" else 224)
+                for n in wanted if n in _corpus.REDUCED]
     else:
         timing = {"min_rounds": 20, "max_s": args.max_s_per_model, "min_s": 10.0, "ci_width": args.ci_width}
         plan = [(n, {}, "real", get_spec(n).default_imgsz) for n in wanted if n in list_models()]
@@ -77,7 +79,8 @@ def main(argv=None) -> int:
         results.append(measure_model(n, ov, cfg, s, timing))
     body = {"settings": {"threads": 1, "batch": 1, "samples": SAMPLES, **timing}, "missing": missing,
             "models": results}
-    path = _script.write_results(_script.out_path("rewrite_ablation", args), "rewrite_ablation", info, args, body, started)
+    path = _script.write_results(_script.out_path("rewrite_ablation", args), "rewrite_ablation",
+                                 info, args, body, started)
     print(f"\nresults: {path}\n{info['load_note']}")
     for r in results:
         for k, why in r["parity_failed"].items():

@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     correct_ok = all(h["status"] == "passed" for r in rows for h in r["hops"])
     caught = {p: sum(r["planted"][p]["caught"] for r in rows) for p in PLANTS}
     path = _script.write_results(_script.out_path("trained_verdicts", args), "trained_verdicts", info, args,
-                           {"models": rows, "summary": {"correct_passed": correct_ok, "caught": caught,
+                                 {"models": rows, "summary": {"correct_passed": correct_ok, "caught": caught,
                                                         "of": len(rows), "not_measured": missing}}, started)
     if not missing:  # complete: nothing left to resume
         shutil.rmtree(partial, ignore_errors=True)

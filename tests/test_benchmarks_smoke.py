@@ -313,7 +313,7 @@ def test_block_rounds_pair_the_second_half_of_each_block():
     assert r["ratio"] > 1.2 and r["pairs"] == 3
     # the precision loop stops on the interval's width: identical candidates converge at once
     t = _timing.time_until_precise({"x": lambda: time.sleep(0.001), "y": lambda: time.sleep(0.001)}, [("y", "x")],
-                             min_rounds=4, max_s=5.0, ci_width=10.0, block_s=0.003)
+                                   min_rounds=4, max_s=5.0, ci_width=10.0, block_s=0.003)
     assert len(t["x"]) == len(t["y"]) == 4
 
 

@@ -50,9 +50,10 @@ def model_name(model: nn.Module) -> str:
 
 def hold_checkpoint(model_or_name, checkpoint, overrides: dict | None = None, labels=None,
                     option_labels=None) -> tuple[Identified | None, object]:
-    """(the checkpoint read once and the model it determines (models/checkpoints/identify_model.py), the class names): the
-    identified checkpoint is None without a checkpoint or for a module given as is; the class names are `labels`, else
-    `option_labels` (options["labels"]), else those the checkpoint carries (`carried_labels`), else None."""
+    """(the checkpoint read once and the model it determines (models/checkpoints/identify_model.py), the class
+    names): the identified checkpoint is None without a checkpoint or for a module given as is; the class names are
+    `labels`, else `option_labels` (options["labels"]), else those the checkpoint carries (`carried_labels`), else
+    None."""
     held = None
     if checkpoint is not None and not isinstance(model_or_name, nn.Module):
         held = identify(checkpoint, model_or_name, overrides)
@@ -82,7 +83,8 @@ def preprocess_recipe(model: nn.Module, held: Identified | None = None, preproce
 
 
 def build_train_form(model_or_name, checkpoint: str | Path | None = None, overrides: dict | None = None,
-                     seed: int = DEMO_SEED, *, held: Identified | None = None, preprocess: dict | None = None) -> Loaded:
+                     seed: int = DEMO_SEED, *, held: Identified | None = None,
+                     preprocess: dict | None = None) -> Loaded:
     """The train-form in eval mode: from a checkpoint, or seeded trained-like demo weights (untrained).
     `model_or_name` None: the model the checkpoint names (a transformers folder). `held`: the checkpoint as
     `hold_checkpoint` read it (not read again). `preprocess`: eval preprocessing fields over the model's own."""
