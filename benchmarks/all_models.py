@@ -9,7 +9,7 @@ Per model (smallest first, so a partial run covers the most models; the JSON is 
   error / allowance (noise_ratio) and worst-sample error per set;
 - each ONNX hop's feature probe (exporter/verdict/probe.py): the module, its worst noise_ratio per set;
 - sensitivity: one output channel of the mid-network Conv/Gemm/MatMul weight of the exported ONNX scaled by 1.01
-  and by 1.001 (tests/_plant.py), each judged like `vitedge parity` judges an ONNX artifact (same parity set,
+  and by 1.001 (targets/plants.py), each judged like `vitedge parity` judges an ONNX artifact (same parity set,
   same ground truth: the export's own, reused, no second float64 run; `Ladder.onnx_hop`: logits, feature probe,
   localization), with the module localization names, the module whose weight was planted (`planted_module`:
   the deploy-form parameter the planted initializer held, matched by value) and `caught_by` (logits or feature probe).
@@ -38,7 +38,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-import _common as C
+import _corpus
+import _graphs
+import _script
+from _tables import load
 from vitedge.exporter.verdict import hops
 from vitedge.exporter.verdict.parity_cost import SAMPLES_RULE
 from vitedge.exporter.verdict.criteria import sample_errors
@@ -47,9 +50,9 @@ from vitedge.exporter.verdict.probe import deploy_reference, onnx_tensor, probe_
 from vitedge.exporter.flow.pipeline import export
 from vitedge.models import get_spec, list_models
 from vitedge.targets.onnx.target import OnnxRuntimeRunner
-from vitedge.tests._plant import plant_channel_scale, planted_module, weight_nodes
+from vitedge.targets.plants import plant_channel_scale, planted_module, weight_nodes
 
-QUICK_MODELS = ("swiftformer_xs", "sima_nano_12_p16")  # --quick: their reduced configs (_common.REDUCED) at 64 px
+QUICK_MODELS = ("swiftformer_xs", "sima_nano_12_p16")  # --quick: their reduced configs (_corpus.REDUCED) at 64 px
 QUICK_SAMPLES = 8
 QUICK_IMGSZ = 64
 FACTORS = (1.01, 1.001)
@@ -186,7 +189,7 @@ def measure(name: str, samples: int | None, work: Path, overrides: dict | None =
 
 def _cost(name: str) -> float:
     try:
-        return C.gflop(name, get_spec(name).default_imgsz)
+        return _graphs.gflop(name, get_spec(name).default_imgsz)
     except Exception:
         return 0.0
 
@@ -196,7 +199,7 @@ def _fmt(v, spec: str) -> str:
 
 
 def main() -> None:
-    p = C.parser("all_models", __doc__)
+    p = _script.parser("all_models", __doc__)
     p.add_argument("--models", default=None, help="comma-separated model names (default: all registered)")
     p.add_argument("--samples", type=int, default=None,
                    help=f"parity samples per model (default: the export's, by the GMACs rule; --quick "
@@ -207,17 +210,17 @@ def main() -> None:
     names = args.models.split(",") if args.models else (list(QUICK_MODELS) if args.quick else list_models())
     names.sort(key=_cost)
     samples = args.samples or (QUICK_SAMPLES if args.quick else None)
-    info = C.machine()
-    C.banner("all_models", info, args.quick)
+    info = _script.machine()
+    _script.banner("all_models", info, args.quick)
     started = time.time()
-    path = Path(C.out_path("all_models", args))
+    path = Path(_script.out_path("all_models", args))
     rows, kept, old = [], [], {}
     if args.update and path.is_file():  # the other models' rows stay as measured, in cost order
         old = {r["model"]: r for r in json.loads(path.read_text())["models"]}
         kept = [r for m, r in old.items() if m not in names]
     with tempfile.TemporaryDirectory(prefix="vitedge-all-models-") as tmp:
         for name in names:
-            r = (measure(name, samples, Path(tmp), C.REDUCED.get(name), QUICK_IMGSZ) if args.quick
+            r = (measure(name, samples, Path(tmp), _corpus.REDUCED.get(name), QUICK_IMGSZ) if args.quick
                  else measure(name, samples, Path(tmp)))
             rows.append(r)
             pending = [old[n] for n in names[len(rows):] if n in old]  # an interrupted --update keeps their old rows
@@ -226,7 +229,7 @@ def main() -> None:
                                                                     "noise_k": FLOAT64_TOLERANCES["fp32"].noise_k}},
                     "models": sorted(kept + rows + pending, key=lambda r: _cost(r["model"])),
                     "complete": len(rows) == len(names) and (not args.update or len(kept + rows) == len(list_models()))}
-            C.write_results(path, "all_models", dict(info), args, body, started)  # survives an interrupted run
+            _script.write_results(path, "all_models", dict(info), args, body, started)  # survives an interrupted run
             w = r["worst_noise_ratio"]
             print(f"{name:20s} exit {r['exit_code']}  worst ratio natural {_fmt(w['natural'], '.2f')} stress "
                   f"{_fmt(w['stress'], '.2f')}  smallest caught {r['smallest_caught']}  ({r['samples']} samples, "
@@ -245,6 +248,34 @@ def main() -> None:
     print(f"exit 0: {passed}/{len(allrows)}; x1.01 caught in {sum(bool(r['planted'].get('x1.01', {}).get('caught')) for r in allrows)}"
           f", x1.001 in {sum(bool(r['planted'].get('x1.001', {}).get('caught')) for r in allrows)}")
     print(f"results: {path}")
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def all_models_summary() -> str:
+    """What benchmarks/results/all_models.json holds, counted from its rows."""
+    d = load("all_models.json")
+    ms, rule = d["models"], d["settings"]["rule"]
+    n = len(ms)
+    today = sum(m.get("rule") == rule for m in ms)
+    missed = [m["model"] for m in ms if not m["planted"]["x1.01"]["caught"]]
+    probe = sum(m.get("measured_in") == "this run" for m in ms)
+    worst = [max(m["worst_noise_ratio"].values()) for m in ms]
+    return (f"`benchmarks/results/all_models.json` as committed: {n} models, {sum(m['exit_code'] == 0 for m in ms)} "
+            f"exit 0, the worst hop at {min(worst):.2f}–{max(worst):.2f} of its allowance on the logits; × 1.01 "
+            f"caught in {n - len(missed)} of {n} rows" + (f" (not in {', '.join(missed)})" if missed else "")
+            + f", × 1.001 in {sum(m['planted']['x1.001']['caught'] for m in ms)} of {n}; "
+            + ("every row measured with the feature probe" if probe == n else
+               f"{probe} rows measured with the feature probe, {n - probe} from the earlier run without it")
+            + " (`measured_in`); "
+            + ("every row" if today == n else f"{today} rows") + f" judged by today's fp32 rule (floor "
+            f"{rule['noise_floor']:g}, K {rule['noise_k']:g})"
+            + (f", {n - today} by an earlier one" if today < n else "")
+            + " (each row's `rule`).")
+
+
+TABLES = {"all_models_summary": all_models_summary}
 
 
 if __name__ == "__main__":

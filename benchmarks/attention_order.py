@@ -18,7 +18,12 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-import _common as C
+import _corpus
+import _graphs
+import _script
+import _stats
+from _tables import load, ratio, table
+import _timing
 from vitedge.exporter.reparam import reparameterize
 from vitedge.models import create_model, list_models, make_trained_like
 from vitedge.models.layers import SimAAttention, SimplifiedLinearAttention, sima_rule, sla_rule
@@ -28,9 +33,9 @@ BACKENDS = ("onnxruntime", "torch")
 SIMA_MODEL = "sima_nano_12_p16"
 
 # (label, overrides or None for the real config, image sizes): p16, so N = (imgsz / 16)^2.
-MODEL_SERIES_FULL = [("reduced", C.REDUCED[SIMA_MODEL], (48, 64, 96, 128, 224, 320, 448)),
+MODEL_SERIES_FULL = [("reduced", _corpus.REDUCED[SIMA_MODEL], (48, 64, 96, 128, 224, 320, 448)),
                      ("real", None, (64, 96, 128, 160, 224, 320))]
-MODEL_SERIES_QUICK = [("reduced", C.REDUCED[SIMA_MODEL], (64, 128))]
+MODEL_SERIES_QUICK = [("reduced", _corpus.REDUCED[SIMA_MODEL], (64, 128))]
 # (layer, dim, heads): the widths of slab_deit_tiny's SLA (d = 64) and sima_nano's attention (d = 32).
 LAYERS = [("SimplifiedLinearAttention", 192, 3), ("SimAAttention", 128, 4)]
 LAYER_N_FULL = (9, 16, 25, 36, 49, 64, 100, 144, 196, 256, 400, 784)  # squares: SLA lays V out on the grid
@@ -48,13 +53,14 @@ def measure_point(candidates: dict[tuple[str, str], tuple], x: np.ndarray, rule:
     Runtime call slows that call (caches evicted), which would bias whichever order follows it."""
     out = {}
     for b in BACKENDS:
-        t = C.time_rounds({o: (lambda f=candidates[(b, o)][0]: f(x)) for o in ORDERS}, rounds, max_s / len(BACKENDS))
+        t = _timing.time_rounds({o: (lambda f=candidates[(b, o)][0]: f(x)) for o in ORDERS}, rounds,
+                                max_s / len(BACKENDS))
         med = {o: float(np.median(t[o])) for o in ORDERS}
         best = min(ORDERS, key=med.get)
-        qk_kv = C.speedup(t["qk_first"], t["kv_first"])  # median(qk) / median(kv): > 1 = kv_first faster
+        qk_kv = _stats.speedup(t["qk_first"], t["kv_first"])  # median(qk) / median(kv): > 1 = kv_first faster
         penalty = ({"ratio": 1.0, "ci": [1.0, 1.0], "pairs": len(t[rule])} if rule == best
-                   else C.speedup(t[rule], t[best]))
-        out[b] = {"latency": {o: C.stats(t[o]) for o in ORDERS}, "qk_over_kv": qk_kv, "best": best,
+                   else _stats.speedup(t[rule], t[best]))
+        out[b] = {"latency": {o: _stats.stats(t[o]) for o in ORDERS}, "qk_over_kv": qk_kv, "best": best,
                   "rule_over_best": penalty}
     return out
 
@@ -63,7 +69,7 @@ def check_orders_agree(candidates: dict, reference: np.ndarray) -> list[str]:
     """Both orders compute the same function: every candidate's output against the torch reference."""
     probs = []
     for (b, o), (_, y) in candidates.items():
-        bad = C.parity_problems(reference.reshape(len(reference), -1), y.reshape(len(y), -1))
+        bad = _graphs.parity_problems(reference.reshape(len(reference), -1), y.reshape(len(y), -1))
         if bad:
             probs.append(f"{b}:{o}: {'; '.join(bad)}")
     return probs
@@ -83,7 +89,7 @@ def model_series(label: str, overrides: dict | None, sizes, rounds: int, max_s: 
         cands = {}
         for o in ORDERS:
             deploy = reparameterize(train, s, attn_order=o)
-            sess = C.ort(C.onnx_image_model(deploy, s, 1), threads=1)
+            sess = _timing.ort(_graphs.onnx_image_model(deploy, s, 1), threads=1)
             cands[("onnxruntime", o)] = (sess.run, sess.run(x))
             run_t = _torch_fn(deploy)
             cands[("torch", o)] = (run_t, run_t(x))
@@ -127,7 +133,7 @@ def layer_series(kind: str, dim: int, heads: int, ns, rounds: int, max_s: float)
         for o in ORDERS:
             m = copy.deepcopy(base)
             m.attn_order = o
-            sess = C.ort(C.onnx_token_model(m, torch.from_numpy(x)), threads=1)
+            sess = _timing.ort(_graphs.onnx_token_model(m, torch.from_numpy(x)), threads=1)
             cands[("onnxruntime", o)] = (sess.run, sess.run(x))
             run_t = _torch_fn(m)
             cands[("torch", o)] = (run_t, run_t(x))
@@ -187,7 +193,7 @@ def fixed_size_orders(quick: bool) -> list[dict]:
         if name not in list_models():
             out.append({"model": name, "missing": f"{name} is not registered yet"})
             continue
-        overrides = C.REDUCED[name] if quick else {}
+        overrides = _corpus.REDUCED[name] if quick else {}
         try:
             # trained-like: its LN->RepBN schedules are finished, as in a released checkpoint
             deploy = reparameterize(make_trained_like(create_model(name, **overrides)).eval(), 224)
@@ -235,7 +241,7 @@ def print_ratios(result: dict) -> None:
             print(f"  {s['name']} / {b}: rule flips at N = d = {s['rule_crossover_N']}; {where}; kv_first faster "
                   f"beyond noise {'from N=' + str(kv_sig) if kv_sig else 'not throughout any tail'}, qk_first beyond "
                   f"noise {'at N=' + str(qk_sig) if qk_sig else 'nowhere'}; rule picked the faster median at "
-                  f"{len(r['rule_is_best_at'])}/{len(s['points'])} N, worst rule/best {C.fmt_ratio(pen)} at "
+                  f"{len(r['rule_is_best_at'])}/{len(s['points'])} N, worst rule/best {_stats.fmt_ratio(pen)} at "
                   f"N={pen['N']}; rule slower beyond noise "
                   + (", ".join(f"at N={x['N']} ({x['ratio']:.3f}x)" for x in sig) if sig else "nowhere"))
     for f in result["fixed_size"]:
@@ -247,8 +253,8 @@ def print_ratios(result: dict) -> None:
 
 
 def main(argv=None) -> int:
-    args = C.parser("attention_order", __doc__).parse_args(argv)
-    started, info = C.begin("attention_order", args.quick)  # the same single core as ONNX Runtime's session
+    args = _script.parser("attention_order", __doc__).parse_args(argv)
+    started, info = _script.begin("attention_order", args.quick)  # the same single core as ONNX Runtime's session
     rounds, max_s = (5, 0.15) if args.quick else (15, 1.5)
     series = []
     if SIMA_MODEL not in list_models():
@@ -261,10 +267,51 @@ def main(argv=None) -> int:
     result = {"settings": {"threads": 1, "min_rounds": rounds, "max_s_per_point": max_s, "batch": 1,
                            "backends": list(BACKENDS)},
               "series": series, "fixed_size": fixed_size_orders(args.quick)}
-    path = C.write_results(C.out_path("attention_order", args), "attention_order", info, args, result, started)
+    path = _script.write_results(_script.out_path("attention_order", args), "attention_order",
+                                 info, args, result, started)
     print(f"\nresults: {path}\n{info['load_note']}")
     print_ratios(result)  # last, as every benchmark script does
     return 0
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def attention_order(index: str) -> str:
+    """One series of attention_order.json: qk/kv and rule/best per token count N, ONNX Runtime and torch."""
+    s = load("attention_order.json")["series"][int(index)]
+    rows = []
+    for p in s["points"]:
+        n = f"{p['N']} ({p['imgsz']} px)" if p.get("imgsz") else str(p["N"])
+        row = [n, p["rule"]]
+        for b in ("onnxruntime", "torch"):
+            row += [ratio(p[b]["qk_over_kv"]), f"{p[b]['rule_over_best']['ratio']:.3f}"]
+        rows.append(row)
+    title = f"**{s['name']}** — d = {s['head_dim']}, the rule flips at N = {s['rule_crossover_N']}"
+    bullets = [f"- {label}: {_attention_summary(s['backends'][b], len(s['points']))}"
+               for b, label in (("onnxruntime", "ONNX Runtime"), ("torch", "torch"))]
+    return (title + "\n\n" + table(["N", "rule", "ORT qk/kv", "ORT rule/best", "torch qk/kv", "torch rule/best"], rows)
+            + "\n\n" + "\n".join(bullets))
+
+
+def _attention_summary(b: dict, points: int) -> str:
+    """One backend's crossover and the rule's distance from the best order, in words."""
+    x = b["crossover"]
+    if x["N"] is not None:
+        where = (f"kv_first is the faster median from N = {x['between'][1]} on "
+                 f"(interpolated crossover N* ≈ {x['N']:g})")
+    else:
+        where = x["note"]
+    slow = b["rule_significantly_slower_at"]
+    worst = b["max_rule_over_best"]
+    return (f"{where}; kv_first faster beyond noise from N = {x['kv_significantly_faster_from']}; the rule picked the "
+            f"faster median at {len(b['rule_is_best_at'])}/{points} N; worst rule/best {ratio(worst)} at N = "
+            f"{worst['N']}; the rule's order is "
+            + ("never slower beyond noise." if not slow else
+               "slower beyond noise at " + ", ".join(f"N = {p['N']} ({ratio(p)})" for p in slow) + "."))
+
+
+TABLES = {"attention_order": attention_order}
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-import _common as C
+import _script
+from _tables import load, table
 from vitedge.exporter.quantize.calibrate import natural_calibration
 from vitedge.exporter.quantize.compressed import Judged, resolution_bounds
 from vitedge.exporter.core.report import Tolerance
@@ -44,7 +45,8 @@ from vitedge.targets.base import LowerSpec
 from vitedge.targets.coreml import CoreMLTarget, EmulatedCoreMLRunner
 from vitedge.targets.coreml.compress import compress_package
 from vitedge.targets.graph.qdq import quantize_qdq
-from vitedge.tests import trained_fixtures as tf
+from vitedge.exporter.verdict import trained_reference as tf
+from vitedge.targets.plants import corrupt_package
 
 CALIB = 64
 EMULATED_PREFIX = 16
@@ -144,7 +146,7 @@ def measure_fixture(name: str, work: Path, quick: bool) -> list[dict]:
                 record(kind, f"coreml {kind} iOS {ios}", False, where, run(x), truth, where == "natural")
                 if kind in CORRUPT and where == "natural" and ios == 16:
                     bad = folder / f"{kind}-corrupt.mlpackage"
-                    tf.corrupt_package(path, bad, *CORRUPT[kind])
+                    corrupt_package(path, bad, *CORRUPT[kind])
                     label = "scale sign-flipped" if kind == "w8" else "LUT reversed"
                     record(kind, f"coreml {kind} iOS {ios} {label}", True, where,
                            EmulatedCoreMLRunner(bad, max_samples=None).run(x), truth, True)
@@ -196,9 +198,9 @@ def summary(rows: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = C.parser("compressed_profiles", __doc__)
+    ap = _script.parser("compressed_profiles", __doc__)
     args = ap.parse_args(argv)
-    started, info = C.begin("compressed_profiles", args.quick)
+    started, info = _script.begin("compressed_profiles", args.quick)
     names = ["swiftformer_digits"] if args.quick else tf.reference_names()
     work = Path(tempfile.mkdtemp(prefix="vitedge-profiles-"))
     try:
@@ -209,7 +211,8 @@ def main(argv=None) -> int:
     body = {"settings": {"calibration_samples": CALIB, "emulated_prefix": EMULATED_PREFIX,
                          "profiles": {k: dataclasses.asdict(v) for k, v in COMPRESSED_TOLERANCES.items()}},
             "cases": rows, "summary": summ}
-    path = C.write_results(C.out_path("compressed_profiles", args), "compressed_profiles", info, args, body, started)
+    path = _script.write_results(_script.out_path("compressed_profiles", args), "compressed_profiles",
+                                 info, args, body, started)
     print(f"\nresults: {path}")
     print("\nprofiles (per criterion: worst correct artifact | threshold | best planted-broken artifact):")
     for profile, entry in summ.items():
@@ -226,6 +229,37 @@ def main(argv=None) -> int:
 
 def _f(v) -> str:
     return "-" if v is None else f"{v:.4g}"
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def compressed_profiles() -> str:
+    """Per compressed profile and criterion: the worst correct value | the threshold | the best planted value."""
+    def num(x, spec: str) -> str:
+        return "-" if x is None else format(x, spec)
+    rows = []
+    for kind, s in load("compressed_profiles.json")["summary"].items():
+        row = [kind]
+        for key, spec in (("cosine", ".4f"), ("psnr_db", ".1f"), ("top1_agreement", ".3f"), ("accuracy_drop", ".2g")):
+            c = s[key]
+            row.append(f"{num(c['worst_correct'], spec)} \\| {c['threshold']:g} \\| {num(c['best_planted'], spec)}")
+        rows.append(row)
+    return table(["profile", "cosine", "PSNR dB", "top-1 agreement", "accuracy drop"], rows)
+
+
+def compressed_int8() -> str:
+    """The int8 profile's worst correct values against its thresholds, from compressed_profiles.json."""
+    s = load("compressed_profiles.json")["summary"]["int8"]
+    return (f"worst correct int8 artifact cosine {s['cosine']['worst_correct']:.3f} (threshold "
+            f"{s['cosine']['threshold']:g}), PSNR {s['psnr_db']['worst_correct']:.1f} dB "
+            f"({s['psnr_db']['threshold']:g}), "
+            f"top-1 agreement {s['top1_agreement']['worst_correct']:.3f} ({s['top1_agreement']['threshold']:g}); "
+            + ("every planted-broken int8 artifact fails" if not s["planted_passed"]
+               else f"{len(s['planted_passed'])} planted-broken int8 artifacts pass"))
+
+
+TABLES = {"compressed_profiles": compressed_profiles, "compressed_int8": compressed_int8}
 
 
 if __name__ == "__main__":

@@ -33,7 +33,10 @@ from pathlib import Path
 
 import numpy as np
 
-import _common as C
+import _corpus
+import _script
+import _stats
+from _tables import load, table
 import vitedge
 from vitedge.exporter.quantize.compressed import Judged, judge_compressed
 from vitedge.exporter.verdict.criteria import effective_noise, sample_errors
@@ -45,8 +48,8 @@ from vitedge.exporter.verdict.weight_check import judge_weights
 from vitedge.models import make_trained_like
 from vitedge.targets.coreml.runners import EmulatedCoreMLRunner
 from vitedge.targets.onnx.target import OnnxRuntimeRunner
-from vitedge.tests import trained_fixtures as tf
-from vitedge.tests._plant import PLANT_FACTORS, plant_int8_scale, plant_package_compression
+from vitedge.exporter.verdict import trained_reference as tf
+from vitedge.targets.plants import PLANT_FACTORS, plant_int8_scale, plant_package_compression
 
 KINDS = ("int8", "w8", "palette4", "palette6", "w8a8")
 QUICK_KINDS, QUICK_PLANTS = ("int8", "w8"), ("zero_layer", "sign_flip", "x1.1")
@@ -75,9 +78,9 @@ def _models(quick: bool) -> dict:
         "slab_swin_small": demo("slab_swin_tiny", 64, depths=[1, 1, 1, 1], img_size=64, window_size=2,
                                 num_classes=10),
     })
-    for name in C.TRAINED_FULL:  # the full-size trained corpus, where it is cached here
-        if C.cached_trained(name) is not None:
-            models[name] = lambda name=name: C.cached_trained(name)
+    for name in _corpus.TRAINED_FULL:  # the full-size trained corpus, where it is cached here
+        if _corpus.cached_trained(name) is not None:
+            models[name] = lambda name=name: _corpus.cached_trained(name)
     return models
 
 
@@ -175,7 +178,8 @@ def summary(rows: list[dict]) -> dict:
         by_plant = {}
         for p in dict.fromkeys(r["plant"] for r in bad):
             rs = [r for r in bad if r["plant"] == p]
-            by_plant[p] = {**C.plant_counts(rs), "smallest_weights_ratio": min(r["weights_ratio"] or 0.0 for r in rs)}
+            by_plant[p] = {**_stats.plant_counts(rs),
+                           "smallest_weights_ratio": min(r["weights_ratio"] or 0.0 for r in rs)}
         out["kinds"][kind] = {
             "k": PROFILES[profile_for(kind)].rule.k, "worst_correct_ratio": max(r["worst_ratio"] for r in mine),
             "worst_correct_median": max((r["median_ratio"] or 0.0) for r in mine),
@@ -201,7 +205,7 @@ def _remeasure(partial: Path, models: str | None, kinds: tuple, work: Path, quic
 
 
 def main(argv=None) -> int:
-    ap = C.parser("compressed_verdicts", __doc__)
+    ap = _script.parser("compressed_verdicts", __doc__)
     ap.add_argument("--models", default=None, help="comma-separated subset of the models (default: all)")
     ap.add_argument("--remeasure", default=None, help="comma-separated kinds: measure them again for the --models "
                     "already measured (their rows replace the kept ones)")
@@ -209,13 +213,13 @@ def main(argv=None) -> int:
                     f"(default: all of {', '.join(KINDS)}; the summary lists, per model, the kinds it holds)")
     args = ap.parse_args(argv)
     kinds = tuple(args.kinds.split(",")) if args.kinds else None
-    started, info = C.begin("compressed_verdicts", args.quick)
+    started, info = _script.begin("compressed_verdicts", args.quick)
     work = Path(tempfile.mkdtemp(prefix="vitedge-compressed-"))
-    partial = C.out_path("compressed_verdicts", args).with_suffix(".partial")  # one model's rows per file
+    partial = _script.out_path("compressed_verdicts", args).with_suffix(".partial")  # one model's rows per file
     try:
         if args.remeasure:
             _remeasure(partial, args.models, tuple(args.remeasure.split(",")), work, args.quick)
-        rows, missing = C.measured_per_model(
+        rows, missing = _corpus.measured_per_model(
             {n: (lambda n=n, make=make: measure(n, make, work, args.quick, kinds))
              for n, make in _models(args.quick).items()},
             partial, args.models)
@@ -225,8 +229,8 @@ def main(argv=None) -> int:
     summ["not_measured"] = missing  # said, not hidden
     summ["kinds_measured"] = {m: sorted({r["kind"] for r in rows if r["model"] == m}, key=KINDS.index)
                               for m in dict.fromkeys(r["model"] for r in rows)}
-    path = C.write_results(C.out_path("compressed_verdicts", args), "compressed_verdicts", info, args,
-                           {"settings": {"k": COMPRESSED_K, "median": COMPRESSED_MEDIAN, "positions": POSITIONS,
+    path = _script.write_results(_script.out_path("compressed_verdicts", args), "compressed_verdicts", info, args,
+                                 {"settings": {"k": COMPRESSED_K, "median": COMPRESSED_MEDIAN, "positions": POSITIONS,
                                          "visible": VISIBLE, "samples": SAMPLES, "weight_k": WEIGHT_K},
                             "cases": rows, "summary": summ}, started)
     if not missing:  # complete: nothing left to resume
@@ -241,6 +245,28 @@ def main(argv=None) -> int:
               f"{e['worst_correct_median']:.2f}, weights {e['worst_correct_weights_ratio']:.2f}; caught / planted "
               f"(by the outputs alone, visible but missed): {plants}")
     return 0
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def compressed_verdicts() -> str:
+    """Per compressed kind: K, the worst correct ratio to the emulation, planted errors caught (by the outputs
+    alone), the x1.1 plants caught and the smallest error the outputs caught, from compressed_verdicts.json."""
+    rows = []
+    for kind, k in load("compressed_verdicts.json")["summary"]["kinds"].items():
+        plants = k["plants"].values()
+        caught, of = sum(p["caught"] for p in plants), sum(p["of"] for p in plants)
+        small = k["plants"]["x1.1"]
+        rows.append([f"`{kind}`", f"{k['k']:g}", f"{k['worst_correct_ratio']:.2f}",
+                     f"{caught}/{of} ({sum(p['caught_by_outputs'] for p in plants)})",
+                     f"{small['caught']}/{small['of']}", f"{k['smallest_caught_by_outputs_error']:.1e}"])
+    head = ["kind", "K", "worst correct ratio", "caught / planted (by the outputs alone)", "× 1.1 caught",
+            "smallest error caught by the outputs"]
+    return table(head, rows, sep="| ---")
+
+
+TABLES = {"compressed_verdicts": compressed_verdicts}
 
 
 if __name__ == "__main__":

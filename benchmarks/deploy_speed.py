@@ -17,6 +17,9 @@ latency, GFLOP/s, % of GEMM, nodes and ORT's fused ops per graph, speedups with 
 the issue's targets as PASS/MISS, measured, never tuned.
 
     python benchmarks/deploy_speed.py [--quick] [--swin reduced] [--out FILE]
+
+Length: one study (every candidate graph built, timed and checked per model, thread count and batch) and the
+tables that render its JSON, which read the same cells.
 """
 from __future__ import annotations
 
@@ -27,7 +30,12 @@ import numpy as np
 import onnx
 import torch.nn as nn
 
-import _common as C
+import _corpus
+import _graphs
+import _script
+import _stats
+from _tables import load, ratio, run_line, table
+import _timing
 from vitedge.exporter.onnx.onnx_export import OnnxExportError, check_onnx, export_onnx, simplify_onnx
 from vitedge.exporter.reparam import reparameterize
 from vitedge.models import create_model, list_models, make_trained_like
@@ -54,10 +62,10 @@ ISSUE_THREADS, ISSUE_BATCH = 1, 1  # the issue's targets are stated at 1 thread,
 # gets it; "all" without spinning (`vitedge bench --ort-spinning off`) is measured beside it, not instead of it.
 THREAD_CONFIGS = ((1, 1, None), ("all", 0, None), ("all", 0, False))
 CI_WIDTH = 0.04  # a cell's rounds continue until every ratio's 95% CI is at most 4% wide, or its time is up
-BLOCK_S = 0.3  # multi-thread cells alternate in blocks of >= this, not call by call: spinning pools compete (_common)
+BLOCK_S = 0.3  # multi-thread cells alternate in blocks of >= this, not call by call: spinning pools compete (_timing)
 MIN_S_PER_CELL = 5.0  # every cell spans at least this long, precise or not (passing machine states average out)
 # issue 17's targets (1 thread, batch 1, against the best plain export), the floor and the stretch; COPIES:
-# sessions per graph, used in turn, in 1-thread cells (C.ort_sessions; more threads: one, or their pools compete)
+# sessions per graph, used in turn, in 1-thread cells (_timing.ort_sessions; more threads: one, or their pools compete)
 RATIO_TARGETS = (("swiftformer_xs", "c/a", 1.10), ("swiftformer_xs", "c/d", 1.10), ("slab_deit_tiny", "c/a", 1.15),
                  ("sima_nano_12_p16", "c/a", 1.10))
 TARGET_FLOOR, STRETCH_GEMM, COPIES = 0.97, 0.90, 3
@@ -79,7 +87,7 @@ def describe(key: str) -> str:
 
 def timm_swiftformer(train: nn.Module, overrides: dict) -> tuple[nn.Module | None, str | None]:
     """timm's SwiftFormer-XS with the same weights (timm's own key map), or None and why not."""
-    timm, why = C.import_timm()
+    timm, why = _graphs.import_timm()
     if timm is None:
         return None, f"timm unavailable: {why}"
     from timm.models.swiftformer import checkpoint_filter_fn
@@ -120,7 +128,7 @@ def build_graphs(models: dict, imgsz: int, batch: int, unavailable: dict) -> dic
                 for suffix, apply in PLAIN_PASSES.items():
                     graphs[f"{v}.{e}{suffix}"] = apply(raw)
         else:
-            graphs[v] = C.onnx_image_model(m, imgsz, batch)  # vitedge's export + simplifier (fusions kept)
+            graphs[v] = _graphs.onnx_image_model(m, imgsz, batch)  # vitedge's export + simplifier (fusions kept)
     return graphs
 
 
@@ -129,18 +137,18 @@ def build_graphs(models: dict, imgsz: int, batch: int, unavailable: dict) -> dic
 def measure_model(name: str, overrides: dict, config: str, imgsz: int, batches, gemm, timing: dict) -> dict:
     print(f"\n{name} ({config} config, {imgsz} px)", flush=True)
     train, models, skipped = build_models(name, overrides, imgsz)
-    gf = C.gflop(name, imgsz, overrides)
+    gf = _graphs.gflop(name, imgsz, overrides)
     graphs, parity, nodes, unavailable = {}, {}, {}, {}
     for batch in batches:
         x = np.random.default_rng(batch).standard_normal((batch, 3, imgsz, imgsz)).astype(np.float32)
-        ref = C.ground_truth_on(train, x)  # float64, judged by the pipeline's noise rule
+        ref = _graphs.ground_truth_on(train, x)  # float64, judged by the pipeline's noise rule
         for key, g in build_graphs(models, imgsz, batch, unavailable).items():
             graphs[(key, batch)] = g
-            problems = C.parity_problems(ref, C.ort(g, threads=1).run(x))
+            problems = _graphs.parity_problems(ref, _timing.ort(g, threads=1).run(x))
             if problems:
                 parity.setdefault(key, []).append(f"batch {batch}: {'; '.join(problems)}")
             if key not in nodes:
-                nodes[key] = {**C.total_nodes(g), "ort_fused": fused_op_counts(g)}
+                nodes[key] = {**_graphs.total_nodes(g), "ort_fused": fused_op_counts(g)}
     keys = list(dict.fromkeys(k for k, _ in graphs))
     for key, p in parity.items():
         print(f"  PARITY FAILED ({key}) {describe(key)}: {'; '.join(p)}: not timed as a baseline", flush=True)
@@ -177,41 +185,41 @@ def measure_cell(graphs: dict, keys: list, config: tuple, batch: int, imgsz: int
                  parity: dict) -> dict:
     label, threads, spinning = config
     x = np.random.default_rng(100 + batch).standard_normal((batch, 3, imgsz, imgsz)).astype(np.float32)
-    sessions = C.ort_sessions({k: graphs[(k, batch)] for k in keys}, threads, spinning, seed=batch + threads,
-                              copies=COPIES if threads == 1 else 1)
+    sessions = _timing.ort_sessions({k: graphs[(k, batch)] for k in keys}, threads, spinning, seed=batch + threads,
+                                    copies=COPIES if threads == 1 else 1)
     # the stopping rule watches every ratio a baseline could end up in: each candidate against (b) and (c)
     pairs = [(new, cand) for new, base in SPEEDUPS if new in sessions for cand in candidate_keys(base)
              if cand in sessions]
     t0 = time.perf_counter()
     block_s = 0.0 if threads == 1 else timing["block_s"]
-    times = C.time_until_precise({k: (lambda s=s: s.run(x)) for k, s in sessions.items()}, pairs,
-                                 timing["min_rounds"], timing["max_s"], timing["ci_width"], block_s,
-                                 timing["min_s"])
+    times = _timing.time_until_precise({k: (lambda s=s: s.run(x)) for k, s in sessions.items()}, pairs,
+                                       timing["min_rounds"], timing["max_s"], timing["ci_width"], block_s,
+                                       timing["min_s"])
     cell_s = time.perf_counter() - t0
     gemm_gflops = None
     if threads == 1:
         # The ceiling, timed right after the cell rather than inside its rounds: a torch call between two
         # ONNX Runtime calls slows the next one (caches evicted), which would bias the baselines.
         gemm_run, gemm_gflop = gemm
-        gemm_times = C.time_rounds({"gemm": gemm_run}, timing["min_rounds"], timing["gemm_s"])["gemm"]
+        gemm_times = _timing.time_rounds({"gemm": gemm_run}, timing["min_rounds"], timing["gemm_s"])["gemm"]
         gemm_gflops = gemm_gflop / float(np.median(gemm_times))
     lat, rate = {}, {}
     for k in keys:
-        lat[k] = C.stats(times[k], batch)
+        lat[k] = _stats.stats(times[k], batch)
         rate[k] = gf * batch / (lat[k]["p50_ms"] / 1e3)
     baselines = pick_baselines(times, parity)
     ups = {}
     for new, base in SPEEDUPS:
         if base in baselines and new in times and new not in parity:
             best = baselines[base]["best"]
-            ups[f"{new}/{base}"] = {**C.speedup(times[best], times[new]), "base": best}
+            ups[f"{new}/{base}"] = {**_stats.speedup(times[best], times[new]), "base": best}
     # how much onnxsim as is costs or gains each plain export (informative, not a target)
     info = {}
     for base in BASELINES:
         for e in PLAIN_EXPORTS:
             raw, sim = f"{base}.{e}", f"{base}.{e}+sim"
             if raw in times and sim in times:
-                info[f"{raw}/{sim}"] = C.speedup(times[sim], times[raw])
+                info[f"{raw}/{sim}"] = _stats.speedup(times[sim], times[raw])
     cell = {"threads": label, "spinning": {None: "default", False: "off"}[spinning], "batch": batch,
             "rounds": len(times[keys[0]]), "block_s": block_s or None, "seconds": round(cell_s, 1), "latency": lat,
             "gflops": rate, "pct_gemm": {}, "gemm_gflops": gemm_gflops, "baselines": baselines, "speedups": ups,
@@ -316,7 +324,7 @@ def print_ratios(models: list[dict], targets: list[dict]) -> None:
             for k, r in c[field].items():
                 base = f" [base {r['base']}]" if "base" in r else ""
                 print(f"  {m['model']:<17} ({m['config']}) threads {_threads(c):<12} batch {c['batch']}  "
-                      f"{k}: {C.fmt_ratio(r)}{base}")
+                      f"{k}: {_stats.fmt_ratio(r)}{base}")
     print("\nspeed targets (measured, 1 thread, batch 1 where stated):")
     for t in targets:
         if "ratio" in t:
@@ -335,7 +343,7 @@ def print_ratios(models: list[dict], targets: list[dict]) -> None:
 
 
 def main(argv=None) -> int:
-    ap = C.parser("deploy_speed", __doc__)
+    ap = _script.parser("deploy_speed", __doc__)
     ap.add_argument("--swin", choices=("tiny", "reduced"), default="tiny",
                     help="slab_swin_tiny itself (default) or its reduced config (when time is short)")
     ap.add_argument("--models", default=",".join(MODELS), help="comma list (default: one per family)")
@@ -344,14 +352,15 @@ def main(argv=None) -> int:
     ap.add_argument("--max-s-per-cell", type=float, default=120.0,
                     help="time budget per (threads, batch) cell once its minimum rounds are done (default 120)")
     args = ap.parse_args(argv)
-    started, info = C.begin("deploy_speed", args.quick)  # the GEMM ceiling is single-thread; ONNX Runtime sets its own threads
+    # the GEMM ceiling is single-thread; ONNX Runtime sets its own threads
+    started, info = _script.begin("deploy_speed", args.quick)
     timing = ({"min_rounds": 3, "min_s": 0.0, "max_s": 0.03, "gemm_s": 0.01, "ci_width": args.ci_width,
                "block_s": 0.01} if args.quick else
               {"min_rounds": 8, "min_s": MIN_S_PER_CELL, "max_s": args.max_s_per_cell, "gemm_s": 1.0,
                "ci_width": args.ci_width, "block_s": BLOCK_S})
     gemm_n = 512 if args.quick else 1024
     batches = (1,) if args.quick else (1, 8)  # --quick: one export per variant
-    gemm = C.gemm_fn(gemm_n)
+    gemm = _timing.gemm_fn(gemm_n)
     results, missing = [], {}
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
         if name not in list_models():
@@ -359,7 +368,7 @@ def main(argv=None) -> int:
             print(f"\n{name}: not measured: not registered yet", flush=True)
             continue
         reduced = args.quick or (name == "slab_swin_tiny" and args.swin == "reduced")
-        overrides = C.REDUCED.get(name, {}) if reduced else {}
+        overrides = _corpus.REDUCED.get(name, {}) if reduced else {}
         imgsz = QUICK_IMGSZ.get(name, 224) if args.quick else 224
         try:
             results.append(measure_model(name, overrides, "reduced" if reduced else "real", imgsz, batches, gemm,
@@ -382,7 +391,7 @@ def main(argv=None) -> int:
                                    + "; (b), (c): vitedge's export + simplifier (ORT fusions kept)"},
             "gemm": {"n": gemm_n, "gflops_median": gemm_median, "gflops_per_cell": gemm_all},
             "missing": missing, "models": results, "targets": targets}
-    path = C.write_results(C.out_path("deploy_speed", args), "deploy_speed", info, args, body, started)
+    path = _script.write_results(_script.out_path("deploy_speed", args), "deploy_speed", info, args, body, started)
     print(f"\nresults: {path}\n{info['load_note']}")
     if gemm_all:
         print(f"single-thread fp32 GEMM ({gemm_n}^3, torch): median {gemm_median:.1f} GFLOP/s over {len(gemm_all)} "
@@ -390,6 +399,109 @@ def main(argv=None) -> int:
     print_summary(results, gemm_median)
     print_ratios(results, targets)
     return 0
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def _threads_label(c: dict) -> str:
+    if c["threads"] == 1:
+        return "1"
+    return "all no-spin" if c.get("spinning") == "off" else "all"
+
+
+def _json_cell(m: dict, threads, batch: int, spinning: str = "default") -> dict | None:
+    return next((c for c in m["cells"] if c["threads"] == threads and c["batch"] == batch
+                 and c.get("spinning", "default") == spinning), None)
+
+
+def _target(d: dict, model: str, key: str) -> dict | None:
+    return next((t for t in d.get("targets", []) if t.get("model") == model and t["target"].endswith(f"({key})")),
+                None)
+
+
+def _with_target(d: dict, model: str, key: str, r: dict) -> str:
+    t = _target(d, model, key)
+    if t is None:
+        return ratio(r)
+    met = "met" if t["status"] == "PASS" else "**missed**"
+    return f"{ratio(r)} (target ≥ {t['threshold']:.2f}: {met})"
+
+
+def deploy_speed_headline(name: str = "deploy_speed.json") -> str:
+    """Per model: vitedge's deploy-form over the best plain export (c/a) at 1 thread and all threads, batch 1,
+    and over timm's port (c/d), with the run's targets."""
+    d = load(name)
+    rows = []
+    for m in d["models"]:
+        one, every = _json_cell(m, 1, 1), _json_cell(m, "all", 1)
+        rows.append([m["model"], _with_target(d, m["model"], "c/a", one["speedups"]["c/a"]),
+                     ratio(every["speedups"]["c/a"]) if every else "",
+                     _with_target(d, m["model"], "c/d", one["speedups"]["c/d"]) if "c/d" in one["speedups"] else ""])
+    head = ["model", "deploy-form vs best plain export, 1 thread, batch 1", "same, all threads, batch 1",
+            "vs timm's port (its best export), 1 thread"]
+    return f"Run: {run_line(d)} (`benchmarks/results/{name}`):\n\n" + table(head, rows, sep="| ---")
+
+
+def deploy_speed_model(name: str, model: str) -> str:
+    """One model's cells: latencies of (a) the best plain export, (b) folded, (c) folded + rewrites, (d) the best
+    timm export, GFLOP/s, % of the GEMM and the paired ratios."""
+    m = next(m for m in load(name)["models"] if m["model"] == model)
+    timm = any("d" in c["baselines"] for c in m["cells"])
+    nodes = ", ".join(f"({k}) {n['total']}" for k, n in m["nodes"].items())
+    head = ["threads", "batch", "rounds", "(a) =", "(a) ms", "(b) ms", "(c) ms"] + (["(d) =", "(d) ms"] if timm else [])
+    head += ["(c) GFLOP/s", "(c) % GEMM", "b/a", "c/a"] + (["c/d"] if timm else [])
+    rows = []
+    for c in m["cells"]:
+        a = c["baselines"]["a"]["best"]
+        row = [_threads_label(c), c["batch"], c["rounds"], a, f"{c['latency'][a]['p50_ms']:.2f}",
+               f"{c['latency']['b']['p50_ms']:.2f}", f"{c['latency']['c']['p50_ms']:.2f}"]
+        if timm:
+            dd = c["baselines"]["d"]["best"]
+            row += [dd, f"{c['latency'][dd]['p50_ms']:.2f}"]
+        pct = c["pct_gemm"].get("c") if c["threads"] == 1 else None
+        row += [f"{c['gflops']['c']:.1f}", "" if pct is None else f"{pct:.1f}", ratio(c["speedups"]["b/a"]),
+                ratio(c["speedups"]["c/a"])] + ([ratio(c["speedups"]["c/d"])] if timm else [])
+        rows.append(row)
+    return f"Rewrites in (c): {', '.join(m['rewrites'])}. ONNX nodes: {nodes}.\n\n" + table(head, rows)
+
+
+def deploy_speed_targets(name: str) -> str:
+    """The run's targets as the script judged them (PASS / MISS on the point estimate, the CI stated)."""
+    rows = []
+    for t in load(name)["targets"]:
+        if "ratio" in t:
+            clears = "clears the target" if t["ci_clears"] else "reaches below the target"
+            got = f"{t['ratio']:.3f}× [{t['ci'][0]:.3f}–{t['ci'][1]:.3f}] (base {t['base']}); the CI {clears}"
+        elif "below" in t:
+            got = f"{t['ratios'] - len(t['below'])}/{t['ratios']} ratios clear it"
+        elif "pct_gemm" in t:
+            got = f"{t['pct_gemm']:.1f} % of the GEMM"
+        else:
+            got = t["why"]
+        rows.append([t["target"], got, f"**{t['status']}**"])
+    return table(["target", "measured", "status"], rows)
+
+
+def deploy_speed_line(name: str) -> str:
+    """A deploy-speed run's 1-thread, batch-1 c/a per model (c/d beside it) and its floor, in one sentence."""
+    d = load(name)
+    parts = []
+    for m in d["models"]:
+        sp = _json_cell(m, 1, 1)["speedups"]
+        cd = f" (c/d {ratio(sp['c/d'])})" if "c/d" in sp else ""
+        parts.append(f"{m['model']} {ratio(sp['c/a'])}{cd}")
+    floor = next(t for t in d["targets"] if "below" in t)
+    return (f"1 thread, batch 1, c/a: {', '.join(parts)}; floor: {floor['ratios'] - len(floor['below'])}/"
+            f"{floor['ratios']} lower bounds ≥ {floor['threshold']:g}")
+
+
+TABLES = {
+    "deploy_speed_headline": deploy_speed_headline,
+    "deploy_speed_model": deploy_speed_model,
+    "deploy_speed_targets": deploy_speed_targets,
+    "deploy_speed_line": deploy_speed_line,
+}
 
 
 if __name__ == "__main__":

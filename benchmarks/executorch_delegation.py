@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import _common as C
+import _script
 from vitedge.exporter.reparam.forms import build_deploy_form, build_train_form
 from vitedge.exporter.verdict.inputs import natural_inputs
 from vitedge.models.registry import input_stats
@@ -27,9 +27,9 @@ QUICK = ("swiftformer",)
 
 
 def main(argv=None) -> int:
-    ap = C.parser("executorch_delegation", __doc__)
+    ap = _script.parser("executorch_delegation", __doc__)
     args = ap.parse_args(argv)
-    started, info = C.begin("executorch_delegation", args.quick)
+    started, info = _script.begin("executorch_delegation", args.quick)
     target = get_target("executorch")
     rows = []
     for family in (QUICK if args.quick else sorted(CASES)):
@@ -54,8 +54,8 @@ def main(argv=None) -> int:
                 left = ", ".join(f"{k} x{v}" for k, v in row["outside_delegate"].items()) or "none"
                 print(f"  {family:<12} {precision} rewrites {rewrites:<3}: outside XNNPACK: {left}", flush=True)
     body = {"settings": {"configs": "tests/_families.py CASES", "calibration": "8 natural views"}, "rows": rows}
-    path = C.write_results(C.out_path("executorch_delegation", args), "executorch_delegation", info, args, body,
-                           started)
+    path = _script.write_results(_script.out_path("executorch_delegation", args), "executorch_delegation",
+                                 info, args, body, started)
     whole = [r for r in rows if r["rewrites"] == "on"]
     print(f"\nresults: {path}\nwith the rewrites: {sum(r['fully_delegated'] for r in whole)} of {len(whole)} "
           "(family, precision) programs delegated whole")

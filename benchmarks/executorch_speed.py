@@ -25,7 +25,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import _common as C
+import _corpus
+import _graphs
+import _script
+import _stats
+from _tables import load, table
+import _timing
 from vitedge.exporter.reparam.forms import build_deploy_form, build_train_form
 from vitedge.exporter.verdict.inputs import natural_inputs
 from vitedge.exporter.verdict.parity import COMPRESSED_TOLERANCES
@@ -61,13 +66,13 @@ def measure_model(name: str, overrides: dict, config: str, imgsz: int, thread_co
     arts = {"et": _lower(target, deploy, name, imgsz, "fp32", tmp / "a", "on"),
             "et.plain": _lower(target, deploy, name, imgsz, "fp32", tmp / "b", "off"),
             "et.int8": _lower(target, deploy, name, imgsz, "int8", tmp / "c", "on", calib)}
-    graph = C.onnx_image_model(deploy, imgsz, 1)
+    graph = _graphs.onnx_image_model(deploy, imgsz, 1)
     x = natural_inputs(8, imgsz, seed=9, mean=mean, std=std)[0].numpy()
-    truth = C.ground_truth_on(train, x)
+    truth = _graphs.ground_truth_on(train, x)
     with torch.no_grad():
         ref = deploy(torch.from_numpy(x)).numpy()
-    one = C.ort(graph, 1)  # the graph's static batch of 1
-    checks = {"ort": C.parity_problems(truth, np.concatenate([one.run(x[i:i + 1]) for i in range(len(x))]))}
+    one = _timing.ort(graph, 1)  # the graph's static batch of 1
+    checks = {"ort": _graphs.parity_problems(truth, np.concatenate([one.run(x[i:i + 1]) for i in range(len(x))]))}
     runners = {k: target.runner(a) for k, a in arts.items()}
     for k, r in runners.items():
         y = r.run(x)
@@ -75,7 +80,7 @@ def measure_model(name: str, overrides: dict, config: str, imgsz: int, thread_co
             cos = (y * ref).sum(1) / (np.linalg.norm(y, axis=1) * np.linalg.norm(ref, axis=1))
             checks[k] = [] if cos.min() >= INT8_COSINE else [f"cosine {cos.min():.4f} < {INT8_COSINE}"]
         else:
-            checks[k] = C.parity_problems(truth, y)
+            checks[k] = _graphs.parity_problems(truth, y)
     bad = {k: v for k, v in checks.items() if v}
     if bad:
         raise RuntimeError(f"outputs fail their check: {bad}")
@@ -87,13 +92,13 @@ def measure_model(name: str, overrides: dict, config: str, imgsz: int, thread_co
         set_threads(threads)
         # programs loaded after the pool is sized: XNNPACK binds a method to the pool it was loaded with
         runners = {k: target.runner(a) for k, a in arts.items()}
-        ort = C.ort(graph, threads)
+        ort = _timing.ort(graph, threads)
         fns = {"ort": lambda: ort.run(xb), **{k: (lambda r=r: r.run(xb)) for k, r in runners.items()}}
-        # more threads: blocks, not call by call (the pools' idle workers spin and would compete: _common)
-        times = C.time_until_precise(fns, list(PAIRS), timing["min_rounds"], timing["max_s"], timing["ci_width"],
-                                     block_s=timing["block_s"] if threads > 1 else 0.0, min_s=timing["min_s"])
-        cell = {"threads": threads, "latency_ms": {k: C.stats(v) for k, v in times.items()},
-                "speedups": {f"{new} vs {base}": C.speedup(times[base], times[new]) for new, base in PAIRS}}
+        # more threads: blocks, not call by call (the pools' idle workers spin and would compete: _timing)
+        times = _timing.time_until_precise(fns, list(PAIRS), timing["min_rounds"], timing["max_s"], timing["ci_width"],
+                                           block_s=timing["block_s"] if threads > 1 else 0.0, min_s=timing["min_s"])
+        cell = {"threads": threads, "latency_ms": {k: _stats.stats(v) for k, v in times.items()},
+                "speedups": {f"{new} vs {base}": _stats.speedup(times[base], times[new]) for new, base in PAIRS}}
         cells.append(cell)
         print(f"  {threads} thread(s): " + ", ".join(f"{k} {cell['latency_ms'][k]['p50_ms']:.2f} ms" for k in fns),
               flush=True)
@@ -103,17 +108,17 @@ def measure_model(name: str, overrides: dict, config: str, imgsz: int, thread_co
 
 
 def main(argv=None) -> int:
-    ap = C.parser("executorch_speed", __doc__)
+    ap = _script.parser("executorch_speed", __doc__)
     ap.add_argument("--models", default=",".join(MODELS), help="comma list (default: one per family)")
     args = ap.parse_args(argv)
-    started, info = C.begin("executorch_speed", args.quick)
+    started, info = _script.begin("executorch_speed", args.quick)
     timing = ({"min_rounds": 3, "min_s": 0.0, "max_s": 0.05, "ci_width": 0.5, "block_s": 0.01} if args.quick else
               {"min_rounds": 20, "min_s": 8.0, "max_s": 60.0, "ci_width": 0.04, "block_s": 0.3})
     every = os.cpu_count() or 1
     thread_counts = [1] if args.quick else sorted({1, every})
     results = []
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
-        overrides = C.REDUCED.get(name, {}) if args.quick else {}
+        overrides = _corpus.REDUCED.get(name, {}) if args.quick else {}
         imgsz = 64 if args.quick and name != "slab_deit_tiny" else 224
         results.append(measure_model(name, overrides, "reduced" if args.quick else "real", imgsz, thread_counts,
                                      timing))
@@ -127,7 +132,8 @@ def main(argv=None) -> int:
                                 "status": "PASS" if q["ratio"] >= floor else "MISS"})
     body = {"settings": {"batch": 1, "threads": thread_counts, "calibration": f"{CALIB} natural views",
                          **timing}, "models": results, "targets": targets}
-    path = C.write_results(C.out_path("executorch_speed", args), "executorch_speed", info, args, body, started)
+    path = _script.write_results(_script.out_path("executorch_speed", args), "executorch_speed",
+                                 info, args, body, started)
     print(f"\nresults: {path}\n{info['load_note']}")
     for t in targets:
         print(f"  {t['status']}  {t['model']} {t['threads']} thread(s): {t['ratio']} >= {t['target']}x: "
@@ -135,8 +141,50 @@ def main(argv=None) -> int:
     for r in results:
         for cell in r["cells"]:
             for key, q in cell["speedups"].items():
-                print(f"  {r['model']} ({r['config']}) {cell['threads']} thread(s) {key}: {C.fmt_ratio(q)}")
+                print(f"  {r['model']} ({r['config']}) {cell['threads']} thread(s) {key}: {_stats.fmt_ratio(q)}")
     return 0
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def _x(r: dict) -> str:
+    return f"{r['ratio']:.2f}x ({r['ci'][0]:.2f}-{r['ci'][1]:.2f})"
+
+
+def executorch_speed() -> str:
+    """ExecuTorch fp32 / int8 against ONNX Runtime fp32 on the same deploy-form, per thread count."""
+    d = load("executorch_speed.json")
+    rows = []
+    for m in d["models"]:
+        for c in m["cells"]:
+            lat, sp = c["latency_ms"], c["speedups"]
+            rows.append([m["model"], c["threads"]]
+                        + [f"{lat[k]['p50_ms']:.2f} ms" for k in ("ort", "et", "et.plain", "et.int8")]
+                        + [_x(sp["et vs ort"]), _x(sp["et vs et.plain"]), _x(sp["et.int8 vs et"])])
+    head = ["model", "threads", "ONNX Runtime fp32", "ExecuTorch fp32", "fp32, no rewrites", "ExecuTorch int8",
+            "ET fp32 vs ORT", "rewrites gain", "int8 vs fp32"]
+    mach = d["machine"]
+    sizes = ", ".join(f"{m['model']} {m['pte_bytes']['et'] / 1e6:.1f} MB fp32 / "
+                      f"{m['pte_bytes']['et.int8'] / 1e6:.1f} MB int8" for m in d["models"])
+    met = sum(t["status"] == "PASS" for t in d["targets"])
+    return (table(head, rows, sep="| ---") + f"\n\nMedians (batch {d['settings']['batch']}) on {mach['cpu']}, "
+            f"{mach['cores']} cores, {mach['date']}; ratios are paired bootstrap 95 % intervals. "
+            f"Program sizes: {sizes}.\n"
+            f"Targets: {met} of {len(d['targets'])} met.")
+
+
+def executorch_ratios() -> str:
+    """ET fp32 over ORT fp32 and int8 over fp32, per model, 1 thread / 2 threads, from executorch_speed.json."""
+    d = load("executorch_speed.json")
+
+    def per(key: str) -> str:
+        return ", ".join(f"{m['model']} " + " / ".join(f"{c['speedups'][key]['ratio']:.2f}×" for c in m["cells"])
+                         for m in d["models"])
+    return f"{per('et vs ort')}; the int8 `.pte` against its fp32 {per('et.int8 vs et')}"
+
+
+TABLES = {"executorch_speed": executorch_speed, "executorch_ratios": executorch_ratios}
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import re
 import subprocess
 import sys
@@ -23,7 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import _common as C
+import _corpus
+import _graphs
+import _script
+from _tables import load
 from vitedge.models import get_spec, list_models
 
 TARGET_S = 300.0
@@ -41,17 +45,18 @@ def export_once(name: str, tmp: Path, quick: bool) -> dict:
     out, cache = tmp / name, tmp / f"cache-{name}"
     argv = [sys.executable, "-m", "vitedge.cli", "export", "--model", name, "--target", "onnx", "--out", str(out)]
     if quick:
-        argv += QUICK_ARGS + _set_flags(C.REDUCED[name])
+        argv += QUICK_ARGS + _set_flags(_corpus.REDUCED[name])
     env = {**os.environ, "VITEDGE_CACHE_DIR": str(cache)}
     env.pop("VITEDGE_TRUTH_CACHE", None)
-    load_before = C.load_average()
+    load_before = _script.load_average()
     t0 = time.perf_counter()
     p = subprocess.run(argv, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
     report = json.loads((out / "report.json").read_text()) if (out / "report.json").is_file() else {}
     steps = [(m.group(1), float(m.group(2))) for m in map(STEP_RE.match, p.stderr.splitlines()) if m]
     return {"model": name, "exit_code": p.returncode, "wall_s": round(wall, 1), "load_before": load_before,
-            "load_after": C.load_average(), "samples": report.get("samples"), "samples_rule": report.get("samples_rule"),
+            "load_after": _script.load_average(), "samples": report.get("samples"),
+            "samples_rule": report.get("samples_rule"),
             "status": report.get("status"), "cache": ((report.get("reference") or {}).get("cache") or {}).get("status"),
             "hops": {h["hop"]: {"status": h["status"], "samples": h["samples"], "seconds": h["seconds"]}
                      for h in report.get("parity", [])},
@@ -59,16 +64,17 @@ def export_once(name: str, tmp: Path, quick: bool) -> dict:
 
 
 def main() -> None:
-    p = C.parser("export_all_time", __doc__)
+    p = _script.parser("export_all_time", __doc__)
     p.add_argument("--models", default=None, help="comma-separated model names (default: all registered)")
     p.add_argument("--update", action="store_true", help="re-measure --models only; keep the other rows")
     args = p.parse_args()
     names = args.models.split(",") if args.models else list(QUICK_MODELS if args.quick else list_models())
-    names.sort(key=lambda n: C.gflop(n, 64, C.REDUCED[n]) if args.quick else C.gflop(n, get_spec(n).default_imgsz))
-    info = C.machine()
-    C.banner("export_all_time", info, args.quick)
+    names.sort(key=lambda n: _graphs.gflop(n, 64, _corpus.REDUCED[n]) if args.quick
+               else _graphs.gflop(n, get_spec(n).default_imgsz))
+    info = _script.machine()
+    _script.banner("export_all_time", info, args.quick)
     started = time.time()
-    path = Path(C.out_path("export_all_time", args))
+    path = Path(_script.out_path("export_all_time", args))
     kept = []
     if args.update and path.is_file():
         kept = [r for r in json.loads(path.read_text())["models"] if r["model"] not in names]
@@ -82,7 +88,7 @@ def main() -> None:
                                  (" " + " ".join(QUICK_ARGS) + " --set (reduced config)" if args.quick else ""),
                                  "truth_cache": "empty (cold) per export", "target_s": TARGET_S},
                     "models": every, "complete": len(every) == (len(names) if args.quick else len(list_models()))}
-            C.write_results(path, "export_all_time", dict(info), args, body, started)  # survives an interruption
+            _script.write_results(path, "export_all_time", dict(info), args, body, started)  # survives an interruption
             print(f"{name:20s} exit {r['exit_code']}  {r['wall_s']:7.1f} s  {r['samples']} samples  "
                   f"(1-min load {r['load_before'][:1]} -> {r['load_after'][:1]})", flush=True)
     every = sorted(kept + rows, key=lambda r: -r["wall_s"])
@@ -92,6 +98,24 @@ def main() -> None:
         print(f"  {r['model']:20s} {r['wall_s']:7.1f} s  exit {r['exit_code']}  {r['samples']} samples")
     within = sum(r["wall_s"] <= TARGET_S and r["exit_code"] == 0 for r in every)
     print(f"within {TARGET_S:.0f} s and exit 0: {within}/{len(every)}")
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def export_all_time() -> str:
+    """Every registered model's default export, from export_all_time.json."""
+    d = load("export_all_time.json")
+    ms = sorted(d["models"], key=lambda m: m["wall_s"])
+    ok = [m for m in ms if m["exit_code"] == 0 and m["wall_s"] <= d["settings"]["target_s"]]
+    rest, slow = ms[:-3], ms[-3:][::-1]
+    return (f"**{len(ok)} of {len(ms)} exit 0 within {d['settings']['target_s'] / 60:g} minutes**: "
+            f"{rest[0]['wall_s']:.0f}–{rest[-1]['wall_s']:.0f} s for {len(rest)} of them, median "
+            f"{statistics.median(m['wall_s'] for m in ms):.0f} s; the slowest are "
+            + ", ".join(f"{m['model']} {m['wall_s']:.0f} s" for m in slow))
+
+
+TABLES = {"export_all_time": export_all_time}
 
 
 if __name__ == "__main__":

@@ -17,6 +17,9 @@
    round with `--samples` (4) parity inputs; ratios: each target's wall time over the onnx fp32 pipeline's.
 
     python benchmarks/export_time.py [--quick] [--main-repeats N] [--samples N] [--repeats N] [--out FILE]
+
+Length: one study (the main job, `vitedge models` and every target timed, each in fresh processes) and the tables
+that render its JSON.
 """
 from __future__ import annotations
 
@@ -45,7 +48,7 @@ RUNS = (("onnx", "onnx", "fp32"), ("onnx-fp16", "onnx", "fp16"), ("coreml", "cor
 QUICK_IMGSZ = {"swiftformer_xs": 64, "sima_nano_12_p16": 64}  # reduced configs at small sizes (SLAB: 224 only)
 MAIN_JOB = ["export", "--model", "swiftformer_xs", "--target", "onnx,coreml"]  # + --out DIR (the README's job)
 MAIN_JOB_QUICK = ["--imgsz", "64", "--samples", "8", "--set", "layers=[1,1,2,1]", "--set", "embed_dims=[16,24,32,48]",
-                  "--set", "num_classes=10"]  # _common.REDUCED's swiftformer_xs
+                  "--set", "num_classes=10"]  # _corpus.REDUCED's swiftformer_xs
 # Sub-phases: (label, module, attribute path), wrapped wherever the function object is referenced.
 SUB_PHASES = (
     ("demo weights (make_trained_like)", "vitedge.models.trained_like", "make_trained_like"),
@@ -155,7 +158,10 @@ def child_main_job(out_json: str, argv: list[str]) -> int:
 if __name__ == "__main__" and sys.argv[1:2] == ["--child"]:  # before the heavy imports: the child times them
     raise SystemExit(child_main_job(sys.argv[2], sys.argv[4:] if sys.argv[3:4] == ["--"] else sys.argv[3:]))
 
-import _common as C  # noqa: E402
+import _corpus  # noqa: E402
+import _script  # noqa: E402
+import _stats  # noqa: E402
+from _tables import load, ratio, run_line, table  # noqa: E402
 from vitedge.exporter.timing import latency  # noqa: E402
 from vitedge.exporter.flow.pipeline import export  # noqa: E402
 from vitedge.exporter.core.target_plans import resolve_targets  # noqa: E402
@@ -168,7 +174,7 @@ def _main_job_run(label: str, i: int, quick: bool, tmp: Path, cache_dir: Path, e
     argv = MAIN_JOB + ["--out", str(out_dir)] + (MAIN_JOB_QUICK if quick else [])
     env = {k: v for k, v in os.environ.items() if k not in ("VITEDGE_TRUTH_CACHE", KEEP_FREED_ENV)}  # defaults
     env.update({"VITEDGE_CACHE_DIR": str(cache_dir), **(env_extra or {})})
-    load_before = C.load_average()  # the 1-min load average, beside every run
+    load_before = _script.load_average()  # the 1-min load average, beside every run
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", str(rec), "--", *argv],
                        capture_output=True, text=True, cwd=str(tmp), env=env)
@@ -177,7 +183,7 @@ def _main_job_run(label: str, i: int, quick: bool, tmp: Path, cache_dir: Path, e
         raise RuntimeError(f"main job run {label} {i} failed (rc {p.returncode}): {p.stderr[-2000:]}")
     r = json.loads(rec.read_text())
     cache = json.loads((out_dir / "report.json").read_text())["reference"].get("cache") or {}
-    r.update(wall_s=wall, load_before=load_before, load_after=C.load_average(), cache=cache.get("status"))
+    r.update(wall_s=wall, load_before=load_before, load_after=_script.load_average(), cache=cache.get("status"))
     print(f"  main job, {label} run {i + 1}: {wall:.1f} s (exit {r['rc']}; ground truth cache: {r['cache']}; "
           f"1-min load {load_before[:1]} -> {r['load_after'][:1]})", flush=True)
     return r
@@ -298,7 +304,7 @@ def _median_hops(records: list[dict]) -> list[dict]:
 
 
 def measure_model(name: str, runs, quick: bool, samples: int, repeats: int, tmp: Path) -> dict:
-    overrides = C.REDUCED[name] if quick else {}
+    overrides = _corpus.REDUCED[name] if quick else {}
     imgsz = QUICK_IMGSZ.get(name) if quick else None
     records = {label: [] for label, *_ in runs}
     fns = {label: pipeline_call(name, t, p, overrides, imgsz, samples, tmp, records[label]) for label, t, p in runs}
@@ -311,7 +317,7 @@ def measure_model(name: str, runs, quick: bool, samples: int, repeats: int, tmp:
     for label, target, precision in runs:
         recs = records[label]
         walls = [r["wall_s"] for r in recs]
-        out["targets"][label] = {"target": target, "precision": precision, "wall": C.stats(walls),
+        out["targets"][label] = {"target": target, "precision": precision, "wall": _stats.stats(walls),
                                  "walls_s": [round(w, 3) for w in walls], "exit_code": recs[-1]["exit_code"],
                                  "steps_s": _median_steps(recs), "hops": _median_hops(recs)}
         _print_target(name, label, out["targets"][label])
@@ -331,7 +337,7 @@ def _print_target(name: str, label: str, t: dict) -> None:
 
 
 def main(argv=None) -> int:
-    ap = C.parser("export_time", __doc__)
+    ap = _script.parser("export_time", __doc__)
     ap.add_argument("--main-repeats", type=int, default=None,
                     help="main-job runs, cold and warm each (default 3; --quick 1)")
     ap.add_argument("--samples", type=int, default=None, help="parity inputs per hop, per-target part (default 4; "
@@ -347,8 +353,8 @@ def main(argv=None) -> int:
     started = time.time()
     import torch
 
-    info = C.machine()
-    C.banner("export_time", info, args.quick)
+    info = _script.machine()
+    _script.banner("export_time", info, args.quick)
     with tempfile.TemporaryDirectory(prefix="vitedge-export-time-") as tmp:
         main_job, main_job_warm, main_job_default_malloc = jobs = run_main_job(args.quick, main_repeats, Path(tmp))
         for m in jobs:
@@ -375,7 +381,7 @@ def main(argv=None) -> int:
             # Pay the process-wide imports (coremltools, onnxsim, the MIL interpreter) once, on a tiny model
             # (--quick skips this: its first round includes them).
             for label, t, p in runs:
-                pipeline_call("swiftformer_xs", t, p, C.REDUCED["swiftformer_xs"], 64, 1, Path(tmp), [])()
+                pipeline_call("swiftformer_xs", t, p, _corpus.REDUCED["swiftformer_xs"], 64, 1, Path(tmp), [])()
         results = [measure_model(m, runs, args.quick, samples, args.repeats, Path(tmp)) for m in models]
     body = {"settings": {"samples": samples, "pipeline_default_samples": 256, "repeats": args.repeats,
                          "main_repeats": main_repeats, "torch_threads": args.threads, "runs": [r[0] for r in runs]},
@@ -383,15 +389,97 @@ def main(argv=None) -> int:
             "main_job_default_malloc": main_job_default_malloc, "allocator_ratio": allocator,
             "models_command": models_cmd,
             "unavailable": unavailable, "missing": missing, "models": results}
-    path = C.write_results(C.out_path("export_time", args), "export_time", info, args, body, started)
+    path = _script.write_results(_script.out_path("export_time", args), "export_time", info, args, body, started)
     print(f"\nresults: {path}\n{info['load_note']}")
     print(f"\nmain job, cold: glibc's default allocator / the command's own setting (exporter/core/allocator.py): "
-          f"{C.fmt_ratio(allocator)}")
+          f"{_stats.fmt_ratio(allocator)}")
     print(f"\nratios (pipeline wall time relative to the onnx fp32 pipeline, {samples} parity samples):")
     for label, why in unavailable.items():
         print(f"  {label}: unavailable ({why})")
-    C.print_ratios(results, "ratios")
+    _stats.print_ratios(results, "ratios")
     return 0
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def _last_hop(t: dict) -> str:
+    h = t["hops"][-1]
+    return f"{h['hop']} {h['status']} ({h['mode']})"
+
+
+def export_time_targets() -> str:
+    """Per model and target: wall time (median of the rounds), the target's hop, the ratio to the onnx pipeline."""
+    d = load("export_time.json")
+    rows = []
+    for m in d["models"]:
+        for key, t in m["targets"].items():
+            r = m["ratios"].get(f"{key}/onnx")
+            rows.append([m["model"], key, f"{t['wall']['p50_ms'] / 1000:.2f}",
+                         ", ".join(f"{w:.2f}" for w in t["walls_s"]),
+                         _last_hop(t), ratio(r) if r else "1 (baseline)"])
+    s = d["settings"]
+    intro = (f"Run: {run_line(d)}; {s['samples']} parity samples per hop, {s['repeats']} interleaved rounds per model, "
+             f"torch {s['torch_threads']} thread(s).")
+    unavailable = "".join(f"\n\n- **{k}: unavailable here** — {v}" for k, v in d.get("unavailable", {}).items())
+    return intro + unavailable + "\n\n" + table(["model", "target", "wall s (median)", "rounds (s)", "target hop",
+                                                  "vs onnx fp32"], rows)
+
+
+def export_time_stages() -> str:
+    """Median seconds of each pipeline step, per model and target (the pipeline's own progress steps)."""
+    d = load("export_time.json")
+    cols = [(m["model"], key, t["steps_s"]) for m in d["models"] for key, t in m["targets"].items()]
+    stages: list[str] = []
+    for _, _, steps in cols:
+        stages += [s for s in steps if s not in stages]
+    rows = [[st] + [f"{steps[st]:.2f}" if st in steps else "" for _, _, steps in cols] for st in stages]
+    return table(["stage"] + [f"{m} {k}" for m, k, _ in cols], rows)
+
+
+def export_time_summary() -> str:
+    """The per-target figures of export_time.json in one sentence (the summary quotes it)."""
+    d = load("export_time.json")
+    onnx = [m["targets"]["onnx"]["wall"]["p50_ms"] / 1000 for m in d["models"]]
+    gate = [t["steps_s"]["equivalence gate (float64)"] for m in d["models"] for t in m["targets"].values()]
+
+    def span(key: str) -> str:
+        r = [m["ratios"][f"{key}/onnx"]["ratio"] for m in d["models"] if f"{key}/onnx" in m["ratios"]]
+        return f"{min(r):.2f}–{max(r):.2f}×"
+    return (f"With {d['settings']['samples']} parity samples the onnx pipeline takes "
+            f"{min(onnx):.1f}–{max(onnx):.1f} s "
+            f"per model, onnx fp16 {span('onnx-fp16')} that, coreml {span('coreml')} (the coremltools conversion "
+            f"dominates); the float64 equivalence gate is the largest fixed stage "
+            f"({min(gate):.1f}–{max(gate):.1f} s).")
+
+
+def _runs(job: dict) -> str:
+    return ", ".join(f"{r['wall_s']:.1f}" for r in job["runs"])
+
+
+def export_main_job() -> str:
+    """The README's main job, cold and warm, from export_time.json."""
+    d = load("export_time.json")
+    cold, warm = d["main_job"], d["main_job_warm"]
+    return (f"**the main job takes {cold['wall_median_s']:.1f} s on a first export** (median of {len(cold['runs'])} "
+            f"fresh processes with an empty ground-truth cache: {_runs(cold)} s) and **{warm['wall_median_s']:.1f} s "
+            f"when re-exporting the same weights** (the cache holds their float64 ground truth: {_runs(warm)} s, "
+            f"interleaved with the cold runs)")
+
+
+def export_allocator() -> str:
+    """The cold main job with glibc's default allocator, over the command's own setting."""
+    d = load("export_time.json")
+    return f"**{ratio(d['allocator_ratio'])}** as long ({d['main_job_default_malloc']['wall_median_s']:.1f} s)"
+
+
+TABLES = {
+    "export_time_targets": export_time_targets,
+    "export_time_stages": export_time_stages,
+    "export_time_summary": export_time_summary,
+    "export_main_job": export_main_job,
+    "export_allocator": export_allocator,
+}
 
 
 if __name__ == "__main__":

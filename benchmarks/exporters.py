@@ -8,7 +8,7 @@ at its default opset (TorchScript 17, dynamo 18), and measured on:
   - export time: `export_onnx_info` + `check_onnx` + `simplify_onnx` (the pipeline's graph steps), the two
     exporters interleaved round by round;
   - ONNX Runtime latency of all four graphs (each exporter, raw and simplified), interleaved in one cell per
-    thread setting (1 thread call by call; all threads in blocks of >= 0.3 s, see _common.time_blocks), until
+    thread setting (1 thread call by call; all threads in blocks of >= 0.3 s, see _timing.time_blocks), until
     every ratio's 95 % CI is 4 % wide or the cell's time is up. The baseline is the better TorchScript graph
     (raw or simplified, whichever is faster: what a user gets the usual way).
 Ratios printed last: latency TorchScript-best / dynamo (> 1: the dynamo graph is faster), export time
@@ -23,16 +23,21 @@ import time
 
 import numpy as np
 
-import _common as C
+import _corpus
+import _graphs
+import _script
+import _stats
+from _tables import load, ratio, table
+import _timing
 from vitedge.exporter.verdict.hops import parity_inputs_for
 from vitedge.exporter.onnx.onnx_export import EXPORTERS, check_onnx, default_opset, export_onnx_info, simplify_onnx
-from vitedge.exporter.verdict.parity import FLOAT64_TOLERANCES, judge, run_batched
+from vitedge.exporter.verdict.parity import FLOAT64_TOLERANCES, ground_truth, judge, run_batched
 from vitedge.exporter.reparam import reparameterize
 from vitedge.models import create_model, get_spec, list_models, make_trained_like
 
 MODELS = ("swiftformer_xs", "slab_deit_tiny", "slab_swin_tiny", "slab_pvt_tiny", "slab_cswin_tiny",
           "sima_nano_12_p16", "sima_deit_tiny")  # one per family, real configs at their default sizes
-QUICK = {"swiftformer_xs": (C.REDUCED["swiftformer_xs"], 64)}  # --quick: one reduced model
+QUICK = {"swiftformer_xs": (_corpus.REDUCED["swiftformer_xs"], 64)}  # --quick: one reduced model
 THREAD_CONFIGS = ((1, 1), ("all", 0))  # (label, ONNX Runtime intra-op threads; 0 = every core)
 BLOCK_S = 0.3
 FORMS = ("raw", "simplified")
@@ -65,7 +70,7 @@ def time_exports(deploy, imgsz: int, repeats: int) -> dict[str, list[float]]:
 
 
 def measure_cell(graphs: dict, label, threads: int, x: np.ndarray, timing: dict, valid: set) -> dict:
-    sessions = {k: C.ort(g, threads) for k, g in graphs.items() if k in valid}
+    sessions = {k: _timing.ort(g, threads) for k, g in graphs.items() if k in valid}
     if not sessions:  # nothing passed parity: nothing is timed as if it were right
         print(f"    {label} thread(s): not timed: no graph passed parity", flush=True)
         return {"threads": label, "rounds": 0, "latency": {}, "speedups": {}, "not_timed": "no graph passed parity"}
@@ -74,9 +79,10 @@ def measure_cell(graphs: dict, label, threads: int, x: np.ndarray, timing: dict,
     pairs = [(d, t) for d in dyn for t in ts]
     t0 = time.perf_counter()
     block_s = 0.0 if threads == 1 else timing["block_s"]
-    times = C.time_until_precise({k: (lambda s=s: s.run(x)) for k, s in sessions.items()}, pairs,
-                                 timing["min_rounds"], timing["max_s"], timing["ci_width"], block_s, timing["min_s"])
-    lat = {k: C.stats(v) for k, v in times.items()}
+    times = _timing.time_until_precise({k: (lambda s=s: s.run(x)) for k, s in sessions.items()}, pairs,
+                                       timing["min_rounds"], timing["max_s"], timing["ci_width"], block_s,
+                                       timing["min_s"])
+    lat = {k: _stats.stats(v) for k, v in times.items()}
     cell = {"threads": label, "rounds": len(next(iter(times.values()))), "block_s": block_s or None,
             "seconds": round(time.perf_counter() - t0, 1), "latency": lat, "speedups": {}}
     if ts and dyn:
@@ -84,8 +90,8 @@ def measure_cell(graphs: dict, label, threads: int, x: np.ndarray, timing: dict,
         best_dyn = min(dyn, key=lambda k: lat[k]["p50_ms"])
         cell["baseline"] = best_ts
         for d in dyn:
-            cell["speedups"][f"{best_ts}/{d}"] = C.speedup(times[best_ts], times[d])
-        cell["speedups"]["torchscript-best/dynamo-best"] = C.speedup(times[best_ts], times[best_dyn])
+            cell["speedups"][f"{best_ts}/{d}"] = _stats.speedup(times[best_ts], times[d])
+        cell["speedups"]["torchscript-best/dynamo-best"] = _stats.speedup(times[best_ts], times[best_dyn])
     for k, s in lat.items():
         print(f"    {str(label):>3} thread(s) {k:<24} p50 {s['p50_ms']:8.3f} ms  CV {s['cv']:.3f}", flush=True)
     return cell
@@ -96,7 +102,7 @@ def measure_model(name: str, overrides: dict, config: str, imgsz: int, samples: 
     print(f"\n{name} ({config} config, {imgsz} px)", flush=True)
     train, deploy = build(name, overrides, imgsz)
     pset = parity_inputs_for(train, imgsz, samples)
-    x, truth = pset.numpy(), C.ground_truth(train, pset.numpy(), pset.sets)
+    x, truth = pset.numpy(), ground_truth(train, pset.numpy(), pset.sets)
     graphs, out = {}, {"model": name, "config": config, "overrides": overrides, "imgsz": imgsz,
                        "rewrites": list(deploy.reparam_summary.rewrites), "exporters": {}}
     valid = set()
@@ -107,9 +113,9 @@ def measure_model(name: str, overrides: dict, config: str, imgsz: int, samples: 
         for form, g in forms.items():
             key = f"{exporter}-{form}"
             graphs[key] = g
-            y = run_batched(C.ort(g, threads=1), x)
+            y = run_batched(_timing.ort(g, threads=1), x)
             m, _, problems = judge(truth, y, FLOAT64_TOLERANCES["fp32"], pset.names)
-            entry["nodes"][form] = C.total_nodes(g)
+            entry["nodes"][form] = _graphs.total_nodes(g)
             entry["parity"][form] = {"max_rel": m.max_rel, "cosine": m.cosine, "max_abs": m.max_abs}
             entry["parity_problems"][form] = problems
             if not problems:
@@ -119,8 +125,8 @@ def measure_model(name: str, overrides: dict, config: str, imgsz: int, samples: 
         if info["exporter_fallback"]:
             print(f"  {exporter}: fell back to {info['exporter']}: {info['exporter_fallback']}", flush=True)
     times = time_exports(deploy, imgsz, repeats)
-    out["export_time"] = {e: C.stats(times[e]) for e in EXPORTERS}
-    out["export_time"]["dynamo/torchscript"] = C.speedup(times["dynamo"], times["torchscript"])
+    out["export_time"] = {e: _stats.stats(times[e]) for e in EXPORTERS}
+    out["export_time"]["dynamo/torchscript"] = _stats.speedup(times["dynamo"], times["torchscript"])
     print("  export + check + onnxsim: " + ", ".join(f"{e} {out['export_time'][e]['p50_ms'] / 1e3:.2f} s"
                                                       for e in EXPORTERS), flush=True)
     xb = np.random.default_rng(100).standard_normal((1, 3, imgsz, imgsz)).astype(np.float32)
@@ -129,7 +135,7 @@ def measure_model(name: str, overrides: dict, config: str, imgsz: int, samples: 
 
 
 def main(argv=None) -> int:
-    ap = C.parser("exporters", __doc__)
+    ap = _script.parser("exporters", __doc__)
     ap.add_argument("--models", default=None, help=f"comma list (default: {','.join(MODELS)})")
     ap.add_argument("--samples", type=int, default=None, help="parity inputs (default 32; --quick 4)")
     ap.add_argument("--export-repeats", type=int, default=None, help="interleaved export rounds (default 5; --quick 2)")
@@ -137,7 +143,8 @@ def main(argv=None) -> int:
                     help="stop a latency cell once every ratio's 95%% CI is this wide (relative)")
     ap.add_argument("--max-s-per-cell", type=float, default=60.0)
     args = ap.parse_args(argv)
-    started, info = C.begin("exporters", args.quick)  # exports and the train-form reference; ORT threads are per cell
+    # one thread for the exports and the train-form reference; ORT threads are per cell
+    started, info = _script.begin("exporters", args.quick)
     samples = args.samples or (4 if args.quick else 32)
     repeats = args.export_repeats or (2 if args.quick else 5)
     if args.quick:
@@ -155,7 +162,7 @@ def main(argv=None) -> int:
                          "opsets": {e: default_opset(e) for e in EXPORTERS}, "torch_threads": 1,
                          "ci_width": timing["ci_width"], "max_s_per_cell": timing["max_s"]},
             "missing": missing, "models": results}
-    path = C.write_results(C.out_path("exporters", args), "exporters", info, args, body, started)
+    path = _script.write_results(_script.out_path("exporters", args), "exporters", info, args, body, started)
     print(f"\nresults: {path}\n{info['load_note']}")
     print("\nratios (latency: TorchScript's faster graph / dynamo, > 1 = dynamo faster; export time: dynamo / "
           "TorchScript, > 1 = dynamo slower):")
@@ -165,10 +172,26 @@ def main(argv=None) -> int:
             print(f"  {r['model']}: dynamo fell back to TorchScript: {fallback}")
         for c in r["cells"]:
             for key, q in c["speedups"].items():
-                print(f"  {r['model']} ({r['config']}) latency {c['threads']} thread(s) {key}: {C.fmt_ratio(q)}")
+                print(f"  {r['model']} ({r['config']}) latency {c['threads']} thread(s) {key}: {_stats.fmt_ratio(q)}")
         print(f"  {r['model']} ({r['config']}) export time dynamo/torchscript: "
-              f"{C.fmt_ratio(r['export_time']['dynamo/torchscript'])}")
+              f"{_stats.fmt_ratio(r['export_time']['dynamo/torchscript'])}")
     return 0
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def exporters() -> str:
+    """Per model: the faster TorchScript graph over the faster dynamo graph (> 1: dynamo faster), and export time."""
+    rows = []
+    for m in load("exporters.json")["models"]:
+        lat = [ratio(c["speedups"]["torchscript-best/dynamo-best"]) for c in m["cells"]]
+        t = m["export_time"]
+        rows.append([m["model"]] + lat + [f"{t['dynamo']['p50_ms'] / t['torchscript']['p50_ms']:.1f}×"])
+    return table(["model", "latency, 1 thread", "all threads", "export time"], rows, sep="| ---")
+
+
+TABLES = {"exporters": exporters}
 
 
 if __name__ == "__main__":

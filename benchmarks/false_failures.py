@@ -31,7 +31,7 @@ costs in sensitivity is measured by benchmarks/parity_noise.py (planted x1.01 / 
 and benchmarks/trained_verdicts.py (planted errors in trained models' saved artifacts, judged by the product).
 
 Models: the small trained fixtures of tests/fixtures/trained/ (SwiftFormer, SLAB-DeiT) and the full-size trained
-corpus cached by scripts/train_reference.py (benchmarks/_common.TRAINED_FULL: SwiftFormer-XS, SLAB-DeiT-T's default
+corpus cached by scripts/train_reference.py (benchmarks/_corpus.TRAINED_FULL: SwiftFormer-XS, SLAB-DeiT-T's default
 config, SLAB-DeiT depth 6 / patch 8, SimA-Nano, PRepBN-PVT-Tiny; all at 64 px) where cached.
 --quick: the two small trained fixtures on 300 samples.
 
@@ -52,7 +52,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-import _common as C
+import _corpus
+import _script
+from _tables import load, sci
 import vitedge
 from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, simplify_keeping_fusions
 from vitedge.exporter.verdict.criteria import FLOAT32_RULE, NoiseRule, allowances, sample_errors
@@ -60,7 +62,7 @@ from vitedge.exporter.verdict.inputs import natural_inputs
 from vitedge.exporter.verdict.parity import ROUNDING_ULPS, ground_truth, run_batched
 from vitedge.models.registry import get_spec
 from vitedge.targets.onnx.target import OnnxRuntimeRunner
-from vitedge.tests import trained_fixtures as tf
+from vitedge.exporter.verdict import trained_reference as tf
 
 SAMPLES = 5000          # the issue's figure: a correct export must fail less than once in 1000 at this many samples
 PHOTOS = 500            # of them, views of the shipped photos (the rest: digits and their augmented copies)
@@ -160,16 +162,16 @@ def models(quick: bool) -> list[tuple[str, str, Callable[[], torch.nn.Module], i
         entry = tf.manifest()["models"][name]
         out.append((name, entry["model"], lambda n=name: tf.load_reference(n), entry["imgsz"],
                     "trained (small fixture)"))
-    cached = [n for n in C.TRAINED_FULL if (C.TRAINED_CACHE / f"{n}.pth").is_file()]
+    cached = [n for n in _corpus.TRAINED_FULL if (_corpus.TRAINED_CACHE / f"{n}.pth").is_file()]
     if quick or not cached:
         return out
-    manifest = json.loads((C.TRAINED_CACHE / "manifest.json").read_text())["models"]
-    for name in C.TRAINED_FULL:
+    manifest = json.loads((_corpus.TRAINED_CACHE / "manifest.json").read_text())["models"]
+    for name in _corpus.TRAINED_FULL:
         if name not in cached:
             print(f"{name}: not cached (scripts/train_reference.py --models {name}); skipped", flush=True)
             continue
         man = manifest[name]
-        out.append((name, man["model"], lambda n=name: C.cached_trained(n)[0], man["imgsz"],
+        out.append((name, man["model"], lambda n=name: _corpus.cached_trained(n)[0], man["imgsz"],
                     "trained (full size, cached)"))
     return out
 
@@ -214,17 +216,17 @@ def reevaluate(row: dict, keep: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = C.parser("false_failures", __doc__)
+    ap = _script.parser("false_failures", __doc__)
     ap.add_argument("--samples", type=int, default=None,
                     help=f"natural samples per model (default {SAMPLES}; the rate is always extrapolated to {SAMPLES})")
     ap.add_argument("--models", default=None, help="comma-separated subset of the models to measure now (default: all)")
     ap.add_argument("--reevaluate", action="store_true",
                     help="recompute every model's figures from its kept samples (no measuring)")
     args = ap.parse_args(argv)
-    started, info = C.begin("false_failures", args.quick, threads=2)
+    started, info = _script.begin("false_failures", args.quick, threads=2)
     n = args.samples or (300 if args.quick else SAMPLES)
     photos = max(1, n * PHOTOS // SAMPLES)
-    results = C.out_path("false_failures", args)
+    results = _script.out_path("false_failures", args)
     partial = results.with_suffix(".partial")  # one model's row per file (resumable)
     keep = KEPT / results.stem
 
@@ -239,8 +241,8 @@ def main(argv=None) -> int:
         measured = stored.get("measured") or {k: stored.get(k) for k in ("command", "wall_s", "machine")}
     else:
         measured = None
-        rows, missing = C.measured_per_model({m[0]: (lambda m=m: one(m)) for m in models(args.quick)},
-                                             partial, args.models)
+        rows, missing = _corpus.measured_per_model({m[0]: (lambda m=m: one(m)) for m in models(args.quick)},
+                                                   partial, args.models)
     arts = [a for r in rows for a in r["artifacts"].values()]
     by_k = {k: max(a["by_k"][k]["p_fail_at_n"] for a in arts) for k in arts[0]["by_k"]}
     by_k_upper = {k: max(a["by_k"][k]["p_fail_at_n_upper"] for a in arts) for k in arts[0]["by_k"]}
@@ -258,7 +260,7 @@ def main(argv=None) -> int:
     body = {"models": rows, "summary": summary}
     if args.reevaluate:  # the measurements' own provenance, beside this evaluation's
         body["measured"] = measured
-    path = C.write_results(results, "false_failures", info, args, body, started)
+    path = _script.write_results(results, "false_failures", info, args, body, started)
     if not missing:  # complete: nothing left to resume
         shutil.rmtree(partial, ignore_errors=True)
     print(f"\nresults: {path}")
@@ -279,6 +281,43 @@ def main(argv=None) -> int:
           f"samples above 1: {above}: {'met' if summary['met'] else 'NOT met'}; the upper bound is above the target "
           f"for: {', '.join(summary['upper_above_target']) or 'none'}")
     return 0 if summary["met"] else 1
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def false_failures() -> str:
+    """The false-failure study: per model, the samples, median and largest ratio of its correct fp32 ONNX artifacts,
+    the tail's shape and the estimated probability that a correct export fails at the extrapolated size (with its
+    upper bound); then that estimate per K of the grid, and the K the product uses."""
+    d = load("false_failures.json")
+    s = d["summary"]
+    parts = []
+    for m in d["models"]:
+        arts = list(m["artifacts"].values())
+        t = max((a["tail"] for a in arts), key=lambda t: t["p_fail_at_n_upper"])
+        parts.append(f"{m['model']} ({m['weights']}, {m['samples']} samples): median ratio "
+                     f"{max(a['q0.5'] for a in arts):.2f}, largest {max(a['max'] for a in arts):.2f}, "
+                     f"{sum(a['above_1'] for a in arts)} above 1, tail shape {t['shape']:.2f} "
+                     f"[{t['shape_ci95'][0]:.2f}, {t['shape_ci95'][1]:.2f}], P(fail at {s['extrapolated_to']}) "
+                     f"{sci(t['p_fail_at_n'])} (upper bound {sci(t['p_fail_at_n_upper'])})")
+    grid = ", ".join(f"K {k}: {sci(p)} ({sci(s['worst_p_fail_by_k_upper'][k])})"
+                     for k, p in s["worst_p_fail_by_k"].items())
+    verdict = "met" if s["met"] else "**not met**"
+    smallest = "none of the grid" if s["smallest_k_meeting"] is None else f"K = {s['smallest_k_meeting']:g}"
+    above = s["upper_above_target"]
+    return (f"{'; '.join(parts)}. The worst estimate over these models per K of the grid (floor "
+            f"{s['rule']['floor']:g}; upper bound in brackets): {grid}; the smallest K whose estimate meets the "
+            f"target: {smallest}. At the product's K = {s['rule']['k']:g}, the target, a correct export failing "
+            f"fewer than {s['target']:g} of the time at {s['extrapolated_to']} natural samples, is {verdict} by the "
+            f"tail fit's estimate (at most {sci(s['worst_p_fail_at_n'])}); its upper bound (the tail's shape at the "
+            "top of its 95 % bootstrap interval) is " + (f"above the target for {', '.join(above)} (at most "
+                                                          f"{sci(s['worst_p_fail_at_n_upper'])})" if above
+                                                          else "below it too")
+            + " (`benchmarks/results/false_failures.json`).")
+
+
+TABLES = {"false_failures": false_failures}
 
 
 if __name__ == "__main__":

@@ -26,7 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-import _common as C
+import _corpus
+import _script
+import _stats
+from _tables import load, sci
 import vitedge
 from vitedge.exporter.verdict.criteria import effective_noise, sample_errors
 from vitedge.precisions import TABLE
@@ -37,8 +40,8 @@ from vitedge.exporter.verdict.weight_check import check_weights
 from vitedge.models import make_trained_like
 from vitedge.targets.coreml.runners import EmulatedCoreMLRunner
 from vitedge.targets.onnx.target import OnnxRuntimeRunner
-from vitedge.tests import trained_fixtures as tf
-from vitedge.tests._plant import PLANT_FACTORS, plant_fp16_initializer, plant_package_weights
+from vitedge.exporter.verdict import trained_reference as tf
+from vitedge.targets.plants import PLANT_FACTORS, plant_fp16_initializer, plant_package_weights
 
 POSITIONS = (0.25, 0.5, 0.75)
 VISIBLE = 3.0     # a plant is visible when it moves some sample's outputs by > 3x the correct artifact's error
@@ -61,8 +64,8 @@ def _models(quick: bool) -> dict:
                                 num_classes=10),
         "swiftformer_xs_full": demo("swiftformer_xs", 224, 16),
     })
-    if C.cached_trained("swiftformer_xs_digits64") is not None:  # full size, trained (scripts/train_reference.py)
-        models["swiftformer_xs_digits64"] = lambda: (*C.cached_trained("swiftformer_xs_digits64"), 64)
+    if _corpus.cached_trained("swiftformer_xs_digits64") is not None:  # full size, trained (scripts/train_reference.py)
+        models["swiftformer_xs_digits64"] = lambda: (*_corpus.cached_trained("swiftformer_xs_digits64"), 64)
     return models
 
 
@@ -141,7 +144,7 @@ def summary(rows: list[dict]) -> dict:
     by_plant = {}
     for p in dict.fromkeys(r["plant"] for r in planted):
         rs = [r for r in planted if r["plant"] == p]
-        by_plant[p] = {**C.plant_counts(rs),
+        by_plant[p] = {**_stats.plant_counts(rs),
                        "smallest_caught_error": min((r["worst_error"] for r in rs if r["caught"]), default=None)}
     return {"k": TABLE['fp16'].profile.rule.k, "median": TABLE['fp16'].profile.rule.median, "worst_correct_ratio": max(r["worst_ratio"] for r in correct),
             "worst_correct_weights_ratio": max(r["weights_ratio"] or 0.0 for r in correct),
@@ -152,17 +155,18 @@ def summary(rows: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = C.parser("fp16_verdicts", __doc__)
+    ap = _script.parser("fp16_verdicts", __doc__)
     args = ap.parse_args(argv)
-    started, info = C.begin("fp16_verdicts", args.quick)
+    started, info = _script.begin("fp16_verdicts", args.quick)
     work = Path(tempfile.mkdtemp(prefix="vitedge-fp16-"))
     try:
         rows = [r for name, make in _models(args.quick).items() for r in measure(name, make, work, args.quick)]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     summ = summary(rows)
-    path = C.write_results(C.out_path("fp16_verdicts", args), "fp16_verdicts", info, args,
-                           {"settings": {"k": TABLE['fp16'].profile.rule.k, "median": TABLE['fp16'].profile.rule.median, "positions": POSITIONS,
+    path = _script.write_results(_script.out_path("fp16_verdicts", args), "fp16_verdicts", info, args,
+                                 {"settings": {"k": TABLE["fp16"].profile.rule.k,
+                                                "median": TABLE["fp16"].profile.rule.median, "positions": POSITIONS,
                                          "visible": VISIBLE},
                             "cases": rows, "summary": summ}, started)
     print(f"\nresults: {path}")
@@ -171,6 +175,26 @@ def main(argv=None) -> int:
     for p, e in summ["plants"].items():
         print(f"  {p}: {e['caught']}/{e['of']} ({e['visible_missed']})")
     return 0
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def fp16_verdicts() -> str:
+    """What the fp16 rule caught and passed, from fp16_verdicts.json."""
+    s = load("fp16_verdicts.json")["summary"]
+    names = {"zero_layer": "a zeroed layer", "sign_flip": "a sign-flipped channel", "x10": "a channel × 10",
+             "x2": "× 2", "x0": "× 0", "x1.1": "× 1.1"}
+    plants = s["plants"]
+    return (f"correct artifacts reach at most {s['worst_correct_ratio']:.2f} × their reference error and "
+            f"{s['worst_correct_weights_ratio']:.2f} of the weights check's allowance ("
+            + ("none failed" if not s["correct_failed"] else f"{len(s['correct_failed'])} failed") + "); caught: "
+            + ", ".join(f"{names.get(k, k)} {v['caught']}/{v['of']}" for k, v in plants.items())
+            + " (by the outputs alone: " + ", ".join(str(v["caught_by_outputs"]) for v in plants.values())
+            + f"). The smallest error caught was {sci(s['smallest_caught_error'])} of the largest logit")
+
+
+TABLES = {"fp16_verdicts": fp16_verdicts}
 
 
 if __name__ == "__main__":

@@ -15,13 +15,15 @@ import time
 import numpy as np
 import torch
 
-import _common as C
+import _corpus
+import _graphs
+import _script
 from vitedge.exporter.verdict.inputs import parity_set
 from vitedge.exporter.verdict.parity import ground_truth
 from vitedge.models import create_model, get_spec, list_models, make_trained_like
 
 QUICK_MODELS = ("swiftformer_xs", "slab_deit_tiny", "prepbn_deit_tiny", "sima_nano_12_p16")
-QUICK_OVERRIDES = {**C.REDUCED, "prepbn_deit_tiny": C.REDUCED["slab_deit_tiny"]}  # golden-fixture sizes
+QUICK_OVERRIDES = {**_corpus.REDUCED, "prepbn_deit_tiny": _corpus.REDUCED["slab_deit_tiny"]}  # golden-fixture sizes
 BATCH = 4  # float64 chunk: bounded memory for the big models
 
 
@@ -49,13 +51,13 @@ def measure(name: str, samples: int, overrides: dict | None = None) -> dict:
 
 def model_macs_or_zero(name: str) -> float:
     try:
-        return C.gflop(name, get_spec(name).default_imgsz)
+        return _graphs.gflop(name, get_spec(name).default_imgsz)
     except Exception:
         return 0.0
 
 
 def main() -> None:
-    p = C.parser("intrinsic_noise", __doc__)
+    p = _script.parser("intrinsic_noise", __doc__)
     p.add_argument("--models", default=None, help="comma-separated model names (default: all registered)")
     p.add_argument("--samples", type=int, default=None,
                    help="parity samples per model (default by cost: 12 (9 natural, 3 stress) below 10 GFLOP per "
@@ -69,18 +71,19 @@ def main() -> None:
             return args.samples or 4
         gf = model_macs_or_zero(name)
         return 12 if gf < 10 else 8 if gf < 40 else 4
-    info = C.machine()
-    C.banner("intrinsic_noise", info, args.quick)
+    info = _script.machine()
+    _script.banner("intrinsic_noise", info, args.quick)
     started = time.time()
     rows = []
-    path = C.out_path("intrinsic_noise", args)
+    path = _script.out_path("intrinsic_noise", args)
     for name in names:
         overrides = QUICK_OVERRIDES.get(name) if args.quick else None
         r = measure(name, samples_for(name), overrides)
         rows.append(r)
         partial = {"samples": "per model (models[].sets[].samples)", "weights": "make_trained_like(seed=0)", "models": rows,
                    "complete": len(rows) == len(names)}
-        C.write_results(path, "intrinsic_noise", dict(info), args, partial, started)  # survives an interrupted run
+        # written after every model: survives an interrupted run
+        _script.write_results(path, "intrinsic_noise", dict(info), args, partial, started)
         nat, st = r["sets"]["natural"], r["sets"].get("stress")
         print(f"{name:20s} max|y| {r['max_abs_y']:9.3g}  natural noise median {nat['median']:.2e} max "
               f"{nat['max']:.2e}" + (f"  stress median {st['median']:.2e} max {st['max']:.2e}" if st else "")

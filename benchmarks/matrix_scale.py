@@ -28,7 +28,10 @@ from pathlib import Path
 
 import yaml
 
-import _common as C
+import _corpus
+import _script
+import _stats
+from _tables import load, ratio
 from vitedge.exporter.timing import latency
 from vitedge.exporter.matrix import matrix
 
@@ -37,7 +40,8 @@ SAMPLES = 8
 
 
 def plan(quick: bool) -> dict:
-    swift, sima, slab = C.REDUCED["swiftformer_xs"], C.REDUCED["sima_nano_12_p16"], C.REDUCED["slab_deit_tiny"]
+    reduced = _corpus.REDUCED
+    swift, sima, slab = reduced["swiftformer_xs"], reduced["sima_nano_12_p16"], reduced["slab_deit_tiny"]
     models = [{"name": "swiftformer_xs", "imgsz": [64] if quick else [64, 96], "set": swift}]
     if not quick:
         models += [{"name": "sima_nano_12_p16", "imgsz": [64, 96], "set": sima},
@@ -78,13 +82,13 @@ def run_cached(plan_path: Path, out: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = C.parser("matrix_scale", __doc__)
+    ap = _script.parser("matrix_scale", __doc__)
     ap.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 3; --quick 1)")
     args = ap.parse_args(argv)
     repeats = args.repeats or (1 if args.quick else 3)
     started = time.time()
-    info = C.machine()
-    C.banner("matrix_scale", info, args.quick)
+    info = _script.machine()
+    _script.banner("matrix_scale", info, args.quick)
     import ray
 
     with tempfile.TemporaryDirectory(prefix="vitedge-matrix-scale-") as tmp:
@@ -123,7 +127,7 @@ def main(argv=None) -> int:
             "ray_overhead_per_cell_s": overhead,
             "targets": [{"name": f"fully cached re-run of {cells} cells < {CACHED_TARGET_S:g} s, no torch import",
                          "value_s": med["cached"], "status": "PASS" if cached_ok else "MISS"}]}
-    path = C.write_results(C.out_path("matrix_scale", args), "matrix_scale", info, args, body, started)
+    path = _script.write_results(_script.out_path("matrix_scale", args), "matrix_scale", info, args, body, started)
     print(f"\nresults: {path}\n{info['load_note']}")
     colds = (f"cold first runs ({', '.join(f'{k} {v:.1f} s' for k, v in cold.items())}) not included" if cold
              else "--quick: no warm-up, cold starts included")
@@ -131,12 +135,28 @@ def main(argv=None) -> int:
           f"included; {colds}):")
     for k in ("local1", "local2", "ray2", "cached"):
         print(f"  {k:<7} {med[k]:7.2f} s")
-    print(f"  speed-up of 2 local workers over 1 (local1/local2): {C.fmt_ratio(ratios['local1/local2'])}")
-    print(f"  Ray over the local pool, 2 CPUs each (ray2/local2): {C.fmt_ratio(ratios['ray2/local2'])}")
+    print(f"  speed-up of 2 local workers over 1 (local1/local2): {_stats.fmt_ratio(ratios['local1/local2'])}")
+    print(f"  Ray over the local pool, 2 CPUs each (ray2/local2): {_stats.fmt_ratio(ratios['ray2/local2'])}")
     print(f"  Ray overhead per cell: {latency.summarize(overhead).p50_ms / 1e3:+.3f} s (median)")
     t = body["targets"][0]
     print(f"  {t['status']}: {t['name']}: {t['value_s']:.2f} s")
     return 0
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def matrix_scale() -> str:
+    """The 12-cell plan on 1 and 2 local workers, Ray, and a fully cached re-run, from matrix_scale.json."""
+    d = load("matrix_scale.json")
+    med, r = d["median_s"], d["ratios"]
+    return (f"1 local worker {med['local1']:.2f} s, 2 workers {med['local2']:.2f} s ({ratio(r['local1/local2'])}), "
+            f"Ray with 2 CPUs {med['ray2']:.2f} s ({ratio(r['ray2/local2'])} of the 2-worker pool's time; Ray's "
+            f"start-up, {d['ray_start_s']:.1f} s, not included); **a fully cached re-run of the "
+            f"{d['settings']['cells']} cells in a fresh process: {med['cached']:.2f} s**")
+
+
+TABLES = {"matrix_scale": matrix_scale}
 
 
 if __name__ == "__main__":

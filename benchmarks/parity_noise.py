@@ -21,39 +21,38 @@ from __future__ import annotations
 
 import copy
 import json
+import statistics
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-import _common as C
+import _script
+from _tables import load, sci, table
 from vitedge.exporter.verdict.criteria import FLOAT32_RULE, allowances, effective_noise, rows, sample_errors
+from vitedge.exporter.verdict.criteria import NoiseRule
 from vitedge.exporter.verdict.inputs import natural_inputs, parity_inputs
 from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, simplify_onnx
 from vitedge.exporter.verdict.parity import ground_truth, run_batched
 from vitedge.exporter.reparam.forms import build_deploy_form
 from vitedge.models import create_model, get_spec, make_trained_like
+from vitedge.models.reduced import reduced
 from vitedge.targets.onnx.target import OnnxRuntimeRunner
-from vitedge.tests._plant import plant_channel_scale
+from vitedge.targets.plants import plant_channel_scale
 
 # (label, model, overrides, natural samples, stress samples): small configs of every family, then full size.
 SMALL = [
-    ("swiftformer", "swiftformer_xs", dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10)),
-    ("slab_deit", "slab_deit_tiny", dict(embed_dim=64, depth=2, num_heads=2, num_classes=10)),
-    ("prepbn_deit", "prepbn_deit_tiny", dict(embed_dim=64, depth=2, num_heads=2, num_classes=10)),
-    ("slab_swin", "slab_swin_tiny", dict(embed_dim=16, depths=[1, 1, 2, 1], num_heads=[1, 2, 4, 8], mlp_ratio=2.0,
-                                         num_classes=10, drop_path_rate=0.0)),
-    ("prepbn_swin", "prepbn_swin_tiny", dict(embed_dim=16, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8],
-                                             mlp_ratio=2.0, num_classes=10, drop_path_rate=0.0)),
-    ("slab_pvt", "slab_pvt_tiny", dict(img_size=64, embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4],
-                                       depths=[1, 2, 1, 1], num_classes=10)),
-    ("prepbn_pvt", "prepbn_pvt_tiny", dict(img_size=64, embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4],
-                                           depths=[1, 2, 1, 1], num_classes=10)),
-    ("slab_cswin", "slab_cswin_tiny", dict(img_size=64, embed_dim=16, depth=[1, 2, 1, 1], num_heads=[2, 2, 4, 4],
-                                           split_size=[1, 2, 2, 2], la_split_size="16-8-4-2", num_classes=10)),
-    ("sima", "sima_nano_12_p16", dict(embed_dim=64, depth=2, num_heads=2, num_classes=10)),
-    ("sima_deit", "sima_deit_tiny", dict(img_size=64, embed_dim=64, depth=2, num_heads=4, num_classes=10)),
+    ("swiftformer", "swiftformer_xs", reduced("swiftformer")),
+    ("slab_deit", "slab_deit_tiny", reduced("slab_deit")),
+    ("prepbn_deit", "prepbn_deit_tiny", reduced("prepbn_deit")),
+    ("slab_swin", "slab_swin_tiny", reduced("slab_swin")),
+    ("prepbn_swin", "prepbn_swin_tiny", reduced("prepbn_swin")),
+    ("slab_pvt", "slab_pvt_tiny", reduced("slab_pvt")),
+    ("prepbn_pvt", "prepbn_pvt_tiny", reduced("prepbn_pvt")),
+    ("slab_cswin", "slab_cswin_tiny", reduced("slab_cswin")),
+    ("sima", "sima_nano_12_p16", reduced("sima")),
+    ("sima_deit", "sima_deit_tiny", reduced("sima_deit")),
 ]
 FULL = ["swiftformer_xs", "slab_deit_tiny", "prepbn_deit_tiny", "sima_nano_12_p16"]
 PLANTS = (1.01, 1.001)
@@ -147,7 +146,7 @@ def forms(results: list[dict]) -> dict:
 
 
 def main() -> None:
-    p = C.parser("parity_noise", __doc__)
+    p = _script.parser("parity_noise", __doc__)
     p.add_argument("--from", dest="source", type=Path, default=None,
                    help="re-evaluate the measurements stored in this results file instead of measuring")
     args = p.parse_args()
@@ -158,8 +157,8 @@ def main() -> None:
         args.quick = stored["quick"]
         print(f"re-evaluating {len(results)} stored configs from {args.source}")
     else:
-        info = C.machine()
-        C.banner("parity_noise", info, args.quick)
+        info = _script.machine()
+        _script.banner("parity_noise", info, args.quick)
         configs = [(lab, n, o, 6, 6) if args.quick else (lab, n, o, 18, 6) for lab, n, o in SMALL]
         if args.quick:
             configs = configs[:2]
@@ -184,7 +183,8 @@ def main() -> None:
     if args.source:  # the measurements' own provenance, beside this evaluation's
         body["measured"] = {k: stored.get(k) for k in ("command", "wall_s", "machine")}
         body["measured"]["command"] = stored.get("measured", {}).get("command") or stored.get("command")
-    path = C.write_results(C.out_path("parity_noise", args), "parity_noise", dict(info), args, body, started)
+    path = _script.write_results(_script.out_path("parity_noise", args), "parity_noise",
+                                 dict(info), args, body, started)
     print("\nerror/noise ratios, floor-free (worst correct hop | planted x1.01 | x1.001) per error form / noise:")
     for name, f in compared.items():
         print(f"  {name:16s} discrimination (min x1.01 / max correct) {f['discrimination']:.2f}")
@@ -200,6 +200,110 @@ def main() -> None:
         print(f"chosen floor {FLOAT32_RULE.floor:g}, K {FLOAT32_RULE.k:g}: worst correct ratio {chosen['worst_correct_ratio']:.3f}; "
               f"x1.001 missed in {[r['label'] for r in results if r['label'] not in chosen['caught']['x1.001']]}")
     print(f"results: {path}")
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def _noise_ratio_text(r: float) -> str:
+    if r < 1:
+        return f"{r:.2f}"
+    return f"{r:.0f}" if r >= 1000 else f"{r:#.3g}".rstrip(".")
+
+
+def _set_medians(c: dict) -> dict[str, float]:
+    """The median float32 noise of each input set of one parity_noise.json config."""
+    by_set: dict[str, list[float]] = {}
+    for n, s in zip(c["noise"], c["sets"]):
+        by_set.setdefault(s, []).append(n)
+    return {s: statistics.median(v) for s, v in by_set.items()}
+
+
+def _config_allowances(c: dict, rule: NoiseRule) -> np.ndarray:
+    """The product's per-sample allowance of one parity_noise.json config, each input set judged as one set."""
+    sets, noise = np.asarray(c["sets"]), np.asarray(c["noise"], np.float64)
+    allowed = np.empty(len(noise))
+    for s in set(c["sets"]):
+        allowed[sets == s] = rule.allowance(noise[sets == s])
+    return allowed
+
+
+def parity_sensitivity() -> str:
+    """Per config of parity_noise.json: the float32 noise medians, each hop's worst error with its noise ratio
+    under the chosen rule (per sample max(floor, K x its noise raised to its set's median)), and the planted
+    errors'."""
+    d = load("parity_noise.json")
+    floor, k = d["chosen"]["floor"], d["chosen"]["k"]
+    hops = ("deploy-form", "onnx", "onnx-simplified", "planted x1.01", "planted x1.001")
+    rule = NoiseRule(floor, k)
+    rows = []
+    for c in d["configs"]:
+        median = _set_medians(c)
+        allowed = _config_allowances(c, rule)
+        cells, ratios = [], {}
+        for h in hops:
+            err = c["candidates"][h]["error"]
+            ratios[h] = float(np.max(np.asarray(err, np.float64) / allowed))
+            cells.append(f"{max(err):.1e} ({_noise_ratio_text(ratios[h])})")
+        caught = next((f for f in ("1.001", "1.01") if ratios[f"planted x{f}"] > 1), "none")
+        rows.append([c["label"], f"{median['natural']:.1e} / {median['stress']:.1e}"] + cells + [caught])
+    head = ["config", "noise median natural / stress", "deploy-form", "onnx", "onnx-simplified", "× 1.01", "× 1.001",
+            "smallest caught"]
+    return table(head, rows, sep="| ---")
+
+
+def _sig3(r: float) -> str:
+    """Three significant digits, never an exponent: 1.50, 43.1, 431, 17300."""
+    s = f"{r:#.3g}"
+    return f"{float(s):.0f}" if "e" in s else s.rstrip(".")
+
+
+def parity_noise_ratios() -> str:
+    """parity_criteria.md's study table: each candidate's worst error over its noise (raised to the set median),
+    floor-free, per config of parity_noise.json."""
+    rows = []
+    for c in load("parity_noise.json")["configs"]:
+        median = _set_medians(c)
+        cells = []
+        for h in ("deploy-form", "onnx", "onnx-simplified", "planted x1.01", "planted x1.001"):
+            err = c["candidates"][h]["error"]
+            cells.append(_sig3(max(e / max(n, median[s]) for e, n, s in zip(err, c["noise"], c["sets"]))))
+        rows.append([c["label"], f"{c['max_abs_y']:.2g}" if c["max_abs_y"] < 10 else f"{c['max_abs_y']:.1f}",
+                     f"{sci(median['natural'])} / {sci(median['stress'])}"] + cells)
+    return table(["config", "max\\|y\\|", "noise median (natural / stress)", "deploy-form", "onnx", "onnx-simplified",
+                  "× 1.01", "× 1.001"], rows)
+
+
+def verdict_headline() -> str:
+    """The README's verdict figures: the smallest planted error caught per precision (the artifact's worst sample
+    error against float64, of the largest logit) and the false-failure estimate, each from its JSON."""
+    d = load("parity_noise.json")
+    rule = NoiseRule(d["chosen"]["floor"], d["chosen"]["k"])
+    fp32 = []
+    for c in d["configs"]:
+        allowed = _config_allowances(c, rule)
+        for f in ("1.001", "1.01"):
+            err = np.asarray(c["candidates"][f"planted x{f}"]["error"], np.float64)
+            if np.max(err / allowed) > 1:
+                fp32.append(float(np.max(err)))
+    parts = [f"fp32 {sci(min(fp32))} (`parity_noise.json`)",
+             f"fp16 {sci(load('fp16_verdicts.json')['summary']['smallest_caught_error'])} (`fp16_verdicts.json`)"]
+    kinds = load("compressed_verdicts.json")["summary"]["kinds"]
+    parts.append(", ".join(f"{k} {sci(v['smallest_caught_by_outputs_error'])}" for k, v in kinds.items())
+                 + " by the outputs alone, smaller ones by the weights check (`compressed_verdicts.json`)")
+    ff = load("false_failures.json")["summary"]
+    return (f"Smallest planted error caught, per precision: {'; '.join(parts)}. A correct fp32 export's estimated "
+            f"chance of failing at {ff['extrapolated_to']} natural samples: at most {sci(ff['worst_p_fail_at_n'])} "
+            f"over the trained models of `false_failures.json` (target {ff['target']:g}: "
+            f"{'met' if ff['met'] else '**not met**'}; the estimate's upper bound: at most "
+            f"{sci(ff['worst_p_fail_at_n_upper'])}).")
+
+
+TABLES = {
+    "parity_sensitivity": parity_sensitivity,
+    "parity_noise_ratios": parity_noise_ratios,
+    "verdict_headline": verdict_headline,
+}
 
 
 if __name__ == "__main__":

@@ -29,7 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-import _common as C
+import _corpus
+import _script
+import _stats
+from _tables import load, ratio, table
+import _timing
 from vitedge.exporter.quantize.calibrate import natural_calibration
 from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, simplify_onnx
 from vitedge.exporter.reparam import reparameterize
@@ -39,10 +43,10 @@ from vitedge.targets.base import LowerSpec
 from vitedge.targets.coreml import CoreMLTarget, EmulatedCoreMLRunner
 from vitedge.targets.coreml.compress import compress_package
 from vitedge.targets.graph.qdq import quantize_qdq
-from vitedge.tests import trained_fixtures as tf
+from vitedge.exporter.verdict import trained_reference as tf
 
 LATENCY = {"swiftformer_xs": ({}, 224), "slab_deit_tiny": ({}, 224)}
-LATENCY_QUICK = {"swiftformer_xs": (C.REDUCED["swiftformer_xs"], 64)}
+LATENCY_QUICK = {"swiftformer_xs": (_corpus.REDUCED["swiftformer_xs"], 64)}
 SIZES = ("swiftformer_l3", {}, 64)
 SIZES_QUICK = ("swiftformer_l3", {"layers": [1, 1, 1, 1]}, 32)  # L3 widths, one block per stage (8.4 M)
 KINDS = {"w8": 16, "palette4": 16, "palette6": 16, "w8a8": 17}  # kind: iOS (the export's default for it)
@@ -76,18 +80,18 @@ def latency_model(name: str, overrides: dict, imgsz: int, timing: dict) -> dict:
     out["bytes"]["fp32/int8"] = out["bytes"]["fp32-simplified"] / out["bytes"]["int8"]
     x = np.random.default_rng(100).standard_normal((1, 3, imgsz, imgsz)).astype(np.float32)
     for label, threads in timing["threads"]:
-        sessions = {k: C.ort(g, threads) for k, g in graphs.items()}
+        sessions = {k: _timing.ort(g, threads) for k, g in graphs.items()}
         pairs = [(k, b) for k in ("int8", "int8-tensorrt-encoding") for b in ("fp32-raw", "fp32-simplified")]
         block_s = 0.0 if threads == 1 else timing["block_s"]
         t0 = time.perf_counter()
-        times = C.time_until_precise({k: (lambda s=s: s.run(x)) for k, s in sessions.items()}, pairs,
-                                     timing["min_rounds"], timing["max_s"], timing["ci_width"], block_s,
-                                     timing["min_s"])
-        lat = {k: C.stats(v) for k, v in times.items()}
+        times = _timing.time_until_precise({k: (lambda s=s: s.run(x)) for k, s in sessions.items()}, pairs,
+                                           timing["min_rounds"], timing["max_s"], timing["ci_width"], block_s,
+                                           timing["min_s"])
+        lat = {k: _stats.stats(v) for k, v in times.items()}
         base = min(("fp32-raw", "fp32-simplified"), key=lambda k: lat[k]["p50_ms"])
         cell = {"threads": label, "baseline": base, "rounds": len(times[base]),
                 "seconds": round(time.perf_counter() - t0, 1), "latency": lat,
-                "speedups": {f"{base}/{k}": C.speedup(times[base], times[k])
+                "speedups": {f"{base}/{k}": _stats.speedup(times[base], times[k])
                              for k in ("int8", "int8-tensorrt-encoding")}}
         for k, s in lat.items():
             print(f"    {str(label):>3} thread(s) {k:<24} p50 {s['p50_ms']:8.3f} ms  CV {s['cv']:.3f}", flush=True)
@@ -159,12 +163,12 @@ def fixture_accuracy(name: str, work: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = C.parser("quantization", __doc__)
+    ap = _script.parser("quantization", __doc__)
     ap.add_argument("--ci-width", type=float, default=0.04,
                     help="stop a latency cell once every ratio's 95%% CI is this wide (relative)")
     ap.add_argument("--max-s-per-cell", type=float, default=60.0)
     args = ap.parse_args(argv)
-    started, info = C.begin("quantization", args.quick)
+    started, info = _script.begin("quantization", args.quick)
     if args.quick:
         timing = {"min_rounds": 5, "max_s": 0.5, "min_s": 0.0, "ci_width": 1.0, "block_s": 0.05,
                   "threads": THREAD_CONFIGS[:1]}
@@ -184,14 +188,14 @@ def main(argv=None) -> int:
     body = {"settings": {"calibration_samples": CALIB, "ci_width": timing["ci_width"], "max_s_per_cell": timing["max_s"],
                          "torch_threads": 1, "targets": TARGETS},
             "latency": lat, "coreml_sizes": sizes, "fixtures": acc}
-    path = C.write_results(C.out_path("quantization", args), "quantization", info, args, body, started)
+    path = _script.write_results(_script.out_path("quantization", args), "quantization", info, args, body, started)
     print(f"\nresults: {path}\n{info['load_note']}")
     print("\nratios (latency: the faster fp32 graph / int8, > 1 = int8 faster; size: fp16 package / compressed, "
           "> 1 = smaller; top-1: points below fp32):")
     for r in lat:
         for c in r["cells"]:
             for key, q in c["speedups"].items():
-                print(f"  {r['model']} latency {c['threads']} thread(s) {key}: {C.fmt_ratio(q)}")
+                print(f"  {r['model']} latency {c['threads']} thread(s) {key}: {_stats.fmt_ratio(q)}")
         print(f"  {r['model']} ONNX size fp32/int8: {r['bytes']['fp32/int8']:.2f}x")
         want = TARGETS["int8_speedup"].get(r["model"])
         one = next((c for c in r["cells"] if c["threads"] == 1), None)
@@ -215,6 +219,69 @@ def main(argv=None) -> int:
                 print(f"  {n} top-1 {k}: {v['drop_points']:+.2f} points below fp32 (agreement "
                       f"{v['agreement_with_fp32']:.4f}){verdict}")
     return 0
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def quantization_speed() -> str:
+    """int8 QDQ (the graph vitedge writes) over the faster fp32 deploy-form graph, 1 thread and all threads."""
+    d = load("quantization.json")
+    goals = d["settings"]["targets"]["int8_speedup"]
+    rows = []
+    for m in d["latency"]:
+        row = [m["model"]]
+        for c in m["cells"]:
+            r = c["speedups"][f"{c['baseline']}/int8"]
+            goal = goals.get(m["model"]) if c["threads"] == 1 else None
+            met = "" if goal is None else f" (target ≥ {goal:g}: {'met' if r['ratio'] >= goal else '**missed**'})"
+            row.append(ratio(r) + met)
+        rows.append(row + [f"{m['bytes']['fp32/int8']:.2f}×"])
+    return table(["model", "int8 speed-up, 1 thread", "all threads", "ONNX size fp32 / int8"], rows, sep="| ---")
+
+
+def quantization_fixtures() -> str:
+    """Top-1 of every artifact kind on the trained fixtures' held-out digits, and its agreement with fp32."""
+    fx = load("quantization.json")["fixtures"]
+    names = {"fp32": "fp32", "int8": "int8 (ONNX Runtime encoding)",
+             "int8-tensorrt-encoding": "int8 (TensorRT encoding, on ONNX Runtime)", "coreml-fp16": "CoreML fp16",
+             "coreml-w8": "w8", "coreml-palette4": "palette4", "coreml-palette6": "palette6", "coreml-w8a8": "w8a8"}
+    order = ("swiftformer_digits", "slab_deit_digits")
+
+    def top1(r: dict, full: bool) -> str:
+        lo, hi = r["wilson95"]
+        return f"{r['correct']} ({100 * r['top1']:.2f} %, {100 * lo:.1f}-{100 * hi:.1f})" if full else str(r["correct"])
+    rows = []
+    for key, label in names.items():
+        row = [label]
+        for f in order:
+            r = fx[f][key]
+            row += [top1(r, key == "fp32" or r["correct"] != fx[f]["fp32"]["correct"]),
+                    "" if key == "fp32" else f"{r['agreement_with_fp32']:.4f}"]
+        rows.append(row)
+    return table(["artifact", "SwiftFormer top-1", "agreement with fp32", "SLAB-DeiT top-1", "agreement"], rows)
+
+
+def coreml_sizes_table() -> str:
+    """How much smaller each compressed CoreML package is than the fp16 one, from quantization.json."""
+    q = load("quantization.json")
+    d, goals = q["coreml_sizes"], q["settings"]["targets"]
+
+    def one(kind: str, x: float, first: bool) -> str:
+        goal = goals.get(f"{kind}_smaller")
+        verdict = "met" if goal is not None and x >= goal else "**missed**"
+        met = "" if goal is None else f" ({'target ' if first else ''}≥ {goal:g}: {verdict})"
+        return f"{kind} {x:.2f}×" + (" smaller than fp16" if first else "") + met
+    packs = [(k, v["smaller_than_fp16"]) for k, v in d["packages"].items() if "smaller_than_fp16" in v]
+    return (f"CoreML sizes on {d['model']} ({d['params'] / 1e6:.1f} M parameters): "
+            + ", ".join(one(k, x, i == 0) for i, (k, x) in enumerate(packs)))
+
+
+TABLES = {
+    "quantization_speed": quantization_speed,
+    "quantization_fixtures": quantization_fixtures,
+    "coreml_sizes": coreml_sizes_table,
+}
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@ import time
 import numpy as np
 import torch
 
-import _common as C
+import _corpus
+import _script
+from _tables import load, table
 from vitedge.exporter.verdict.criteria import FLOAT32_RULE, NoiseRule, sample_errors
 from vitedge.exporter.reparam.forms import build_deploy_form
 from vitedge.exporter.verdict.inputs import parity_set
@@ -69,17 +71,18 @@ def measure(name: str, samples: int, overrides: dict | None, imgsz: int | None =
 
 
 def main() -> None:
-    p = C.parser("reference_threads", __doc__)
+    p = _script.parser("reference_threads", __doc__)
     p.add_argument("--samples", type=int, default=None, help="parity samples per model (default 16; --quick 4)")
     args = p.parse_args()
     samples = args.samples or (4 if args.quick else 16)
     names = MODELS[:1] if args.quick else MODELS
-    info = C.machine()
-    C.banner("reference_threads", info, args.quick)
+    info = _script.machine()
+    _script.banner("reference_threads", info, args.quick)
     started = time.time()
-    rows = [measure(n, samples, C.REDUCED.get(n), 64) if args.quick else measure(n, samples, None) for n in names]
-    path = C.write_results(C.out_path("reference_threads", args), "reference_threads", dict(info), args,
-                           {"reference_threads": REFERENCE_THREADS, "rule": {"floor": FLOAT32_RULE.floor, "k": FLOAT32_RULE.k},
+    rows = [measure(n, samples, _corpus.REDUCED.get(n), 64) if args.quick else measure(n, samples, None) for n in names]
+    path = _script.write_results(_script.out_path("reference_threads", args), "reference_threads", dict(info), args,
+                                 {"reference_threads": REFERENCE_THREADS, "rule": {"floor": FLOAT32_RULE.floor,
+                                                                                  "k": FLOAT32_RULE.k},
                             "models": rows}, started)
     print(f"{'model':18s} {'threads':>7s} {'set':8s} {'noise med':>9s} {'noise max':>9s}  worst ratio (deploy | ORT all | ORT 1)")
     for r in rows:
@@ -89,6 +92,28 @@ def main() -> None:
                 print(f"{r['model']:18s} {t:>7s} {s:8s} {d['noise_median']:9.2e} {d['noise_max']:9.2e}  "
                       + " | ".join(f"{v:.2f}" for v in w))
     print(f"results: {path}")
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def reference_threads() -> str:
+    """The natural-set float32 noise median per thread count, and the worst correct ratio against the 1- and
+    2-thread references."""
+    rows = []
+    for m in load("reference_threads.json")["models"]:
+        th = m["threads"]
+
+        def worst(n: str) -> float:
+            return max(r for s in th[n].values() for r in s["worst_ratio"].values())
+        noise = [f"{th[n]['natural']['noise_median']:.2e}".replace("e-0", "e-") for n in ("1", "2", "4")]
+        rows.append([m["model"]] + noise
+                    + [f"{worst('1'):.2f} / {worst('2'):.2f}"])
+    return table(["model", "1 thread", "2 threads", "4 threads",
+                  "worst correct ratio vs the 1-thread / 2-thread reference"], rows)
+
+
+TABLES = {"reference_threads": reference_threads}
 
 
 if __name__ == "__main__":

@@ -26,7 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
-import _common as C
+import _corpus
+import _graphs
+import _script
+import _stats
+from _tables import load
+import _timing
 from vitedge.exporter.reparam import reparameterize
 from vitedge.models import create_model, get_spec, list_models, make_trained_like
 from vitedge.models.flops import model_macs
@@ -36,7 +41,7 @@ ORDERS = ("qk_first", "kv_first")
 MODELS = (("swiftformer_xs", False), ("sima_nano_12_p16", True), ("slab_pvt_tiny", True))
 SIZES = (224, 320, 384, 448, 512, 640, 768, 896, 1024)
 QUICK_SIZES = (64, 96, 128)
-QUICK_OVERRIDES = {**C.REDUCED, "slab_pvt_tiny": dict(embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4],
+QUICK_OVERRIDES = {**_corpus.REDUCED, "slab_pvt_tiny": dict(embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4],
                                                      depths=[1, 2, 1, 1], num_classes=10)}
 BUILT_PER_SIZE = {"slab_pvt_tiny"}  # positional encodings sized for the grid: built with img_size=S
 QK_SKIP_RATIO = 8.0  # qk_first is not timed where it needs more than this many times the rule's MACs
@@ -93,11 +98,11 @@ def measure_size(size: int, quick: bool, timing: dict) -> dict:
             per_model[name] = {"missing": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
             print(f"  {name}: not at {size} px: {per_model[name]['missing']}", flush=True)
             continue
-        ref = C.ground_truth_on(facts.pop("train"), x)  # float64, judged by the pipeline's noise rule
+        ref = _graphs.ground_truth_on(facts.pop("train"), x)  # float64, judged by the pipeline's noise rule
         parity = {}
         for label, m in mods.items():
-            sess = C.ort(C.onnx_image_model(m, size, 1), threads=1)
-            problems = C.parity_problems(ref, sess.run(x))
+            sess = _timing.ort(_graphs.onnx_image_model(m, size, 1), threads=1)
+            problems = _graphs.parity_problems(ref, sess.run(x))
             if problems:
                 parity[label] = problems
             sessions[(name, label)] = sess
@@ -109,8 +114,8 @@ def measure_size(size: int, quick: bool, timing: dict) -> dict:
     pairs = [(f"{n}:kv_first", f"{n}:qk_first") for n, m in per_model.items()
              if "labels" in m and {"qk_first", "kv_first"} <= set(m["labels"])]
     t0 = time.perf_counter()
-    times = C.time_until_precise({k: (lambda s=s: s.run(x)) for k, s in keys.items()}, pairs, timing["min_rounds"],
-                                 timing["max_s"], timing["ci_width"], 0.0, timing["min_s"])
+    times = _timing.time_until_precise({k: (lambda s=s: s.run(x)) for k, s in keys.items()}, pairs,
+                                       timing["min_rounds"], timing["max_s"], timing["ci_width"], 0.0, timing["min_s"])
     out = {"imgsz": size, "rounds": len(next(iter(times.values()))) if times else 0,
            "seconds": round(time.perf_counter() - t0, 1), "models": {}}
     for name, m in per_model.items():
@@ -123,13 +128,13 @@ def measure_size(size: int, quick: bool, timing: dict) -> dict:
     for name, m in out["models"].items():
         if name != BASE_MODEL and base and m.get("best"):
             # this model's latency over swiftformer_xs's (> 1: slower), paired by round
-            m["over_" + BASE_MODEL] = C.speedup(times[f"{name}:{m['best']}"], times[f"{BASE_MODEL}:{base}"])
+            m["over_" + BASE_MODEL] = _stats.speedup(times[f"{name}:{m['best']}"], times[f"{BASE_MODEL}:{base}"])
     return out
 
 
 def summarize_model(name: str, m: dict, times: dict) -> dict:
     labels = [lbl for lbl in m["labels"] if lbl not in m["parity_problems"]]
-    lat = {lbl: C.stats(times[f"{name}:{lbl}"]) for lbl in m["labels"]}
+    lat = {lbl: _stats.stats(times[f"{name}:{lbl}"]) for lbl in m["labels"]}
     med = {lbl: lat[lbl]["p50_ms"] for lbl in labels}
     best = min(med, key=med.get) if med else None
     res = {"overrides": m["overrides"], "gmacs": m["gmacs"], "rule": m["rule"], "skipped": m["skipped"],
@@ -137,7 +142,7 @@ def summarize_model(name: str, m: dict, times: dict) -> dict:
     if "rule_orders" in m:
         res["rule_orders"] = sorted(set(m["rule_orders"].values()))
     if {"qk_first", "kv_first"} <= set(labels):
-        res["qk_over_kv"] = C.speedup(times[f"{name}:qk_first"], times[f"{name}:kv_first"])
+        res["qk_over_kv"] = _stats.speedup(times[f"{name}:qk_first"], times[f"{name}:kv_first"])
     if m["rule"] != "-" and best:
         rule = m["rule"] if m["rule"] in labels else None
         if rule is None:
@@ -145,7 +150,7 @@ def summarize_model(name: str, m: dict, times: dict) -> dict:
         elif rule == best:
             res["rule_over_best"] = {"ratio": 1.0, "ci": [1.0, 1.0], "pairs": len(times[f"{name}:{rule}"])}
         else:
-            res["rule_over_best"] = C.speedup(times[f"{name}:{rule}"], times[f"{name}:{best}"])
+            res["rule_over_best"] = _stats.speedup(times[f"{name}:{rule}"], times[f"{name}:{best}"])
         res["rule_is_best"] = rule == best
     return res
 
@@ -154,7 +159,7 @@ def _print_model(name: str, m: dict) -> None:
     lat = ", ".join(f"{k} {v['p50_ms']:.2f} ms" for k, v in m["latency"].items())
     extra = ""
     if m.get("qk_over_kv"):
-        extra += f"; qk/kv {C.fmt_ratio(m['qk_over_kv'])}"
+        extra += f"; qk/kv {_stats.fmt_ratio(m['qk_over_kv'])}"
     if m.get("rule_over_best"):
         extra += f"; rule {m['rule']} / best {m['best']}: {m['rule_over_best']['ratio']:.3f}x"
     print(f"  {name:<17} {lat}{extra}", flush=True)
@@ -250,24 +255,24 @@ def markdown_table(sizes: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = C.parser("resolution_scaling", __doc__)
+    ap = _script.parser("resolution_scaling", __doc__)
     ap.add_argument("--sizes", default=None, help=f"comma list (default {','.join(map(str, SIZES))})")
     ap.add_argument("--max-s-per-size", type=float, default=60.0, help="time budget per size cell (default 60)")
     args = ap.parse_args(argv)
-    started, info = C.begin("resolution_scaling", args.quick)
+    started, info = _script.begin("resolution_scaling", args.quick)
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else list(QUICK_SIZES if args.quick else SIZES)
     timing = ({"min_rounds": 3, "min_s": 0.0, "max_s": 0.05, "ci_width": CI_WIDTH} if args.quick else
               {"min_rounds": 5, "min_s": 3.0, "max_s": args.max_s_per_size, "ci_width": CI_WIDTH})
     results = [measure_size(s, args.quick, timing) for s in sizes]
     dis = disagreements(results)
-    out = C.out_path("resolution_scaling", args)
+    out = _script.out_path("resolution_scaling", args)
     png = plot(results, Path(out).with_suffix(".png"))
     table = markdown_table(results)
     body = {"settings": {"threads": 1, "batch": 1, "sizes": sizes, "models": [n for n, _ in MODELS],
                          "quick_overrides": QUICK_OVERRIDES if args.quick else None, "qk_skip_ratio": QK_SKIP_RATIO,
                          **timing, "built_per_size": sorted(BUILT_PER_SIZE)},
             "sizes": results, "rule_vs_measured": dis, "plot": png.name, "markdown": table}
-    path = C.write_results(out, "resolution_scaling", info, args, body, started)
+    path = _script.write_results(out, "resolution_scaling", info, args, body, started)
     print(f"\nresults: {path}; plot: {png}\n{info['load_note']}")
     print("\nmarkdown table (ms = ONNX Runtime p50 of the measured best order; the README quotes it):\n")
     print(table)
@@ -275,19 +280,31 @@ def main(argv=None) -> int:
     for s in results:
         for name, m in s["models"].items():
             if m.get("qk_over_kv"):
-                print(f"  {s['imgsz']:>5} px {name:<17} qk_first/kv_first: {C.fmt_ratio(m['qk_over_kv'])}")
+                print(f"  {s['imgsz']:>5} px {name:<17} qk_first/kv_first: {_stats.fmt_ratio(m['qk_over_kv'])}")
             if m.get("rule_over_best") and not m.get("rule_is_best"):
                 print(f"  {s['imgsz']:>5} px {name:<17} rule {m['rule']}/best {m['best']}: "
-                      f"{C.fmt_ratio(m['rule_over_best'])}")
+                      f"{_stats.fmt_ratio(m['rule_over_best'])}")
             if m.get("over_" + BASE_MODEL):
                 print(f"  {s['imgsz']:>5} px {name:<17} latency over {BASE_MODEL}'s (> 1: slower): "
-                      f"{C.fmt_ratio(m['over_' + BASE_MODEL])}")
+                      f"{_stats.fmt_ratio(m['over_' + BASE_MODEL])}")
     print(f"  the FLOP rule picked the measured best order at "
           f"{sum(1 for s in results for m in s['models'].values() if m.get('rule_is_best'))}/"
           f"{sum(1 for s in results for m in s['models'].values() if 'rule_is_best' in m)} (model, size) points; "
           + (", ".join(f"{d['model']} {d['imgsz']} px {d['ratio']:.3f}x{' (beyond noise)' if d['beyond_noise'] else ''}"
                        for d in dis) or "no disagreement"))
     return 0
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def resolution_scaling() -> str:
+    """ONNX Runtime p50 per size and model, with the measured best attention order and the rule's verdict: the
+    table resolution_scaling.py rendered from its own `sizes` and stored beside them in the JSON."""
+    return load("resolution_scaling.json")["markdown"]
+
+
+TABLES = {"resolution_scaling": resolution_scaling}
 
 
 if __name__ == "__main__":

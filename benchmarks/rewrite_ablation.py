@@ -15,14 +15,19 @@ import time
 
 import numpy as np
 
-import _common as C
+import _corpus
+import _graphs
+import _script
+import _stats
+from _tables import load, ratio, table
+import _timing
 from vitedge.exporter.verdict.inputs import parity_inputs
 from vitedge.exporter.reparam import available_rewrites, reparameterize
 from vitedge.models import create_model, get_spec, list_models, make_trained_like
 
 MODELS = ("swiftformer_xs", "slab_deit_tiny", "sima_nano_12_p16")
 SAMPLES = 8  # parity inputs per graph: a sanity check of each variant, not the export's verdict
-COPIES = 3  # sessions per graph, used in turn (C.ort_sessions: identical sessions differ by up to ~1.5 %)
+COPIES = 3  # sessions per graph, used in turn (_timing.ort_sessions: identical sessions differ by up to ~1.5 %)
 
 
 def measure_model(name: str, overrides: dict, config: str, imgsz: int, timing: dict) -> dict:
@@ -30,38 +35,40 @@ def measure_model(name: str, overrides: dict, config: str, imgsz: int, timing: d
     rewrites = available_rewrites(train)
     variants = {"all": list(rewrites), **{f"all-but-{r}": [x for x in rewrites if x != r] for r in rewrites}}
     x = parity_inputs(SAMPLES, imgsz, seed=0).numpy()
-    truth = C.ground_truth_on(train, x)
-    graphs = {k: C.onnx_image_model(reparameterize(train, imgsz, rewrites=v), imgsz, 1) for k, v in variants.items()}
-    sessions = C.ort_sessions(graphs, threads=1, copies=COPIES)
-    parity = {k: C.parity_problems(truth, np.concatenate([s.run(x[i:i + 1]) for i in range(len(x))]))
+    truth = _graphs.ground_truth_on(train, x)
+    graphs = {k: _graphs.onnx_image_model(reparameterize(train, imgsz, rewrites=v), imgsz, 1)
+              for k, v in variants.items()}
+    sessions = _timing.ort_sessions(graphs, threads=1, copies=COPIES)
+    parity = {k: _graphs.parity_problems(truth, np.concatenate([s.run(x[i:i + 1]) for i in range(len(x))]))
               for k, s in sessions.items()}
-    nodes = {k: C.total_nodes(g) for k, g in graphs.items()}
+    nodes = {k: _graphs.total_nodes(g) for k, g in graphs.items()}
     passed = [k for k in graphs if not parity[k]]
     xi = x[:1]
     fns = {k: (lambda r=sessions[k]: r.run(xi)) for k in passed}
     pairs = [("all", k) for k in passed if k != "all"] if "all" in passed else []
     t0 = time.perf_counter()
-    times = C.time_until_precise(fns, pairs, timing["min_rounds"], timing["max_s"], timing["ci_width"],
-                                 min_s=timing["min_s"])
+    times = _timing.time_until_precise(fns, pairs, timing["min_rounds"], timing["max_s"], timing["ci_width"],
+                                       min_s=timing["min_s"])
     return {"model": name, "config": config, "overrides": overrides, "imgsz": imgsz, "rewrites": list(rewrites),
             "variants": variants, "nodes": nodes, "parity_failed": {k: v for k, v in parity.items() if v},
             "seconds": round(time.perf_counter() - t0, 1), "rounds": len(next(iter(times.values()), [])),
-            "latency": {k: C.stats(v) for k, v in times.items()},
-            "speedups": {f"all/{k}": C.speedup(times[k], times["all"]) for _, k in pairs}}
+            "latency": {k: _stats.stats(v) for k, v in times.items()},
+            "speedups": {f"all/{k}": _stats.speedup(times[k], times["all"]) for _, k in pairs}}
 
 
 def main(argv=None) -> int:
-    ap = C.parser("rewrite_ablation", __doc__)
+    ap = _script.parser("rewrite_ablation", __doc__)
     ap.add_argument("--models", default=None, help=f"comma list (default: {','.join(MODELS)})")
     ap.add_argument("--ci-width", type=float, default=0.02,
                     help="stop a model once every ratio's 95%% CI is this wide (relative)")
     ap.add_argument("--max-s-per-model", type=float, default=120.0)
     args = ap.parse_args(argv)
-    started, info = C.begin("rewrite_ablation", args.quick)
+    started, info = _script.begin("rewrite_ablation", args.quick)
     wanted = args.models.split(",") if args.models else list(MODELS)
     if args.quick:
         timing = {"min_rounds": 5, "max_s": 0.5, "min_s": 0.0, "ci_width": 1.0}
-        plan = [(n, C.REDUCED[n], "reduced", 64 if n != "slab_deit_tiny" else 224) for n in wanted if n in C.REDUCED]
+        plan = [(n, _corpus.REDUCED[n], "reduced", 64 if n != "slab_deit_tiny" else 224)
+                for n in wanted if n in _corpus.REDUCED]
     else:
         timing = {"min_rounds": 20, "max_s": args.max_s_per_model, "min_s": 10.0, "ci_width": args.ci_width}
         plan = [(n, {}, "real", get_spec(n).default_imgsz) for n in wanted if n in list_models()]
@@ -72,14 +79,33 @@ def main(argv=None) -> int:
         results.append(measure_model(n, ov, cfg, s, timing))
     body = {"settings": {"threads": 1, "batch": 1, "samples": SAMPLES, **timing}, "missing": missing,
             "models": results}
-    path = C.write_results(C.out_path("rewrite_ablation", args), "rewrite_ablation", info, args, body, started)
+    path = _script.write_results(_script.out_path("rewrite_ablation", args), "rewrite_ablation",
+                                 info, args, body, started)
     print(f"\nresults: {path}\n{info['load_note']}")
     for r in results:
         for k, why in r["parity_failed"].items():
             print(f"  {r['model']} {k}: failed parity, not timed: {'; '.join(why)}")
     print("\nratios (latency of all but one rewrite / latency of all, > 1 = that rewrite makes the graph faster):")
-    C.print_ratios(results, "speedups")
+    _stats.print_ratios(results, "speedups")
     return 0
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def rewrite_ablation(name: str = "rewrite_ablation.json") -> str:
+    """Per model and rewrite: all rewrites over all but that one (> 1: the rewrite makes the graph faster)."""
+    rows = []
+    for m in load(name)["models"]:
+        for rw in m["rewrites"]:
+            r = m["speedups"][f"all/all-but-{rw}"]
+            nodes = f"{m['nodes']['all']['total']} / {m['nodes'][f'all-but-{rw}']['total']}"
+            rows.append([m["model"], f"`{rw}`", nodes,
+                         ratio(r)])
+    return table(["model", "without this rewrite", "ONNX nodes (all / without)", "all / all-but"], rows)
+
+
+TABLES = {"rewrite_ablation": rewrite_ablation}
 
 
 if __name__ == "__main__":

@@ -31,13 +31,15 @@ import numpy as np
 import onnx
 from PIL import Image
 
-import _common as C
+import _corpus
+import _script
+from _tables import load, table
 import vitedge
-from vitedge.tests import trained_fixtures as tf
-from vitedge.tests._plant import plant_channel_scale
+from vitedge.exporter.verdict import trained_reference as tf
+from vitedge.targets.plants import plant_channel_scale
 
-CACHE = C.TRAINED_CACHE
-FULL = C.TRAINED_FULL
+CACHE = _corpus.TRAINED_CACHE
+FULL = _corpus.TRAINED_FULL
 PLANTS = {"zero_layer": 0.0, "sign_flip": -1.0, "x1.01": 1.01}
 
 
@@ -48,9 +50,9 @@ def _weights(quick: bool, only: str | None) -> dict:
         return {"swiftformer_digits": lambda: (tf.load_reference("swiftformer_digits"), 32)}
     missing = [n for n in FULL if not (CACHE / f"{n}.pth").is_file() and (only is None or n in only.split(","))]
     if missing:
-        subprocess.run([sys.executable, str(C.RESULTS.parents[1] / "scripts" / "train_reference.py"), "--models",
+        subprocess.run([sys.executable, str(_script.RESULTS.parents[1] / "scripts" / "train_reference.py"), "--models",
                         ",".join(missing), "--out", str(CACHE)], check=True)
-    return {n: (lambda n=n: C.cached_trained(n)) for n in FULL}
+    return {n: (lambda n=n: _corpus.cached_trained(n)) for n in FULL}
 
 
 def _write_heldout(root: Path, n: int | None) -> tuple[Path, Path]:
@@ -100,7 +102,7 @@ def measure(name: str, model, imgsz: int, images: Path, labels: Path, work: Path
 
 def _zero_layer(graph):
     """The middle Conv/Gemm/MatMul weight of `graph`, zeroed (every channel x0)."""
-    from vitedge.tests._plant import weight_nodes
+    from vitedge.targets.plants import weight_nodes
     from onnx import numpy_helper
 
     g = copy.deepcopy(graph)
@@ -111,23 +113,23 @@ def _zero_layer(graph):
 
 
 def main(argv=None) -> int:
-    ap = C.parser("trained_verdicts", __doc__)
+    ap = _script.parser("trained_verdicts", __doc__)
     ap.add_argument("--models", default=None, help="comma-separated subset of the models to measure now (default: all)")
     args = ap.parse_args(argv)
-    started, info = C.begin("trained_verdicts", args.quick)
+    started, info = _script.begin("trained_verdicts", args.quick)
     work = Path(tempfile.mkdtemp(prefix="vitedge-trained-"))
-    partial = C.out_path("trained_verdicts", args).with_suffix(".partial")  # one model's row per file
+    partial = _script.out_path("trained_verdicts", args).with_suffix(".partial")  # one model's row per file
     try:
         images, labels = _write_heldout(work / "digits", 64 if args.quick else None)
-        rows, missing = C.measured_per_model(
+        rows, missing = _corpus.measured_per_model(
             {n: (lambda n=n, load=load: [measure(n, *load(), images, labels, work, args.quick)])
              for n, load in _weights(args.quick, args.models).items()}, partial, args.models)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     correct_ok = all(h["status"] == "passed" for r in rows for h in r["hops"])
     caught = {p: sum(r["planted"][p]["caught"] for r in rows) for p in PLANTS}
-    path = C.write_results(C.out_path("trained_verdicts", args), "trained_verdicts", info, args,
-                           {"models": rows, "summary": {"correct_passed": correct_ok, "caught": caught,
+    path = _script.write_results(_script.out_path("trained_verdicts", args), "trained_verdicts", info, args,
+                                 {"models": rows, "summary": {"correct_passed": correct_ok, "caught": caught,
                                                         "of": len(rows), "not_measured": missing}}, started)
     if not missing:  # complete: nothing left to resume
         shutil.rmtree(partial, ignore_errors=True)
@@ -143,6 +145,34 @@ def main(argv=None) -> int:
     if missing:
         print(f"  not measured yet: {', '.join(missing)} (--models)")
     return 0 if correct_ok and all(v == len(rows) for v in caught.values()) else 1
+
+
+# ---- tables: what scripts/render_benchmarks.py writes into the READMEs and docs/ from this script's JSON ----
+
+
+def trained_verdicts() -> str:
+    """Each trained model's hops on its labelled held-out images (status and worst ratio over the sets) and the
+    errors planted in its saved ONNX, from trained_verdicts.json."""
+    d = load("trained_verdicts.json")
+    hops = [h["hop"] for h in d["models"][0]["hops"]]
+    plants = list(d["models"][0]["planted"])
+    rows = []
+    for m in d["models"]:
+        by = {h["hop"]: h for h in m["hops"]}
+        cells = []
+        for name in hops:
+            h = by.get(name)
+            worst = max(h["noise_ratio"].values()) if h else None
+            cells.append("" if h is None else ("passed" if h["status"] == "passed" else f"**{h['status']}**")
+                         + f" {worst:.2f}")
+        caught = ", ".join(f"{k} {'caught' if v['caught'] else '**missed**'}" for k, v in m["planted"].items())
+        rows.append([m["model"], f"{100 * m['reference_top1_accuracy']:.1f} %"] + cells + [caught])
+    head = (["model", "train-form top-1"] + [f"{h} (worst ratio)" for h in hops]
+            + [f"planted in the ONNX ({len(plants)})"])
+    return table(head, rows, sep="| ---")
+
+
+TABLES = {"trained_verdicts": trained_verdicts}
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ prepbn_pvt_digits64 --out ~/.cache/vitedge/trained     # the full-size corpus of
 Quantization and compression are judged against labels, so they need a model that learned something. Each
 reference is built with `vitedge.create_model` in its family's official layout (reduced depth and width,
 10 classes, 32x32 inputs) and trained with AdamW + one-cycle LR on the training split of
-`tests/trained_fixtures.py` (digits upsampled to RGB, normalized with the model's mean/std; the held-out split
-is never seen). SLAB-DeiT and PRepBN-PVT train through their LinearNorm LN -> RepBN schedule as the official
+`exporter/verdict/trained_reference.py` (digits upsampled to RGB, normalized with the model's mean/std; the held-out
+split is never seen). SLAB-DeiT and PRepBN-PVT train through their LinearNorm LN -> RepBN schedule as the official
 recipe does: the schedule (`step` forwards per norm, warm 0) ends at 60 % of the iterations, training continues on
 RepBN alone, then the BatchNorm statistics are recalibrated (official `update_model`: eval mode, BatchNorm layers
 in train mode, no gradients; here with a cumulative average over the training split, momentum=None). The checkpoint is
@@ -69,12 +69,9 @@ WEIGHT_DECAY = 0.05
 
 
 def _import_fixtures():
-    try:
-        from vitedge.tests import trained_fixtures
-    except ImportError:  # run from a checkout without vitedge installed in editable mode
-        sys.path.insert(0, str(REPO / "tests"))
-        import trained_fixtures  # type: ignore[no-redef]
-    return trained_fixtures
+    from vitedge.exporter.verdict import trained_reference
+
+    return trained_reference
 
 
 def _loss(out, y) -> torch.Tensor:

@@ -18,13 +18,14 @@ Also the small facts every layer shares about artifacts and batches: `sha256_fil
 """
 from __future__ import annotations
 
-import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from ..models.digest import sha256_file  # noqa: F401  (shared here with every layer above)
 
 if TYPE_CHECKING:  # annotations only: importing this module stays torch-free (the CLI builds parsers from it)
     import torch.nn as nn
@@ -228,20 +229,6 @@ def pad_batch(x: np.ndarray, batch: int) -> np.ndarray:
     if n >= batch:
         return x
     return np.concatenate([x, np.repeat(x[-1:], batch - n, axis=0)])
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    """sha256 of a file, or of every file in a folder (sorted relative paths + contents; .mlpackage is a folder)."""
-    path = Path(path)
-    h = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    for f in files:
-        if path.is_dir():
-            h.update(str(f.relative_to(path)).encode() + b"\0")
-        with open(f, "rb") as fh:
-            while block := fh.read(chunk):
-                h.update(block)
-    return h.hexdigest()
 
 
 def size_bytes(path: str | Path) -> int:

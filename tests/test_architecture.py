@@ -6,8 +6,7 @@ one job needs more).
 Inside the layers, rooms: exporter/ is grouped by job, in an order of its own (EXPORTER_GROUPS: a group imports
 its own modules and the groups to its left, and no module sits loose beside the groups); in targets/, each backend
 (a module or package) imports only what the backends share (TARGETS_SHARED), never another backend; what works
-across the backends (TARGETS_ACROSS: the one-thread pin) may import them, and no backend imports it. Modules that
-moved into the rooms keep their old import path for one release (vitedge._MOVED: same module, DeprecationWarning).
+across the backends (TARGETS_ACROSS: the one-thread pin, the planted errors) may import them, and no backend imports it.
 
 Imports are read from the source (AST), function-level ones included, so a lazy import cannot hide an arrow that
 points up. No module outside a target's own home compares anything with that target's name (`== "coreml"`, `in ("onnx",
@@ -34,7 +33,7 @@ SUBPACKAGES = ("models", "targets", "exporter")            # the package's folde
 EXPORTER_GROUPS = ("core", "reparam", "onnx", "verdict", "quantize", "flow", "timing", "packaging", "matrix",
                    "command_line")
 TARGETS_SHARED = ("base", "calibration", "labels", "graph", "rows")  # what targets/' backends share; the rest are backends
-TARGETS_ACROSS = ("threads",)  # above the backends: settings that span them all (the exporter's packaging uses it)
+TARGETS_ACROSS = ("threads", "plants")  # above the backends: the one-thread pin (packaging uses it), the planted errors
 TARGETS_REFERENCE = ("pytorch",)  # the torch runners of the train- and deploy-form: the ladder's reference, no backend
 # exporter/ reaches a backend only through the interface of targets/base.py and the registry (targets/__init__.py);
 # these modules still import one directly: the iPhone device bench (devicectl, CoreML only), whose hook is the
@@ -440,67 +439,3 @@ def test_a_long_file_needs_its_reason(tmp_path):
     explained.write_text('"""A module.\n\nLength: one table of kernels.\n"""\n' + "x = 1\n" * MAX_LINES)
     assert too_long([long, explained]) == [f"{long}: {MAX_LINES + 1} lines"]
 
-
-# ---- moved import paths -----------------------------------------------------------------------------------
-
-# modules written inside their group after the regrouping: they never had a top-level path to alias
-BORN_IN_GROUP = {"vitedge.exporter.verdict.metrics", "vitedge.exporter.core.settings",
-                 "vitedge.exporter.flow.target_hops"}
-
-
-def _moved() -> dict[str, str]:
-    import vitedge
-
-    return vitedge._MOVED
-
-
-def test_the_moved_table_names_real_modules_and_no_module_left_in_place():
-    modules, moved = package_modules(), _moved()
-    assert [new for new in moved.values() if new not in modules] == []
-    assert [old for old in moved if old in modules] == []  # an old path never shadows (or hides) a module
-    assert {old.rpartition(".")[2] for old in moved if ".exporter." in old} >= {
-        m.rpartition(".")[2] for m in modules if m.count(".") == 3 and room(m) and room(m)[0] == "exporter"
-        and room(m)[1] not in ("reparam", "matrix", "command_line")
-        and m not in BORN_IN_GROUP}  # every module that left exporter/'s top level has its alias
-
-
-def test_every_old_path_imports_warns_and_is_the_new_module():
-    import importlib
-    import sys
-    import warnings
-
-    for old, new in sorted(_moved().items()):
-        module = importlib.import_module(new)
-        sys.modules.pop(old, None)
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                alias = importlib.import_module(old)
-            assert alias is module and sys.modules[old] is module, old
-            assert module.__spec__.name == new  # the alias leaves the module's own spec alone
-            assert [str(w.message).split(";")[0] for w in caught if w.category is DeprecationWarning] == [
-                f"{old} moved to {new}"]
-        finally:
-            sys.modules.pop(old, None)
-
-
-def test_from_an_old_path_import_a_name():
-    import sys
-
-    sys.modules.pop("vitedge.exporter.parity", None)
-    try:
-        with pytest.warns(DeprecationWarning, match="vitedge.exporter.parity moved to vitedge.exporter.verdict.parity"
-                          ) as record:
-            from vitedge.exporter.parity import judge
-        from vitedge.exporter.verdict.parity import judge as moved_judge
-
-        assert judge is moved_judge
-        assert record[0].filename == __file__  # the warning names the importing line, not the import system
-    finally:
-        sys.modules.pop("vitedge.exporter.parity", None)
-    from vitedge.targets.tensorrt import TensorRTTarget  # the old module is now the package: its names resolve
-    from vitedge.targets.tensorrt.target import TensorRTTarget as moved_target
-
-    assert TensorRTTarget is moved_target
-    with pytest.raises(ImportError, match="no_such_name"):
-        from vitedge.targets.tensorrt import no_such_name  # noqa: F401

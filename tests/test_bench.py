@@ -14,10 +14,11 @@ from vitedge.exporter.timing.bench import run_bench
 from vitedge.exporter.timing.bench_report import format_table, require_matplotlib, write_plot
 from vitedge.exporter.timing.iphone import check_device
 from vitedge.errors import VitedgeError
+from vitedge.models.reduced import reduced
 from vitedge.targets.base import Runner
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10)
+TINY = reduced("swiftformer")
 QUICK = dict(warmup_s=0.05, max_s=0.0)
 
 

@@ -183,7 +183,7 @@ def test_an_int8_artifact_is_judged_by_its_profile_on_natural_images_then_timed(
     """A compressed artifact is never judged by the float32 noise rule (quantization error is far above it) nor on
     stress samples: bench --artifact uses the kind's profile on the natural samples that did not calibrate it, as
     export and parity do, and times it once that passes; a corrupted scale still fails it."""
-    from vitedge.tests import trained_fixtures as tf
+    from vitedge.exporter.verdict import trained_reference as tf
 
     entry = tf.manifest()["models"]["swiftformer_digits"]
     args = {"checkpoint": tf.FIXTURES / entry["checkpoint"], "overrides": entry["overrides"], "imgsz": entry["imgsz"]}

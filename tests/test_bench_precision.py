@@ -14,9 +14,10 @@ import torch
 import vitedge.targets
 from vitedge.exporter.timing import bench
 from vitedge.exporter.timing.bench import run_bench
+from vitedge.models.reduced import reduced
 from vitedge.targets.base import Artifact, Runner, Target
 
-TINY = dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10)
+TINY = reduced("swiftformer")
 QUICK = dict(warmup_s=0.0, max_s=0.0, min_iters=3)
 
 

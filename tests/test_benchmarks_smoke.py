@@ -4,6 +4,8 @@ benchmarks/README.md are rendered from.
 The scripts run concurrently in subprocesses, as a user runs them (`python benchmarks/NAME.py`);
 their timings are meaningless here (the point is that they run and report). The ratio and target logic
 is checked on synthetic numbers.
+
+Length: one smoke check per benchmark script, all fed by one concurrent run of the scripts (the `runs` fixture).
 """
 from __future__ import annotations
 
@@ -291,7 +293,8 @@ def test_baseline_is_the_faster_candidate_with_parity(bench_modules):
 def test_block_rounds_pair_the_second_half_of_each_block():
     sys.path.insert(0, str(BENCH))
     try:
-        import _common as C
+        import _stats
+        import _timing
     finally:
         sys.path.remove(str(BENCH))
     calls = {"slow": 0, "fast": 0}
@@ -303,14 +306,14 @@ def test_block_rounds_pair_the_second_half_of_each_block():
         return f
 
     fns = {"slow": make("slow", 0.02, 0.004), "fast": make("fast", 0.02, 0.002)}
-    out = C.time_blocks(fns, rounds=3, block_s=0.02)
+    out = _timing.time_blocks(fns, rounds=3, block_s=0.02)
     assert [len(v) for v in out.values()] == [3, 3]
     assert all(0.002 <= t < 0.015 for t in out["slow"]) and all(0.001 <= t < 0.012 for t in out["fast"])
-    r = C.speedup(out["slow"], out["fast"])
+    r = _stats.speedup(out["slow"], out["fast"])
     assert r["ratio"] > 1.2 and r["pairs"] == 3
     # the precision loop stops on the interval's width: identical candidates converge at once
-    t = C.time_until_precise({"x": lambda: time.sleep(0.001), "y": lambda: time.sleep(0.001)}, [("y", "x")],
-                             min_rounds=4, max_s=5.0, ci_width=10.0, block_s=0.003)
+    t = _timing.time_until_precise({"x": lambda: time.sleep(0.001), "y": lambda: time.sleep(0.001)}, [("y", "x")],
+                                   min_rounds=4, max_s=5.0, ci_width=10.0, block_s=0.003)
     assert len(t["x"]) == len(t["y"]) == 4
 
 

@@ -12,20 +12,20 @@ import torch
 from safetensors.torch import save_file
 
 from vitedge.models import create_model, list_models, make_trained_like
-from vitedge.models.checkpoint import LoadResult, load_checkpoint
+from vitedge.models.checkpoints import LoadResult, load_checkpoint
 from vitedge.errors import CheckpointError
 from vitedge.models.flops import count_params, meta_model
 
+from vitedge.models.reduced import reduced
 from vitedge.tests.conftest import golden_path
 
 # Reduced configs (the golden fixtures' overrides) for tests that need real numbers.
 MINI = {
-    "swiftformer_xs": dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10),
-    "slab_deit_tiny": dict(embed_dim=64, depth=2, num_heads=2, num_classes=10),
-    "prepbn_deit_tiny": dict(embed_dim=64, depth=2, num_heads=2, num_classes=10),
-    "slab_swin_tiny": dict(embed_dim=16, depths=[1, 1, 2, 1], num_heads=[1, 2, 4, 8], mlp_ratio=2.0, num_classes=10,
-                           drop_path_rate=0.0),
-    "sima_tiny_12_p16": dict(embed_dim=64, depth=2, num_heads=2, num_classes=10),
+    "swiftformer_xs": reduced("swiftformer"),
+    "slab_deit_tiny": reduced("slab_deit"),
+    "prepbn_deit_tiny": reduced("prepbn_deit"),
+    "slab_swin_tiny": reduced("slab_swin"),
+    "sima_tiny_12_p16": reduced("sima"),
 }
 SMALL_PARAMS = 7_000_000  # variants up to this size round-trip real seeded weights through a file
 

@@ -15,16 +15,17 @@ import torch
 from safetensors.torch import save as safetensors_bytes
 
 from vitedge.models import create_model, make_trained_like
-from vitedge.models.checkpoint import load_checkpoint
+from vitedge.models.checkpoints import load_checkpoint
 from vitedge.errors import CheckpointError
-from vitedge.models.sources import DEFAULT_FILES, TIMM_WEIGHTS, parse_source, resolve_checkpoint
+from vitedge.models.checkpoints.hub_sources import DEFAULT_FILES, TIMM_WEIGHTS, parse_source, resolve_checkpoint
+from vitedge.models.reduced import reduced
 from vitedge.tests._ci import require
 from vitedge.tests._timm import import_timm
 
 hub = require("huggingface_hub", "the [hub] extra (huggingface_hub) is needed for hub sources", module_level=True)
 from huggingface_hub.file_download import repo_folder_name  # noqa: E402
 
-TINY = dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10)
+TINY = reduced("swiftformer")
 
 
 def put_in_cache(cache: Path, repo_id: str, filename: str, data: bytes, revision: str = "main") -> Path:
@@ -176,7 +177,7 @@ def test_timm_resolution_needs_no_timm_and_reads_the_environment_of_a_fresh_proc
     cache = tmp_path / "fresh-cache"
     link = put_in_cache(cache, "timm/swiftformer_s.dist_in1k", "pytorch_model.bin", b"not read here")
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(cache))
-    code = ("import sys; from vitedge.models.sources import resolve_checkpoint; "
+    code = ("import sys; from vitedge.models.checkpoints.hub_sources import resolve_checkpoint; "
             "print(resolve_checkpoint('timm:swiftformer_s')); print('timm' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -28,7 +28,8 @@ from vitedge.models.registry import input_stats
 from vitedge.targets import get_target
 from vitedge.targets.base import Artifact
 from vitedge.targets.coreml.mil_interpreter import load_program
-from vitedge.tests import trained_fixtures as tf
+from vitedge.exporter.verdict import trained_reference as tf
+from vitedge.targets.plants import corrupt_package
 from vitedge.tests.test_interfaces import _MemoryHub  # one verified hub per family, reused by every precision
 
 NAMES = ("swiftformer_digits", "slab_deit_digits")
@@ -171,7 +172,7 @@ def test_a_corrupted_package_fails_and_names_the_module(work, precision, op_type
     good = out / report.artifacts["coreml"].path
     bad = work / f"corrupt-{precision}" / good.name
     bad.parent.mkdir()
-    tf.corrupt_package(good, bad, op_type, param, change)
+    corrupt_package(good, bad, op_type, param, change)
     assert _parity(name, good).hop("coreml").status == "passed"
     hop = _parity(name, bad).hop("coreml")
     first = next(o for o in load_program(bad).ops if o.type == op_type)  # the op _corrupt changed

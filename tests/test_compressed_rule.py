@@ -188,7 +188,7 @@ def test_planted_int8_scales_fail_the_weights_check_on_the_other_families(name, 
     from vitedge.models import make_trained_like
     from vitedge.models.registry import input_stats
     from vitedge.targets.graph.qdq import quantize_qdq
-    from vitedge.tests._plant import plant_int8_scale
+    from vitedge.targets.plants import plant_int8_scale
 
     imgsz = overrides["img_size"]
     train = make_trained_like(vitedge.create_model(name, **overrides), seed=0).eval()

@@ -2,6 +2,8 @@
 conversion fixes, and the macOS dispatch with an injected stand-in for CoreML.framework.
 
 Conversions are slow (coremltools runs ~100 graph passes), so each artifact is built once per module.
+
+Length: one target's tests share its module-scoped conversions; split, each file would convert the families again.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import vitedge
 from vitedge.exporter.verdict.inputs import parity_inputs
 from vitedge.exporter.verdict.parity import DEFAULT_TOLERANCES, check_hop, compute_metrics
 from vitedge.errors import VitedgeError
+from vitedge.models.reduced import reduced
 from vitedge.models.trained_like import make_trained_like
 from vitedge.targets import get_target
 from vitedge.targets.base import Artifact, LowerSpec, UnavailableError
@@ -30,11 +33,10 @@ from vitedge.targets.coreml.mil_interpreter import UnsupportedOpError, load_prog
 
 # one reduced model per family (the golden fixtures' configs), trained-like weights
 FAMILIES = {
-    "swiftformer": ("swiftformer_xs", dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10), 64),
-    "slab_deit": ("slab_deit_tiny", dict(embed_dim=64, depth=2, num_heads=2, num_classes=10), 224),
-    "slab_swin": ("slab_swin_tiny", dict(embed_dim=16, depths=[1, 1, 2, 1], num_heads=[1, 2, 4, 8], mlp_ratio=2.0,
-                                         num_classes=10), 224),
-    "sima": ("sima_tiny_12_p16", dict(embed_dim=64, depth=2, num_heads=2, num_classes=10), 224),
+    "swiftformer": ("swiftformer_xs", reduced("swiftformer"), 64),
+    "slab_deit": ("slab_deit_tiny", reduced("slab_deit"), 224),
+    "slab_swin": ("slab_swin_tiny", reduced("slab_swin"), 224),
+    "sima": ("sima_tiny_12_p16", reduced("sima"), 224),
 }
 N = DEFAULT_EMULATED_SAMPLES
 

@@ -30,7 +30,8 @@ from vitedge.targets.base import LowerSpec
 from vitedge.targets.calibration import calibration_overlap
 from vitedge.targets.coreml import CoreMLTarget, EmulatedCoreMLRunner
 from vitedge.targets.coreml.mil_interpreter import load_program
-from vitedge.tests import trained_fixtures as tf
+from vitedge.exporter.verdict import trained_reference as tf
+from vitedge.targets.plants import corrupt_package
 
 BATCH = 52
 CALIB = 52
@@ -174,7 +175,7 @@ def test_corrupted_lut_or_scale_in_the_package_fails(workdir, ios, kind, op_type
     name = "swiftformer_digits"
     good = compressed(workdir, name, ios, kind)
     bad = workdir / f"corrupt-ios{ios}-{kind}.mlpackage"
-    tf.corrupt_package(good.path, bad, op_type, param, change)
+    corrupt_package(good.path, bad, op_type, param, change)
     clean, broken = emulated(good.path, name), emulated(bad, name)
     assert not np.array_equal(clean, broken)  # the emulator reads the compressed bytes, not a cached weight
     v = verdict(name, kind, broken)
@@ -208,7 +209,7 @@ def product_hop(workdir: Path, name: str, kind: str, path: Path):
 def test_planted_channel_errors_in_the_saved_package_fail_the_products_hop(workdir, ios, kind, plant):
     """A channel's scale (w8, w8a8) or a lookup table (palette: the whole tensor on iOS 16, 16 channels on iOS 18)
     changed in weight.bin fails the product's own compressed hop; the correct package passes it."""
-    from vitedge.tests._plant import plant_package_compression
+    from vitedge.targets.plants import plant_package_compression
 
     name = "swiftformer_digits"
     good = compressed(workdir, name, ios, kind)

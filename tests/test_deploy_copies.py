@@ -9,8 +9,9 @@ import torch
 from vitedge import cli
 from vitedge.errors import CheckpointError
 from vitedge.exporter.flow.deploy_checkpoint import load_deploy_checkpoint, reparam_checkpoint
+from vitedge.models.reduced import reduced
 
-SLAB = dict(embed_dim=64, depth=2, num_heads=2, num_classes=10)
+SLAB = reduced("slab_deit")
 EDITS = {  # state_dict key suffix -> (what the error names, how one copy is edited)
     "patch_embed.pos": ("pos buffer", lambda t: t.view(-1)[5].add_(1e-3)),
     "patch_embed.planes": ("position planes", lambda t: t.view(-1)[t.view(-1).argmax()].mul_(0.5)),

@@ -14,6 +14,7 @@ import pytest
 from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, node_counts, simplify_onnx
 from vitedge.exporter.reparam import reparameterize
 from vitedge.models import create_model, make_trained_like
+from vitedge.models.reduced import reduced
 from vitedge.tests.conftest import onnx_parity
 
 LAYOUT_OPS = ("Einsum", "Expand", "Transpose")
@@ -23,10 +24,10 @@ MAX_REL, MIN_COSINE = 1e-4, 0.99999
 SWIFT_SCOPE = r"network\.\d+\.\d+"
 SLAB_SCOPE = r"blocks\.\d+"
 CASES = [
-    ("swiftformer_xs", dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10), 64, SWIFT_SCOPE),
+    ("swiftformer_xs", reduced("swiftformer"), 64, SWIFT_SCOPE),
     ("swiftformer_xs", {}, 224, SWIFT_SCOPE),
     ("slab_deit_tiny", dict(depth=2), 224, SLAB_SCOPE),  # released width: head_dim 64, N=196, kv_first
-    ("prepbn_deit_tiny", dict(embed_dim=64, depth=2, num_heads=2, num_classes=10), 224, SLAB_SCOPE),
+    ("prepbn_deit_tiny", reduced("prepbn_deit"), 224, SLAB_SCOPE),
 ]
 IDS = ["swiftformer-reduced-64", "swiftformer_xs-224", "slab_deit_tiny-depth2-224", "prepbn_deit_tiny-reduced-224"]
 

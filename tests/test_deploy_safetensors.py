@@ -16,8 +16,9 @@ from vitedge.exporter.flow.deploy_checkpoint import FORMAT, load_deploy_checkpoi
 from vitedge.exporter.verdict.hops import parity_set_for
 from vitedge.exporter.flow.verify import parity
 from vitedge.errors import CheckpointError
+from vitedge.models.reduced import reduced
 
-SWIFT = dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10)
+SWIFT = reduced("swiftformer")
 IMGSZ = 64
 KEY = "network.4.1.linear.fc1.weight"  # a stage-4 MLP weight (the module test_cli corrupts in .pth files)
 

@@ -33,3 +33,19 @@ def test_the_pages_cover_every_public_call_and_every_flag(gen):
             for flag in action.option_strings:
                 if flag not in ("-h", "--help"):
                     assert f"`{flag}`" in cli_md, (command, flag)
+
+
+def test_exit_codes_are_described_on_one_page():
+    """docs/commands.md#exit-codes is the one description; every other hand-written page that speaks of exit codes
+    links there (cli.md and api.md are generated from the command line's and the API's own help)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    commands = (root / "docs" / "commands.md").read_text()
+    assert "## Exit codes" in commands and all(f"| {code} |" in commands for code in range(4))
+    pages = [root / "README.md"] + sorted((root / "docs").glob("*.md"))
+    unlinked = [p.name for p in pages if p.name not in ("commands.md", "cli.md", "api.md")
+                and "exit code" in p.read_text().lower() and "commands.md#exit-codes" not in p.read_text()]
+    assert unlinked == [], "link the exit codes to docs/commands.md#exit-codes instead of describing them"
+    tables = [p.name for p in pages if p.name != "commands.md" and "| 2 | bad usage" in p.read_text()]
+    assert tables == []  # the table itself is not copied

@@ -18,7 +18,7 @@ from vitedge.targets import get_target
 from vitedge.targets.base import LowerSpec
 from vitedge.targets.executorch.target import read_metadata
 from vitedge.tests._families import CASES
-from vitedge.tests._plant import plant_pte_weight
+from vitedge.targets.plants import plant_pte_weight
 
 SMALL = CASES["swiftformer"]
 SMALL_FLAGS = ["--model", SMALL[0], "--set", "layers=[1,1,2,1]", "--set", "embed_dims=[16,24,32,48]",

@@ -42,7 +42,7 @@ def test_int8_on_trained_weights_keeps_the_accuracy(name, tmp_path):
     digits by the product's compressed rule (int8 profile: accuracy drop, agreement, cosine, PSNR)."""
     from vitedge.exporter.quantize.compressed import Judged, judge_compressed
     from vitedge.exporter.verdict.parity import FLOAT64_TOLERANCES, ground_truth
-    from vitedge.tests import trained_fixtures as tf
+    from vitedge.exporter.verdict import trained_reference as tf
 
     train, deploy = tf.deploy_form(name)
     imgsz = tf.manifest()["models"][name]["imgsz"]

@@ -14,7 +14,7 @@ import pytest
 from vitedge.targets.calibration import Calibration
 from vitedge.targets import get_target
 from vitedge.targets.base import LowerSpec
-from vitedge.tests._plant import int8_pte_scales, plant_pte_int8_data, plant_pte_int8_scale
+from vitedge.targets.plants import int8_pte_scales, plant_pte_int8_data, plant_pte_int8_scale
 
 NAME = "swiftformer_digits"
 
@@ -23,7 +23,7 @@ NAME = "swiftformer_digits"
 def lowered(tmp_path_factory):
     from vitedge.exporter.quantize.compressed import Judged
     from vitedge.exporter.verdict.parity import ground_truth
-    from vitedge.tests import trained_fixtures as tf
+    from vitedge.exporter.verdict import trained_reference as tf
 
     tmp = tmp_path_factory.mktemp("int8pte")
     train, deploy = tf.deploy_form(NAME)
@@ -58,7 +58,7 @@ def _judge_weights(hop, deploy, path):
 def test_correct_int8_program_passes_and_keeps_the_accuracy(lowered):
     import torch.nn as nn
     from vitedge.targets.executorch.weights import read_weights
-    from vitedge.tests import trained_fixtures as tf
+    from vitedge.exporter.verdict import trained_reference as tf
 
     target, art, judged, found, _, (train, x, y), deploy = lowered
     assert len(found) > 0  # the scales of stored weights are found byte-exact in the program

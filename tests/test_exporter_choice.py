@@ -16,13 +16,14 @@ import vitedge
 from vitedge.errors import VitedgeError
 from vitedge.exporter.onnx import onnx_dynamo, onnx_export
 from vitedge.exporter.onnx.onnx_choice import DEFAULT_EXPORTER, EXPORTERS, default_opset
+from vitedge.models.reduced import reduced
 from vitedge.targets.graph.metadata import read_metadata
 from vitedge.tests.conftest import load_test_helper
 
 CASES = load_test_helper("_families").CASES  # family: (model, reduced overrides, imgsz)
 LAYOUT_OPS = ("Einsum", "Expand", "Transpose", "Reshape", "MatMul", "Gemm", "Concat")
 SAMPLES = 4
-TINY = dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10)
+TINY = reduced("swiftformer")
 _BUILT: dict = {}
 
 

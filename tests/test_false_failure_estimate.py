@@ -16,7 +16,7 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 def tail_estimate():
     import sys
 
-    sys.path.insert(0, str(BENCH))  # the benchmark imports its sibling _common
+    sys.path.insert(0, str(BENCH))  # the benchmark imports its sibling helpers (_script, _corpus)
     try:
         spec = importlib.util.spec_from_file_location("false_failures_under_test", BENCH / "false_failures.py")
         mod = importlib.util.module_from_spec(spec)

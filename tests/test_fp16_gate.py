@@ -3,8 +3,9 @@ import torch
 
 import vitedge
 from vitedge.models import make_trained_like
+from vitedge.models.reduced import reduced
 
-TINY = dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10)
+TINY = reduced("swiftformer")
 
 
 def test_fp16_overflow_fails_the_hop_and_names_the_module(tmp_path):

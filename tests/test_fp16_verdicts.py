@@ -15,8 +15,8 @@ import pytest
 
 import vitedge
 from vitedge.models import make_trained_like
-from vitedge.tests import trained_fixtures as tf
-from vitedge.tests._plant import plant_fp16_initializer, plant_package_weights
+from vitedge.exporter.verdict import trained_reference as tf
+from vitedge.targets.plants import plant_fp16_initializer, plant_package_weights
 
 SAMPLES = 12
 PLANTS = ("sign_flip", "x10", "zero_layer")   # caught on the outputs alone

@@ -9,9 +9,10 @@ import pytest
 from vitedge.exporter.flow import pipeline
 from vitedge.exporter.verdict.hops import PRE_HUB_SAMPLES, parity_inputs_for, subset_indices
 from vitedge.exporter.flow.pipeline import export
-from vitedge.tests._plant import plant_channel_scale
+from vitedge.models.reduced import reduced
+from vitedge.targets.plants import plant_channel_scale
 
-SWIFT = dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10)
+SWIFT = reduced("swiftformer")
 IMGSZ = 32
 N = 96  # > PRE_HUB_SAMPLES: 72 natural and 24 stress inputs
 

@@ -17,12 +17,13 @@ import pytest
 import torch
 
 from vitedge.models import create_model, make_trained_like
-from vitedge.models.checkpoint import load_checkpoint
+from vitedge.models.checkpoints import load_checkpoint
 from vitedge.errors import CheckpointError, VitedgeError
-from vitedge.models.safe_pickle import UnsafePickleError
+from vitedge.models.checkpoints.safe_pickle import UnsafePickleError
+from vitedge.models.reduced import reduced
 
-SWIFT_MINI = dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10)
-SLAB_MINI = dict(embed_dim=64, depth=2, num_heads=2, num_classes=10)
+SWIFT_MINI = reduced("swiftformer")
+SLAB_MINI = reduced("slab_deit")
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +150,7 @@ def test_classes_named_by_the_file_are_never_imported(tmp_path, monkeypatch, swi
 
 def test_state_cannot_be_set_on_live_objects(tmp_path):
     """BUILD on anything but a placeholder or a state_dict is refused (here: `__defaults__` of a rebuild shim)."""
-    from vitedge.models import safe_pickle
+    from vitedge.models.checkpoints import safe_pickle
 
     name = b"__defaults__"
     data = (b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\n"  # the allow-listed shim itself

@@ -15,11 +15,12 @@ import pytest
 from vitedge.exporter.flow import pipeline
 from vitedge.exporter.flow.pipeline import export
 from vitedge.exporter.flow.verify import parity
+from vitedge.models.reduced import reduced
 from vitedge.targets import TARGETS
 from vitedge.targets.base import Artifact, LowerSpec, Runner, Target, pad_batch
 from vitedge.targets.onnx.target import OnnxRuntimeRunner
 
-SWIFT = dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10)
+SWIFT = reduced("swiftformer")
 FAST = dict(imgsz=32, samples=6, overrides=SWIFT)
 STEP = 0.5  # the fake artifact's input grid (normalized units): coarse enough to change the logits well past fp32
 CLOSED: list = []

@@ -16,9 +16,10 @@ from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, node_coun
 from vitedge.exporter.reparam import available_rewrites, reparameterize
 from vitedge.models import create_model, make_trained_like
 from vitedge.models.layers.normalize import l2_normalize_reduce_l2, l2_normalize_rsqrt
+from vitedge.models.reduced import reduced
 from vitedge.tests.conftest import onnx_parity
 
-REDUCED = dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10)
+REDUCED = reduced("swiftformer")
 ATTENTION_BLOCKS = 4  # one SwiftFormerEncoder per stage (its last block), three l2-normalizations in each
 
 

@@ -22,17 +22,18 @@ from vitedge.exporter.reparam.forms import build_deploy_form
 from vitedge.exporter.flow.pipeline import export
 from vitedge.exporter.core.report import Report
 from vitedge.models import create_model, make_trained_like
-from vitedge.models.checkpoint import load_checkpoint
+from vitedge.models.checkpoints import load_checkpoint
 
+from vitedge.models.reduced import reduced
 from vitedge.tests.conftest import golden_path, load_golden
 
 # Reduced-size configs (the golden fixtures' shapes) at the default input size, plus a second size where the
 # family allows one: SwiftFormer is fully convolutional; SimA at 80 px has N=25 < head_dim 32, which flips
 # the attention order to qk_first (kv_first at 224, N=196).
-SWIFT = dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10)
-DEIT = dict(embed_dim=64, depth=2, num_heads=2, num_classes=10)
-SIMA = dict(embed_dim=64, depth=2, num_heads=2, num_classes=10)
-SWIN = dict(embed_dim=16, depths=[1, 1, 2, 1], num_heads=[1, 2, 4, 8], mlp_ratio=2.0, num_classes=10)
+SWIFT = reduced("swiftformer")
+DEIT = reduced("slab_deit")
+SIMA = reduced("sima")
+SWIN = reduced("slab_swin")
 # name, overrides (or "golden:<fixture>" for its overrides), imgsz, checkpoint (None: trained-like weights)
 CASES = {
     "swiftformer-224": ("swiftformer_xs", SWIFT, 224, None),

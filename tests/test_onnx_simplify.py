@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from vitedge.exporter.onnx import onnx_export
+from vitedge.models.reduced import reduced
 from vitedge.targets.graph.gelu import fuse_erf_gelu, restore_gelu_halves
 from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, run_onnxsim, simplify_keeping_fusions
 from vitedge.exporter.reparam import reparameterize
@@ -20,19 +21,16 @@ from vitedge.models import create_model, make_trained_like
 from vitedge.targets.onnx.target import OnnxRuntimeRunner
 from vitedge.targets.graph.fusions import fused_op_counts, lost_fusions
 
-SWIFT = dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10)
+SWIFT = reduced("swiftformer")
 # one small config per family: (name, overrides, imgsz)
 FAMILIES = [
     ("swiftformer_xs", SWIFT, 64),
-    ("slab_deit_tiny", dict(embed_dim=64, depth=2, num_heads=2, num_classes=10), 224),
-    ("sima_nano_12_p16", dict(embed_dim=32, depth=2, num_heads=1, num_classes=10), 64),
-    ("slab_swin_tiny", dict(embed_dim=16, depths=[1, 1, 2, 1], num_heads=[1, 2, 4, 8], mlp_ratio=2.0,
-                            num_classes=10, drop_path_rate=0.0), 224),
-    ("slab_pvt_tiny", dict(img_size=64, embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4], depths=[1, 2, 1, 1],
-                           num_classes=10), 64),
-    ("sima_deit_tiny", dict(img_size=64, embed_dim=64, depth=2, num_heads=4, num_classes=10), 64),
-    ("slab_cswin_tiny", dict(img_size=64, embed_dim=16, depth=[1, 2, 1, 1], num_heads=[2, 2, 4, 4],
-                             split_size=[1, 2, 2, 2], la_split_size="16-8-4-2", num_classes=10), 64),
+    ("slab_deit_tiny", reduced("slab_deit"), 224),
+    ("sima_nano_12_p16", reduced("sima_narrow"), 64),
+    ("slab_swin_tiny", reduced("slab_swin"), 224),
+    ("slab_pvt_tiny", reduced("slab_pvt"), 64),
+    ("sima_deit_tiny", reduced("sima_deit"), 64),
+    ("slab_cswin_tiny", reduced("slab_cswin"), 64),
 ]
 
 

@@ -16,11 +16,12 @@ from vitedge.exporter.packaging.package import PackageResult, package
 from vitedge.exporter.verdict.parity import compute_metrics
 from vitedge.exporter.core.report import Tolerance
 from vitedge.errors import VitedgeError
+from vitedge.models.reduced import reduced
 from vitedge.targets.coreml import EmulatedCoreMLRunner
 from vitedge.targets.coreml.mil_interpreter import load_program
 
 MODEL = "swiftformer_xs"
-OVERRIDES = {"layers": [1, 1, 2, 1], "embed_dims": [16, 24, 32, 48], "num_classes": 10}  # the golden fixture's size
+OVERRIDES = reduced("swiftformer")  # the golden fixture's size
 LABELS = [f"class_{i}" for i in range(10)]
 
 

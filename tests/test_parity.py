@@ -22,9 +22,10 @@ from vitedge.exporter.flow.pipeline import export
 from vitedge.exporter.flow.verify import parity
 from vitedge.exporter.core.report import Report
 from vitedge.models import VitedgeError
+from vitedge.models.reduced import reduced
 from vitedge.targets.base import Runner
 
-SWIFT = dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10)
+SWIFT = reduced("swiftformer")
 IMGSZ = 64
 
 

@@ -15,11 +15,12 @@ from vitedge.exporter.core.outdir import MANIFEST
 from vitedge.exporter.flow.pipeline import export
 from vitedge.exporter.flow.verify import parity
 from vitedge.models import VitedgeError
+from vitedge.models.reduced import reduced
 from vitedge.targets import TARGETS
 from vitedge.targets.base import Artifact, Runner, Target, UnavailableError
 from vitedge.targets.onnx.target import OnnxRuntimeRunner
 
-SWIFT = dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10)
+SWIFT = reduced("swiftformer")
 IMGSZ = 32
 FAST = dict(imgsz=IMGSZ, samples=4, overrides=SWIFT)
 

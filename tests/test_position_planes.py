@@ -11,6 +11,7 @@ from vitedge.exporter.verdict.equivalence import verify_equivalence
 from vitedge.exporter.reparam import reparameterize
 from vitedge.exporter.reparam.primitives import PositionPlanesPatchEmbed
 from vitedge.models import create_model, make_trained_like
+from vitedge.models.reduced import reduced
 
 
 @pytest.mark.parametrize("patch, grid, bias", [
@@ -44,7 +45,7 @@ def test_only_non_overlapping_patch_convs(conv):
 
 
 def test_gate_names_the_patch_embed_when_a_folded_position_is_wrong():
-    model = make_trained_like(create_model("slab_deit_tiny", embed_dim=64, depth=2, num_heads=2), seed=8).eval()
+    model = make_trained_like(create_model("slab_deit_tiny", **reduced("slab_deit", num_classes=1000)), seed=8).eval()
     deploy = reparameterize(model)
     assert "pos_embed_in_patch_conv" in deploy.reparam_summary.rewrites
     assert verify_equivalence(model, deploy, samples=2).passed

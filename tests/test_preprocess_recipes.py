@@ -18,7 +18,7 @@ from vitedge.exporter.verdict import images, inputs
 from vitedge.exporter.reparam.forms import build_train_form, preprocess_recipe
 from vitedge.exporter.verdict.hops import parity_inputs_for
 from vitedge.models import create_model
-from vitedge.models.fit import head_classes
+from vitedge.models.checkpoints.keys import head_classes
 from vitedge.models.flops import meta_model
 from vitedge.models.preprocess import IMAGENET_MEAN, IMAGENET_STD, Recipe, from_preprocessor_config
 from vitedge.models.registry import families, get_spec, list_models, recipe_of

@@ -12,7 +12,7 @@ import onnx
 
 from vitedge.cli import main
 from vitedge.exporter.core.report import Report
-from vitedge.tests._plant import plant_channel_scale, weight_nodes
+from vitedge.targets.plants import plant_channel_scale, weight_nodes
 
 FULL = "sima_tiny_12_p16"   # full size, default 224 px, demo weights
 PLANT_OWNER = "blocks.6.mlp.fc2"

@@ -22,7 +22,7 @@ from vitedge.exporter.verdict.parity import FLOAT64_TOLERANCES, ground_truth
 from vitedge.targets.onnx.target import OnnxRuntimeRunner
 from vitedge.targets.calibration import calibration_overlap, calibration_record
 from vitedge.targets.graph import qdq
-from vitedge.tests import trained_fixtures as tf
+from vitedge.exporter.verdict import trained_reference as tf
 
 NAMES = ("swiftformer_digits", "slab_deit_digits")
 CALIB = 64
@@ -224,7 +224,7 @@ def test_planted_errors_in_the_saved_int8_scales_fail_the_products_hop(name, pla
     from vitedge.exporter.verdict.weight_check import _key
     from vitedge.targets import get_target
     from vitedge.targets.base import Artifact
-    from vitedge.tests._plant import plant_int8_scale
+    from vitedge.targets.plants import plant_int8_scale
 
     good, bad = tmp_path / "good.int8.onnx", tmp_path / "planted.int8.onnx"
     onnx.save(quantized(name).model, str(good))

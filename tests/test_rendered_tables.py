@@ -29,11 +29,14 @@ def test_every_renderer_renders_somewhere_and_the_readme_has_one_headline_table_
 
 def test_a_changed_figure_in_the_json_changes_the_render(rb, monkeypatch):
     """The drift check can fail: a JSON whose c/a ratio moved renders a README that differs, with the new figure."""
-    load = rb.load
+    import sys
+
+    script = sys.modules[rb.RENDERERS["deploy_speed_headline"].__module__]  # the script that renders the table
+    load = script.load
     moved = copy.deepcopy(load("deploy_speed.json"))
     cell = next(c for c in moved["models"][0]["cells"] if c["threads"] == 1 and c["batch"] == 1)
     cell["speedups"]["c/a"]["ratio"] = 1.234
-    monkeypatch.setattr(rb, "load", lambda name: moved if name == "deploy_speed.json" else load(name))
+    monkeypatch.setattr(script, "load", lambda name: moved if name == "deploy_speed.json" else load(name))
     text = (REPO / "README.md").read_text()
     new = rb.render_text(text)
     assert new != text and f"{moved['models'][0]['model']} | 1.234× [" in new
@@ -44,3 +47,10 @@ def test_a_block_naming_no_renderer_or_a_missing_row_is_an_error(rb):
         rb.render_text("<!-- rendered: nope -->\nx\n<!-- /rendered -->")
     with pytest.raises(rb.RenderError, match="no_such_model"):
         rb.render_text("<!-- rendered: deploy_speed_model deploy_speed.json no_such_model -->\n<!-- /rendered -->")
+
+
+def test_each_table_is_rendered_by_a_benchmark_script_and_the_renderer_only_collects(rb):
+    scripts = {p.stem for p in (REPO / "benchmarks").glob("[!_]*.py")}
+    where = {name: render.__module__ for name, render in rb.RENDERERS.items()}
+    assert {name: m for name, m in where.items() if m not in scripts} == {}
+    assert not [n for n in vars(rb) if n.endswith("_headline") or n in where]  # no table is defined in the renderer

@@ -17,31 +17,30 @@ from vitedge.exporter.verdict.inputs import parity_inputs
 from vitedge.exporter.reparam import available_rewrites, reparameterize
 from vitedge.models import create_model, make_trained_like
 from vitedge.errors import VitedgeError
+from vitedge.models.reduced import reduced
 
 REPO = Path(__file__).resolve().parents[1]
 
 # One small config per fold plan (the families' own test configs), and the rewrites each plan declares.
 FAMILIES = {
-    "swiftformer_xs": (dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10), 64,
+    "swiftformer_xs": (reduced("swiftformer"), 64,
                        ("tokens_channels_first", "l2_normalize_rsqrt", "erf_gelu_fusable",
                         "l2_normalize_reduce_l2")),
-    "slab_deit_tiny": (dict(embed_dim=64, depth=2, num_heads=2, num_classes=10), 224,
+    "slab_deit_tiny": (reduced("slab_deit"), 224,
                        ("tokens_channels_first", "erf_gelu_fusable", "pos_embed_in_patch_conv",
                         "qkv_as_three_projections")),
-    "prepbn_deit_tiny": (dict(embed_dim=64, depth=2, num_heads=2, num_classes=10), 224,
+    "prepbn_deit_tiny": (reduced("prepbn_deit"), 224,
                          ("tokens_channels_first", "erf_gelu_fusable")),
-    "sima_nano_12_p16": (dict(embed_dim=32, depth=2, num_heads=1, num_classes=10), 64,
+    "sima_nano_12_p16": (reduced("sima_narrow"), 64,
                          ("l1_normalize_broadcast_div", "cls_only_last_class_attention")),
-    "sima_deit_tiny": (dict(img_size=64, embed_dim=64, depth=2, num_heads=4, num_classes=10), 64,
+    "sima_deit_tiny": (reduced("sima_deit"), 64,
                        ("l1_normalize_broadcast_div", "final_norm_on_cls_only")),
     "prepbn_swin_tiny": (dict(embed_dim=16, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8], mlp_ratio=2.0,
                               num_classes=10, drop_path_rate=0.0), 224,
                          ("softmax_scale_into_qkv", "shift_mask_merged_with_bias", "single_window_without_partition",
                           "patch_merging_as_reshape")),
-    "slab_pvt_tiny": (dict(img_size=64, embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4], depths=[1, 2, 1, 1],
-                           num_classes=10), 64, ("pvt_q_kv_merged_into_qkv",)),
-    "slab_cswin_tiny": (dict(img_size=64, embed_dim=16, depth=[1, 2, 1, 1], num_heads=[2, 2, 4, 4],
-                             split_size=[1, 2, 2, 2], la_split_size="16-8-4-2", num_classes=10), 64,
+    "slab_pvt_tiny": (reduced("slab_pvt"), 64, ("pvt_q_kv_merged_into_qkv",)),
+    "slab_cswin_tiny": (reduced("slab_cswin"), 64,
                         ("single_window_without_partition",)),
 }
 

@@ -21,25 +21,21 @@ from vitedge.exporter.verdict.localize import localize_torch
 from vitedge.exporter.verdict.parity import DEFAULT_TOLERANCES, FLOAT64_TOLERANCES
 from vitedge.exporter.flow.pipeline import export
 from vitedge.exporter.core.report import Report
-from vitedge.tests._plant import plant_channel_scale, planted_module
+from vitedge.models.reduced import reduced
+from vitedge.targets.plants import plant_channel_scale, planted_module
 
 # family: (model, overrides, imgsz): the golden-fixture sized configs (benchmarks/parity_noise.py measures the same)
 FAMILIES = {
-    "swiftformer": ("swiftformer_xs", dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10), 64),
-    "slab_deit": ("slab_deit_tiny", dict(embed_dim=64, depth=2, num_heads=2, num_classes=10), 224),
-    "prepbn_deit": ("prepbn_deit_tiny", dict(embed_dim=64, depth=2, num_heads=2, num_classes=10), 224),
-    "slab_swin": ("slab_swin_tiny", dict(embed_dim=16, depths=[1, 1, 2, 1], num_heads=[1, 2, 4, 8], mlp_ratio=2.0,
-                                         num_classes=10, drop_path_rate=0.0), 224),
-    "prepbn_swin": ("prepbn_swin_tiny", dict(embed_dim=16, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8],
-                                             mlp_ratio=2.0, num_classes=10, drop_path_rate=0.0), 224),
-    "slab_pvt": ("slab_pvt_tiny", dict(img_size=64, embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4],
-                                       depths=[1, 2, 1, 1], num_classes=10), 64),
-    "prepbn_pvt": ("prepbn_pvt_tiny", dict(img_size=64, embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4],
-                                           depths=[1, 2, 1, 1], num_classes=10), 64),
-    "slab_cswin": ("slab_cswin_tiny", dict(img_size=64, embed_dim=16, depth=[1, 2, 1, 1], num_heads=[2, 2, 4, 4],
-                                           split_size=[1, 2, 2, 2], la_split_size="16-8-4-2", num_classes=10), 64),
-    "sima": ("sima_nano_12_p16", dict(embed_dim=64, depth=2, num_heads=2, num_classes=10), 64),
-    "sima_deit": ("sima_deit_tiny", dict(img_size=64, embed_dim=64, depth=2, num_heads=4, num_classes=10), 64),
+    "swiftformer": ("swiftformer_xs", reduced("swiftformer"), 64),
+    "slab_deit": ("slab_deit_tiny", reduced("slab_deit"), 224),
+    "prepbn_deit": ("prepbn_deit_tiny", reduced("prepbn_deit"), 224),
+    "slab_swin": ("slab_swin_tiny", reduced("slab_swin"), 224),
+    "prepbn_swin": ("prepbn_swin_tiny", reduced("prepbn_swin"), 224),
+    "slab_pvt": ("slab_pvt_tiny", reduced("slab_pvt"), 64),
+    "prepbn_pvt": ("prepbn_pvt_tiny", reduced("prepbn_pvt"), 64),
+    "slab_cswin": ("slab_cswin_tiny", reduced("slab_cswin"), 64),
+    "sima": ("sima_nano_12_p16", reduced("sima"), 64),
+    "sima_deit": ("sima_deit_tiny", reduced("sima_deit"), 64),
 }
 SAMPLES = "12"  # 9 natural + 3 stress: the planted x1.001 stands 1.4x (sima_deit) to 140x above its allowance
 # All small configs are well-conditioned (float32 noise ~1e-7..6e-7 of max|y|): x1.001 is caught in each. At full

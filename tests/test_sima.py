@@ -12,6 +12,7 @@ from vitedge.exporter.reparam.primitives import affine_before_padded_depthwise, 
 from vitedge.exporter.reparam.sima import SimADeploy
 from vitedge.models import VitedgeError, create_model, get_spec, list_models, make_trained_like
 from vitedge.models.layers import sima_rule
+from vitedge.models.reduced import reduced
 from vitedge.models.sima_xcit import LPI, patch_grid
 
 from vitedge.tests.conftest import assert_close_rel, load_golden
@@ -25,7 +26,7 @@ PARAMS_P16 = {"sima_nano_12_p16": "3.05", "sima_tiny_12_p16": "6.72", "sima_smal
               "sima_large_24_p16": "189.1"}
 
 # A reduced config with head_dim 32: 64 px -> N = 16 < 32 (qk_first), 96 px -> N = 36 >= 32 (kv_first)
-SMALL = dict(embed_dim=32, depth=2, num_heads=1, num_classes=10)
+SMALL = reduced("sima_narrow")
 
 
 

@@ -12,12 +12,13 @@ from vitedge.exporter.reparam.engine import FoldContext
 from vitedge.exporter.reparam.sima import FixedOrderSimA
 from vitedge.exporter.reparam.sima_deit import SimADeiTDeploy, plan_sima_deit
 from vitedge.models import VitedgeError, create_model, make_trained_like
-from vitedge.models.checkpoint import load_checkpoint
+from vitedge.models.checkpoints import load_checkpoint
 
+from vitedge.models.reduced import reduced
 from vitedge.tests.conftest import onnx_parity
 
 # 64 px: N = 16 patches + CLS = 17 tokens; head_dim 16 (4 heads) -> kv_first, head_dim 32 (2 heads) -> qk_first
-REDUCED = dict(img_size=64, embed_dim=64, depth=2, num_heads=4, num_classes=10)
+REDUCED = reduced("sima_deit")
 
 
 

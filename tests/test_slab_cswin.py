@@ -14,16 +14,16 @@ from vitedge.exporter.reparam.engine import FoldContext
 from vitedge.exporter.reparam.primitives import ChannelAffine
 from vitedge.exporter.reparam.slab_cswin import CSWinDeploy, merge_depthwise, plan_cswin
 from vitedge.models import VitedgeError, create_model, make_trained_like
-from vitedge.models.checkpoint import load_checkpoint
+from vitedge.models.checkpoints import load_checkpoint
 from vitedge.models.layers import LinearNorm, RepBN
 
+from vitedge.models.reduced import reduced
 from vitedge.tests.conftest import onnx_parity
 
 # Reduced config (64 px: resolutions 16, 8, 4, 2). `la_split_size` 16-8-4-2 keeps the released structure (the L
 # stages one global window); 8-4-4-2 with LLLS gives two-branch SLA stages as well.
-REDUCED = dict(img_size=64, embed_dim=16, depth=[1, 2, 1, 1], num_heads=[2, 2, 4, 4], split_size=[1, 2, 2, 2],
-               la_split_size="16-8-4-2", num_classes=10)
-TWO_BRANCH = dict(la_split_size="8-4-4-2", attn_type="LLLS")
+REDUCED = reduced("slab_cswin")
+TWO_BRANCH = dict(la_split_size="8-4-4-2", attn_type="LLLS")  # over REDUCED: models/reduced.py slab_cswin_two_branch
 NORM_TYPES = (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, RepBN, LinearNorm, nn.Dropout, ChannelAffine)
 LINEARNORM = ("warm", "iter", "total_step", "norm1.weight", "norm1.bias", "norm2.alpha", "norm2.bn.weight",
               "norm2.bn.bias", "norm2.bn.running_mean", "norm2.bn.running_var", "norm2.bn.num_batches_tracked")

@@ -14,10 +14,11 @@ from vitedge.exporter.reparam.primitives import ChannelAffine
 from vitedge.exporter.reparam.slab_deit import plan_slab_deit
 from vitedge.models import VitedgeError, create_model, make_trained_like
 from vitedge.models.layers import LinearNorm, RepBN
+from vitedge.models.reduced import reduced
 from vitedge.models.slab_deit import slab_norm_layer
 from vitedge.tests.conftest import assert_close_rel
 
-REDUCED = dict(embed_dim=64, depth=2, num_heads=2, num_classes=10)
+REDUCED = reduced("slab_deit")
 NORM_TYPES = (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, RepBN, LinearNorm, nn.Dropout, ChannelAffine)
 
 
@@ -257,7 +258,7 @@ def test_pos_embed_in_patch_conv_keeps_the_residual_stream_blocked():
     # The conv starts the residual stream (no Add of the positional embedding, no Reshape after it), so ONNX
     # Runtime's NCHWc pass keeps the stream blocked: each block's residual Adds fold into its convs (Sum) and
     # the reorders left are the attention's (in and out of its head reshapes, the dwc on v).
-    model = make_trained_like(create_model("slab_deit_tiny", embed_dim=64, depth=2, num_heads=2), seed=6).eval()
+    model = make_trained_like(create_model("slab_deit_tiny", **reduced("slab_deit", num_classes=1000)), seed=6).eval()
     base = ["tokens_channels_first", "erf_gelu_fusable"]
     old = _ort_layout_ops(reparameterize(model, rewrites=base))
     new = _ort_layout_ops(reparameterize(model, rewrites=base + ["pos_embed_in_patch_conv"]))
@@ -269,7 +270,7 @@ def test_qkv_as_three_projections_runs_the_dwc_blocked_without_a_split():
     # q, k, v from convs of their own: no Split in ONNX Runtime's graph, and the dwc reads v's conv output in the
     # blocked layout (no reorder into it: one ReorderInput fewer per block; each of q, k, v is reordered out once
     # for the head MatMuls instead of qkv once and the dwc's output: the speed is benchmarks/rewrite_ablation.py's)
-    model = make_trained_like(create_model("slab_deit_tiny", embed_dim=64, depth=2, num_heads=2), seed=6).eval()
+    model = make_trained_like(create_model("slab_deit_tiny", **reduced("slab_deit", num_classes=1000)), seed=6).eval()
     base = ["tokens_channels_first", "erf_gelu_fusable", "pos_embed_in_patch_conv"]
     old = _ort_layout_ops(reparameterize(model, rewrites=base))
     new = _ort_layout_ops(reparameterize(model, rewrites=base + ["qkv_as_three_projections"]))

@@ -13,14 +13,15 @@ from vitedge.exporter.reparam.engine import FoldContext
 from vitedge.exporter.reparam.primitives import ChannelAffine
 from vitedge.exporter.reparam.slab_pvt import PVTDeploy, plan_pvt
 from vitedge.models import VitedgeError, create_model, make_trained_like
-from vitedge.models.checkpoint import load_checkpoint
+from vitedge.models.checkpoints import load_checkpoint
 from vitedge.models.layers import LinearNorm, RepBN
+from vitedge.models.reduced import reduced
 from vitedge.models.slab_pvt import PVTLinearAttention
 
 from vitedge.tests.conftest import onnx_parity
 
 # Reduced config (64 px: grids 16, 8, 4, 2); the released ones differ only in widths, depths and img_size.
-REDUCED = dict(img_size=64, embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4], depths=[1, 2, 1, 1], num_classes=10)
+REDUCED = reduced("slab_pvt")
 NORM_TYPES = (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, RepBN, LinearNorm, nn.Dropout, ChannelAffine)
 LINEARNORM = ("warm", "iter", "total_step", "norm1.weight", "norm1.bias", "norm2.alpha", "norm2.bn.weight",
               "norm2.bn.bias", "norm2.bn.running_mean", "norm2.bn.running_var", "norm2.bn.num_batches_tracked")

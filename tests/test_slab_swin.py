@@ -13,6 +13,7 @@ from vitedge.exporter.reparam.primitives import ChannelAffine, count_params
 from vitedge.exporter.reparam.slab_swin import PatchMergingDeploy, SwinBlockDeploy, WindowAttentionDeploy
 from vitedge.errors import VitedgeError
 from vitedge.models.layers import LinearNorm, RepBN, SimplifiedLinearAttention
+from vitedge.models.reduced import reduced
 from vitedge.models.registry import create_model
 from vitedge.models.slab_swin import SlabSwinTransformer, SwinTransformer, WindowAttention
 from vitedge.models.trained_like import make_trained_like
@@ -20,8 +21,7 @@ from vitedge.models.trained_like import make_trained_like
 from vitedge.tests.conftest import assert_close_rel, load_golden
 
 # The golden fixture's overrides of slab_swin_tiny (embed 16, depths 1,1,2,1, heads 1,2,4,8, mlp 2, 10 classes).
-MINI = dict(embed_dim=16, depths=[1, 1, 2, 1], num_heads=[1, 2, 4, 8], mlp_ratio=2.0, num_classes=10,
-            drop_path_rate=0.0)
+MINI = reduced("slab_swin")
 # PRepBN-Swin-T's layout (window 7 at 56/28/14/7, shifted odd blocks, one-window last stage), narrow.
 PREPBN_MINI = dict(embed_dim=16, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8], mlp_ratio=2.0, num_classes=10,
                    drop_path_rate=0.0)

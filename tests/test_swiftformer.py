@@ -12,6 +12,7 @@ from vitedge.exporter.reparam import reparameterize
 from vitedge.exporter.reparam.swiftformer import AdditiveAttention2d, EncoderBlock, SwiftFormerDeploy
 from vitedge.models import VitedgeError, create_model, make_trained_like
 from vitedge.models.layers import EfficientAdditiveAttention
+from vitedge.models.reduced import reduced
 from vitedge.models.swiftformer import ConvEncoder, SwiftFormerEncoder
 from vitedge.tests._timm import import_timm
 from vitedge.tests.conftest import assert_close_rel, load_golden
@@ -23,7 +24,7 @@ VARIANTS = {
     "swiftformer_l1": ([4, 3, 10, 5], [48, 96, 192, 384], 12_057_920),
     "swiftformer_l3": ([4, 4, 12, 6], [64, 128, 320, 512], 28_494_736),
 }
-TINY = dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10)  # the golden fixture's config
+TINY = reduced("swiftformer")  # the golden fixture's config
 
 
 @pytest.fixture(autouse=True, scope="module")

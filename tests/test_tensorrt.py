@@ -707,7 +707,7 @@ def test_gpu_int8_engine_from_the_qdq_graph(tmp_path):
     layers, and the engine agrees with the train-form on held-out digits within the int8 profile."""
     target = _gpu_target()
     from vitedge.targets.graph.qdq import quantize_qdq
-    from vitedge.tests import trained_fixtures as tf
+    from vitedge.exporter.verdict import trained_reference as tf
 
     name = "swiftformer_digits"
     calib, _ = tf.calibration_images(name, 64)

@@ -19,9 +19,9 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 RESULTS = BENCH / "results"
 SMALL_TRAINED = ("swiftformer_digits", "slab_deit_digits")
 
-sys.path.insert(0, str(BENCH))  # the benchmarks' shared module, where the full-size corpus is named
+sys.path.insert(0, str(BENCH))  # the benchmarks' corpus module, where the full-size corpus is named
 try:
-    from _common import TRAINED_FULL
+    from _corpus import TRAINED_FULL
 finally:
     sys.path.remove(str(BENCH))
 

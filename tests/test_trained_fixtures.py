@@ -1,7 +1,7 @@
 """The trained reference models: committed, loadable, accurate, and as accurate after every float hop.
 
-Accuracy is measured here on the held-out digits split (tests/trained_fixtures.py) and printed with its 95 %
-Wilson interval; the only recorded figure compared against is the train-form accuracy that
+Accuracy is measured here on the held-out digits split (exporter/verdict/trained_reference.py) and printed with its
+95 % Wilson interval; the only recorded figure compared against is the train-form accuracy that
 scripts/train_reference.py measured when it wrote the checkpoint.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from vitedge.tests import trained_fixtures as tf
+from vitedge.exporter.verdict import trained_reference as tf
 
 NAMES = ("swiftformer_digits", "slab_deit_digits")
 # One image (0.27 pt): a different BLAS or thread count may move a logit by ~1e-6 and flip a near-tie.
@@ -26,6 +26,12 @@ def test_reference_names_are_the_committed_fixtures():
     assert set(NAMES) <= set(tf.reference_names())
     for name in NAMES:
         assert (tf.FIXTURES / tf.manifest()["models"][name]["checkpoint"]).is_file()
+
+
+def test_without_the_fixtures_the_module_says_where_they_are(monkeypatch, tmp_path):
+    monkeypatch.setattr(tf, "MANIFEST", tmp_path / "manifest.json")  # an installed package: no tests/ beside it
+    with pytest.raises(FileNotFoundError, match="source checkout"):
+        tf.reference_names()
 
 
 def test_split_is_deterministic_stratified_and_matches_the_fixtures():

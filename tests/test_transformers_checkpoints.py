@@ -13,11 +13,13 @@ from vitedge.cli import main
 from vitedge.errors import CheckpointError
 from vitedge.exporter.reparam.forms import build_train_form
 from vitedge.models import create_model, make_trained_like
-from vitedge.models.held import hold
+from vitedge.models.checkpoints import identify
+from vitedge.models.reduced import reduced
 from vitedge.tests._ci import require
 from vitedge.tests._timm import import_transformers
 
-TINY = {"depths": [1, 1, 2, 1], "embed_dims": [16, 24, 32, 48]}
+_SWIFT = reduced("swiftformer")
+TINY = {"depths": _SWIFT["layers"], "embed_dims": _SWIFT["embed_dims"]}  # in config.json's names
 LABELS = ["cat", "dog", "bird"]
 PREPROCESSOR = {"image_processor_type": "ViTImageProcessor", "do_resize": True, "size": {"height": 64, "width": 64},
                 "resample": 2, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
@@ -114,9 +116,9 @@ def test_a_bare_transformers_state_dict_gets_the_port_attention_and_its_class_co
     model, _ = saved
     path = tmp_path / "weights.safetensors"  # no config.json beside it
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
-    held = hold(path, "swiftformer_xs", {"layers": TINY["depths"], "embed_dims": TINY["embed_dims"]})
-    assert held.layout == "transformers" and held.overrides["attn_weights"] == "softmax"
-    assert held.overrides["num_classes"] == 3 and "classifier head" in held.notes["num_classes"]
+    found = identify(path, "swiftformer_xs", {"layers": TINY["depths"], "embed_dims": TINY["embed_dims"]})
+    assert found.layout == "transformers" and found.overrides["attn_weights"] == "softmax"
+    assert found.overrides["num_classes"] == 3 and "classifier head" in found.notes["num_classes"]
 
 
 def _folder(tmp_path, config: dict, weights: bool = True):
@@ -162,7 +164,7 @@ def test_a_sharded_index_missing_a_shard_names_it(saved, tmp_path):
     gone = sorted(set(index["weight_map"].values()))[-1]
     (tmp_path / "s" / gone).unlink()
     with pytest.raises(CheckpointError, match=gone):
-        hold(tmp_path / "s")
+        identify(tmp_path / "s")
 
 
 def test_a_fine_tuned_official_checkpoint_with_ten_classes_exports_without_set(tmp_path):
@@ -187,9 +189,9 @@ def test_the_user_class_count_wins_and_a_timm_layout_head_is_read_too(tmp_path):
     assert all(_timm_key(t) == k for t, k in zip(timm_names, src.state_dict()))  # (the inverse is right)
     path = tmp_path / "timm.pth"
     torch.save(timm_names, path)
-    held = hold(path, "swiftformer_xs")
-    assert held.layout == "timm" and held.overrides == {"num_classes": 7}
-    assert "num_classes" not in hold(path, "swiftformer_xs", {"num_classes": 7}).notes
+    found = identify(path, "swiftformer_xs")
+    assert found.layout == "timm" and found.overrides == {"num_classes": 7}
+    assert "num_classes" not in identify(path, "swiftformer_xs", {"num_classes": 7}).notes
 
 
 def _to_timm(k: str) -> str:
@@ -216,10 +218,10 @@ def test_an_hf_hub_repo_of_a_transformers_folder_comes_whole_from_the_cache(save
     for f in ("config.json", "preprocessor_config.json", "model.safetensors"):
         put_in_cache(cache, "acme/swiftformer-tiny", f, (folder / f).read_bytes())
     for spec in ("hf-hub:acme/swiftformer-tiny", "hf-hub:acme/swiftformer-tiny:model.safetensors"):
-        held = hold(spec)
-        assert (held.name, held.layout, held.labels, held.imgsz) == ("swiftformer_xs", "transformers",
+        found = identify(spec)
+        assert (found.name, found.layout, found.labels, found.imgsz) == ("swiftformer_xs", "transformers",
                                                                      tuple(LABELS), 64), spec
-        assert held.recipe.crop_mode == "squash" and held.digest() == hold(folder).digest()
+        assert found.recipe.crop_mode == "squash" and found.digest() == identify(folder).digest()
 
 
 @pytest.mark.parametrize("rewrites", [True, False, ["l2_normalize_rsqrt"]])

@@ -14,9 +14,10 @@ import torch
 from vitedge.exporter.verdict import truth_cache
 from vitedge.exporter.verdict.hops import parity_set_for
 from vitedge.exporter.flow.pipeline import build_train_form, export
+from vitedge.models.reduced import reduced
 from vitedge.models.swiftformer import SwiftFormerEncoder
 
-SWIFT = dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=10)
+SWIFT = reduced("swiftformer")
 IMGSZ = 32
 SETS = ("natural", "natural", "natural", "stress") * 2
 

@@ -18,11 +18,12 @@ from vitedge.exporter.verdict.inputs import USER_STRESS, user_set
 from vitedge.exporter.verdict.parity import ground_truth, run_batched
 from vitedge.exporter.core.report import Report
 from vitedge.models import get_spec
+from vitedge.models.reduced import reduced
 from vitedge.targets.graph.metadata import read_metadata
 from vitedge.targets.onnx.target import OnnxRuntimeRunner
 
 NAME = "swiftformer_xs"
-TINY = dict(layers=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48], num_classes=3)
+TINY = reduced("swiftformer", num_classes=3)
 SETS = ["--set", "layers=[1,1,2,1]", "--set", "embed_dims=[16,24,32,48]", "--set", "num_classes=3"]
 IMGSZ = 64
 CLASSES = ("coffee", "rocket", "astronaut")  # labels file order != sorted folder order

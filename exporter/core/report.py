@@ -240,7 +240,7 @@ class Report:
     # interpolation, crop_mode, source): the model's official one, a checkpoint's, or the user's overrides.
     preprocess: dict | None = None
     # What the checkpoint determined and where from (layout, model, num_classes, labels, preprocess): None
-    # without a checkpoint (models/held.py).
+    # without a checkpoint (models/checkpoints/identify_model.py).
     from_checkpoint: dict | None = None
     exit_code: int = EXIT_OK
     status: str = "passed"                          # "passed" | "failed"

@@ -13,13 +13,11 @@ import torch
 import torch.nn as nn
 
 from ...errors import VitedgeError
-from ...models.checkpoint import load_checkpoint
-from ...models.held import Held, hold
+from ...models.checkpoints import Identified, identify, load_checkpoint, resolve_checkpoint
+from ...models.digest import sha256_file
 from ...models.preprocess import RECIPE_FLAGS, Recipe
 from ...models.registry import create_model, recipe_of, resolve_imgsz
-from ...models.sources import resolve_checkpoint
 from ...models.trained_like import make_trained_like
-from ...targets.base import sha256_file
 from ...targets.labels import CarriedLabels
 from . import reparameterize
 from ..core.report import ReparamInfo
@@ -57,13 +55,14 @@ def model_name(model: nn.Module) -> str:
 
 
 def hold_checkpoint(model_or_name, checkpoint, overrides: dict | None = None, labels=None,
-                    option_labels=None) -> tuple[Held | None, object]:
-    """(the checkpoint read once and the model it determines (models/held.py), the class names): the held
-    checkpoint is None without a checkpoint or for a module given as is; the class names are `labels`, else
-    `option_labels` (options["labels"]), else those the checkpoint carries (`carried_labels`), else None."""
+                    option_labels=None) -> tuple[Identified | None, object]:
+    """(the checkpoint read once and the model it determines (models/checkpoints/identify_model.py), the class
+    names): the identified checkpoint is None without a checkpoint or for a module given as is; the class names are
+    `labels`, else `option_labels` (options["labels"]), else those the checkpoint carries (`carried_labels`), else
+    None."""
     held = None
     if checkpoint is not None and not isinstance(model_or_name, nn.Module):
-        held = hold(checkpoint, model_or_name, overrides)
+        held = identify(checkpoint, model_or_name, overrides)
     elif model_or_name is None:
         raise VitedgeError("--model is needed (or a --checkpoint that names its model: a transformers folder with "
                            "config.json, or timm:NAME)")
@@ -71,14 +70,14 @@ def hold_checkpoint(model_or_name, checkpoint, overrides: dict | None = None, la
     return held, labels if labels is not None else carried_labels(held)
 
 
-def carried_labels(held: Held | None) -> CarriedLabels | None:
+def carried_labels(held: Identified | None) -> CarriedLabels | None:
     """The class names a checkpoint carries, standing in for --labels (targets/labels.py)."""
     if held is None or held.labels is None:
         return None
     return CarriedLabels(held.labels, f"the class names of {held.where} (config.json id2label)")
 
 
-def preprocess_recipe(model: nn.Module, held: Held | None = None, preprocess: dict | None = None) -> Recipe:
+def preprocess_recipe(model: nn.Module, held: Identified | None = None, preprocess: dict | None = None) -> Recipe:
     """The eval preprocessing `model` is fed with: the checkpoint's preprocessor_config.json, else the model's
     registered one, with the user's `preprocess` fields (crop_pct, interpolation, mean, std) over it."""
     base = held.recipe if held is not None and held.recipe is not None else recipe_of(model)
@@ -90,7 +89,8 @@ def preprocess_recipe(model: nn.Module, held: Held | None = None, preprocess: di
 
 
 def build_train_form(model_or_name, checkpoint: str | Path | None = None, overrides: dict | None = None,
-                     seed: int = DEMO_SEED, *, held: Held | None = None, preprocess: dict | None = None) -> Loaded:
+                     seed: int = DEMO_SEED, *, held: Identified | None = None,
+                     preprocess: dict | None = None) -> Loaded:
     """The train-form in eval mode: from a checkpoint, or seeded trained-like demo weights (untrained).
     `model_or_name` None: the model the checkpoint names (a transformers folder). `held`: the checkpoint as
     `hold_checkpoint` read it (not read again). `preprocess`: eval preprocessing fields over the model's own."""
@@ -106,7 +106,7 @@ def build_train_form(model_or_name, checkpoint: str | Path | None = None, overri
             if not path.exists():
                 raise VitedgeError(f"checkpoint {path} not found; check the --checkpoint path")
             load_checkpoint(model, path)
-            weights, sha = "checkpoint", sha256_file(path) if path.is_file() else hold(path).digest()
+            weights, sha = "checkpoint", sha256_file(path) if path.is_file() else identify(path).digest()
     elif model_or_name is None or isinstance(model_or_name, str):
         held = held or hold_checkpoint(model_or_name, checkpoint, overrides)[0]
         if held is not None:

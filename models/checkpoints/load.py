@@ -28,11 +28,11 @@ from typing import Any, Mapping
 import torch
 import torch.nn as nn
 
-from ..errors import CheckpointError
-from .fit import compare, hint, match_registered, remap_state_dict
-from .hf_folder import CONFIG, WEIGHTS, is_transformers, open_folder, weight_file_in
+from ...errors import CheckpointError
+from .hub_sources import resolve_checkpoint
+from .keys import compare, hint, match_registered, remap_state_dict
 from .safe_pickle import Inert, TorchFile, load_torch_file
-from .sources import resolve_checkpoint
+from .transformers_folder import CONFIG, WEIGHTS, is_transformers, open_folder, weight_file_in
 
 CONTAINER_KEYS = ("model", "state_dict", "model_ema", "state_dict_ema")
 EMA_CONTAINER_KEYS = ("model_ema", "state_dict_ema", "model", "state_dict")
@@ -104,7 +104,7 @@ def _read_safetensors(path: Path) -> TorchFile:
 def read_checkpoint(path: str | os.PathLike) -> TorchFile:
     """Read a checkpoint safely (torch.save zip/legacy, .safetensors, or a transformers save_pretrained folder:
     its weight file or every shard of its index, merged); no code from it runs. `hf-hub:` / `timm:` sources are
-    resolved to a file (or a transformers repo's folder) in the Hugging Face cache first (`sources`)."""
+    resolved to a file (or a transformers repo's folder) in the Hugging Face cache first (`hub_sources`)."""
     p = Path(resolve_checkpoint(path))
     if not p.exists():
         raise CheckpointError(f"checkpoint {p} not found: check the path")

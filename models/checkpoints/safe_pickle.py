@@ -41,7 +41,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from ..errors import CheckpointError
+from ...errors import CheckpointError
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch.serialization.MAGIC_NUMBER
 LEGACY_PROTOCOL = 1001

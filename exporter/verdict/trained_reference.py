@@ -2,7 +2,8 @@
 
 Quantization cannot be judged on demo weights (no task, no decision margins), so `scripts/train_reference.py`
 trains reduced configs of the families in their official layouts on digits, and this module is what the
-script, the tests and the benchmarks share:
+script, the tests and the benchmarks (the verdict studies) share. The fixtures live in a source checkout's tests/
+(not in an installed package), and scikit-learn is a test extra: both are named when missing.
 
 - `digits(imgsz, mean, std)`: the 1797 8x8 digit images (0-16 ink) -> [0, 1] -> bilinear upsampling to
   `imgsz` (torch `F.interpolate`, align_corners=False) -> grey replicated to RGB -> normalized with the
@@ -14,8 +15,6 @@ script, the tests and the benchmarks share:
 - `load_reference(name)`: the train-form model (eval) built with `vitedge.create_model` from the manifest's
   overrides and loaded strictly from the committed `{'model': state_dict}` checkpoint.
 - `wilson(correct, n)`: the 95 % Wilson score interval of an accuracy.
-- `corrupt_package(src, dst, op_type, param, change)`: a copy of a saved CoreML package with one compression
-  parameter (a lookup table, a scale) changed in its weight.bin: what the parity gates must catch.
 """
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "trained"
+FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "trained"  # (the package root is the checkout)
 MANIFEST = FIXTURES / "manifest.json"
 HOLDOUT_EVERY = 5  # per class, every 5th image (in index order) is held out
 
@@ -77,6 +76,9 @@ def digits(imgsz: int, mean, std) -> tuple[np.ndarray, np.ndarray]:
 
 
 def manifest() -> dict:
+    if not MANIFEST.is_file():
+        raise FileNotFoundError(f"the trained reference fixtures are not here ({MANIFEST}): they are in a source "
+                                "checkout of vitedge (tests/fixtures/trained), not in an installed package")
     return json.loads(MANIFEST.read_text())
 
 
@@ -86,7 +88,7 @@ def reference_names() -> list[str]:
 
 def heldout(name: str) -> tuple[np.ndarray, np.ndarray]:
     """The held-out images (preprocessed for model `name`) and labels, after checking the data hash."""
-    from vitedge.models.registry import get_spec
+    from ...models.registry import get_spec
 
     man = manifest()
     entry = man["models"][name]
@@ -99,13 +101,13 @@ def heldout(name: str) -> tuple[np.ndarray, np.ndarray]:
     _, idx = split(y)
     if indices_sha256(idx) != man["dataset"]["heldout_sha256"]:
         raise AssertionError("the held-out split differs from the one the fixtures were trained with: "
-                             "restore trained_fixtures.split() or retrain with scripts/train_reference.py")
+                             "restore trained_reference.split() or retrain with scripts/train_reference.py")
     return x[idx], y[idx]
 
 
 def calibration_images(name: str, n: int) -> tuple[np.ndarray, list[int]]:
     """`n` training-split images (never held-out ones) for calibration, and their digits indices."""
-    from vitedge.models.registry import get_spec
+    from ...models.registry import get_spec
 
     entry = manifest()["models"][name]
     spec = get_spec(entry["model"])
@@ -117,7 +119,7 @@ def calibration_images(name: str, n: int) -> tuple[np.ndarray, list[int]]:
 
 def build(name: str):
     """The train-form model of reference `name`, untrained (the manifest's registry name and overrides)."""
-    from vitedge import create_model
+    from ...models.registry import create_model
 
     entry = manifest()["models"][name]
     return create_model(entry["model"], **entry["overrides"])
@@ -125,7 +127,7 @@ def build(name: str):
 
 def load_reference(name: str):
     """The trained train-form model (eval mode), loaded strictly through vitedge.load_checkpoint."""
-    from vitedge import load_checkpoint
+    from ...models.checkpoints import load_checkpoint
 
     model = build(name)
     load_checkpoint(model, FIXTURES / manifest()["models"][name]["checkpoint"], strict=True)
@@ -134,7 +136,7 @@ def load_reference(name: str):
 
 def wilson(correct: int, n: int) -> tuple[float, float]:
     """95 % Wilson score interval of a proportion correct/n (the ladder's own: exporter/verdict/criteria.wilson)."""
-    from vitedge.exporter.verdict.criteria import wilson as _wilson
+    from .criteria import wilson as _wilson
 
     return _wilson(correct, n)
 
@@ -166,7 +168,7 @@ def deploy_form(name: str):
     """(train-form, deploy-form) of reference `name`, built once per test session."""
     key = ("deploy", name)
     if key not in _CACHE:
-        from vitedge import reparameterize
+        from ..reparam import reparameterize
 
         train = load_reference(name)
         _CACHE[key] = train, reparameterize(train, imgsz=manifest()["models"][name]["imgsz"])
@@ -177,7 +179,7 @@ def onnx_fp32(name: str):
     """The checked, simplified fp32 ONNX of the deploy-form (dynamic batch), as the pipeline builds its hub."""
     key = ("onnx", name)
     if key not in _CACHE:
-        from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, simplify_onnx
+        from ..onnx.onnx_export import check_onnx, export_onnx, simplify_onnx
 
         _, deploy = deploy_form(name)
         _CACHE[key] = simplify_onnx(check_onnx(export_onnx(deploy, manifest()["models"][name]["imgsz"], batch=None)))
@@ -185,8 +187,8 @@ def onnx_fp32(name: str):
 
 
 def ort_logits(model, x: np.ndarray) -> np.ndarray:
-    from vitedge.exporter.verdict.parity import run_batched
-    from vitedge.targets.onnx.target import OnnxRuntimeRunner
+    from ...targets.onnx.target import OnnxRuntimeRunner
+    from .parity import run_batched
 
     return run_batched(OnnxRuntimeRunner(model, threads=1), x, batch=128)
 
@@ -201,43 +203,3 @@ def decision_flips(reference: np.ndarray, candidate: np.ndarray, rel_margin: flo
     scale = np.abs(ref).max()
     real = [int(i) for i in flips if gap[i] >= rel_margin * scale]
     return [int(i) for i in flips], real
-
-
-def _blob(package: Path, op_type: str, param: str) -> tuple[Path, int, int]:
-    """(weight.bin, data offset, data bytes) of `param` of the program's first `op_type` op stored in weight.bin.
-    A blob entry starts with a 64-byte header: sentinel 0xDEADBEEF, dtype, size in bytes, data offset."""
-    import struct
-
-    from vitedge.targets.coreml.mil_interpreter import package_paths, quiet_coremltools
-
-    with quiet_coremltools():
-        from coremltools.proto import Model_pb2
-    spec_file, weights = package_paths(package)
-    spec = Model_pb2.Model()
-    spec.ParseFromString(spec_file.read_bytes())
-    fn = spec.mlProgram.functions["main"]
-    for o in fn.block_specializations[fn.opset].operations:
-        if o.type != op_type:
-            continue
-        v = o.attributes[param] if param in o.attributes else o.inputs[param].arguments[0].value
-        if v.WhichOneof("value") == "blobFileValue":
-            path = weights / "weight.bin"
-            with open(path, "rb") as f:
-                f.seek(v.blobFileValue.offset)
-                sentinel, _, size, data = struct.unpack("<IIQQ", f.read(24))
-            assert sentinel == 0xDEADBEEF
-            return path, data, size
-    raise AssertionError(f"no {op_type} with a stored {param}")
-
-
-def corrupt_package(src: Path, dst: Path, op_type: str, param: str, change) -> None:
-    """Copy the package `src` to `dst` and apply `change` (fp16 array -> array) to `param` of its first `op_type`
-    op, in weight.bin: a reversed lookup table, sign-flipped scales."""
-    import shutil
-
-    shutil.copytree(src, dst)
-    path, offset, size = _blob(dst, op_type, param)
-    raw = bytearray(path.read_bytes())
-    values = np.frombuffer(bytes(raw[offset:offset + size]), np.float16)
-    raw[offset:offset + size] = change(values).astype(np.float16).tobytes()
-    path.write_bytes(bytes(raw))

@@ -1,7 +1,7 @@
 """How a checkpoint fits the registered models: its keys rewritten to a model's layout (wrapper prefixes, the
 families' registered remaps), compared with the model's, which variants it fits (exactly, or but for the class
 count), the class count its classifier head holds, and the one-line hint of a strict load that failed
-(models/checkpoint.py).
+(load.py).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Mapping
 
 import torch.nn as nn
 
-from .registry import checkpoint_remaps
+from ..registry import checkpoint_remaps
 
 __all__ = ["remap_state_dict", "compare", "match_registered", "head_classes", "hint"]
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
@@ -61,7 +61,7 @@ def head_classes(sd: Mapping, model_sd: Mapping) -> int | None:
 
 @functools.lru_cache(maxsize=None)
 def _signature(name: str) -> OrderedDict:
-    from .flops import meta_model  # shapes only, no weights
+    from ..flops import meta_model  # shapes only, no weights
 
     return OrderedDict(meta_model(name).state_dict())
 
@@ -77,7 +77,7 @@ def _is_head_key(k: str) -> bool:
 def match_registered(sd: Mapping) -> list[tuple[str, int | None]]:
     """Registered variants whose official layout `sd` fits: (name, None) for an exact fit,
     (name, num_classes) when only the classifier width differs. Builds each variant on `meta` (cached)."""
-    from .registry import list_models
+    from ..registry import list_models
 
     fits = []
     for name in list_models():
@@ -109,7 +109,7 @@ def _own_layout_shapes(sd: Mapping, model: nn.Module) -> str | None:
 
 
 def hint(sd: Mapping, model: nn.Module) -> str:
-    from .registry import get_spec, list_models
+    from ..registry import get_spec, list_models
 
     own = getattr(model, "vitedge_name", None)
     fits = match_registered(sd)

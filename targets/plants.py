@@ -1,16 +1,19 @@
-"""Planted errors for sensitivity checks: one output channel of one mid-network weight of an ONNX graph, scaled;
-errors planted in saved fp16 artifacts (a CoreML package's weight.bin, an fp16 ONNX initializer, a weight in an
-ExecuTorch program); and in saved compressed artifacts (an int8 QDQ graph's per-channel weight scales, a compressed
-package's scales or lookup table in weight.bin).
+"""Errors planted in saved artifacts, to show that the parity verdict catches them: one output channel of one
+mid-network weight of an ONNX graph, scaled; errors planted in saved fp16 artifacts (a CoreML package's weight.bin,
+an fp16 ONNX initializer, a weight in an ExecuTorch program); and in saved compressed artifacts (an int8 QDQ graph's
+per-channel weight scales, a compressed package's scales or lookup table in weight.bin, a .pte's int8 data).
 
-Used by the criteria tests, benchmarks/parity_noise.py (the study that picks the noise rule's floor and K),
-benchmarks/fp16_verdicts.py (the fp16 rule's) and benchmarks/compressed_verdicts.py (the compressed rule's).
+The tooling of the sensitivity studies: the criteria tests, benchmarks/parity_noise.py (the study that picks the
+noise rule's floor and K), benchmarks/fp16_verdicts.py (the fp16 rule's), benchmarks/compressed_verdicts.py (the
+compressed rule's) and benchmarks/all_models.py. It reads every backend's stored format, so it sits above the
+backends (tests/test_architecture.py TARGETS_ACROSS); no backend and nothing in the pipeline imports it.
 """
 from __future__ import annotations
 
 import shutil
 import struct
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -109,7 +112,7 @@ def change_weight(w: np.ndarray, plant: str) -> np.ndarray:
 
 def package_weight_blobs(package) -> list[tuple[int, int, list[int]]]:
     """(offset, bytes, shape) of the float16 weights of rank >= 2 in the package's weight.bin, in program order."""
-    from vitedge.targets.coreml.mil_interpreter import package_paths, quiet_coremltools
+    from .coreml.mil_interpreter import package_paths, quiet_coremltools
 
     with quiet_coremltools():
         from coremltools.proto import Model_pb2
@@ -166,7 +169,7 @@ MIL_DTYPES = {10: np.float16, 11: np.float32}
 def package_compression_blobs(package) -> list[tuple[str, int, int, np.dtype, list[int]]]:
     """(op name, offset, bytes, dtype, shape) of each compressed weight's scale or lookup table in weight.bin, in
     program order."""
-    from vitedge.targets.coreml.mil_interpreter import package_paths, quiet_coremltools
+    from .coreml.mil_interpreter import package_paths, quiet_coremltools
 
     with quiet_coremltools():
         from coremltools.proto import Model_pb2
@@ -283,3 +286,39 @@ def plant_pte_int8_data(src, dst, weight: np.ndarray, plant: str) -> None:
     q = np.clip(np.round(ohwi.reshape(w.shape[0], -1) / int8_pte_scales(w)[:, None]), -127, 127).astype(np.int8)
     planted = np.clip(change_weight(q.astype(np.float32), plant), -127, 127).astype(np.int8)
     _rewrite_once(src, dst, q.tobytes(), planted.tobytes(), "the weight's int8 data")
+
+
+def _blob(package: Path, op_type: str, param: str) -> tuple[Path, int, int]:
+    """(weight.bin, data offset, data bytes) of `param` of the program's first `op_type` op stored in weight.bin.
+    A blob entry starts with a 64-byte header: sentinel 0xDEADBEEF, dtype, size in bytes, data offset."""
+    from .coreml.mil_interpreter import package_paths, quiet_coremltools
+
+    with quiet_coremltools():
+        from coremltools.proto import Model_pb2
+    spec_file, weights = package_paths(package)
+    spec = Model_pb2.Model()
+    spec.ParseFromString(spec_file.read_bytes())
+    fn = spec.mlProgram.functions["main"]
+    for o in fn.block_specializations[fn.opset].operations:
+        if o.type != op_type:
+            continue
+        v = o.attributes[param] if param in o.attributes else o.inputs[param].arguments[0].value
+        if v.WhichOneof("value") == "blobFileValue":
+            path = weights / "weight.bin"
+            with open(path, "rb") as f:
+                f.seek(v.blobFileValue.offset)
+                sentinel, _, size, data = struct.unpack("<IIQQ", f.read(24))
+            assert sentinel == 0xDEADBEEF
+            return path, data, size
+    raise AssertionError(f"no {op_type} with a stored {param}")
+
+
+def corrupt_package(src: Path, dst: Path, op_type: str, param: str, change) -> None:
+    """Copy the package `src` to `dst` and apply `change` (fp16 array -> array) to `param` of its first `op_type`
+    op, in weight.bin: a reversed lookup table, sign-flipped scales."""
+    shutil.copytree(src, dst)
+    path, offset, size = _blob(dst, op_type, param)
+    raw = bytearray(path.read_bytes())
+    values = np.frombuffer(bytes(raw[offset:offset + size]), np.float16)
+    raw[offset:offset + size] = change(values).astype(np.float16).tobytes()
+    path.write_bytes(bytes(raw))

@@ -4,7 +4,7 @@ its shard files), and optionally the image processor's `preprocessor_config.json
 
 `open_folder(path)` takes the folder, or one weight file of it (the files beside it then say what it holds). What
 the folder says about the model (architecture, class count, labels, preprocessing) is read by
-models/held.py; the weights are read by models/checkpoint.py through the same safe readers as a single file.
+identify_model.py; the weights are read by load.py through the same safe readers as a single file.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import CheckpointError
+from ...errors import CheckpointError
 
 CONFIG = "config.json"
 PREPROCESSOR = "preprocessor_config.json"

@@ -1,7 +1,7 @@
-"""What a checkpoint says about the model it holds, read once before the model is built.
+"""Identify the model a checkpoint holds: what the checkpoint says about it, read once before the model is built.
 
-    held = hold(checkpoint, name=None, overrides={})   # name None: the checkpoint must say (a transformers folder)
-    model = create_model(held.name, **held.overrides); load_checkpoint(model, held.raw, where=held.where)
+    found = identify(checkpoint, name=None, overrides={})   # name None: the checkpoint must say (a transformers folder)
+    model = create_model(found.name, **found.overrides); load_checkpoint(model, found.raw, where=found.where)
 
 - A transformers `save_pretrained` folder (or one weight file of it, or an `hf-hub:` repo of one): config.json's
   model_type picks the family's port (registry.TransformersPort), whose `from_config` names the model and its
@@ -14,25 +14,25 @@ The user's overrides always win over what the checkpoint determines.
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import CheckpointError
-from .checkpoint import extract_state_dict, read_checkpoint, read_weights
-from .fit import head_classes
-from .hf_folder import CONFIG, HFFolder, is_transformers, open_folder, weight_file_in
-from .preprocess import Recipe, from_preprocessor_config
-from .registry import get_spec, transformers_ports
+from ...errors import CheckpointError
+from ..digest import digest_files
+from ..preprocess import Recipe, from_preprocessor_config
+from ..registry import get_spec, transformers_ports
+from .hub_sources import is_hub_spec, parse_source, resolve_checkpoint
+from .keys import head_classes
+from .load import extract_state_dict, read_checkpoint, read_weights
 from .safe_pickle import TorchFile
-from .sources import is_hub_spec, parse_source, resolve_checkpoint
+from .transformers_folder import CONFIG, HFFolder, is_transformers, open_folder, weight_file_in
 
 GENERIC_LABEL = "LABEL_{}"   # transformers' placeholder names when no id2label was given
 DEFAULT_NUM_LABELS = 2       # transformers' PreTrainedConfig default when config.json has no id2label
 
 
 @dataclass
-class Held:
+class Identified:
     name: str                    # the registered model to build
     overrides: dict              # constructor overrides: what the checkpoint determines, then the user's
     raw: TorchFile               # the weights as read
@@ -45,21 +45,8 @@ class Held:
     notes: dict = field(default_factory=dict)  # report.json `from_checkpoint`: what came from where
 
     def digest(self) -> str:
-        """sha256 of the weights: the file's own for one file, else over every file's name and sha256."""
-        if len(self.files) == 1:
-            return _sha256(self.files[0])
-        h = hashlib.sha256()
-        for f in self.files:
-            h.update(f"{Path(f).name}\0{_sha256(f)}\n".encode())
-        return h.hexdigest()
-
-
-def _sha256(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        """sha256 of the weights (`digest.digest_files`)."""
+        return digest_files(self.files)
 
 
 def _labels(config: dict, where: str) -> tuple[int, tuple | None]:
@@ -101,7 +88,7 @@ def _from_folder(folder: HFFolder, name: str | None, where: str) -> tuple[str, d
     return chosen, overrides, notes
 
 
-def hold(checkpoint, name: str | None = None, overrides: dict | None = None) -> Held:
+def identify(checkpoint, name: str | None = None, overrides: dict | None = None) -> Identified:
     """Read `checkpoint` (a file, a transformers folder or weight file of one, `hf-hub:` / `timm:`) and decide the
     model it fits: `name` (None: the checkpoint names it) with the overrides it determines under the user's."""
     user = dict(overrides or {})
@@ -142,12 +129,12 @@ def hold(checkpoint, name: str | None = None, overrides: dict | None = None) -> 
     layout = layout or found
     if "num_classes" not in user and "num_classes" not in determined:
         _classes_from_head(sd, name, {**determined, **user}, determined, notes)
-    return Held(name, {**determined, **user}, raw, where, tuple(files), layout,
+    return Identified(name, {**determined, **user}, raw, where, tuple(files), layout,
                 None if labels is None else tuple(labels), recipe, imgsz, notes)
 
 
 def _meta_keys(name: str, overrides: dict):
-    from .flops import meta_model  # shapes only, no weights
+    from ..flops import meta_model  # shapes only, no weights
 
     return meta_model(name, **overrides).state_dict()
 
@@ -167,7 +154,7 @@ def _layout_semantics(sd, name: str, overrides: dict, determined: dict, notes: d
 
 
 def _timm_remaps():
-    from .registry import checkpoint_remaps
+    from ..registry import checkpoint_remaps
 
     return [r for r in checkpoint_remaps() if r.name.startswith("timm")]
 

@@ -2,7 +2,7 @@
 
 Both resolve to a file in the Hugging Face cache through `huggingface_hub` (an optional extra:
 `pip install 'vitedge[hub]'`), which then goes through the same safe loader as a local path
-(`checkpoint.load_checkpoint`). Resolution honours huggingface_hub's offline mode and cache location, read when
+(`load.load_checkpoint`). Resolution honours huggingface_hub's offline mode and cache location, read when
 the checkpoint is resolved (not only when huggingface_hub was imported): with `HF_HUB_OFFLINE=1` only the
 cache is consulted (`HF_HUB_CACHE`, else `HF_HOME/hub`, else huggingface_hub's default), and a file that is not
 there is an error naming the repo, the file and the command that fetches it.
@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import CheckpointError
+from ...errors import CheckpointError
 
 HF_PREFIX = "hf-hub:"
 TIMM_PREFIX = "timm:"
@@ -182,7 +182,7 @@ class _Hub:
 
     def transformers_folder(self) -> Path | None:
         """The snapshot folder of a transformers repo (config.json with model_type), or None for other repos."""
-        from .hf_folder import CONFIG, PREPROCESSOR, WEIGHTS, is_transformers
+        from .transformers_folder import CONFIG, PREPROCESSOR, WEIGHTS, is_transformers
 
         config = self.get(CONFIG)
         if config is None or not is_transformers(config.parent):
