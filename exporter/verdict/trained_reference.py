@@ -187,7 +187,7 @@ def onnx_fp32(name: str):
 
 
 def ort_logits(model, x: np.ndarray) -> np.ndarray:
-    from ...targets.onnx.target import OnnxRuntimeRunner
+    from ...targets.graph.runtime import OnnxRuntimeRunner
     from .parity import run_batched
 
     return run_batched(OnnxRuntimeRunner(model, threads=1), x, batch=128)
