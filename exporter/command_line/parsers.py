@@ -220,8 +220,8 @@ def add_matrix(sub) -> argparse.ArgumentParser:
     p.add_argument("--require-verified", action="store_true", help="exit 1 if any cell is unverified; a cached "
                    "cell whose artifacts do not match their report is failed instead of rebuilt")
     p.add_argument("--verify-cache", action="store_true",
-                   help="re-hash every cached cell's artifacts against its report and build nothing: one line per "
-                        "entry, exit 1 if any cannot be trusted (the cache is --cache, default OUT/.cache)")
+                   help="re-hash every cached cell's artifacts against its report (and every shared hub's files against "
+                        "its hub.json) and build nothing: one line per entry, exit 1 if any cannot be trusted (the cache is --cache, default OUT/.cache)")
     add_exporter_flag(p, what="ONNX exporter of the cells whose plan entry (or defaults) names none (plan key "
                                "`exporter`); default and fallback as for export")
     return p
