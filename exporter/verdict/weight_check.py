@@ -14,6 +14,9 @@ emulation (exporter/verdict/emulate: fp16 rounding, int8 per channel, with PT2E'
 k-means palette) gives ||w_emul - w||_c. A channel fails when its deviation exceeds max(WEIGHT_FLOOR x ||w||_c,
 WEIGHT_K x that, raised to the tensor's median): K and the floor from benchmarks/fp16_verdicts.py and benchmarks/compressed_verdicts.py (README "Weights check").
 
+Biases are weights: each kind's reader returns them too, judged per channel against how a correct artifact stores a
+bias (stored_biases.py: one fp16 ulp for a float bias, half the int32 step its layer's scales give for an int8 one).
+
 Weights that map to no parameter (a converter's fused or renamed constants) are counted, not judged; an artifact
 none of whose weights maps is `not run`, saying so (unverified under --require-verified).
 """
@@ -31,6 +34,7 @@ import torch.nn as nn
 from ...precisions import TABLE
 from .criteria import NoiseRule
 from .emulate import stored_weight
+from .stored_biases import StoredBias, emulated_bias, is_bias, onnx_biases
 
 # correct artifacts' channels: fp16 and the int8 kinds exactly the emulation's rounding (ratio 1, 1.6 for a near-dead
 # channel's fp16 scale); palettes up to 1.16x (coremltools' k-means against the emulation's), so K = 2 there: a x1.1
@@ -100,16 +104,19 @@ def check_weights(deploy: nn.Module, path: str | Path, precision: str) -> Weight
     params = reference_params(deploy, path)
     k = WEIGHT_K[precision]
     check = WeightCheck("passed")
-    for name, value in stored.items():
+    for name, raw in stored.items():
         p = params.get(_key(name))
-        value = None if p is None or p.dim() < 2 else _aligned(np.asarray(value, np.float64), tuple(p.shape))
+        bias = p is not None and is_bias(_key(name), p)  # biases are weights: judged per channel (stored_biases.py)
+        value = None if p is None or (p.dim() < 2 and not bias) else _aligned(np.asarray(raw, np.float64),
+                                                                               tuple(p.shape))
         if value is None:
             check.unmatched += 1
             continue
-        rows = 1 if precision in PER_TENSOR or p.shape[0] == 1 else p.shape[0]  # (1, ...): a table, not channels
+        rows = 1 if (precision in PER_TENSOR and not bias) or p.shape[0] == 1 else p.shape[0]  # (1, ...): a table
         w = p.detach().double().reshape(rows, -1)
         art = torch.as_tensor(value).reshape(w.shape)
-        emul = stored_weight(p.detach().float(), precision, min_scale).double().reshape(w.shape)
+        emul = (emulated_bias(p, raw) if bias else
+                stored_weight(p.detach().float(), precision, min_scale).double()).reshape(w.shape)
         norm = w.norm(dim=1)
         norm = torch.maximum(norm, norm.median()).clamp(min=1e-30)  # a near-dead channel is judged at its tensor's scale
         dev = ((art - w).norm(dim=1) / norm).numpy()
@@ -141,22 +148,27 @@ def read_stored(path: Path, deploy: nn.Module, precision: str) -> tuple[dict[str
     if path.suffix == ".mlpackage":
         return package_weights_all(path), 0.0
     from ...targets.executorch.quantize import weight_scale_floor
-    from ...targets.executorch.weights import pte_weights
+    from ...targets.executorch.weights import read_weights
 
     floor = weight_scale_floor()
     expected = {n: stored_weight(p, precision, floor).double().numpy() for n, p in deploy.named_parameters()
                 if p.dim() >= 2}
-    return by_nearest(pte_weights(path), expected), floor
+    weights = read_weights(path)
+    biases = {w.name: StoredBias(w.bias, w.bias_step) for w in weights if w.bias is not None}
+    return by_nearest({w.name: w.value for w in weights}, expected, biases), floor
 
 
-def by_nearest(stored: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def by_nearest(stored: dict[str, np.ndarray], expected: dict[str, np.ndarray], biases: dict | None = None
+               ) -> dict[str, np.ndarray]:
     """Unnamed stored weights keyed by the deploy-form parameter each stores: of the parameters of the same shape
     (size-1 axes aside), the one whose `expected` stored value (the precision's emulation) it is nearest to by the
     median over output channels of ||w_stored - w||_c / ||w||_c, one parameter per stored weight, the nearest
     pairs first. The median ignores a few planted channels, so a tampered weight still pairs with its own parameter
     (and then fails on its deviation); a zeroed weight is equally far from all and takes the parameter the others
     leave. A stored weight with no same-shape parameter left keeps its own name and is counted unmatched (an
-    ExecuTorch program's channel sums, 1x1 convolutions with ones that vitedge's rewrites put in: no parameter)."""
+    ExecuTorch program's channel sums, 1x1 convolutions with ones that vitedge's rewrites put in: no parameter).
+    `biases`: {stored weight name: its layer's stored bias}, each keyed by the bias of the parameter its weight
+    pairs with (`<module>.bias` for `<module>.weight`)."""
     pairs = []
     for name, value in stored.items():
         for key, w in expected.items():
@@ -170,6 +182,9 @@ def by_nearest(stored: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -
             used.add(key)
     named = {key: v for key, v in out.values()}
     named.update({name: value for name, value in stored.items() if name not in out})
+    for name, b in (biases or {}).items():
+        key = out[name][0] if name in out else None
+        named[key.removesuffix("weight") + "bias" if key and key.endswith("weight") else f"{name}.bias"] = b
     return named
 
 
@@ -272,6 +287,7 @@ def _stored_onnx(model, onnx, numpy_helper) -> dict[str, np.ndarray]:
         if scale.size > 1:
             shape[axis] = scale.size
         out[n.input[0]] = ((q - zero.reshape(shape)) * scale.reshape(shape)).astype(np.float32)
+    out.update(onnx_biases(model, inits))
     return out
 
 
@@ -307,6 +323,7 @@ def package_weights_all(path: Path) -> dict[str, np.ndarray]:
 
     program = load_program(path)
     out = {name: np.asarray(v, np.float32) for name, v in program.consts.items()
-           if isinstance(v, np.ndarray) and v.ndim >= 2 and np.issubdtype(v.dtype, np.floating)}
+           if isinstance(v, np.ndarray) and np.issubdtype(v.dtype, np.floating)
+           and (v.ndim >= 2 or (v.ndim == 1 and _key(name).endswith("_bias")))}
     out.update(package_weights(program))
     return out
