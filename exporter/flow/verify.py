@@ -192,6 +192,8 @@ def read_artifact(path: Path, target: str | None) -> tuple[str, onnx.ModelProto 
         model = onnx.load(str(path))
     except Exception as e:
         raise VitedgeError(f"{path} is not a readable ONNX file ({type(e).__name__}); re-export it") from None
+    if not model.graph.node or not model.graph.output:  # an empty file parses as an empty model: a bad input too
+        raise VitedgeError(f"{path} is not a readable ONNX file (it holds no graph); re-export it")
     return tname, model, read_metadata(model)
 
 
