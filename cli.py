@@ -171,7 +171,8 @@ def cmd_package(args) -> int:
                   **_exporter(args))
     from vitedge.exporter.packaging.package import package
 
-    res = package(args.model, args.out, ios=args.ios, precision=args.precision, target=args.target, **common)
+    res = package(args.model, args.out, ios=args.ios, precision=args.precision, target=args.target,
+                  executorch_rewrites=args.executorch_rewrites, **common)
     if res.exit_code != 0:
         print(f"FAILED: {res.reason}; no bundle written. The export is kept in {res.export_dir}")
         return res.exit_code

@@ -160,6 +160,7 @@ def add_package(sub) -> argparse.ArgumentParser:
     from vitedge.exporter.packaging import BUNDLES  # torch-free
     from vitedge.precisions import NAMES
     from vitedge.targets.coreml.options import DEFAULT_IOS, IOS_TARGETS
+    from vitedge.targets.rows import EXECUTORCH_ROW
 
     p = sub.add_parser("package", help="app-ready bundle (.zip): CoreML for iOS (image-input .mlpackage, Swift "
                                        "README) or ExecuTorch for Android (.pte, Kotlin README); golden vectors, manifest",
@@ -191,6 +192,9 @@ def add_package(sub) -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="replace an existing --out")
     add_exporter_flag(p, what="ONNX exporter of the parity ladder's hub graph (the CoreML package itself is "
                                "converted from the deploy-form); default and fallback as for export")
+    rewrites = EXECUTORCH_ROW.option("executorch_rewrites")
+    p.add_argument(rewrites.flag, choices=rewrites.choices, default=None,
+                   help=f"--target executorch: {rewrites.help}; as for export")
     return p
 
 

@@ -162,14 +162,16 @@ def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = N
             samples: int | None = None, overrides: dict | None = None, tolerances=None, force: bool = False,
             seed: int | None = None, progress=None, calib: int | None = None,
             calib_images: str | Path | None = None, images: str | Path | None = None,
-            exporter: str = DEFAULT_EXPORTER, preprocess: dict | None = None, target: str = "coreml") -> PackageResult:
+            exporter: str = DEFAULT_EXPORTER, preprocess: dict | None = None, target: str = "coreml",
+            executorch_rewrites: str | None = None) -> PackageResult:
     """Build BUNDLE.zip at `out`: `vitedge package`. Returns the PackageResult (`path`, `exit_code`, the export
     `report`, the `manifest`). Raises VitedgeError on bad input (nothing written); a failed parity hop gives
     exit_code 1, no zip, and the export folder kept at `out` + '.failed/' for inspection. `ios` None: 16, or what
     the precision needs (w8a8: 17, recorded in the manifest). `labels` (class names in index order) make the model
     a classifier; `images`, `preprocess` and `model_or_name` None are as for `export`. `exporter`: the ONNX
     exporter of the ladder's hub graph (the CoreML package itself is converted from the deploy-form). `target`
-    "executorch": the Android bundle instead (exporter/packaging/package_android.py; `precision` fp32, default, or int8)."""
+    "executorch": the Android bundle instead (exporter/packaging/package_android.py; `precision` fp32, default, or int8;
+    `executorch_rewrites` "on" (default) or "off", as export's --executorch-rewrites)."""
     if target not in BUNDLES:
         raise VitedgeError(f"vitedge package --target must be {' or '.join(BUNDLES)}; got {target!r}")
     precision = precision or get_target(target).default_precision
@@ -180,7 +182,10 @@ def package(model_or_name, out: str | Path, *, checkpoint: str | Path | None = N
         if ios is not None:
             raise VitedgeError("--ios applies to --target coreml only; drop it for an ExecuTorch bundle")
         module, func = BUNDLES[target].split(":")
-        return getattr(importlib.import_module(module, __package__), func)(model_or_name, out, **common)
+        return getattr(importlib.import_module(module, __package__), func)(
+            model_or_name, out, executorch_rewrites=executorch_rewrites, **common)
+    if executorch_rewrites is not None:
+        raise VitedgeError("--executorch-rewrites applies to --target executorch only; drop it for a CoreML bundle")
     return _package_coreml(model_or_name, out, ios=ios, **common)
 
 

@@ -112,8 +112,9 @@ def package_executorch(model_or_name, out: str | Path, *, checkpoint=None, label
                        precision: str = "fp32", samples: int | None = None, overrides: dict | None = None,
                        tolerances=None, force: bool = False, seed: int | None = None, progress=None,
                        calib: int | None = None, calib_images=None, images=None, exporter: str = DEFAULT_EXPORTER,
-                       preprocess: dict | None = None) -> PackageResult:
-    """Build the Android bundle at `out` (a .zip): as `package.package`, for the executorch target."""
+                       preprocess: dict | None = None, executorch_rewrites: str | None = None) -> PackageResult:
+    """Build the Android bundle at `out` (a .zip): as `package.package`, for the executorch target
+    (`executorch_rewrites`: export's --executorch-rewrites, default on)."""
     out = check_bundle_out(out, force)
     if precision not in PRECISIONS:
         raise VitedgeError(f"vitedge package --target executorch --precision must be fp32 or int8; got {precision!r}")
@@ -125,7 +126,8 @@ def package_executorch(model_or_name, out: str | Path, *, checkpoint=None, label
         return export(model_or_name, "executorch", checkpoint=checkpoint, imgsz=imgsz, precision=precision,
                       out=export_dir, samples=samples, tolerances=tolerances, overrides=overrides,
                       seed=DEMO_SEED if seed is None else seed, progress=progress, labels=labels, images=images,
-                      calib=calib, calib_images=calib_images, exporter=exporter, preprocess=preprocess)
+                      calib=calib, calib_images=calib_images, exporter=exporter, preprocess=preprocess,
+                      options=None if executorch_rewrites is None else {"executorch_rewrites": executorch_rewrites})
 
     return build_bundle(out, run, hop_name, lambda report, export_dir: _assemble(
         report, export_dir, out, hop_name, checkpoint, overrides, labels, precision, seed, preprocess))
