@@ -279,6 +279,11 @@ def main(argv: list[str] | None = None) -> int:
         print("vitedge: interrupted", file=sys.stderr)
         return 130
     except Exception as e:
+        from vitedge.exporter.core.writable import environment_error
+
+        if environment_error(e) is not None:  # a full or read-only disk: the user's environment, not a bug
+            print(f"vitedge: error: {environment_error(e)}", file=sys.stderr)
+            return EXIT_USAGE
         if os.environ.get("VITEDGE_DEBUG"):
             raise
         return _crash(e, argv)

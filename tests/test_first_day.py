@@ -37,3 +37,109 @@ def test_an_onnx_file_that_holds_no_graph_is_a_usage_error(tmp_path, content, ca
     assert main(["-q", "parity", "--artifact", str(bad), "--model", "swiftformer_xs", "--imgsz", "32",
                  "--samples", "2"]) == 2
     assert "is not a readable ONNX file" in capsys.readouterr().err
+
+
+# ---- sizes and paths known before any work --------------------------------------------------------------
+
+@pytest.mark.parametrize("command", [["export", "--model", "swiftformer_xs"], ["bench", "--model", "swiftformer_xs"],
+                                     ["package", "--model", "swiftformer_xs"]])
+def test_an_imgsz_beyond_the_limit_is_a_usage_error_naming_it(command, tmp_path, capsys):
+    from vitedge.cli import main
+    from vitedge.models.registry import MAX_IMGSZ
+
+    out = ["--out", str(tmp_path / ("b.zip" if command[0] == "package" else "out"))] if command[0] != "bench" else []
+    assert main(["-q", *command, "--imgsz", "100000", *out]) == 2
+    err = capsys.readouterr().err
+    assert f"largest size vitedge takes, {MAX_IMGSZ}" in err and "internal error" not in err
+    assert main(["-q", *command, "--imgsz", str(MAX_IMGSZ + 32), *out]) == 2  # just beyond it too
+    assert not (tmp_path / "out").exists() and not (tmp_path / "b.zip").exists()
+
+
+def test_a_full_disk_under_out_is_said_and_nothing_half_written_is_kept(tmp_path, monkeypatch, capsys):
+    """ENOSPC while the ONNX graph is written: one line saying the disk is full, exit 2 (the user's environment, not
+    a vitedge bug), and neither the output folder nor a hidden build sibling left behind."""
+    import errno
+
+    import onnx
+
+    from vitedge.cli import main
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", str(a[1]) if len(a) > 1 else None)
+
+    monkeypatch.setattr(onnx, "save", full)
+    monkeypatch.setattr(onnx, "save_model", full)
+    out = tmp_path / "out"
+    assert main(["-q", "export", "--model", "swiftformer_xs", "--imgsz", "32", "--set", "layers=[1,1,1,1]",
+                 "--set", "embed_dims=[8,8,16,16]", "--samples", "2", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "no space left on the device" in err and "internal error" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no DIR, no .out.tmp-* sibling
+
+
+@pytest.fixture(scope="module")
+def onnx_1000(tmp_path_factory):
+    """An untrained tiny SwiftFormer's ONNX export (1000 classes)."""
+    from vitedge.cli import main
+
+    out = tmp_path_factory.mktemp("untrained") / "out"
+    assert main(["-q", "export", "--model", "swiftformer_xs", "--imgsz", "32", "--set", "layers=[1,1,1,1]",
+                 "--set", "embed_dims=[8,8,16,16]", "--samples", "2", "--out", str(out)]) == 0
+    return out / "swiftformer_xs.onnx"
+
+
+def test_parity_and_bench_check_report_paths_before_the_run(onnx_1000, tmp_path, capsys):
+    from vitedge.cli import main
+
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    for command in (["parity", "--artifact", str(onnx_1000), "--samples", "2"], ["bench", "--artifact", str(onnx_1000)]):
+        assert main(["-q", *command, "--report", str(folder)]) == 2
+        assert "is a folder; give a file path" in capsys.readouterr().err
+    assert main(["-q", "parity", "--artifact", str(onnx_1000), "--samples", "2", "--report", "/proc/x.json"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write in /proc" in err and "internal error" not in err
+    assert main(["-q", "bench", "--artifact", str(onnx_1000), "--report", str(onnx_1000 / "r.json")]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+
+
+def test_an_onnx_with_another_class_count_than_the_checkpoint_is_a_usage_error(onnx_1000, tmp_path, capsys):
+    from vitedge.cli import main
+    from vitedge.tests._matrix import save_checkpoint
+
+    ckpt = save_checkpoint(tmp_path / "five.pth", seed=0)  # the same tiny model with 5 classes
+    assert main(["-q", "parity", "--artifact", str(onnx_1000), "--checkpoint", str(ckpt), "--samples", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "outputs 1000 classes" in err and "has 5" in err and "internal error" not in err
+
+
+def test_matrix_out_and_cache_that_cannot_be_written_are_usage_errors(tmp_path, monkeypatch, capsys):
+    import errno
+    import tempfile
+
+    from vitedge.cli import main
+    from vitedge.tests._matrix import XS, plan_of, write_plan
+
+    plan = str(write_plan(tmp_path / "plan", plan_of([XS])))
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    assert main(["-q", "matrix", plan, "--out", str(tmp_path / "o"), "--cache", str(a_file)]) == 2
+    assert "--cache" in capsys.readouterr().err
+    assert main(["-q", "matrix", plan, "--out", str(a_file / "sub")]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+
+    readonly = tmp_path / "ro"  # a read-only mount (root ignores permission bits, so the mount is simulated)
+    readonly.mkdir()
+    real = tempfile.TemporaryFile
+
+    def probe(*a, dir=None, **k):
+        if dir is not None and str(dir).startswith(str(readonly)):
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real(*a, dir=dir, **k)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", probe)
+    for flags in (["--out", str(readonly / "out")], ["--out", str(tmp_path / "o2"), "--cache", str(readonly)]):
+        assert main(["-q", "matrix", plan, *flags]) == 2
+        err = capsys.readouterr().err
+        assert "Read-only file system" in err and "internal error" not in err, err
+    assert list(readonly.iterdir()) == [] and not (tmp_path / "o2").exists()

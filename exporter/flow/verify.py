@@ -38,6 +38,7 @@ from ..verdict.parity import FLOAT64_TOLERANCES, noise_rule, profile_for, tolera
 from ..core.progress import QUIET, Progress
 from ..core.report import Hop, Report, versions
 from ..core.target_plans import TargetPlan, check_precision, load_target, resolve_targets
+from ..core.writable import check_file_path
 
 
 def parity(model_or_name=None, artifact: str | Path | None = None, *, checkpoint: str | Path | None = None,
@@ -69,6 +70,7 @@ def parity(model_or_name=None, artifact: str | Path | None = None, *, checkpoint
         raise VitedgeError("vitedge parity needs --artifact PATH (and/or --deploy-checkpoint PATH)")
     check_precision(precision)
     check_samples(samples)
+    check_file_path(report_path, "--report")  # written last: a folder or an unwritable place is known now
     tols = make_tolerances(tolerances, FLOAT64_TOLERANCES)
     check_images(images, labels)
     tname, art_model, meta = None, None, {}
@@ -104,6 +106,7 @@ def parity(model_or_name=None, artifact: str | Path | None = None, *, checkpoint
     if isinstance(meta.get("preprocess"), dict):  # the artifact's own eval preprocessing (models/preprocess.py)
         loaded.model.vitedge_recipe = Recipe.from_dict(meta["preprocess"])
     check_checkpoint(source, meta, checkpoint, loaded.checkpoint_sha256)
+    _check_class_count(source, art_model, loaded.model, checkpoint)
     imgsz = resolve_imgsz(loaded.model, imgsz or meta.get("imgsz"))
     classes = class_names(labels, loaded.model, imgsz)
     _check_carried_labels(classes, meta.get("labels"), labels, source)
@@ -179,6 +182,18 @@ def check_checkpoint(source: Path, meta: dict, checkpoint, loaded_sha256: str | 
     if exported_from and loaded_sha256 and exported_from != loaded_sha256:
         raise VitedgeError(f"--checkpoint (sha256 {loaded_sha256[:12]}...) is not the one {source} was "
                            f"made from ({exported_from[:12]}...)")
+
+
+def _check_class_count(source: Path, graph, model: nn.Module, checkpoint) -> None:
+    """An ONNX artifact whose output has another class count than the model it is checked against (an untrained
+    1000-class export checked with a 5-class --checkpoint) is the user's mismatch: said before any work."""
+    want = getattr(model, "num_classes", None)
+    dims = graph.graph.output[0].type.tensor_type.shape.dim if graph is not None and graph.graph.output else []
+    got = dims[-1].dim_value if dims and dims[-1].HasField("dim_value") else None
+    if isinstance(want, int) and want > 0 and got and got != want:
+        given = f"--checkpoint {checkpoint}" if checkpoint is not None else "the model's default (no --checkpoint)"
+        raise VitedgeError(f"{source} outputs {got} classes, the model built from {given} has {want}: they are "
+                           "not the same model; check the artifact against the checkpoint it was exported from")
 
 
 def read_artifact(path: Path, target: str | None) -> tuple[str, onnx.ModelProto | None, dict]:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ...errors import VitedgeError
 from ..core.digests import json_digest
+from ..core.writable import check_folder_path
 from ..onnx.onnx_choice import DEFAULT_EXPORTER, check_exporter
 from .cache import Cache, Env, cell_key, hub_key, toolchain_drift, trt_mismatch
 from .engines import Job, LocalPool, size_pool
@@ -55,8 +56,8 @@ def matrix(plan, *, out, workers: int | None = None, ray=None, rebuild: bool = F
     if exporter is not None:
         check_exporter(exporter)
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise VitedgeError(f"--out {out} is a file; give a folder path")
+    check_folder_path(out, "--out")  # a file, a read-only disk: exit 2 now, not after the cells ran
+    check_folder_path(cache, "--cache")
     if isinstance(plan, dict):
         doc, base, plan_name = plan, Path.cwd(), "<dict>"
     else:

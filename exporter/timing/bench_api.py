@@ -11,6 +11,7 @@ from ...errors import VitedgeError
 from .bench import DEFAULT_BACKENDS, run_bench
 from .bench_artifact import bench_artifact
 from .bench_report import BenchReport, require_matplotlib, write_plot
+from ..core.writable import check_file_path
 
 
 def bench(model: str | None = None, *, artifact: str | Path | None = None, providers=None,
@@ -33,6 +34,8 @@ the user's image folder (plus a small stress set); class names in index order. `
     `exit_code` is 1 for a p50 regression beyond `max_regression` against `baseline` or a failed parity on the
     phone, else 0. Bad input raises VitedgeError (the CLI's exit 2).
     """
+    check_file_path(report_path, "--report")  # written after the timing: a bad path is known now
+    check_file_path(plot, "--plot")
     if plot is not None:
         require_matplotlib()
     log = log or (lambda s: None)
