@@ -13,6 +13,7 @@ Also the small facts every layer shares about artifacts and batches: `sha256_fil
 from __future__ import annotations
 
 import hashlib
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -176,6 +177,18 @@ def pad_batch(x: np.ndarray, batch: int) -> np.ndarray:
     if n >= batch:
         return x
     return np.concatenate([x, np.repeat(x[-1:], batch - n, axis=0)])
+
+
+def umask_modes(path: str | Path) -> None:
+    """Give `path` (a file, or a folder and everything in it) the modes a plain write gives: 0666 for files and
+    0777 for folders, less the umask. coremltools (a package's model.mlmodel, weights/) and safetensors write
+    theirs 0600 / 0700, unreadable to the group and others unlike every other artifact."""
+    mask = os.umask(0)
+    os.umask(mask)
+    path = Path(path)
+    for p in [path, *(path.rglob("*") if path.is_dir() else ())]:
+        if not p.is_symlink():
+            os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:

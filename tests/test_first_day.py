@@ -143,3 +143,46 @@ def test_matrix_out_and_cache_that_cannot_be_written_are_usage_errors(tmp_path, 
         err = capsys.readouterr().err
         assert "Read-only file system" in err and "internal error" not in err, err
     assert list(readonly.iterdir()) == [] and not (tmp_path / "o2").exists()
+
+
+# ---- smaller ones -------------------------------------------------------------------------------------------
+
+TINY_SET = ["--set", "layers=[1,1,1,1]", "--set", "embed_dims=[8,8,16,16]"]
+
+
+def test_reparam_out_takes_only_the_suffixes_it_writes(tmp_path, capsys):
+    from vitedge.cli import main
+
+    assert main(["-q", "reparam", "--model", "swiftformer_xs", "--imgsz", "32", *TINY_SET,
+                 "--out", str(tmp_path / "x.txt")]) == 2
+    assert ".pth or .pt or .safetensors" in capsys.readouterr().err and not (tmp_path / "x.txt").exists()
+
+
+def _modes(path) -> set:
+    files = [path, *path.rglob("*")] if path.is_dir() else [path]
+    return {(p.is_dir(), oct(p.stat().st_mode & 0o777)) for p in files}
+
+
+@pytest.fixture
+def umask_027():
+    old = os.umask(0o027)
+    yield
+    os.umask(old)
+
+
+def test_a_safetensors_deploy_checkpoint_honours_the_umask(tmp_path, umask_027):
+    from vitedge.cli import main
+
+    out = tmp_path / "deploy.safetensors"
+    assert main(["-q", "reparam", "--model", "swiftformer_xs", "--imgsz", "32", *TINY_SET, "--out", str(out)]) == 0
+    assert _modes(out) == {(False, "0o640")}  # 0666 less the umask, as any plain write
+
+
+def test_a_coreml_package_honours_the_umask(tmp_path, umask_027):
+    from vitedge.cli import main
+
+    out = tmp_path / "out"
+    assert main(["-q", "export", "--model", "swiftformer_xs", "--imgsz", "32", *TINY_SET, "--target", "coreml",
+                 "--samples", "2", "--out", str(out)]) == 0
+    package = next(out.glob("*.mlpackage"))
+    assert _modes(package) == {(True, "0o750"), (False, "0o640")}, _modes(package)
