@@ -186,3 +186,12 @@ def test_a_coreml_package_honours_the_umask(tmp_path, umask_027):
                  "--samples", "2", "--out", str(out)]) == 0
     package = next(out.glob("*.mlpackage"))
     assert _modes(package) == {(True, "0o750"), (False, "0o640")}, _modes(package)
+
+
+def test_a_plan_imgsz_beyond_the_bound_is_a_plan_error(tmp_path, capsys):
+    from vitedge.cli import main
+    from vitedge.tests._matrix import XS, plan_of, write_plan
+
+    plan = write_plan(tmp_path / "plan", plan_of([XS], defaults={"imgsz": 100000}))
+    assert main(["-q", "matrix", str(plan), "--out", str(tmp_path / "out")]) == 2
+    assert "defaults.imgsz" in capsys.readouterr().err and not (tmp_path / "out").exists()
