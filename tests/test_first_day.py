@@ -195,3 +195,66 @@ def test_a_plan_imgsz_beyond_the_bound_is_a_plan_error(tmp_path, capsys):
     plan = write_plan(tmp_path / "plan", plan_of([XS], defaults={"imgsz": 100000}))
     assert main(["-q", "matrix", str(plan), "--out", str(tmp_path / "out")]) == 2
     assert "defaults.imgsz" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in os.listdir("/proc"):
+        if stat.isdigit():
+            try:
+                ppid = int(open(f"/proc/{stat}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(stat))
+    out, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.add(c)
+            todo.append(c)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_workers_of_a_killed_matrix_driver_stop(tmp_path):
+    """A SIGKILLed driver's workers stop within seconds (they kept exporting, and storing hubs, for about 20 s):
+    the worker is paused inside its export at a known point, the driver killed, the worker must be gone well
+    before the pause would have ended."""
+    import signal
+    import time
+
+    from vitedge.tests._matrix import XS, plan_of, write_plan
+
+    plan = write_plan(tmp_path / "plan", plan_of([XS]))
+    marker = tmp_path / "paused"
+    env = {**os.environ, "VITEDGE_TEST_PAUSE_AT": "hub-graph", "VITEDGE_TEST_PAUSE_FILE": str(marker)}
+    worker = None
+    driver = subprocess.Popen([sys.executable, str(REPO / "cli.py"), "-q", "matrix", str(plan), "--out",
+                               str(tmp_path / "out"), "--workers", "1"], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists() and time.monotonic() < deadline and driver.poll() is None:
+            time.sleep(0.1)
+        assert marker.exists(), "the worker never reached its export"
+        worker = int(marker.read_text().split()[0])
+        assert worker in _descendants(driver.pid)
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+        end = time.monotonic() + 15  # the pause lasts 120 s: a worker alive past this is an orphan
+        while _alive(worker) and time.monotonic() < end:
+            time.sleep(0.2)
+        assert not _alive(worker), "the worker outlived its driver"
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        if worker is not None and _alive(worker):  # the orphan of a failed run: not left to export on
+            os.kill(worker, signal.SIGKILL)
