@@ -258,3 +258,28 @@ def test_the_workers_of_a_killed_matrix_driver_stop(tmp_path):
             driver.kill()
         if worker is not None and _alive(worker):  # the orphan of a failed run: not left to export on
             os.kill(worker, signal.SIGKILL)
+
+
+def test_localization_names_the_defect_not_an_earlier_rounding():
+    """The module-level verdicts of the zeroed network.4.1.pwconv1 in SwiftFormer-XS's ONNX graph (measured, 256
+    parity samples): ONNX Runtime rounds network.0.2.attn and its Proj beyond the module rule (2.2 x), the zeroed
+    layer diverges at 1.7e5 x. The defect is named, not the earlier rounding; an early divergence with nothing
+    larger after it is still named."""
+    from vitedge.exporter.verdict.localize import _first_outward
+
+    def v(bad, ratio):
+        return bad, (1e-5 * ratio, 1.0), ratio
+
+    verdicts = {"patch_embed": v(False, 0.12), "network.0.2.attn.Proj": v(True, 2.23),
+                "network.0.2.attn": v(True, 1.81), "network.0": v(False, 0.11),
+                "network.4.1.pwconv1": v(True, 1.7e5), "network.4.1": v(True, 2.3e4), "network.4": v(True, 2e4),
+                "head": v(True, 1.3e4)}
+    assert _first_outward(verdicts).module == "network.4.1.pwconv1"
+    alone = {k: verdicts[k] for k in ("patch_embed", "network.0.2.attn.Proj", "network.0.2.attn", "network.0")}
+    assert _first_outward(alone).module == "network.0.2.attn.Proj"  # nothing larger later: named, as before
+    # a x1.001 channel of SimA-DeiT's blocks.1.attn.qkv (measured, 12 samples): diluted in its block, back at the
+    # norm and head by less than the defect itself: still the defect
+    sima = {"blocks.0": v(False, 0.05), "blocks.1.attn.qkv": v(True, 68.4), "blocks.1.attn.proj": v(True, 2.58),
+            "blocks.1.attn": v(True, 2.58), "blocks.1": v(False, 0.59), "blocks": v(False, 0.59),
+            "norm": v(True, 1.35), "head": v(True, 2.23)}
+    assert _first_outward(sima).module == "blocks.1.attn.qkv"
