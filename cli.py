@@ -133,7 +133,8 @@ def cmd_package(args) -> int:
     from vitedge.exporter.packaging.package import package
 
     # --out is the bundle; --ios is the bundle's own setting, not a target option given to export
-    res = package(settings_of(args, out=None, options=None), args.out, ios=args.ios, progress=args.progress)
+    res = package(settings_of(args, out=None, options=None), args.out, ios=args.ios,
+                  executorch_rewrites=args.executorch_rewrites, progress=args.progress)
     if res.exit_code != 0:
         print(f"FAILED: {res.reason}; no bundle written. The export is kept in {res.export_dir}")
         return res.exit_code
@@ -240,6 +241,11 @@ def main(argv: list[str] | None = None) -> int:
         print("vitedge: interrupted", file=sys.stderr)
         return 130
     except Exception as e:
+        from vitedge.exporter.core.writable import environment_error
+
+        if environment_error(e) is not None:  # a full or read-only disk: the user's environment, not a bug
+            print(f"vitedge: error: {environment_error(e)}", file=sys.stderr)
+            return EXIT_USAGE
         if os.environ.get("VITEDGE_DEBUG"):
             raise
         return _crash(e, argv)

@@ -18,6 +18,7 @@ Also the small facts every layer shares about artifacts and batches: `sha256_fil
 """
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,17 @@ class Artifact:
 
 
 @dataclass
+class StoredBias:
+    """A stored bias: its value as the artifact's own encoding reads, and the int32 step a correct artifact rounds
+    it to (per channel), or None for a float bias. Reads as its value (`np.asarray`)."""
+    value: np.ndarray
+    step: np.ndarray | None = None
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self.value, dtype)
+
+
+@dataclass
 class StoredWeights:
     """The weights an artifact stores, read back from the saved file (by the backend's own reader): the weights check
     compares them with the deploy-form's, and a failed compressed hop without a graph is localized with them."""
@@ -71,6 +83,8 @@ class StoredWeights:
     input_scale: tuple | None = None   # with `reference`: the per-channel factor the inputs get on the way in (std)
     localize: dict | None = None       # the weights a localization loads into a copy of the deploy-form (None: it
     #                                    is not localized by its weights)
+    biases: dict | None = None         # unnamed files: {stored weight name: its layer's StoredBias}, each judged as
+    #                                    the bias of the parameter its weight pairs with (named files: in `values`)
 
 
 class Runner(ABC):
@@ -229,6 +243,18 @@ def pad_batch(x: np.ndarray, batch: int) -> np.ndarray:
     if n >= batch:
         return x
     return np.concatenate([x, np.repeat(x[-1:], batch - n, axis=0)])
+
+
+def umask_modes(path: str | Path) -> None:
+    """Give `path` (a file, or a folder and everything in it) the modes a plain write gives: 0666 for files and
+    0777 for folders, less the umask. coremltools (a package's model.mlmodel, weights/) and safetensors write
+    theirs 0600 / 0700, unreadable to the group and others unlike every other artifact."""
+    mask = os.umask(0)
+    os.umask(mask)
+    path = Path(path)
+    for p in [path, *(path.rglob("*") if path.is_dir() else ())]:
+        if not p.is_symlink():
+            os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
 
 
 def size_bytes(path: str | Path) -> int:

@@ -291,3 +291,24 @@ def test_sima_packages_compress_where_coremltools_weights_listing_raises(tmp_pat
     # the positional table is added to the tokens, not a conv / linear weight: coremltools keeps it fp16
     assert left == {"pos_embed_to_fp16"}, left
     assert info["weights_compressed"] == len(listed) - 1 and info["lut_group_sizes"]
+
+
+@pytest.mark.parametrize("ios,kind", [(18, "w8"), (18, "w8a8")])
+def test_a_planted_bias_in_the_saved_package_fails_the_weights_check(workdir, ios, kind):
+    """Biases are weights: a mid-network bias (kept float16, below the compression threshold) sign-flipped on one
+    channel in weight.bin fails the product's weights check, which names it; the correct package's biases pass."""
+    from vitedge.tests._bias_plants import plant_package_bias
+
+    name = "swiftformer_digits"
+    _, deploy = tf.deploy_form(name)
+    biases = [n for n, p in deploy.named_parameters()  # live ones: the trained model has near-dead biases of 3e-7
+              if n.endswith(".bias") and p.dim() == 1 and p.shape[0] > 1 and p.abs().median() > 1e-3]
+    bias = biases[len(biases) // 2]
+    good = compressed(workdir, name, ios, kind)
+    ok = product_hop(workdir, name, kind, good.path)
+    assert ok.status == "passed" and ok.weights["status"] == "passed"
+    bad = workdir / f"planted-bias-ios{ios}-{kind}.mlpackage"
+    plant_package_bias(good.path, bad, bias, "sign_flip")
+    hop = product_hop(workdir, name, kind, bad)
+    assert hop.status == "failed" and hop.weights["status"] == "failed", (bias, hop.weights)
+    assert _key(hop.weights["worst"]["weight"]) == _key(bias), hop.weights

@@ -75,7 +75,9 @@ def test_correct_int8_program_passes_and_keeps_the_accuracy(lowered):
     layers = [m for m in deploy.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
     assert len(ones) > 0 and all(w.value.shape[0] == 1 and np.all(w.value == 1.0) for w in ones)
     assert hop.weights["status"] == "passed", hop.weights
-    assert hop.weights["checked"] == len(int8) == len(layers) and hop.weights["unmatched"] == len(ones)
+    biases = [w for w in int8 if w.bias is not None]  # biases are weights: each judged beside its filter
+    assert len(int8) == len(layers) and len(biases) == len([m for m in layers if m.bias is not None])
+    assert hop.weights["checked"] == len(int8) + len(biases) and hop.weights["unmatched"] == len(ones)
     assert hop.weights["worst"]["ratio"] <= 1.0 / 4 + 1e-9, hop.weights   # int8's weight K is 4
     with target.runner(art) as runner:
         acc = tf.accuracy(runner.run(x), y)
@@ -138,3 +140,16 @@ def test_x10_on_a_mid_network_scale_fails_by_the_weights_check(lowered):
     assert hop.status == "failed" and hop.weights["status"] == "failed", hop.weights
     assert hop.weights["worst"]["weight"] == MID and hop.weights["worst"]["ratio"] > 10, hop.weights
     assert "weights check" in hop.reason
+
+
+def test_x10_on_the_heads_int32_bias_fails_by_the_weights_check(lowered):
+    """Biases are weights: the head's int32 bias x10 on one class, in the program's bytes, fails the weights check,
+    which names the head's bias (judged at the step its input and filter scales give it)."""
+    from vitedge.tests._bias_plants import plant_pte_int8_bias
+
+    target, art, judged, *_ = lowered
+    dst = lowered[4] / "x10-head-bias.int8.pte"
+    plant_pte_int8_bias(art.path, dst, "XNNFullyConnected", "x10")
+    hop = _judge_weights(_judge(target, dataclasses.replace(art, path=dst), judged), lowered[-1], dst)
+    assert hop.status == "failed" and hop.weights["status"] == "failed", hop.weights
+    assert hop.weights["worst"]["weight"] == "head.bias", hop.weights

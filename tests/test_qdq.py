@@ -286,3 +286,33 @@ def test_the_sigmoid_gelu_costs_no_accuracy_against_the_exact_one_and_a_missing_
     print(name, {k: f"{v:.2e}" for k, v in gap.items()})
     assert gap["shipped"] <= SIGMOID_COST * gap["exact"], gap
     assert gap["broken"] >= 3 * SIGMOID_COST * gap["exact"], gap
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_planted_bias_scale_in_the_saved_int8_graph_fails_the_products_hop(name, tmp_path):
+    """Biases are weights: the head's int32 bias scale x10 on one class, in the saved int8 graph. ONNX Runtime's
+    fused kernels ignore a bias's DequantizeLinear scale (the outputs do not move), another runtime reads it: the
+    weights check judges the bias's stored value at the step its layer's input and weight scales give it, and fails
+    the hop, naming the bias."""
+    from vitedge.exporter.quantize.compressed import compressed_hop
+    from vitedge.exporter.core.progress import QUIET
+    from vitedge.exporter.verdict.weight_check import _key
+    from vitedge.targets import get_target
+    from vitedge.targets.base import Artifact
+    from vitedge.tests._bias_plants import plant_int8_bias_scale
+
+    good, bad = tmp_path / "good.int8.onnx", tmp_path / "planted.int8.onnx"
+    onnx.save(quantized(name).model, str(good))
+    plant_int8_bias_scale(good, bad, "head.bias", "x10")
+    j = judged(name)
+
+    def hop(path):
+        return compressed_hop("onnx-int8", get_target("onnx"), Artifact(name, path, "int8"),
+                              FLOAT64_TOLERANCES["int8"], j, j.deploy, QUIET)
+
+    ok = hop(good)
+    assert ok.status == "passed" and ok.weights["status"] == "passed"
+    assert ok.weights["checked"] > len([p for p in j.deploy.parameters() if p.dim() >= 2])  # the biases are judged
+    h = hop(bad)
+    assert h.status == "failed" and h.weights["status"] == "failed", h.reason
+    assert _key(h.weights["worst"]["weight"]) == _key("head.bias"), h.weights

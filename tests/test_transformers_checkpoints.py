@@ -239,3 +239,56 @@ def test_the_softmax_attention_folds_exactly_in_every_layout(rewrites):
         other = create_model("swiftformer_xs", layers=TINY["depths"], embed_dims=TINY["embed_dims"], num_classes=3)
         other.load_state_dict(model.state_dict())
         assert not torch.allclose(other.double().eval()(x), want)  # (the l2 attention computes something else)
+
+
+@pytest.mark.parametrize("rewrites", [True, False, ["l2_normalize_rsqrt"]])
+def test_the_softmax_port_takes_the_executorch_delegation_rewrites_in_every_layout(rewrites):
+    """The transformers port's softmax attention (a * reciprocal(sum) in the exported graph) went through the
+    delegation rewrites into a sum of a division that carried no shape: `KeyError: 'val'`. Every deploy-form
+    layout now rewrites, and the float64 gate holds."""
+    from vitedge.exporter.reparam.forms import build_deploy_form
+    from vitedge.targets.executorch.delegable import GATE_RTOL, gate, make_delegable
+
+    model = make_trained_like(create_model("swiftformer_xs", layers=TINY["depths"], embed_dims=TINY["embed_dims"],
+                                           num_classes=3, attn_weights="softmax"), 4).eval()
+    deploy, _ = build_deploy_form(model, 32, rewrites=rewrites)
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    before = torch.export.export(deploy.eval(), (x,)).module()
+    import copy
+
+    after, done = make_delegable(copy.deepcopy(before))
+    assert done and gate(before, after, x) <= GATE_RTOL
+
+
+def test_a_transformers_folder_exports_to_every_target_here(saved, tmp_path):
+    """The transformers port on every target that runs here (TensorRT needs an NVIDIA GPU): ONNX, CoreML (the MIL
+    interpreter) and ExecuTorch (XNNPACK, its delegation rewrites on), each hop passed."""
+    _, folder = saved
+    out = tmp_path / "out"
+    assert main(["-q", "export", "--checkpoint", str(folder), "--target", "onnx,coreml,executorch", "--out", str(out),
+                 "--samples", "8"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    hops = {h["hop"]: h["status"] for h in report["parity"]}
+    assert {"onnx", "coreml", "executorch"} <= set(hops) and set(hops.values()) == {"passed"}, hops
+    assert report["artifacts"]["executorch"]["info"]["rewrites"]["applied"], report["artifacts"]["executorch"]["info"]
+
+
+def test_package_takes_the_executorch_rewrites_flag(saved, tmp_path, monkeypatch, capsys):
+    """`vitedge package --target executorch --executorch-rewrites off` reaches the export as export's own flag
+    does; on a CoreML bundle the flag is refused before any work."""
+    from vitedge.exporter.packaging import package_android
+
+    seen = {}
+
+    def export(settings, **kw):
+        seen["options"] = settings.options
+        raise KeyboardInterrupt  # stop before any work: what reached the export is what is checked
+
+    monkeypatch.setattr(package_android, "export", export)
+    _, folder = saved
+    assert main(["-q", "package", "--target", "executorch", "--checkpoint", str(folder), "--executorch-rewrites",
+                 "off", "--out", str(tmp_path / "a.zip")]) != 0  # interrupted
+    assert seen["options"] == {"executorch_rewrites": "off"}
+    assert main(["-q", "package", "--checkpoint", str(folder), "--executorch-rewrites", "off",
+                 "--out", str(tmp_path / "b.zip")]) == 2
+    assert "--executorch-rewrites applies to --target executorch only" in capsys.readouterr().err

@@ -158,3 +158,18 @@ def test_cli_no_truth_cache(cache, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((out / "report.json").read_text())["reference"]["cache"] == {"status": "off"}
     assert not cache.exists()
+
+
+def test_an_entry_whose_arrays_were_changed_is_recomputed(cache, computed):
+    """An entry whose outputs were edited after it was written (here every float64 output scaled by 1.01, the key
+    untouched) is never trusted: its arrays no longer match the digest stored with them."""
+    m = _model()
+    x = _x(m)
+    first = truth_cache.cached_ground_truth(m, x, SETS)[0]
+    path = next(cache.glob("*.npz"))
+    with np.load(path) as z:
+        fields = {k: z[k] for k in z.files}
+    np.savez(path, **{**fields, "y64": fields["y64"] * 1.01})
+    again, how = truth_cache.cached_ground_truth(m, x, SETS)
+    assert how["status"] == "stored" and computed == [1, 1]
+    assert np.array_equal(again.y64, first.y64)

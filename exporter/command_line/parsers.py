@@ -162,7 +162,7 @@ def add_bench(sub) -> argparse.ArgumentParser:
 def add_package(sub) -> argparse.ArgumentParser:
     from vitedge.exporter.packaging import bundles  # torch-free
     from vitedge.precisions import NAMES
-    from vitedge.targets.rows import DEFAULT_IOS, IOS_TARGETS
+    from vitedge.targets.rows import DEFAULT_IOS, EXECUTORCH_ROW, IOS_TARGETS
 
     p = sub.add_parser("package", help="app-ready bundle (.zip): CoreML for iOS (image-input .mlpackage, Swift "
                                        "README) or ExecuTorch for Android (.pte, Kotlin README); golden vectors, manifest",
@@ -194,6 +194,9 @@ def add_package(sub) -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="replace an existing --out")
     add_exporter_flag(p, what="ONNX exporter of the parity ladder's hub graph (the CoreML package itself is "
                                "converted from the deploy-form); default and fallback as for export")
+    rewrites = EXECUTORCH_ROW.option("executorch_rewrites")
+    p.add_argument(rewrites.flag, choices=rewrites.choices, default=None,
+                   help=f"--target executorch: {rewrites.help}; as for export")
     return p
 
 
@@ -223,8 +226,8 @@ def add_matrix(sub) -> argparse.ArgumentParser:
     p.add_argument("--require-verified", action="store_true", help="exit 1 if any cell is unverified; a cached "
                    "cell whose artifacts do not match their report is failed instead of rebuilt")
     p.add_argument("--verify-cache", action="store_true",
-                   help="re-hash every cached cell's artifacts against its report and build nothing: one line per "
-                        "entry, exit 1 if any cannot be trusted (the cache is --cache, default OUT/.cache)")
+                   help="re-hash every cached cell's artifacts against its report (and every shared hub's files against "
+                        "its hub.json) and build nothing: one line per entry, exit 1 if any cannot be trusted (the cache is --cache, default OUT/.cache)")
     add_exporter_flag(p, what="ONNX exporter of the cells whose plan entry (or defaults) names none (plan key "
                                "`exporter`); default and fallback as for export")
     return p

@@ -20,6 +20,7 @@ import torch.nn as nn
 from ...errors import CheckpointError, VitedgeError
 from ...models.layers.norms import LinearNorm
 from ...models.registry import create_model, default_imgsz
+from ...targets.base import umask_modes
 from ..core import outdir
 from ..verdict.equivalence import verify_equivalence
 from ..reparam.forms import build_deploy_form, build_train_form
@@ -32,6 +33,7 @@ from ..core.report import versions
 FORMAT = "vitedge-deploy/1"
 _PLAIN = (str, int, float, bool, type(None))
 SAFETENSORS_SUFFIX = ".safetensors"
+OUT_SUFFIXES = (".pth", ".pt", SAFETENSORS_SUFFIX)  # what `vitedge reparam --out` writes: torch.save or safetensors
 # safetensors metadata fields stored as the text they are (absent = None); every other field is JSON
 _TEXT_FIELDS = ("format", "model", "attn_order", "checkpoint_sha256")
 
@@ -85,6 +87,7 @@ def save_deploy_checkpoint(deploy_model: nn.Module, path: str | Path, *, imgsz: 
             _save_safetensors(payload, tmp)
         else:
             torch.save(payload, tmp)
+        umask_modes(tmp)  # safetensors writes 0600: the umask's mode, as torch.save's
         os.replace(tmp, path)  # atomic: readers see the old file or the complete new one
     finally:
         if tmp.exists():
@@ -216,6 +219,9 @@ def reparam_checkpoint(model=None, out: str | Path | None = None, *, progress=No
         raise VitedgeError(f"{out} exists; pass --force to overwrite it")
     if out.is_dir():
         raise VitedgeError(f"--out {out} is a folder; give a file path such as {out / 'deploy.pth'}")
+    if out.suffix not in OUT_SUFFIXES:
+        raise VitedgeError(f"--out {out}: a deploy-form checkpoint is written as {' or '.join(OUT_SUFFIXES)} (the "
+                           f"suffix decides the format); give a path such as {out.with_suffix('.pth')}")
     _plain(dict(overrides or {}), "override")
     with progress.step("building the train-form model"):
         loaded = build_train_form(model_name, checkpoint, overrides)

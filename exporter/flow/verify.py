@@ -39,6 +39,7 @@ from ..core.progress import QUIET, Progress
 from ..core.settings import ExportSettings
 from ..core.report import Hop, Report, versions
 from ..core.target_plans import TargetPlan, check_precision, load_target, resolve_targets
+from ..core.writable import check_file_path
 
 
 # the settings parity reads (the rest shape an export, and are refused rather than ignored)
@@ -80,6 +81,7 @@ def parity(model=None, artifact: str | Path | None = None, *, deploy_checkpoint:
         raise VitedgeError("vitedge parity needs --artifact PATH (and/or --deploy-checkpoint PATH)")
     check_precision(precision)
     check_samples(samples)
+    check_file_path(report_path, "--report")  # written last: a folder or an unwritable place is known now
     asked = s.square_size()  # one square size for now (settings.py says what is not supported yet)
     tols = make_tolerances(s.tolerances, FLOAT64_TOLERANCES)
     check_images(images, labels)
@@ -116,6 +118,7 @@ def parity(model=None, artifact: str | Path | None = None, *, deploy_checkpoint:
     if isinstance(meta.get("preprocess"), dict):  # the artifact's own eval preprocessing (models/preprocess.py)
         loaded.model.vitedge_recipe = Recipe.from_dict(meta["preprocess"])
     check_checkpoint(source, meta, checkpoint, loaded.checkpoint_sha256)
+    _check_class_count(source, art_model, loaded.model, s.checkpoint)
     imgsz = loaded.resolve_imgsz(asked or meta.get("imgsz"))
     classes = class_names(labels, loaded.model, imgsz)
     _check_carried_labels(classes, meta.get("labels"), labels, source)
@@ -194,6 +197,18 @@ def check_checkpoint(source: Path, meta: dict, checkpoint, loaded_sha256: str | 
                            f"made from ({exported_from[:12]}...)")
 
 
+def _check_class_count(source: Path, graph, model: nn.Module, checkpoint) -> None:
+    """An ONNX artifact whose output has another class count than the model it is checked against (an untrained
+    1000-class export checked with a 5-class --checkpoint) is the user's mismatch: said before any work."""
+    want = getattr(model, "num_classes", None)
+    dims = graph.graph.output[0].type.tensor_type.shape.dim if graph is not None and graph.graph.output else []
+    got = dims[-1].dim_value if dims and dims[-1].HasField("dim_value") else None
+    if isinstance(want, int) and want > 0 and got and got != want:
+        given = f"--checkpoint {checkpoint}" if checkpoint is not None else "the model's default (no --checkpoint)"
+        raise VitedgeError(f"{source} outputs {got} classes, the model built from {given} has {want}: they are "
+                           "not the same model; check the artifact against the checkpoint it was exported from")
+
+
 def read_artifact(path: Path, target: str | None) -> tuple[str, onnx.ModelProto | None, dict]:
     """(target name, the ONNX model for .onnx artifacts, the metadata the artifact carries)."""
     if not path.exists():
@@ -205,6 +220,8 @@ def read_artifact(path: Path, target: str | None) -> tuple[str, onnx.ModelProto 
         model = onnx.load(str(path))
     except Exception as e:
         raise VitedgeError(f"{path} is not a readable ONNX file ({type(e).__name__}); re-export it") from None
+    if not model.graph.node or not model.graph.output:  # an empty file parses as an empty model: a bad input too
+        raise VitedgeError(f"{path} is not a readable ONNX file (it holds no graph); re-export it")
     return tname, model, read_metadata(model)
 
 

@@ -13,7 +13,8 @@ part of the entry).
 Layout under the cache root (safe to share between drivers and CI runs: every write is a rename):
   plans/<key>.json          a validated plan resolved into cells (so a cached re-run needs no registry)
   cells/<kk>/<key>/cell/    the cell's export output folder;  .../entry.json  its status and key inputs
-  hubs/<kk>/<key>/          a verified deploy-form + hub ONNX shared by the cells of one model and size
+  hubs/<kk>/<key>/          a verified deploy-form + hub ONNX shared by the cells of one model and size (its
+                            hub.json records the sha256 of each file, re-hashed before a cell is given it)
 Only entries whose status is "passed" are ever looked up: a failed cell is never reused as passed.
 """
 from __future__ import annotations
@@ -30,7 +31,7 @@ from ..verdict.parity_cost import SAMPLES_RULE
 from ..core.digests import json_digest, source_digest
 from ...targets.base import sha256_file
 from ..core.report import CORE_PACKAGES, versions
-from .folders import untrusted
+from .folders import hub_untrusted, untrusted
 from .plan import Cell
 
 SCHEMA = 1
@@ -167,7 +168,8 @@ class Cache:
         return untrusted(self.cell_output(key))
 
     def verify(self) -> list[tuple[str, str | None]]:
-        """Every cell entry of the cache, re-checked without building: [(key, why it is bad or None)]."""
+        """Every cell entry and every hub of the cache, re-checked without building: [(key, why it is bad or
+        None)]; a hub's key is given as "hub <key>"."""
         out = []
         for entry_file in sorted(self.root.glob("cells/*/*/entry.json")):
             key = entry_file.parent.name
@@ -182,6 +184,8 @@ class Cache:
                 out.append((key, None))  # never looked up: nothing to trust
             else:
                 out.append((key, self.untrusted(key)))
+        for meta in sorted(self.root.glob("hubs/*/*/hub.json")):
+            out.append((f"hub {meta.parent.name}", hub_untrusted(meta.parent)))
         return out
 
     def record(self, key: str, entry: dict) -> None:

@@ -16,6 +16,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -76,8 +77,33 @@ def _die_with_parent() -> None:
             pass
 
 
-def _worker_main(conn, threads: int, log: str) -> None:
+DRIVER_POLL_S = 0.5  # how often a worker checks that its driver is alive
+
+
+def _watch_driver(driver: int) -> None:
+    """Stop this worker once the driver process `driver` is gone: its kernel parent is the fork server, not the
+    driver, so PR_SET_PDEATHSIG alone let the workers of a SIGKILLed driver export (and store hubs) for about 20 s
+    more. SIGINT first (the export removes its build folder), SIGKILL after STOP_GRACE_S, as the driver's own stop."""
+    def watch() -> None:
+        while True:
+            time.sleep(DRIVER_POLL_S)
+            try:
+                os.kill(driver, 0)
+            except ProcessLookupError:
+                break
+            except PermissionError:  # alive, under another user (its pid reused): not ours to wait for
+                break
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(STOP_GRACE_S)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="vitedge-driver-watch", daemon=True).start()
+
+
+def _worker_main(conn, threads: int, log: str, driver: int | None = None) -> None:
     _die_with_parent()
+    if driver is not None:
+        _watch_driver(driver)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(threads)  # for libraries loaded from here on (torch's own count is set below)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -154,7 +180,7 @@ class LocalPool:
     def _spawn(self, s: _Slot) -> None:
         s.log = self.log_dir / f"worker-{s.n}.log"
         parent, child = self.ctx.Pipe()
-        s.proc = self.ctx.Process(target=_worker_main, args=(child, self.threads, str(s.log)),
+        s.proc = self.ctx.Process(target=_worker_main, args=(child, self.threads, str(s.log), os.getpid()),
                                   daemon=True, name=f"vitedge-matrix-{s.n}")
         with _main_script_hidden():
             s.proc.start()

@@ -22,10 +22,11 @@ from ..flow.deploy_checkpoint import load_deploy_checkpoint, save_deploy_checkpo
 from ..flow.hub import Hub
 from ..core.report import Hop, ReparamInfo
 from ..core import outdir
+from .folders import HUB_META, hub_files, hub_untrusted
 
-FORMAT = "vitedge-hub/3"  # /2: the float64 ground truth replaced the float32 reference; /3: hub.json records
-# how the ONNX was exported (`export`)
-META = "hub.json"
+FORMAT = "vitedge-hub/4"  # /2: the float64 ground truth replaced the float32 reference; /3: hub.json records
+# how the ONNX was exported (`export`); /4: hub.json records the sha256 of every file (`files`), re-hashed on use
+META = HUB_META
 
 
 class FolderHub:
@@ -37,7 +38,8 @@ class FolderHub:
             meta = json.loads((self.path / META).read_text())
         except (OSError, ValueError):
             return None
-        if meta.get("format") != FORMAT:
+        if meta.get("format") != FORMAT or hub_untrusted(self.path) is not None:
+            shutil.rmtree(self.path, ignore_errors=True)  # never served; the cell rebuilds and stores it afresh
             return None
         try:
             raw = self.path / "raw.onnx"
@@ -76,7 +78,8 @@ class FolderHub:
                     "labels": None if labels is None else [int(v) for v in labels],
                     "float32_threads": hub.truth.float32_threads, "inputs": hub.inputs,
                     "reparam": _plain(hub.reparam), "attn_order": hub.attn_order, "weights": hub.weights,
-                    "checkpoint_sha256": hub.checkpoint_sha256, "overrides": hub.overrides, "export": hub.export}
+                    "checkpoint_sha256": hub.checkpoint_sha256, "overrides": hub.overrides, "export": hub.export,
+                    "files": hub_files(tmp)}
             (tmp / META).write_text(json.dumps(meta, indent=1, default=_json) + "\n")
             try:
                 os.rename(tmp, self.path)

@@ -20,10 +20,11 @@ from pathlib import Path
 
 from ...errors import VitedgeError
 from ..core.digests import json_digest
+from ..core.writable import check_folder_path
 from ..onnx.onnx_choice import DEFAULT_EXPORTER, check_exporter
 from .cache import Cache, Env, cell_key, hub_key, toolchain_drift, trt_mismatch
 from .engines import Job, LocalPool, size_pool
-from .folders import KEY_FILE, TRACEBACK, current_key, materialize, untrusted, unpack, write_error
+from .folders import KEY_FILE, TRACEBACK, current_key, hub_untrusted, materialize, untrusted, unpack, write_error
 from .plan import PlanError, ResolvedPlan, canonical, read_plan
 from .ray_engine import resources_for
 from .results import CellResult, MatrixProgress, MatrixResult
@@ -55,8 +56,8 @@ def matrix(plan, *, out, workers: int | None = None, ray=None, rebuild: bool = F
     if exporter is not None:
         check_exporter(exporter)
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise VitedgeError(f"--out {out} is a file; give a folder path")
+    check_folder_path(out, "--out")  # a file, a read-only disk: exit 2 now, not after the cells ran
+    check_folder_path(cache, "--cache")
     if isinstance(plan, dict):
         doc, base, plan_name = plan, Path.cwd(), "<dict>"
     else:
@@ -181,7 +182,8 @@ class _Driver:
 
     # -- groups and jobs -------------------------------------------------------------------------------
     def _hub_ready(self, hk: str) -> bool:
-        return (self.store.hub_dir(hk) / "hub.json").is_file()
+        """The hub is stored and every file of it re-hashes to what was recorded when it was verified."""
+        return (self.store.hub_dir(hk) / "hub.json").is_file() and hub_untrusted(self.store.hub_dir(hk)) is None
 
     def _plan_groups(self, todo: list[int]):
         groups = defaultdict(list)
@@ -189,8 +191,8 @@ class _Driver:
             groups[self.hubs[i]].append(i)
         ready, followers = [], {}
         for hk, members in groups.items():
-            if self.rebuild:
-                shutil.rmtree(self.store.hub_dir(hk), ignore_errors=True)
+            if self.rebuild or ((self.store.hub_dir(hk) / "hub.json").is_file() and not self._hub_ready(hk)):
+                shutil.rmtree(self.store.hub_dir(hk), ignore_errors=True)  # an untrusted hub is rebuilt
             if self._hub_ready(hk):
                 ready += [self._job(i, "use") for i in members]
                 continue

@@ -32,7 +32,7 @@ from ...errors import VitedgeError
 from ...precisions import TABLE
 from ...models.preprocess import Recipe
 from ...models.registry import input_stats, recipe_of
-from ...targets import get_target
+from ...targets import get_target, rows
 from . import bundles
 from ...targets.labels import read_labels
 from ...targets.rows import COREML_ROW
@@ -162,8 +162,8 @@ PACKAGE_SETTINGS = ("model", "targets", "checkpoint", "labels", "imgsz", "precis
                     "tolerances", "force", "seed", "calib", "calib_images", "images", "exporter", "preprocess")
 
 
-def package(model=None, out: str | Path | None = None, *, ios: int | str | None = None, progress=None,
-            **settings) -> PackageResult:
+def package(model=None, out: str | Path | None = None, *, ios: int | str | None = None,
+            executorch_rewrites: str | None = None, progress=None, **settings) -> PackageResult:
     """Build BUNDLE.zip at `out`: `vitedge package`. `model` is an ExportSettings (exporter/core/settings.py) or
     the model, with the settings a package reads as keywords (PACKAGE_SETTINGS: target, checkpoint, labels, imgsz,
     precision, samples, overrides, tolerances, force, seed, calib, calib_images, images, exporter, preprocess), as
@@ -175,7 +175,9 @@ def package(model=None, out: str | Path | None = None, *, ios: int | str | None 
     `labels` (class names in index order) make the model a classifier; `images`, `preprocess` and `model` None are
     as for `export`. `exporter`: the ONNX exporter of the ladder's hub graph (the CoreML package itself is
     converted from the deploy-form). `target`: the target whose bundle is built (its row's `bundle`: coreml, the
-    default, for iOS; executorch for Android, exporter/packaging/package_android.py)."""
+    default, for iOS; executorch for Android, exporter/packaging/package_android.py). `ios` and
+    `executorch_rewrites` are the bundle's own target options (as export's --ios / --executorch-rewrites), refused
+    for a bundle whose maker does not take them."""
     s = ExportSettings.build(model, settings, "package")
     s.only(PACKAGE_SETTINGS, "package")
     if out is None:
@@ -187,12 +189,13 @@ def package(model=None, out: str | Path | None = None, *, ios: int | str | None 
     s = s.replace(targets=target, precision=s.precision or get_target(target).default_precision)
     module, func = makers[target].split(":")
     maker = getattr(importlib.import_module(module), func)  # the target's bundle, in its own module
-    extra = {}
-    if ios is not None:
-        if "ios" not in inspect.signature(maker).parameters:
-            raise VitedgeError(f"--ios applies to --target coreml only; drop it for the {target} bundle")
-        extra["ios"] = ios
-    return maker(s, out, progress=progress, **extra)
+    given = {k: v for k, v in {"ios": ios, "executorch_rewrites": executorch_rewrites}.items() if v is not None}
+    for key in given:  # a target option of another target's bundle: before any work
+        if key not in inspect.signature(maker).parameters:
+            owner = next((r.name for r in rows() if any(o.key == key for o in r.options)), "another")
+            raise VitedgeError(f"--{key.replace('_', '-')} applies to --target {owner} only; drop it for the "
+                               f"{target} bundle")
+    return maker(s, out, progress=progress, **given)
 
 
 def package_coreml(s: ExportSettings, out, *, progress=None, ios=None) -> PackageResult:

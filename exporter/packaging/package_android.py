@@ -131,10 +131,13 @@ says the same in machine form. Integrity: `manifest.json` lists the sha256 of ev
 """
 
 
-def package_executorch(model=None, out: str | Path | None = None, *, progress=None, **settings) -> PackageResult:
+def package_executorch(model=None, out: str | Path | None = None, *, progress=None,
+                       executorch_rewrites: str | None = None, **settings) -> PackageResult:
     """Build the Android bundle at `out` (a .zip): as `package.package` (the same settings), for the executorch
-    target."""
+    target (`executorch_rewrites`: export's --executorch-rewrites, default on)."""
     s = ExportSettings.build(model, settings, "package_executorch").replace(targets="executorch")
+    if executorch_rewrites is not None:
+        s = s.replace(options={"executorch_rewrites": executorch_rewrites})
     s = s.replace(precision=s.precision or "fp32")
     out = check_bundle_out(out, s.force)
     if s.precision not in PRECISIONS:

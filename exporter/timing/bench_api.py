@@ -12,6 +12,7 @@ from .bench import DEFAULT_BACKENDS, run_bench
 from .bench_artifact import bench_artifact
 from .bench_report import BenchReport, require_matplotlib, write_plot
 from ..core.settings import ExportSettings
+from ..core.writable import check_file_path
 
 
 # the settings a bench reads (the rest shape an export, and are refused rather than ignored)
@@ -42,6 +43,8 @@ def bench(model=None, *, artifact: str | Path | None = None, providers=None, bac
     p50 regression beyond `max_regression` against `baseline` or a failed parity on the phone, else 0. Bad input
     raises VitedgeError (the CLI's exit 2).
     """
+    check_file_path(report_path, "--report")  # written after the timing: a bad path is known now
+    check_file_path(plot, "--plot")
     s = ExportSettings.build(model, settings, "bench")
     s.only(BENCH_SETTINGS, "bench")
     model, sizes, attn_order = s.model, s.square_sizes(), s.attn_order or "auto"

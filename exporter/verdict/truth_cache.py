@@ -11,8 +11,11 @@ The key is the sha256 of a canonical JSON of everything the two outputs depend o
 A model that runs hooks or has an instance-level `forward` is not cached: its computation is not in the key.
 
 An entry is one .npz (y64 float64; y32 and y32_alt float32: the two float32 runs' outputs, stored exactly) plus
-its key, written by rename; it is used only when its stored key equals the one asked for and its arrays have the inputs' row count
-and are finite, else recomputed and replaced. Where: $VITEDGE_CACHE_DIR/truth, else $XDG_CACHE_HOME/vitedge/truth,
+its key and a sha256 of the key and the three arrays (`digest`), written by rename; it is used only when its
+stored key equals the one asked for, its arrays re-hash to its digest, have the inputs' row count and are finite,
+else recomputed and replaced. The digest catches an entry changed after it was written (truncated, edited,
+its outputs rescaled); it is not a signature: whoever can write the cache folder can write a matching digest,
+so a cache folder shared with someone untrusted is turned off. Where: $VITEDGE_CACHE_DIR/truth, else $XDG_CACHE_HOME/vitedge/truth,
 else ~/.cache/vitedge/truth; the oldest entries go beyond MAX_ENTRIES. Off with $VITEDGE_TRUTH_CACHE=off or
 `--no-truth-cache`. report.json `reference.cache` says what happened ("hit", "stored", "off", "uncacheable" and
 why, "not stored" and why).
@@ -34,7 +37,7 @@ from .criteria import GroundTruth
 from ..core.digests import json_digest
 from .parity import GROUND_TRUTH_BATCH, REFERENCE_THREADS, ground_truth
 
-SCHEMA = 2  # 2: the second float32 computation (channels-last) is stored too
+SCHEMA = 3  # 2: the second float32 computation (channels-last) is stored too; 3: with the digest of its contents
 MAX_ENTRIES = 64          # ~3 MB each at 256 inputs x 1000 classes
 SWITCH_ENV = "VITEDGE_TRUTH_CACHE"
 DIR_ENV = "VITEDGE_CACHE_DIR"
@@ -120,11 +123,14 @@ def truth_key(model, x: np.ndarray, batch: int = GROUND_TRUTH_BATCH, threads: in
 def _load(path: Path, key: dict, rows: int) -> tuple[np.ndarray, np.ndarray] | None:
     try:
         with np.load(path, allow_pickle=False) as z:
-            if json.loads(str(z["key"])) != key:
+            stored_key = str(z["key"])
+            if json.loads(stored_key) != key:
                 return None
-            y64, y32 = np.asarray(z["y64"], np.float64), np.asarray(z["y32"], np.float32)
-            alt = np.asarray(z["y32_alt"], np.float32)
-    except Exception:  # unreadable or truncated: recompute and replace
+            y64, y32, alt = z["y64"], z["y32"], z["y32_alt"]
+            if str(z["digest"]) != _contents_digest(stored_key, y64, y32, alt):
+                return None  # changed after it was written: never trusted
+            y64, y32, alt = np.asarray(y64, np.float64), np.asarray(y32, np.float32), np.asarray(alt, np.float32)
+    except Exception:  # unreadable, truncated, or without a digest: recompute and replace
         return None
     if y64.shape != y32.shape or y64.shape != alt.shape or y64.ndim != 2 or len(y64) != rows:
         return None
@@ -133,13 +139,25 @@ def _load(path: Path, key: dict, rows: int) -> tuple[np.ndarray, np.ndarray] | N
     return y64, y32, alt
 
 
+def _contents_digest(key_json: str, *arrays: np.ndarray) -> str:
+    """sha256 of an entry's key (its stored JSON) and arrays (dtype, shape and bytes of each)."""
+    h = hashlib.sha256(key_json.encode())
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(f"\0{a.dtype.str}:{a.shape}\0".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
 def _store(folder: Path, path: Path, key: dict, truth: GroundTruth) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+    key_json = json.dumps(key, sort_keys=True)
+    y64, y32, alt = (np.asarray(truth.y64), truth.y32.astype(np.float32), truth.y32_alt.astype(np.float32))
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, key=np.array(json.dumps(key, sort_keys=True)), y64=truth.y64,
-                     y32=truth.y32.astype(np.float32), y32_alt=truth.y32_alt.astype(np.float32))
+            np.savez(f, key=np.array(key_json), y64=y64, y32=y32, y32_alt=alt,
+                     digest=np.array(_contents_digest(key_json, y64, y32, alt)))
         os.replace(tmp, path)  # readers see the old entry or the whole new one
     finally:
         if os.path.exists(tmp):

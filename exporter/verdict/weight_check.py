@@ -14,6 +14,9 @@ emulation (exporter/verdict/emulate: fp16 rounding, int8 per channel, with PT2E'
 k-means palette) gives ||w_emul - w||_c. A channel fails when its deviation exceeds max(WEIGHT_FLOOR x ||w||_c,
 K x that, raised to the tensor's median), K the precision's `weight_k` (precisions.py, with its reasons).
 
+Biases are weights: each kind's reader returns them too, judged per channel against how a correct artifact stores a
+bias (stored_biases.py: one fp16 ulp for a float bias, half the int32 step its layer's scales give for an int8 one).
+
 Weights that map to no parameter (a converter's fused or renamed constants) are counted, not judged; an artifact
 none of whose weights maps is `not run`, saying so (unverified under --require-verified).
 """
@@ -32,6 +35,7 @@ from ...targets.base import StoredWeights, Target
 from ...targets.graph.weights import onnx_stored_weights
 from .criteria import NoiseRule
 from .emulate import stored_weight
+from .stored_biases import emulated_bias, is_bias
 
 WEIGHT_FLOOR = HALF_ULP      # relative to the channel's norm: half an fp16 ulp
 SUFFIXES = ("_palettized", "_quantized", "_dequantized", "_to_fp16", "_fp16")
@@ -105,16 +109,19 @@ def check_weights(deploy: nn.Module, path: str | Path, precision: str, target: T
     # its centres elsewhere: its channels are judged together
     per_tensor = TABLE[precision].palette
     check = WeightCheck("passed")
-    for name, value in stored.items():
+    for name, raw in stored.items():
         p = params.get(_key(name))
-        value = None if p is None or p.dim() < 2 else _aligned(np.asarray(value, np.float64), tuple(p.shape))
+        bias = p is not None and is_bias(_key(name), p)  # biases are weights: judged per channel (stored_biases.py)
+        value = None if p is None or (p.dim() < 2 and not bias) else _aligned(np.asarray(raw, np.float64),
+                                                                               tuple(p.shape))
         if value is None:
             check.unmatched += 1
             continue
-        rows = 1 if per_tensor or p.shape[0] == 1 else p.shape[0]  # (1, ...): a table, not channels
+        rows = 1 if (per_tensor and not bias) or p.shape[0] == 1 else p.shape[0]  # (1, ...): a table, not channels
         w = p.detach().double().reshape(rows, -1)
         art = torch.as_tensor(value).reshape(w.shape)
-        emul = stored_weight(p.detach().float(), precision, min_scale).double().reshape(w.shape)
+        emul = (emulated_bias(p, raw) if bias else
+                stored_weight(p.detach().float(), precision, min_scale).double()).reshape(w.shape)
         norm = w.norm(dim=1)
         norm = torch.maximum(norm, norm.median()).clamp(min=1e-30)  # a near-dead channel is judged at its tensor's scale
         dev = ((art - w).norm(dim=1) / norm).numpy()
@@ -148,17 +155,20 @@ def read_stored(read: StoredWeights, deploy: nn.Module, precision: str) -> tuple
     floor = read.scale_floor
     expected = {n: stored_weight(p, precision, floor).double().numpy() for n, p in deploy.named_parameters()
                 if p.dim() >= 2}
-    return by_nearest(read.values, expected), floor
+    return by_nearest(read.values, expected, read.biases), floor
 
 
-def by_nearest(stored: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def by_nearest(stored: dict[str, np.ndarray], expected: dict[str, np.ndarray], biases: dict | None = None
+               ) -> dict[str, np.ndarray]:
     """Unnamed stored weights keyed by the deploy-form parameter each stores: of the parameters of the same shape
     (size-1 axes aside), the one whose `expected` stored value (the precision's emulation) it is nearest to by the
     median over output channels of ||w_stored - w||_c / ||w||_c, one parameter per stored weight, the nearest
     pairs first. The median ignores a few planted channels, so a tampered weight still pairs with its own parameter
     (and then fails on its deviation); a zeroed weight is equally far from all and takes the parameter the others
     leave. A stored weight with no same-shape parameter left keeps its own name and is counted unmatched (an
-    ExecuTorch program's channel sums, 1x1 convolutions with ones that vitedge's rewrites put in: no parameter)."""
+    ExecuTorch program's channel sums, 1x1 convolutions with ones that vitedge's rewrites put in: no parameter).
+    `biases`: {stored weight name: its layer's stored bias}, each keyed by the bias of the parameter its weight
+    pairs with (`<module>.bias` for `<module>.weight`)."""
     pairs = []
     for name, value in stored.items():
         for key, w in expected.items():
@@ -172,6 +182,9 @@ def by_nearest(stored: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -
             used.add(key)
     named = {key: v for key, v in out.values()}
     named.update({name: value for name, value in stored.items() if name not in out})
+    for name, b in (biases or {}).items():
+        key = out[name][0] if name in out else None
+        named[key.removesuffix("weight") + "bias" if key and key.endswith("weight") else f"{name}.bias"] = b
     return named
 
 

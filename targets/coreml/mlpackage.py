@@ -11,6 +11,7 @@ import json
 import uuid
 from pathlib import Path
 
+from ..base import umask_modes
 from .mil_interpreter import load_program, package_paths, quiet_coremltools
 
 _MANIFEST_NS = uuid.UUID("6f1d9d2e-6a43-4d3b-9a56-7c0a7a2f9e11")  # namespace of our deterministic item ids
@@ -36,6 +37,7 @@ def make_package_deterministic(package: Path) -> dict:
     if manifest.get("rootModelIdentifier") in new_ids:
         manifest["rootModelIdentifier"] = new_ids[manifest["rootModelIdentifier"]]
     path.write_text(json.dumps(manifest, indent=4, sort_keys=True) + "\n")
+    umask_modes(package)  # coremltools writes model.mlmodel and weights/ 0600 / 0700
     return manifest
 
 

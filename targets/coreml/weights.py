@@ -53,13 +53,21 @@ def package_weights(program) -> dict[str, np.ndarray]:
     return out
 
 
+def _is_bias_name(name: str) -> bool:
+    """A 1-D MIL const named as a layer's bias (`<layer>_bias`, `<layer>.bias`, with a cast suffix)."""
+    for suffix in ("_to_fp16", "_fp16"):
+        name = name.removesuffix(suffix)
+    return name.replace(".", "_").endswith("_bias")
+
+
 def package_weights_all(path: Path) -> dict[str, np.ndarray]:
-    """{MIL name: float32 value} of every float const of rank >= 2 and every compressed weight (decompressed by the
+    """{MIL name: float32 value} of every float const of rank >= 2, every bias vector and every compressed weight (decompressed by the
     interpreter's kernels) of the saved package."""
     from ...targets.coreml.mil_interpreter import load_program
 
     program = load_program(path)
     out = {name: np.asarray(v, np.float32) for name, v in program.consts.items()
-           if isinstance(v, np.ndarray) and v.ndim >= 2 and np.issubdtype(v.dtype, np.floating)}
+           if isinstance(v, np.ndarray) and np.issubdtype(v.dtype, np.floating)
+           and (v.ndim >= 2 or (v.ndim == 1 and _is_bias_name(name)))}  # biases are weights too
     out.update(package_weights(program))
     return out

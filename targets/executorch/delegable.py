@@ -202,7 +202,9 @@ def make_delegable(gm: fx.GraphModule) -> tuple[fx.GraphModule, dict]:
                     other = u.args[0] if u.args[1] is node else u.args[1]
                     with gm.graph.inserting_before(u):
                         other = other if isinstance(other, fx.Node) else G.const(other)
-                        u.replace_all_uses_with(G.op(aten.div.Tensor, other, node.args[0]))
+                        div = G.op(aten.div.Tensor, other, node.args[0])
+                    div.meta["val"] = u.meta["val"]  # later rules read its shape (a sum of a / b: softmax's)
+                    u.replace_all_uses_with(div)
                     gm.graph.erase_node(u)
                     erased.add(u)
                 new = None

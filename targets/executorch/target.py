@@ -25,7 +25,8 @@ import torch
 import torch.nn as nn
 
 from ...errors import VitedgeError
-from ..base import Artifact, LowerSpec, Runner, StoredWeights, Target, UnavailableError, pad_batch, reraise_interrupt
+from ..base import (Artifact, LowerSpec, Runner, StoredBias, StoredWeights, Target, UnavailableError, pad_batch,
+                    reraise_interrupt)
 from ..rows import EXECUTORCH_ROW
 from .delegable import GATE_RTOL, gate, make_delegable
 
@@ -76,6 +77,30 @@ def _runtime():
 _DEFAULT_POOL: list[int] = []  # the pool's size before vitedge first resized it: ExecuTorch's own default
 
 
+def check_program_file(path: str | Path) -> None:
+    """VitedgeError (exit 2) unless `path` starts as an ExecuTorch program does: a flatbuffer whose identifier is
+    "ET" and two digits, and, where it has one, an extended header ("eh00") whose program fits in the file. Checked
+    before the runtime sees the file: its loader aborts the whole process (SIGABRT) on a file with another
+    identifier, formatting the bytes it found into an error message that is not UTF-8."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(32)
+        size = path.stat().st_size
+    except OSError as e:
+        raise VitedgeError(f"cannot read {path} ({e.strerror or type(e).__name__}); check the path") from None
+    ident = head[4:8]
+    if len(head) < 8 or ident[:2] != b"ET" or not ident[2:].isdigit():
+        raise VitedgeError(f"{path} is not an ExecuTorch program: no ExecuTorch flatbuffer identifier (ETnn) at "
+                           f"bytes 4-8 ({len(head) if len(head) < 8 else size} bytes, found {ident!r}); "
+                           "give a .pte written by `vitedge export --target executorch`")
+    if head[8:12] == b"eh00" and len(head) >= 24:
+        program_size = int.from_bytes(head[16:24], "little")
+        if program_size > size:
+            raise VitedgeError(f"{path} is truncated: its header says the program is {program_size} bytes, the "
+                               f"file has {size}; re-export it")
+
+
 def set_threads(threads: int) -> None:
     """XNNPACK's thread pool size for the programs loaded after it in this process (the pool is global in
     ExecuTorch; a program keeps the pool it was loaded with: measured, benchmarks/executorch_speed.py)."""
@@ -117,6 +142,7 @@ class ExecuTorchRunner(Runner):
         if threads:
             set_threads(threads)
         self.threads = threads
+        check_program_file(path)
         with quiet_native():
             self.program = _runtime().load_program(str(path))
             self.method = self.program.load_method("forward")
@@ -146,6 +172,7 @@ class ExecuTorchRunner(Runner):
 
 def read_metadata(path: str | Path) -> dict:
     """The vitedge metadata a `.pte` carries ({} for a program without it)."""
+    check_program_file(path)
     return _program_metadata(_runtime().load_program(str(path)))
 
 
@@ -236,9 +263,11 @@ class ExecuTorchTarget(Target):
         """A .pte's XNNPACK filters through their per-channel scales (weights.py): unnamed, matched by values; PT2E's
         scale floor for the emulation."""
         from .quantize import weight_scale_floor
-        from .weights import pte_weights
+        from .weights import read_weights
 
-        return StoredWeights(pte_weights(path), named=False, scale_floor=weight_scale_floor())
+        weights = read_weights(path)
+        return StoredWeights({w.name: w.value for w in weights}, named=False, scale_floor=weight_scale_floor(),
+                             biases={w.name: StoredBias(w.bias, w.bias_step) for w in weights if w.bias is not None})
 
     def runner(self, artifact: Artifact, mode: str | None = None, **kw) -> Runner:
         if mode not in (None, "device"):

@@ -15,6 +15,10 @@ from the program's named data. Filters are returned in the deploy-form's layout:
 a depthwise convolution's 1HWO to O1HW, a fully-connected filter as O x I (I x O when its node's
 XNN_FLAG_TRANSPOSE_WEIGHTS is set). XNNPACK graphs carry no parameter names: each weight is named by where it sits
 (`forward.delegate0.value3`); exporter/verdict/weight_check.py maps it to a deploy-form parameter by its values.
+
+The node's bias comes with its filter: float32 as stored, or int32 (`xnn_datatype_qcint32`) x its per-channel
+scales, with the step the int8 kernel takes for it, the node's input scale x the filter's per-channel scales
+(exporter/verdict/stored_biases.py judges it at that step, not at its own scales).
 """
 from __future__ import annotations
 
@@ -39,11 +43,8 @@ class StoredWeight:
     node: str            # the XNNPACK node that reads it as its filter
     dtype: str           # "int8" or "fp32"
     value: np.ndarray    # float32, in the deploy-form's layout
-
-
-def pte_weights(path: str | Path) -> dict[str, np.ndarray]:
-    """{name: float32 value in the deploy-form's layout} of every XNNPACK filter the program at `path` stores."""
-    return {w.name: w.value for w in read_weights(path)}
+    bias: np.ndarray | None = None        # the node's bias, float32 (None: the node has none stored)
+    bias_step: np.ndarray | None = None   # an int32 bias's expected step per channel (None: a float bias)
 
 
 def read_weights(path: str | Path) -> list[StoredWeight]:
@@ -92,13 +93,46 @@ def _delegate_weights(payload: bytes, blobs: dict[str, bytes], where: str) -> li
         if not tensor.get("constant_buffer_idx"):
             continue  # a filter computed at run time: nothing stored
         dtype, value = _dequantized(vtype, u, tensor, data)
+        bias, step = _bias(n, values, data)
         perm = FILTER_NODES[kind]
         if perm is not None and value.ndim == 4:
             value = value.transpose(perm)
         elif kind == "XNNFullyConnected" and n.get("flags", 0) & XNN_FLAG_TRANSPOSE_WEIGHTS:
             value = value.T
-        out.append(StoredWeight(f"{where}.value{tensor['id_out']}", kind, dtype, np.array(value, np.float32)))
+        out.append(StoredWeight(f"{where}.value{tensor['id_out']}", kind, dtype, np.array(value, np.float32),
+                                bias, step))
     return out
+
+
+def _bias(node: dict, values: dict, data) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(the node's stored bias in float32, its int32 step: input scale x filter scales) or (None, None)."""
+    if node.get("bias_id") not in values:
+        return None, None
+    vtype, u, tensor = values[node["bias_id"]]
+    if not tensor.get("constant_buffer_idx"):
+        return None, None
+    dims = tuple(tensor["dims"])
+    if vtype == "XNNTensorValue" and tensor["datatype"] == "xnn_datatype_fp32":
+        return np.frombuffer(data(tensor["constant_buffer_idx"]), np.float32, int(np.prod(dims))).copy(), None
+    if tensor["datatype"] != "xnn_datatype_qcint32" or u.get("quant_params_type") != "PerChannelQuant":
+        raise ValueError(f"a bias of datatype {tensor['datatype']} ({u.get('quant_params_type')}) is not read")
+    q = np.frombuffer(data(tensor["constant_buffer_idx"]), np.int32, int(np.prod(dims))).astype(np.float64)
+    own = _scales(u["quant_params"], data)
+    step = own
+    _, fu, _ = values[node["filter_id"]]
+    inp = values.get(node.get("input1_id"))
+    if inp is not None and inp[1].get("quant_params_type") == "PerTensorQuant" and \
+            fu.get("quant_params_type") == "PerChannelQuant":
+        step = float(inp[1]["quant_params"]["scale"]) * _scales(fu["quant_params"], data)
+    return (q * own).astype(np.float32), step
+
+
+def _scales(params: dict, data) -> np.ndarray:
+    """A PerChannelQuant's float32 scales, inline or in a constant buffer."""
+    scale = np.asarray(params.get("scale") or [], np.float64)
+    if scale.size == 0:
+        scale = np.frombuffer(data(params["scale_buffer_idx"]), np.float32, params["num_scales"]).astype(np.float64)
+    return scale
 
 
 def _dequantized(vtype: str, u: dict, tensor: dict, data) -> tuple[str, np.ndarray]:
@@ -114,9 +148,7 @@ def _dequantized(vtype: str, u: dict, tensor: dict, data) -> tuple[str, np.ndarr
         return "int8", ((q.astype(np.float32) - np.float32(params["zero_point"])) * np.float32(params["scale"]))
     if qtype != "PerChannelQuant":
         raise ValueError(f"int8 filters quantized {qtype} are not read")
-    scale = np.asarray(params.get("scale") or [], np.float32)
-    if scale.size == 0:
-        scale = np.frombuffer(data(params["scale_buffer_idx"]), np.float32, params["num_scales"])
+    scale = _scales(params, data).astype(np.float32)
     shape = [1] * q.ndim
     shape[params["channel_dim"]] = scale.size
     return "int8", q.astype(np.float32) * scale.reshape(shape)
