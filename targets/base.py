@@ -59,17 +59,6 @@ class Artifact:
 
 
 @dataclass
-class StoredBias:
-    """A stored bias: its value as the artifact's own encoding reads, and the int32 step a correct artifact rounds
-    it to (per channel), or None for a float bias. Reads as its value (`np.asarray`)."""
-    value: np.ndarray
-    step: np.ndarray | None = None
-
-    def __array__(self, dtype=None, copy=None):
-        return np.asarray(self.value, dtype)
-
-
-@dataclass
 class StoredWeights:
     """The weights an artifact stores, read back from the saved file (by the backend's own reader): the weights check
     compares them with the deploy-form's, and a failed compressed hop without a graph is localized with them."""
@@ -83,7 +72,7 @@ class StoredWeights:
     input_scale: tuple | None = None   # with `reference`: the per-channel factor the inputs get on the way in (std)
     localize: dict | None = None       # the weights a localization loads into a copy of the deploy-form (None: it
     #                                    is not localized by its weights)
-    biases: dict | None = None         # unnamed files: {stored weight name: its layer's StoredBias}, each judged as
+    biases: dict | None = None         # unnamed files: {stored weight name: its layer's graph.weights.StoredBias}, each judged as
     #                                    the bias of the parameter its weight pairs with (named files: in `values`)
 
 

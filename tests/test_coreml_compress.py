@@ -297,7 +297,7 @@ def test_sima_packages_compress_where_coremltools_weights_listing_raises(tmp_pat
 def test_a_planted_bias_in_the_saved_package_fails_the_weights_check(workdir, ios, kind):
     """Biases are weights: a mid-network bias (kept float16, below the compression threshold) sign-flipped on one
     channel in weight.bin fails the product's weights check, which names it; the correct package's biases pass."""
-    from vitedge.tests._bias_plants import plant_package_bias
+    from vitedge.targets.plants import plant_package_bias
 
     name = "swiftformer_digits"
     _, deploy = tf.deploy_form(name)

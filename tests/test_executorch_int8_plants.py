@@ -145,7 +145,7 @@ def test_x10_on_a_mid_network_scale_fails_by_the_weights_check(lowered):
 def test_x10_on_the_heads_int32_bias_fails_by_the_weights_check(lowered):
     """Biases are weights: the head's int32 bias x10 on one class, in the program's bytes, fails the weights check,
     which names the head's bias (judged at the step its input and filter scales give it)."""
-    from vitedge.tests._bias_plants import plant_pte_int8_bias
+    from vitedge.targets.plants import plant_pte_int8_bias
 
     target, art, judged, *_ = lowered
     dst = lowered[4] / "x10-head-bias.int8.pte"

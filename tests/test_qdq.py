@@ -299,7 +299,7 @@ def test_a_planted_bias_scale_in_the_saved_int8_graph_fails_the_products_hop(nam
     from vitedge.exporter.verdict.weight_check import _key
     from vitedge.targets import get_target
     from vitedge.targets.base import Artifact
-    from vitedge.tests._bias_plants import plant_int8_bias_scale
+    from vitedge.targets.plants import plant_int8_bias_scale
 
     good, bad = tmp_path / "good.int8.onnx", tmp_path / "planted.int8.onnx"
     onnx.save(quantized(name).model, str(good))

@@ -1,5 +1,5 @@
 """Biases are weights: what a correct artifact's storage does to a bias vector (each target's reader returns the
-biases it stores: a float value, or a targets.base.StoredBias with its int32 step).
+biases it stores: a float value, or a targets.graph.weights.StoredBias with its int32 step).
 
 The weights check (weight_check.py) judges a bias like a weight, each output channel on its own (its deviation
 from the deploy-form's value over max(|b_c|, the vector's median |b|)), against how a correct artifact stores it:

@@ -25,7 +25,8 @@ import torch
 import torch.nn as nn
 
 from ...errors import VitedgeError
-from ..base import (Artifact, LowerSpec, Runner, StoredBias, StoredWeights, Target, UnavailableError, pad_batch,
+from ..graph.weights import StoredBias
+from ..base import (Artifact, LowerSpec, Runner, StoredWeights, Target, UnavailableError, pad_batch,
                     reraise_interrupt)
 from ..rows import EXECUTORCH_ROW
 from .delegable import GATE_RTOL, gate, make_delegable

@@ -3,9 +3,20 @@ artifact is an ONNX graph): the fp16 initializers and the int8 ones read through
 scale and zero point). Torch-free."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from ..base import StoredBias
+
+@dataclass
+class StoredBias:
+    """A stored bias: its value as the artifact's own encoding reads, and the int32 step a correct artifact rounds
+    it to (per channel), or None for a float bias. Reads as its value (`np.asarray`)."""
+    value: np.ndarray
+    step: np.ndarray | None = None
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self.value, dtype)
 
 
 def onnx_stored_weights(model) -> dict[str, np.ndarray]:
