@@ -75,14 +75,14 @@ def test_user_flags_override_the_models_and_the_folders_recipe(tmp_path):
     parser = build_parser()
     args = parser.parse_args(["export", "--model", "swiftformer_xs", "--crop-pct", "0.9", "--mean", "0.5,0.5,0.5",
                               "--interpolation", "nearest", "--std", "0.2,0.2,0.2"])
-    from vitedge.cli import _preprocess
-    assert _preprocess(args) == {"crop_pct": 0.9, "interpolation": "nearest", "mean": (0.5,) * 3, "std": (0.2,) * 3}
+    from vitedge.exporter.command_line.settings_args import settings_of
+    assert settings_of(args).preprocess == {"crop_pct": 0.9, "interpolation": "nearest", "mean": (0.5,) * 3, "std": (0.2,) * 3}
     config = tmp_path / "c.yaml"
     config.write_text("model: swiftformer_xs\ncrop_pct: 1.0\nmean: [0.1, 0.2, 0.3]\n")
     parser = build_parser()
     argv = ["export", "--config", str(config), "--std", "0.5,0.5,0.5"]
     apply_config(parser, argv)
-    assert _preprocess(parser.parse_args(argv)) == {"crop_pct": 1.0, "mean": (0.1, 0.2, 0.3), "std": (0.5,) * 3}
+    assert settings_of(parser.parse_args(argv)).preprocess == {"crop_pct": 1.0, "mean": (0.1, 0.2, 0.3), "std": (0.5,) * 3}
     with pytest.raises(SystemExit):
         build_parser().parse_args(["export", "--model", "swiftformer_xs", "--mean", "0.5,0.5"])
 
