@@ -16,9 +16,9 @@ import torch.nn as nn
 
 from ..errors import VitedgeError
 from .preprocess import IMAGENET_MEAN, IMAGENET_STD, Recipe
+from .size_limit import MAX_IMGSZ, check_size_limit  # noqa: F401  (MAX_IMGSZ: the registry's limit, read here too)
 
 FALLBACK_IMGSZ = 224  # a module that is neither registered nor says its own size
-MAX_IMGSZ = 2048     # the largest --imgsz: the parity set at 2048 px is already 50 MB an image, 12.9 GB at 256 samples
 
 # Loaded in this order; it is also the order in which checkpoint remaps are tried.
 FAMILY_MODULES = ("swiftformer", "slab_deit", "slab_swin", "sima_xcit", "slab_pvt", "slab_cswin", "sima_deit")
@@ -61,10 +61,7 @@ class ModelSpec:
         fixed = self.fixed_size(overrides or {})
         if imgsz <= 0:
             raise VitedgeError(f"--imgsz must be positive, got {imgsz}")
-        if imgsz > MAX_IMGSZ:
-            raise VitedgeError(f"--imgsz {imgsz} is beyond the largest size vitedge takes, {MAX_IMGSZ} (one "
-                               f"float32 image alone is {3 * 4 * imgsz * imgsz / 1e9:.1f} GB); give a size up to "
-                               f"{MAX_IMGSZ}")
+        check_size_limit(imgsz)
         if fixed is not None and imgsz != fixed:
             raise VitedgeError(
                 f"{self.name} accepts only --imgsz {fixed} ({self.sizes_note or 'fixed-size positional encodings'}); got {imgsz}")

@@ -26,10 +26,13 @@ def image_sizes(text: str):
     """--imgsz: S, HxW, or a comma list of them, as ((H, W), ...) (exporter/core/settings.py says which the command
     runs)."""
     from vitedge.errors import VitedgeError
+    from ...models.size_limit import SizeLimitError
     from ..core.settings import parse_sizes  # torch-free
 
     try:
         return parse_sizes(text)
+    except SizeLimitError as e:  # its own line says the limit (argparse names the flag)
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--imgsz ")) from None
     except VitedgeError:
         raise argparse.ArgumentTypeError(f"expected a size S or HxW in positive integers (e.g. 224 or 256x320), or "
                                          f"a comma list of them; got {text!r}") from None

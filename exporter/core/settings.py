@@ -20,6 +20,7 @@ from numbers import Integral
 from pathlib import Path
 
 from ...errors import VitedgeError
+from ...models.size_limit import check_size_limit
 
 DEMO_SEED = 0  # trained-like demo weights when no checkpoint is given
 
@@ -59,6 +60,8 @@ def parse_sizes(value, flag: str = "--imgsz") -> tuple[Size, ...] | None:
         if not all(isinstance(v, Integral) and not isinstance(v, bool) and v > 0 for v in hw):
             raise bad
         hw = tuple(int(v) for v in hw)  # (numpy integers too)
+        for side in hw:
+            check_size_limit(side, flag)  # before any work: 100000 would ask for terabytes of parity inputs
         sizes.append(hw * 2 if len(hw) == 1 else hw)
     if not sizes:
         raise bad
