@@ -42,7 +42,6 @@ from vitedge.exporter.command_line.flags import (ATTN_ORDERS, BENCH_DEFAULT, Par
 from vitedge.exporter.command_line.parsers import PARSERS  # noqa: E402
 from vitedge.exporter.command_line.settings_args import settings_of  # noqa: E402
 from vitedge.exporter.command_line.summary import format_summary, table as _table  # noqa: E402,F401
-from vitedge.precisions import NAMES as PRECISIONS  # noqa: E402,F401
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 

@@ -4,9 +4,11 @@ bounds, the per-sample rule's reference, floor, K and median bound), the weights
 stores, the words a bundle uses for it and what it needs installed beyond vitedge's own dependencies.
 
 Every other place reads this table (the CLI's choices, the target plans, calibration, the parity profiles, the
-weights check, the emulations, the bundles, the targets' own precision lists, CoreML compression), so a new
-precision is one row here plus the code that makes it; tests/test_precisions.py fails on a tuple, set or dict of
-these names anywhere else. The numbers' reasons are written beside them; tests/test_precision_bounds.py pins each
+weights check, the emulations, the bundles, the targets' own precision lists, CoreML compression) when it runs,
+never at import, so a new precision is one row here, or one `register(Precision(...))` from anywhere
+(tests/test_fake_precision.py registers one from a test file), plus the target that makes it.
+tests/test_architecture.py fails on a tuple, set or dict of these names anywhere else, and on a list of them bound
+at import. The numbers' reasons are written beside them; tests/test_precision_bounds.py pins each
 by behaviour. Torch-free: the CLI builds its parsers from it.
 """
 from __future__ import annotations
@@ -156,25 +158,75 @@ TABLE: dict[str, Precision] = {p.name: p for p in (
               emulation=COREML_W8A8, stored="8-bit weights and 8-bit activations"),
 )}
 
-NAMES: tuple[str, ...] = tuple(TABLE)
-FLOATS: tuple[str, ...] = tuple(n for n, p in TABLE.items() if not p.compressed)         # judged by the float rules
-COMPRESSED_NAMES: tuple[str, ...] = tuple(n for n, p in TABLE.items() if p.compressed)
-CALIBRATED: tuple[str, ...] = tuple(n for n, p in TABLE.items() if p.calibrates)
-WEIGHT_ONLY: tuple[str, ...] = tuple(n for n, p in TABLE.items() if p.weight_only)
-PROFILE_OF: dict[str, str] = {n: p.tolerance_profile for n, p in TABLE.items() if p.compressed}
-# every tolerance profile once, in table order (palette4 and palette6 share "palette")
-PROFILES: dict[str, Profile] = {p.profile.name: p.profile for p in TABLE.values()}
+BUILT_IN: tuple[str, ...] = tuple(TABLE)   # the rows above (register() adds others; these are never removed)
+
+
+def register(precision: Precision) -> Precision:
+    """Add a precision row (or replace a registered one of that name). Every reader looks the table up when it
+    runs, never at import, so a row registered from anywhere (a plugin, a test file) reaches the CLI's choices, the
+    target plans, the tolerance profiles, the weights check, calibration and the emulation; a target lists it in its
+    row's `precisions` to make it."""
+    if precision.name in BUILT_IN:
+        raise ValueError(f"{precision.name!r} is a built-in precision of precisions.py; register another name")
+    TABLE[precision.name] = precision
+    return precision
+
+
+def unregister(name: str) -> None:
+    """Remove a registered precision (a built-in one stays)."""
+    if name not in BUILT_IN:
+        TABLE.pop(name, None)
+
+
+def row(name: str | None) -> Precision | None:
+    """The row of precision `name`, None for a name not in the table (an artifact's unknown metadata)."""
+    return TABLE.get(name) if name is not None else None
+
+
+def names(*kinds: str) -> tuple[str, ...]:
+    """The precisions of the given kinds, in table order (all without kinds)."""
+    return tuple(n for n, p in TABLE.items() if not kinds or p.kind in kinds)
+
+
+def compressed_names() -> tuple[str, ...]:
+    return tuple(n for n, p in TABLE.items() if p.compressed)
+
+
+def calibrated() -> tuple[str, ...]:
+    """The precisions whose activations are quantized: calibration samples set their ranges."""
+    return tuple(n for n, p in TABLE.items() if p.calibrates)
+
+
+def weight_only() -> tuple[str, ...]:
+    return tuple(n for n, p in TABLE.items() if p.weight_only)
+
+
+def profiles() -> dict[str, Profile]:
+    """Every tolerance profile once, in table order (palette4 and palette6 share "palette")."""
+    return {p.profile.name: p.profile for p in TABLE.values()}
+
+
+def profile_of() -> dict[str, str]:
+    """Each compressed precision's tolerance profile."""
+    return {n: p.tolerance_profile for n, p in TABLE.items() if p.compressed}
+
+
+# The names the table's readers once bound at import, still importable (each read now computes them from the live
+# table; a module that binds one at its own import sees the rows registered by then only).
+_VIEWS = {"NAMES": names, "FLOATS": lambda: names(FLOAT, HALF), "COMPRESSED_NAMES": compressed_names,
+          "CALIBRATED": calibrated, "WEIGHT_ONLY": weight_only, "PROFILE_OF": profile_of, "PROFILES": profiles}
+
+
+def __getattr__(name: str):
+    if name in _VIEWS:
+        return _VIEWS[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def profile_for(precision: str | None) -> str | None:
     """The tolerance profile of an artifact precision (palette4 and palette6 share "palette"); an unknown name is
     its own profile."""
     return TABLE[precision].tolerance_profile if precision in TABLE else precision
-
-
-def names(*kinds: str) -> tuple[str, ...]:
-    """The precisions of the given kinds, in table order (all without kinds)."""
-    return tuple(n for n, p in TABLE.items() if not kinds or p.kind in kinds)
 
 
 def pick(*chosen: str) -> tuple[str, ...]:

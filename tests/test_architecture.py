@@ -255,6 +255,20 @@ def precision_copies(files: list[Path], names, table: Path = ROOT / "precisions.
     return [f"{w}:{line}: {names}" for w, line, names in sorted(bad)]
 
 
+def bound_precision_lists(files: list[Path], views=None) -> list[str]:
+    """`path:line: name` for each `from ...precisions import NAMES` (or another list the table derives): bound at
+    the importer's import, it misses a precision registered later; read the table when it runs (names(), TABLE)."""
+    if views is None:
+        from vitedge.precisions import _VIEWS as views
+    bad = []
+    for p in files:
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1] == "precisions":
+                where = p.relative_to(ROOT) if p.is_relative_to(ROOT) else p.name
+                bad += [f"{where}:{node.lineno}: {a.name}" for a in node.names if a.name in views]
+    return sorted(bad)
+
+
 def target_home(name: str, path: Path, root: Path = ROOT) -> bool:
     """A target's home: targets/<name>* (its package or loose modules) and the module its row's class lives in."""
     from vitedge.targets import row_of
@@ -314,10 +328,15 @@ def test_exporter_never_dispatches_on_an_artifact_suffix():
 
 
 def test_no_precision_names_are_listed_or_keyed_outside_the_table():
-    from vitedge.precisions import NAMES, PROFILES
+    from vitedge.precisions import names, profiles
 
-    assert precision_copies(list(package_modules().values()), NAMES + tuple(PROFILES)) == [], \
-        "a per-precision fact belongs in its row of precisions.py; read the table (NAMES, TABLE[p].field) instead"
+    assert precision_copies(list(package_modules().values()), names() + tuple(profiles())) == [], \
+        "a per-precision fact belongs in its row of precisions.py; read the table (names(), TABLE[p].field) instead"
+
+
+def test_no_precision_list_is_bound_at_import():
+    assert bound_precision_lists(list(package_modules().values())) == [], \
+        "read the precision table when it runs (precisions.names(), TABLE[p]), so a registered precision counts"
 
 
 def test_every_subpackage_is_packaged():
@@ -430,6 +449,13 @@ def test_a_precision_copy_is_caught(tmp_path):
     names = ("fp32", "fp16", "int8", "w8", "w8a8", "palette")
     assert precision_copies([planted], names) == ["plans.py:1: fp32, fp16, int8", "plans.py:5: w8, w8a8",
                                                   "plans.py:6: int8, palette"]
+
+
+def test_a_precision_list_bound_at_import_is_caught(tmp_path):
+    planted = tmp_path / "plans.py"
+    planted.write_text("from ..precisions import NAMES, TABLE\nfrom vitedge.precisions import CALIBRATED as C\n"
+                       "def f():\n    from ...precisions import names\n    return names()\n")
+    assert bound_precision_lists([planted], ("NAMES", "CALIBRATED")) == ["plans.py:1: NAMES", "plans.py:2: CALIBRATED"]
 
 
 def test_a_long_file_needs_its_reason(tmp_path):

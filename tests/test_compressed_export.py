@@ -17,6 +17,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from vitedge import precisions
 from vitedge.exporter.quantize import calibrate
 from vitedge.exporter.quantize.compressed import QDQ_HOP, Judged, compressed_hop, write_qdq
 from vitedge.exporter.verdict.inputs import parity_set, user_set
@@ -86,7 +87,7 @@ def test_export_is_judged_by_the_kinds_profile_on_natural_images(work, name, pre
     assert "natural samples" in report.compressed_inputs
     print(f"{name} {precision}: {hop.hop} cosine {hop.metrics.cosine:.5f} PSNR {hop.metrics.psnr_db:.1f} dB "
           f"top-1 {hop.metrics.top1_agreement:.3f} ({hop.samples} natural samples, {hop.mode})")
-    if precision in calibrate.ACTIVATION_KINDS:
+    if precision in precisions.calibrated():
         rec = report.calibration
         assert rec["samples"] == calibrate.CALIB_DEFAULT and rec["source"] == "natural" and len(rec["sha256"]) == 64
         assert set(rec["excluded_from_evaluation"]["photos"]) == set(calibrate.calibration_photos())

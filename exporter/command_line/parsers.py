@@ -21,7 +21,7 @@ def add_models(sub) -> argparse.ArgumentParser:
 
 
 def add_export(sub) -> argparse.ArgumentParser:
-    from vitedge.precisions import NAMES as PRECISIONS  # torch-free, as are the rows
+    from vitedge.precisions import names  # torch-free, as are the rows; read when the parser is built
     from vitedge.targets import TARGETS, rows
 
     p = sub.add_parser("export", help="re-parameterize, export and check parity at every hop",
@@ -33,7 +33,7 @@ def add_export(sub) -> argparse.ArgumentParser:
     p.add_argument("--dynamic-batch", action="store_true",
                    help=f"dynamic batch axis ({', '.join(r.name for r in rows() if r.dynamic_batch)})")
     add_exporter_flag(p, opset=True)
-    p.add_argument("--precision", choices=PRECISIONS,
+    p.add_argument("--precision", choices=names(),
                    help=f"default per target: {', '.join(f'{r.name} {r.default_precision}' for r in rows())}; given, "
                         "it applies to every listed target that supports it: " + ", ".join(
                             f"{r.name} {'|'.join(r.precisions)}" + (f" {r.precision_help}" if r.precision_help else "")
@@ -59,7 +59,7 @@ def add_export(sub) -> argparse.ArgumentParser:
 
 
 def add_parity(sub) -> argparse.ArgumentParser:
-    from vitedge.precisions import NAMES
+    from vitedge.precisions import names
     from vitedge.targets import rows
 
     p = sub.add_parser("parity", help="run the parity ladder on an existing artifact",
@@ -71,7 +71,7 @@ def add_parity(sub) -> argparse.ArgumentParser:
     p.add_argument("--deploy-checkpoint", help="deploy-form checkpoint from `vitedge reparam` to check as the "
                                                "deploy-form hop")
     p.add_argument("--target", help="the artifact's target when its suffix does not tell")
-    p.add_argument("--precision", choices=NAMES, help="tolerance profile for the artifact "
+    p.add_argument("--precision", choices=names(), help="tolerance profile for the artifact "
                                                            "(default: read from the artifact)")
     p.add_argument("--report", help="write report.json here")
     p.add_argument("--mode", choices=("device", "emulated"),
@@ -161,7 +161,7 @@ def add_bench(sub) -> argparse.ArgumentParser:
 
 def add_package(sub) -> argparse.ArgumentParser:
     from vitedge.exporter.packaging import bundles  # torch-free
-    from vitedge.precisions import NAMES
+    from vitedge.precisions import names
     from vitedge.targets.rows import DEFAULT_IOS, EXECUTORCH_ROW, IOS_TARGETS
 
     p = sub.add_parser("package", help="app-ready bundle (.zip): CoreML for iOS (image-input .mlpackage, Swift "
@@ -179,7 +179,7 @@ def add_package(sub) -> argparse.ArgumentParser:
     add_preprocess_flags(p)
     p.add_argument("--ios", type=int, choices=IOS_TARGETS, default=None,
                    help=f"minimum deployment target (default {DEFAULT_IOS}; 17 with --precision w8a8)")
-    p.add_argument("--precision", choices=NAMES, default=None,
+    p.add_argument("--precision", choices=names(), default=None,
                    help="coreml: fp16 (default) or a compressed kind: w8, palette4, palette6, w8a8 (iOS 17+); "
                         "executorch: fp32 (default) or int8")
     p.add_argument("--calib", type=int, default=None, metavar="N", help="--precision w8a8: calibration images "

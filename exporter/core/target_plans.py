@@ -6,7 +6,7 @@ import difflib
 from dataclasses import dataclass, field
 
 from ...errors import VitedgeError
-from ...precisions import NAMES as PRECISIONS  # each target lists its own (its row's precisions)
+from ...precisions import names  # each target lists its own (its row's precisions)
 from ...targets import ALIASES, TARGETS, Target, get_target
 from ...targets.labels import CarriedLabels, read_labels
 
@@ -40,8 +40,8 @@ def flag(key: str) -> str:
 
 
 def check_precision(precision: str | None) -> None:
-    if precision is not None and precision not in PRECISIONS:
-        raise VitedgeError(f"--precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
+    if precision is not None and precision not in names():
+        raise VitedgeError(f"--precision must be one of {', '.join(names())}; got {precision!r}")
 
 
 def supporting(precision: str) -> list[str]:

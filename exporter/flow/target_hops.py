@@ -15,14 +15,14 @@ import torch
 import torch.nn as nn
 
 from ...errors import VitedgeError
-from ...precisions import CALIBRATED
+from ...precisions import HALF, row as precision_row
 from ...models.registry import input_stats, recipe_of
 from ...targets import LowerSpec, UnavailableError, row_of
 from ..core.progress import Progress
 from ..core.report import Hop, Report
 from ..core.settings import ExportSettings
 from ..core.target_plans import TargetPlan
-from ..quantize.calibrate import COMPRESSED, calibration_set
+from ..quantize.calibrate import calibration_set
 from ..quantize.compressed import QDQ_HOP, Judged, compressed_hop, write_qdq
 from ..verdict.hops import Ladder, hop_checks, record_artifact
 from ..verdict.inputs import ParitySet
@@ -129,7 +129,8 @@ class TargetHops(ExportRun):
         tol = self.tols.get(profile_for(plan.precision)) if plan.precision else None
         if t is None:
             return unverified(hop_name, plan.name, plan.missing, tol)
-        compressed = plan.precision in COMPRESSED
+        p = precision_row(plan.precision)   # looked up now: a registered precision too
+        compressed = p is not None and p.compressed
         try:
             qdq_path = self._int8_graph(plan, hub, ladder, tol) if plan.precision == "int8" and t.qdq_encoding else None
         except VitedgeError:
@@ -139,12 +140,12 @@ class TargetHops(ExportRun):
         ok, why = t.available()
         if not ok:
             return unverified(hop_name, t.name, f"{t.name} cannot lower here: {why}", tol)
-        if plan.precision == "fp16" and not self._fp16_safe(ladder.x):
+        if p is not None and p.kind == HALF and not self._fp16_safe(ladder.x):
             return failed(hop_name, t.name, self.fp16_problem, tolerance=tol, diverging_module=self.fp16_module)
         spec = LowerSpec(name=self.report.model, imgsz=self.report.imgsz, batch=self.settings.batch, precision=plan.precision,
                          out_dir=self.tmp, onnx_path=hub, metadata=dict(meta, precision=plan.precision),
                          options=dict(plan.options), qdq_path=qdq_path,
-                         calibration=self._calibration() if plan.precision in CALIBRATED else None)
+                         calibration=self._calibration() if p is not None and p.calibrates else None)
         try:
             with self.progress.step(f"lowering to {t.name} ({plan.precision})"):
                 artifact = t.lower(self.deploy, spec)

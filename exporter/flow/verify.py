@@ -18,6 +18,7 @@ import onnx
 import torch.nn as nn
 
 from ...errors import VitedgeError
+from ...precisions import compressed_names
 from ...models.preprocess import Recipe
 from ...targets import row_for_suffix, row_of
 from ...targets.base import Artifact, Runner
@@ -25,7 +26,6 @@ from ...targets.rows import ONNX
 from ...targets.graph.metadata import read_metadata
 from .deploy_checkpoint import load_deploy_checkpoint
 from ..verdict.equivalence import verify_equivalence
-from ..quantize.calibrate import COMPRESSED
 from ..quantize.compressed import Judged, compressed_hop
 from ..reparam.forms import build_deploy_form, build_train_form, model_name, reparam_info
 from ..verdict.classes import labels_of, predictions
@@ -153,7 +153,7 @@ def parity(model=None, artifact: str | Path | None = None, *, deploy_checkpoint:
         _localize_deploy_hop(hop, loaded.model, fresh, fresh64, deploy, ladder, imgsz, progress)
     report.parity.append(hop)
 
-    if artifact is not None and plan.precision in COMPRESSED:
+    if artifact is not None and plan.precision in compressed_names():
         report.parity.append(_compressed_artifact_hop(report, plan, artifact, art_model, meta, ladder, tols, mode,
                                                       progress))
     elif artifact is not None:

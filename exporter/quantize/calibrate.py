@@ -24,16 +24,13 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import VitedgeError
-from ...precisions import CALIBRATED, COMPRESSED_NAMES, WEIGHT_ONLY
+from ...precisions import calibrated, row
 from ...models.preprocess import Recipe
 from ...targets.calibration import Calibration
 from ..verdict import images
 from ..verdict.inputs import natural_view
 
 CALIB_DEFAULT = 64
-ACTIVATION_KINDS = CALIBRATED                    # activations quantized: calibration needed
-WEIGHT_ONLY_KINDS = WEIGHT_ONLY
-COMPRESSED = COMPRESSED_NAMES
 CALIB_SEED = 1                 # the calibration views' seed (the parity set uses 0)
 CALIBRATION_PHOTO_EVERY = 3    # every 3rd shipped photo (sorted) calibrates: 5 of 14; the other 9 are judged
 
@@ -46,12 +43,14 @@ def check_flags(precision: str | None, calib: int | None, calib_images: str | Pa
     if calib is not None and (isinstance(calib, bool) or not isinstance(calib, int) or calib < 1):
         raise VitedgeError(f"--calib must be a whole number of calibration images >= 1; got {calib!r}")
     given = [f for f, v in (("--calib", calib), ("--calib-images", calib_images)) if v is not None]
-    if precision in WEIGHT_ONLY_KINDS and given:
-        raise VitedgeError(f"{given[0]} applies to --precision int8 and w8a8 only: {precision} quantizes weights "
+    p = row(precision)   # the table as it is now: a registered precision included
+    takes = " and ".join(calibrated())
+    if p is not None and p.weight_only and given:
+        raise VitedgeError(f"{given[0]} applies to --precision {takes} only: {precision} quantizes weights "
                            f"alone and takes no calibration images; drop {given[0]}")
-    if precision not in ACTIVATION_KINDS:
+    if p is None or not p.calibrates:
         if given:
-            raise VitedgeError(f"{given[0]} applies to --precision int8 and w8a8 only; got --precision "
+            raise VitedgeError(f"{given[0]} applies to --precision {takes} only; got --precision "
                                f"{precision or 'default'}")
         return None
     n = calib or CALIB_DEFAULT

@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 
 from ...errors import VitedgeError
-from ...precisions import TABLE as PRECISION_TABLE
+from ...precisions import HALF, TABLE as PRECISION_TABLE, compressed_names
 from ...targets import Artifact, row_of, usable_target
 from ...targets.base import Runner, UnavailableError, sha256_file
 from ...targets.graph.runtime import OnnxRuntimeRunner
@@ -40,7 +40,7 @@ from ..quantize.compressed import Judged, judge_compressed
 from ..reparam.forms import build_train_form
 from ..verdict.hops import parity_inputs_for
 from ..verdict.inputs import parity_inputs
-from ..verdict.parity import FLOAT64_TOLERANCES, PROFILE_OF, ground_truth, profile_for, tolerances, with_fp16_reference
+from ..verdict.parity import FLOAT64_TOLERANCES, ground_truth, profile_for, tolerances, with_fp16_reference
 from ..flow.verify import check_checkpoint, read_artifact, recorded_calibration_ids
 
 DEFAULT_PROVIDERS = ("cpu",)
@@ -207,7 +207,7 @@ def bench_artifact(path: str | Path, *, providers=None, checkpoint: str | Path |
     results, runners = [], {}
     with contextlib.ExitStack() as stack:
         truth = _ground_truth(plan)
-        if truth is not None and plan.precision in PROFILE_OF:
+        if truth is not None and plan.precision in compressed_names():
             plan.judged = Judged.build(plan.train, plan.inputs, recorded_calibration_ids(plan.meta), truth=truth)
             report.artifact["compressed_inputs"] = plan.judged.describe(
                 f"{PARITY_SAMPLES} samples", ", without the calibration ids the artifact records")
@@ -311,7 +311,8 @@ def _ground_truth(plan: _Plan):
         return None
     truth = ground_truth(plan.train, plan.x, plan.inputs.sets, plan.inputs.labels_array())
     # the fp16 rule's reference: the train-form rounded to fp16 (no deploy-form is built for an artifact's bench)
-    return with_fp16_reference(truth, plan.train, plan.x) if profile_for(plan.precision) == "fp16" else truth
+    half = plan.precision in PRECISION_TABLE and PRECISION_TABLE[plan.precision].kind == HALF
+    return with_fp16_reference(truth, plan.train, plan.x) if half else truth
 
 
 def _on_phone(plan: _Plan, phone, team_id: str, iterations: int, log: Callable[[str], None],

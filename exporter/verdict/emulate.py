@@ -25,9 +25,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ...precisions import COMPRESSED_NAMES, TABLE, Emulation
+from ...precisions import TABLE, Emulation, compressed_names
 
-KINDS = COMPRESSED_NAMES         # each kind's facts (what it stores, fp16 compute or not): its row's `emulation`
+# each compressed kind's facts (what it stores, fp16 compute or not) are its precision row's `emulation`
 IMAGE_CHANNELS = 4               # a group-1 conv reading <= 4 channels reads the image: int8 keeps it float
 KMEANS_ITERATIONS = 12
 BATCH = 32
@@ -42,8 +42,8 @@ def fp16_reference(model: nn.Module, x: np.ndarray, batch: int = BATCH) -> np.nd
 
 def compressed_reference(model: nn.Module, x: np.ndarray, kind: str, batch: int = BATCH) -> np.ndarray:
     """`model` (the deploy-form) computed as a correct artifact of compressed `kind` would (see the module doc)."""
-    if kind not in KINDS:
-        raise ValueError(f"no emulation of compressed kind {kind!r}; one of {', '.join(KINDS)}")
+    if kind not in compressed_names():
+        raise ValueError(f"no emulation of compressed kind {kind!r}; one of {', '.join(compressed_names())}")
     e = TABLE[kind].emulation
     m = _copy(model)
     fp16 = e.fp16_compute

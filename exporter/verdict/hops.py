@@ -21,6 +21,7 @@ import onnx
 import torch
 import torch.nn as nn
 
+from ...precisions import HALF, names
 from ...models.registry import recipe_of
 from ...targets import target_for_file
 from ...targets.base import Artifact, Runner, Target, UnavailableError, sha256_file, size_bytes
@@ -257,7 +258,7 @@ class Ladder:
                          also=_all_of(hop_checks(target, require_ane), also))
         if mode and hop.mode != mode:
             return unverified(hop_name, hop.backend, _mode_mismatch(mode, target, hop.mode), tol)
-        if artifact.precision == "fp16":
+        if artifact.precision in names(HALF):   # the table now: a registered fp16-kind precision too
             with self.progress.step(f"{hop_name} weights check"):
                 judge_weights(hop, self.deploy, artifact.path, artifact.precision, target)
         graph = target.graph(artifact.path) if hop.status in ("passed", "failed") else None

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, replace
 
 import numpy as np
 
 from ...errors import VitedgeError
-from ...precisions import (EMULATED, FP16_ERROR, MEDIAN_MIN_SAMPLES, NOISE, PROFILE_OF, PROFILES,  # noqa: F401
-                           Profile, profile_for)  # PROFILE_OF, profile_for: the precision table's, re-exported
+from ...precisions import (EMULATED, FP16_ERROR, MEDIAN_MIN_SAMPLES, NOISE, Profile, profile_for,  # noqa: F401
+                           profiles)  # profile_for: the precision table's, re-exported
 from ...targets.base import Runner, pad_batch
 from .criteria import GroundTruth, NoiseRule, accuracy, accuracy_delta, effective_noise, sample_errors
 from .emulate import fp16_reference
@@ -39,16 +40,36 @@ def _tolerance(profile: Profile, against_float64: bool) -> Tolerance:
     return Tolerance(profile.name, **bounds, **rule)
 
 
+class _Tolerances(Mapping):
+    """Profile name -> its Tolerance, read from the precision table at each lookup (a precision registered after
+    import has its profile here too; nothing is built or changed at import)."""
+
+    def __init__(self, against_float64: bool, compressed_only: bool = False):
+        self.against_float64, self.compressed_only = against_float64, compressed_only
+
+    def _profiles(self) -> dict[str, Profile]:
+        return {n: p for n, p in profiles().items() if not self.compressed_only or p.rule.reference == EMULATED}
+
+    def __getitem__(self, name: str) -> Tolerance:
+        return _tolerance(self._profiles()[name], self.against_float64)
+
+    def __iter__(self):
+        return iter(self._profiles())
+
+    def __len__(self) -> int:
+        return len(self._profiles())
+
+
 # The documented defaults (README "Tolerances"), one per profile of precisions.py; `--tol PROFILE.KEY=VALUE`
 # overrides any of them. Against the float32 train-form: the metric bounds only.
-DEFAULT_TOLERANCES: dict[str, Tolerance] = {n: _tolerance(p, False) for n, p in PROFILES.items()}
+DEFAULT_TOLERANCES: Mapping[str, Tolerance] = _Tolerances(against_float64=False)
 # The defaults once hops are judged against float64 ground truth (GroundTruth given): fp32 by the per-sample noise
 # rule alone (docs/parity_criteria.md); fp16 and the compressed kinds by their metric thresholds, against float64,
 # per input set, and their per-sample rule (an independent fp16 computation or emulation of the kind sets each
 # sample's allowance: exporter/verdict/emulate.py). Compressed kinds are judged on natural images and a user's
 # --images only (exporter/quantize/compressed.py), with the accuracy drop where labels exist.
-FLOAT64_TOLERANCES: dict[str, Tolerance] = {n: _tolerance(p, True) for n, p in PROFILES.items()}
-COMPRESSED_TOLERANCES: dict[str, Tolerance] = {n: t for n, t in FLOAT64_TOLERANCES.items() if t.compressed_rule()}
+FLOAT64_TOLERANCES: Mapping[str, Tolerance] = _Tolerances(against_float64=True)
+COMPRESSED_TOLERANCES: Mapping[str, Tolerance] = _Tolerances(against_float64=True, compressed_only=True)
 TOL_KEYS = Tolerance.UPPER + Tolerance.LOWER + Tolerance.NOISE + Tolerance.FP16 + Tolerance.COMPRESSED + Tolerance.LABELLED
 
 

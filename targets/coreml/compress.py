@@ -31,15 +31,15 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import VitedgeError
-from ...precisions import COMPRESSED_NAMES, TABLE, WEIGHT_ONLY as WEIGHT_ONLY_NAMES
+from ...precisions import TABLE
 from ..rows import COREML_ROW
 from ..calibration import calibration_record
 from .convert import _no_progress_bars
 from .mil_interpreter import load_program, package_paths, quiet_coremltools
 from .mlpackage import load_program_spec, make_package_deterministic
 
-KINDS = tuple(p for p in COREML_ROW.precisions if p in COMPRESSED_NAMES)  # the compressed kinds coreml offers
-WEIGHT_ONLY = tuple(k for k in KINDS if k in WEIGHT_ONLY_NAMES)
+KINDS = tuple(p for p in COREML_ROW.precisions if TABLE[p].compressed)  # the compressed kinds coreml offers
+WEIGHT_ONLY = tuple(k for k in KINDS if TABLE[k].weight_only)
 # the iOS each kind needs: weight compression (constexpr_* ops) iOS 16; quantized activations (activation
 # quantize/dequantize ops) iOS 17
 MIN_IOS = {k: 17 if TABLE[k].calibrates else 16 for k in KINDS}
