@@ -52,7 +52,7 @@ else
 fi
 if [ -z "${VITEDGE_TEAM_ID:-}" ]; then
   skip iphone-bench "VITEDGE_TEAM_ID is not set (your Apple Developer Team ID signs the model-runner app)"
-elif ! python -c "from vitedge.exporter.timing.iphone import check_device; print(check_device('iphone').name)" \
+elif ! python -c "from vitedge.targets.coreml.iphone import check_device; print(check_device('iphone').name)" \
     >"$LOGS/iphone-connected.log" 2>&1; then
   # coremltools' own test (Device.get_connected_devices: devicectl's tunnelState "connected"), not a listing grep
   skip iphone-bench "$(tail -n 1 "$LOGS/iphone-connected.log")"

@@ -11,8 +11,9 @@ as r: ...` releases them at the end (`close()`).
 What the verdict needs from a backend beyond running it goes through hooks here too, so that exporter/ never
 imports a backend or looks at a file's suffix: `read_weights` (the stored weights, for the weights check and the
 localization of a failed compressed hop, or why they cannot be read), `graph` (the artifact as an ONNX graph, where
-it is one: localized per module and checked as a graph), `require` (what a precision needs installed) and
-`bundle_runner` (an app bundle's self-check).
+it is one: localized per module and checked as a graph), `require` (what a precision needs installed),
+`bundle_runner` (an app bundle's self-check) and `device_bench` (timing and golden vectors on a tethered device,
+`vitedge bench --device`: a DeviceBench).
 
 Also the small facts every layer shares about artifacts and batches: `sha256_file`, `size_bytes`, `pad_batch`.
 """
@@ -109,6 +110,38 @@ class Runner(ABC):
         self.close()
 
 
+class DeviceBench(ABC):
+    """A tethered device a target's artifacts are timed on (`vitedge bench --device KIND[:NAME]`, KIND in its row's
+    `devices`): how to reach it, what it is sent, and one timed run of an artifact with its golden vectors there.
+    The bench (exporter/timing/device_bench.py) lowers, judges the outputs and writes the report's `device`
+    section; everything that speaks to the device is here."""
+    kind: str = ""                  # the --device kind (the section's "type")
+    compute_units: str = ""         # where on the device the artifact runs (the section's "compute_units")
+    parity_samples: int = 16        # golden inputs sent to the device (each a round trip)
+    precision: str = "fp16"         # what the model bench lowers to for it (its parity profile's precision)
+
+    @abstractmethod
+    def connect(self, spec: str):
+        """The connected device `spec` names (`KIND` or `KIND:NAME`), or VitedgeError naming what is missing;
+        the returned object's `name`, `os_version` and `os_build_number` head the report's section."""
+
+    def signing(self, team_id: str | None, bundle_id: str | None) -> str | None:
+        """The signing identity the device run needs, checked before any work (VitedgeError naming the flag);
+        None where the device needs none."""
+        return None
+
+    def inputs(self, x: np.ndarray, image: bool, mean, std) -> tuple[np.ndarray, np.ndarray]:
+        """(what the device is sent, what the reference must see) for normalized NCHW inputs `x`; `image`: the
+        artifact takes pixels."""
+        return x, x
+
+    @abstractmethod
+    def run(self, path: str | Path, device, feed: np.ndarray, team_id: str | None, iterations: int,
+            bundle_id: str | None = None) -> dict:
+        """Time load and predict of the artifact at `path` on `device` and run each row of `feed` through it:
+        {"load_ms": [...], "predict_ms": [...], "outputs": array, "name", "os", "os_build", "transport": [...]}."""
+
+
 class Target(ABC):
     name: str = ""
     suffix: str = ""
@@ -196,6 +229,11 @@ class Target(ABC):
         """A runner of the artifact at `path` on the input an app feeds it (an image input's pixels 0-255, else the
         normalized tensor), on every sample, here: `vitedge package` checks its bundle's golden vectors with it."""
         raise UnavailableError(f"the {self.name} target makes no app bundle")
+
+    def device_bench(self, kind: str) -> DeviceBench | None:
+        """The tethered device of `kind` this target's artifacts are timed on (its row's `devices`); None where
+        it has none."""
+        return None
 
     @abstractmethod
     def lower(self, deploy_model: "nn.Module", spec: LowerSpec) -> Artifact:

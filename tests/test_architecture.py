@@ -35,10 +35,6 @@ EXPORTER_GROUPS = ("core", "reparam", "onnx", "verdict", "quantize", "flow", "ti
 TARGETS_SHARED = ("base", "calibration", "labels", "graph", "rows")  # what targets/' backends share; the rest are backends
 TARGETS_ACROSS = ("threads", "plants")  # above the backends: the one-thread pin (packaging uses it), the planted errors
 TARGETS_REFERENCE = ("pytorch",)  # the torch runners of the train- and deploy-form: the ladder's reference, no backend
-# exporter/ reaches a backend only through the interface of targets/base.py and the registry (targets/__init__.py);
-# these modules still import one directly: the iPhone device bench (devicectl, CoreML only), whose hook is the
-# device-paths work's, still to come
-BACKEND_IMPORTS_LEFT = ("vitedge.exporter.timing.iphone", "vitedge.exporter.timing.device_bench")
 MAX_LINES = 400
 
 
@@ -205,12 +201,12 @@ def target_comparisons(files: list[Path], names, home) -> list[str]:
     return bad
 
 
-def backend_imports(graph: dict[str, set[str]], left: tuple = BACKEND_IMPORTS_LEFT) -> list[str]:
+def backend_imports(graph: dict[str, set[str]]) -> list[str]:
     """Arrows from exporter/ into a backend of targets/ (anything but what the backends share and what spans them):
     what the verdict, quantization, packaging and timing need from a backend goes through its Target's hooks."""
     bad = []
     for m in sorted(graph):
-        if not m.startswith(f"{PACKAGE}.exporter.") or m in left:
+        if not m.startswith(f"{PACKAGE}.exporter."):
             continue
         for t in sorted(graph[m]):
             s = room(t)
@@ -431,7 +427,7 @@ def test_a_backend_import_and_a_suffix_dispatch_are_caught(tmp_path):
                                             "vitedge.targets.graph.weights", "vitedge.targets"},
              "vitedge.exporter.timing.b": {"vitedge.targets.onnx.target"},
              "vitedge.targets.threads": {"vitedge.targets.coreml.mil_interpreter"}}
-    assert [line.split(":")[0] for line in backend_imports(graph, left=())] == [
+    assert [line.split(":")[0] for line in backend_imports(graph)] == [
         "vitedge.exporter.timing.b -> vitedge.targets.onnx.target",
         "vitedge.exporter.verdict.a -> vitedge.targets.coreml.mil_interpreter"]
     planted = tmp_path / "read.py"

@@ -12,7 +12,7 @@ import pytest
 from vitedge import cli
 from vitedge.exporter.timing.bench import run_bench
 from vitedge.exporter.timing.bench_report import format_table, require_matplotlib, write_plot
-from vitedge.exporter.timing.iphone import check_device
+from vitedge.targets.coreml.iphone import check_device
 from vitedge.errors import VitedgeError
 from vitedge.models.reduced import reduced
 from vitedge.targets.base import Runner

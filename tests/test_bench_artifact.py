@@ -151,7 +151,7 @@ def package(tmp_path_factory):
 def test_a_coreml_package_off_macos_and_on_a_tethered_iphone(package, monkeypatch):
     from types import SimpleNamespace
 
-    from vitedge.exporter.timing import iphone
+    from vitedge.targets.coreml import iphone
     from vitedge.targets.coreml import EmulatedCoreMLRunner
 
     r = vitedge.bench(artifact=package, min_iters=2, warmup_s=0.0, max_s=0.0)
@@ -164,13 +164,13 @@ def test_a_coreml_package_off_macos_and_on_a_tethered_iphone(package, monkeypatc
     sent = []
 
     for wrong, status, code in ((0.0, "passed", 0), (0.5, "failed", 1)):
-        def on_phone(path, device, feed, team_id, iterations, wrong=wrong):  # the phone: the package's own outputs
+        def on_phone(path, device, feed, team_id, iterations, bundle_id=None, wrong=wrong):  # the phone: its own outputs
             sent.append((path, device, team_id, iterations))
             with EmulatedCoreMLRunner(path, max_samples=None) as emu:
                 y = emu.run_raw(feed)
             return {"load_ms": [30.0, 31.0], "predict_ms": [2.0] * iterations, "outputs": y * (1.0 + wrong)}
 
-        monkeypatch.setattr("vitedge.exporter.timing.device_bench.benchmark_on_device", on_phone)
+        monkeypatch.setattr(iphone, "benchmark_on_device", on_phone)
         r = vitedge.bench(artifact=package, device="iphone", team_id="ABCDE12345", min_iters=3, warmup_s=0.0,
                           max_s=0.0)
         (res,) = r.device["results"]

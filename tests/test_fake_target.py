@@ -1,6 +1,7 @@
 """A new target moves in through one room: its row. A fake target declared in this file alone (a Target subclass
 and its TargetRow, registered with `register`) gets its flag in the CLI, `export`, `parity`, `bench`,
-`bench --artifact` and a matrix cell, with no other file changed.
+`bench --artifact`, `bench --device` on its own tethered device (its DeviceBench) and a matrix cell, with no other
+file changed.
 
 It "lowers" by saving the deploy-form's simplified ONNX (with vitedge's metadata and its one option) under its own
 suffix, and runs it on ONNX Runtime: a real artifact judged by the real ladder."""
@@ -10,12 +11,13 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 
 from vitedge import cli
 from vitedge.targets import TARGETS, TargetRow, Option, register, unregister
-from vitedge.targets.base import Artifact, LowerSpec, Target
+from vitedge.targets.base import Artifact, DeviceBench, LowerSpec, Target
 from vitedge.targets.graph.metadata import read_metadata, set_metadata
 from vitedge.targets.onnx.target import OnnxRuntimeRunner
 
@@ -46,11 +48,31 @@ class FakeTarget(Target):
     def read_metadata(self, path) -> dict:
         return read_metadata(onnx.load(str(path)))
 
+    def device_bench(self, kind):
+        return FakePhoneBench() if kind == "fakephone" else None
+
+
+class FakePhoneBench(DeviceBench):
+    """A tethered "device" that is ONNX Runtime here: it times nothing real, it proves the bench's wiring."""
+    kind, compute_units, parity_samples, precision = "fakephone", "CPU", 4, "fp32"
+    connected: list = []
+
+    def connect(self, spec):
+        from types import SimpleNamespace
+
+        self.connected.append(spec)
+        return SimpleNamespace(name=spec.partition(":")[2] or "phone", os_version="1.0", os_build_number="1A")
+
+    def run(self, path, device, feed, team_id, iterations, bundle_id=None):
+        with FakeRunner(str(path)) as r:   # one sample at a time, as a device is sent them
+            y = np.concatenate([r.run(x[None]) for x in feed])
+        return {"load_ms": [1.0, 1.0], "predict_ms": [0.5] * iterations, "outputs": y}
+
 
 ROW = TargetRow(
     "fake", FakeTarget, suffixes=(".fake",), precisions=("fp32",), default_precision="fp32",
     options=(Option("--fake-note", "a note the fake target stores in its artifact"),),
-    bench="fake-rt", aliases=("fk",), packages=("onnxruntime",), ray_resources={"fakes": 1})
+    bench="fake-rt", aliases=("fk",), packages=("onnxruntime",), ray_resources={"fakes": 1}, devices=("fakephone",))
 
 
 @pytest.fixture
@@ -102,6 +124,29 @@ def test_export_parity_bench_and_bench_artifact(fake, tmp_path, capsys):
     art = json.loads((tmp_path / "a.json").read_text())
     assert art["artifact"]["format"] == "fake" and art["artifact"]["parity"] == "run"
     assert [(r["backend"], r["status"]) for r in art["results"]] == [("fake", "ok")]
+
+    assert cli.main(["bench", "--artifact", str(artifact), "--device", "fakephone", "--report",
+                     str(tmp_path / "d.json"), *bench, "-q"]) == 0   # on its own tethered device (DeviceBench)
+    [on_device] = json.loads((tmp_path / "d.json").read_text())["device"]["results"]
+    assert on_device["parity"]["status"] == "passed" and FakePhoneBench.connected[-1] == "fakephone"
+    capsys.readouterr()
+    assert cli.main(["bench", "--artifact", str(out / "swiftformer_xs.onnx"), "--device", "fakephone",
+                     *bench, "-q"]) == 2   # an ONNX graph is not timed on the fake's device
+    assert "--device fakephone times a fake artifact" in capsys.readouterr().err
+
+
+def test_bench_on_its_own_tethered_device(fake, tmp_path):
+    """`bench --device KIND` reaches a device through the target whose row lists KIND (its DeviceBench): the model
+    bench lowers with that target (from the ONNX graph, as its row says) and judges the device's golden vectors."""
+    timing = ["--min-iters", "3", "--max-s", "0.05", "--warmup-s", "0"]
+    assert cli.main(["bench", *TINY, "--backends", "torch-deploy", "--device", "fakephone:desk",
+                     "--report", str(tmp_path / "b.json"), *timing, "-q"]) == 0
+    device = json.loads((tmp_path / "b.json").read_text())["device"]
+    assert (device["name"], device["type"], device["compute_units"]) == ("desk", "fakephone", "CPU")
+    [result] = device["results"]
+    assert result["parity"]["status"] == "passed" and result["parity"]["samples"] == 4
+    assert result["parity"]["tolerance"]["profile"] == "fp32" and result["predict_ms"]["iters"] == 3
+    assert FakePhoneBench.connected[-1] == "fakephone:desk"
 
 
 def test_a_matrix_cell(fake, tmp_path):

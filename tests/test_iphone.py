@@ -17,7 +17,7 @@ import torch
 
 import vitedge
 from vitedge.exporter.timing import bench as bench_mod
-from vitedge.exporter.timing import iphone
+from vitedge.targets.coreml import iphone
 from vitedge.exporter.timing.bench import run_bench
 from vitedge.exporter.timing.bench_report import format_table
 from vitedge.errors import VitedgeError
@@ -147,7 +147,7 @@ def _bench(monkeypatch, fakes: Fakes, phone, **kw):
     def benchmark(path, device, feed, team_id, **k):
         fakes.answer_with(Path(path))
         return real_benchmark(path, device, feed, team_id, **k)
-    monkeypatch.setattr("vitedge.exporter.timing.device_bench.benchmark_on_device", benchmark)
+    monkeypatch.setattr(iphone, "benchmark_on_device", benchmark)
     return run_bench("swiftformer_xs", overrides=TINY, imgsz="64", backends="torch", min_iters=5, warmup_s=0.0,
                      max_s=0.0, device="iphone", **kw)
 

@@ -286,11 +286,8 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
         raise VitedgeError("--input chooses the phone's package: it goes with --device iphone[:NAME]")
     check_images(images, labels)
     if device is not None:
-        from .iphone import check_device, resolve_bundle_id, resolve_team_id
-        phone = check_device(device)  # raises VitedgeError saying what is missing (platform, Xcode tools, device)
-        team_id = resolve_team_id(team_id)
-        if bundle_id is not None:
-            resolve_bundle_id(bundle_id, team_id)  # a malformed --bundle-id: exit 2 before any work
+        from .device_bench import connect
+        phone = connect(device, team_id, bundle_id)  # VitedgeError saying what is missing (platform, tools, device)
 
     loaded = build_train_form(model, checkpoint=checkpoint, overrides=overrides)
     sizes = [loaded.resolve_imgsz(s) for s in (sizes or [None])]
@@ -338,8 +335,9 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
                                                    min_iters, max_s, Path(tmp), ort_spinning, exporter))
         if phone is not None:
             from .device_bench import run_on_phone
-            report.device = run_on_phone(phone, team_id, train, make_deploy, sizes, Path(tmp), min_iters,
-                                         coreml_options or {}, log, device_runner, bundle_id=bundle_id)
+            report.device = run_on_phone(phone, train, make_deploy, sizes, Path(tmp), min_iters,
+                                         coreml_options or {}, log, device_runner, bundle_id=bundle_id,
+                                         onnx_graph=lambda deploy, s: _onnx(deploy, s, 1, exporter)[0])
     return gate(report, base_p50, max_regression)
 
 

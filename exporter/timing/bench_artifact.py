@@ -171,13 +171,8 @@ def bench_artifact(path: str | Path, *, providers=None, checkpoint: str | Path |
     eps = parse_providers(providers) if row.onnx_graph else []
     phone = None
     if device is not None:
-        if "iphone" not in row.devices:  # (the one device kind: a tethered iPhone, for CoreML packages)
-            raise VitedgeError(f"--device iphone times a CoreML package; {path} is a {tname} artifact")
-        from .iphone import check_device, resolve_bundle_id, resolve_team_id
-        phone = check_device(device)
-        team_id = resolve_team_id(team_id)
-        if bundle_id is not None:
-            resolve_bundle_id(bundle_id, team_id)  # a malformed --bundle-id: exit 2 before any work
+        from .device_bench import connect
+        phone = connect(device, team_id, bundle_id, row)  # the artifact's target must time on that device kind
     if model is not None and meta.get("model") not in (None, model):
         raise VitedgeError(f"{path} holds {meta['model']}, not {model}; drop --model or pass --model {meta['model']}")
     if model is not None and not meta.get("model"):
@@ -230,7 +225,7 @@ def bench_artifact(path: str | Path, *, providers=None, checkpoint: str | Path |
         time_backends(runners, plan.xb, batch or 1, warmup_s, min_iters, max_s)
     report.results = results
     if phone is not None:
-        report.device = _on_phone(plan, phone, team_id, min_iters, log, device_runner, bundle_id)
+        report.device = _on_phone(plan, phone, min_iters, log, device_runner, bundle_id)
     return gate(report, base_p50, max_regression)
 
 
@@ -315,12 +310,12 @@ def _ground_truth(plan: _Plan):
     return with_fp16_reference(truth, plan.train, plan.x) if half else truth
 
 
-def _on_phone(plan: _Plan, phone, team_id: str, iterations: int, log: Callable[[str], None],
+def _on_phone(plan: _Plan, phone, iterations: int, log: Callable[[str], None],
               device_runner: Callable | None, bundle_id: str | None = None) -> dict:
     from .device_bench import phone_section, time_package
 
     section = phone_section(phone)
-    log(f"iphone {section['name']}: timing load and predict of {plan.path.name} on the phone")
-    time_package(section, phone, team_id, plan.path, plan.imgsz, plan.train, iterations, device_runner,
+    log(f"{phone.bench.kind} {section['name']}: timing load and predict of {plan.path.name} on the device")
+    time_package(section, phone, plan.path, plan.imgsz, plan.train, iterations, device_runner,
                  plan.no_parity, bundle_id=bundle_id)
     return section

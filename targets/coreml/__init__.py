@@ -12,6 +12,7 @@ mil_interpreter.py  reads a saved ML Program and runs it with numpy, op by op, h
 mil_ops.py          the numpy kernel of every MIL op the emulator knows
 mil_ops_compressed.py  the kernels of compressed programs (constexpr dequantize / LUT ops, quantize / dequantize)
 compress.py         w8 / palette4|6 / w8a8 through coremltools.optimize on a saved package, and what it did
+iphone.py           the tethered iPhone (`bench --device iphone`): devicectl through coremltools, the transport twin
 
 Names are imported lazily from here (`from vitedge.targets.coreml import CoreMLTarget`), so importing the options
 does not import torch or coremltools.

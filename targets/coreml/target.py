@@ -67,6 +67,14 @@ class CoreMLTarget(Target):
     def read_weights(self, path) -> StoredWeights:
         return read_package(path)
 
+    def device_bench(self, kind: str):
+        """The tethered iPhone (coremltools' remote-device support, macOS): iphone.py."""
+        if kind not in self.row.devices:
+            return None
+        from .iphone import IphoneBench
+
+        return IphoneBench()
+
     def bundle_runner(self, path) -> Runner:
         return PackageRunner(Path(path), max_samples=None)
 

@@ -1,4 +1,5 @@
-"""iPhone on-device timing and parity, thin over coremltools 9's experimental remote-device support
+"""The iPhone, the coreml target's tethered device (its DeviceBench, `vitedge bench --device iphone[:NAME]`): on-device
+timing and golden vectors, thin over coremltools 9's experimental remote-device support
 (`coremltools.models.ml_program.experimental`: `Device`, `AppSigningCredentials`, `MLModelBenchmarker`,
 `MLModelAsyncWrapper`), which builds coremltools' model-runner app with Xcode, signs it with your team,
 installs it through `devicectl` and talks to it over files.
@@ -15,7 +16,8 @@ The model-runner app passes tensors only: every input is wrapped as an MLMultiAr
 image input declared as a float32 NCHW multi-array of pixels 0-255 (the program's own input already is one),
 and a classifier's label/dictionary outputs dropped (`logits` stays). Pixels are rounded to 8 bits before
 they are sent, so the reference sees what a camera frame would give. Nothing here runs on Linux: the wiring is
-tested against coremltools' own classes, autospecced.
+tested against coremltools' own classes, autospecced. The bench itself (lowering, judging the phone's outputs,
+the report) is exporter/timing/device_bench.py's, through `IphoneBench`.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import VitedgeError
+from ..base import DeviceBench
 
 TEAM_ENV = "VITEDGE_TEAM_ID"
 COMPUTE_UNITS = "CPU_AND_NE"   # as the macOS device hop; ALL aborts on some hosts
@@ -137,7 +140,7 @@ def device_inputs(x: np.ndarray, image: bool, mean, std) -> tuple[np.ndarray, np
     x = np.asarray(x, np.float32)
     if not image:
         return x, x
-    from ...targets.coreml import quantized_pixels
+    from .runners import quantized_pixels
     p = quantized_pixels(x, mean, std)
     m = np.asarray(mean, np.float32).reshape(1, -1, 1, 1)
     s = np.asarray(std, np.float32).reshape(1, -1, 1, 1)
@@ -217,5 +220,29 @@ def benchmark_on_device(mlpackage: str | Path, device, golden_feed: np.ndarray, 
             "transport": notes, "mode": "device"}
 
 
-__all__ = ["TEAM_ENV", "COMPUTE_UNITS", "DEVICE_PARITY_SAMPLES", "parse_device", "resolve_team_id",
+class IphoneBench(DeviceBench):
+    """The coreml target's DeviceBench: each call goes through this module's functions (looked up when called)."""
+    kind = "iphone"
+    compute_units = COMPUTE_UNITS
+    parity_samples = DEVICE_PARITY_SAMPLES
+    precision = "fp16"
+
+    def connect(self, spec: str):
+        return check_device(spec)
+
+    def signing(self, team_id: str | None, bundle_id: str | None) -> str:
+        team = resolve_team_id(team_id)
+        if bundle_id is not None:
+            resolve_bundle_id(bundle_id, team)  # a malformed --bundle-id: exit 2 before any work
+        return team
+
+    def inputs(self, x: np.ndarray, image: bool, mean, std) -> tuple[np.ndarray, np.ndarray]:
+        return device_inputs(x, image, mean, std)
+
+    def run(self, path, device, feed: np.ndarray, team_id: str | None, iterations: int,
+            bundle_id: str | None = None) -> dict:
+        return benchmark_on_device(path, device, feed, team_id, iterations=iterations, bundle_id=bundle_id)
+
+
+__all__ = ["IphoneBench", "TEAM_ENV", "COMPUTE_UNITS", "DEVICE_PARITY_SAMPLES", "parse_device", "resolve_team_id",
            "resolve_bundle_id", "check_device", "transport_spec", "io_names", "device_inputs", "benchmark_on_device"]
