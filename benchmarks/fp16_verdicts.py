@@ -182,7 +182,9 @@ def main(argv=None) -> int:
 
 def fp16_verdicts() -> str:
     """What the fp16 rule caught and passed, from fp16_verdicts.json."""
-    s = load("fp16_verdicts.json")["summary"]
+    d = load("fp16_verdicts.json")
+    s = d["summary"]
+    low = min((r for r in d["cases"] if r["plant"] is not None and r["caught"]), key=lambda r: r["worst_error"])
     names = {"zero_layer": "a zeroed layer", "sign_flip": "a sign-flipped channel", "x10": "a channel × 10",
              "x2": "× 2", "x0": "× 0", "x1.1": "× 1.1"}
     plants = s["plants"]
@@ -191,7 +193,8 @@ def fp16_verdicts() -> str:
             + ("none failed" if not s["correct_failed"] else f"{len(s['correct_failed'])} failed") + "); caught: "
             + ", ".join(f"{names.get(k, k)} {v['caught']}/{v['of']}" for k, v in plants.items())
             + " (by the outputs alone: " + ", ".join(str(v["caught_by_outputs"]) for v in plants.values())
-            + f"). The smallest error caught was {sci(s['smallest_caught_error'])} of the largest logit")
+            + f"). The smallest error caught was {sci(s['smallest_caught_error'])} of the largest logit ("
+            f"{low['model']}/{low['artifact']}, {names.get(low['plant'], low['plant'])} at depth {low['position']:g})")
 
 
 TABLES = {"fp16_verdicts": fp16_verdicts}

@@ -274,28 +274,73 @@ def parity_noise_ratios() -> str:
                   "× 1.01", "× 1.001"], rows)
 
 
-def verdict_headline() -> str:
-    """The README's verdict figures: the smallest planted error caught per precision (the artifact's worst sample
-    error against float64, of the largest logit) and the false-failure estimate, each from its JSON."""
+def _fp32_plants() -> list[tuple[float, bool, str]]:
+    """(worst error, caught, config) of every planted candidate of parity_noise.json under the chosen rule."""
     d = load("parity_noise.json")
     rule = NoiseRule(d["chosen"]["floor"], d["chosen"]["k"])
-    fp32 = []
+    out = []
     for c in d["configs"]:
         allowed = _config_allowances(c, rule)
-        for f in ("1.001", "1.01"):
+        for f in ("1.01", "1.001"):
             err = np.asarray(c["candidates"][f"planted x{f}"]["error"], np.float64)
-            if np.max(err / allowed) > 1:
-                fp32.append(float(np.max(err)))
-    parts = [f"fp32 {sci(min(fp32))} (`parity_noise.json`)",
-             f"fp16 {sci(load('fp16_verdicts.json')['summary']['smallest_caught_error'])} (`fp16_verdicts.json`)"]
-    kinds = load("compressed_verdicts.json")["summary"]["kinds"]
-    parts.append(", ".join(f"{k} {sci(v['smallest_caught_by_outputs_error'])}" for k, v in kinds.items())
-                 + " by the outputs alone, smaller ones by the weights check (`compressed_verdicts.json`)")
+            out.append((float(np.max(err)), bool(np.max(err / allowed) > 1), f"{c['label']} × {f}"))
+    return out
+
+
+def _both_ends(plants: list[tuple[float, bool, str]]) -> str:
+    """The smallest error caught and the largest missed, each with its config."""
+    caught = [p for p in plants if p[1]]
+    missed = [p for p in plants if not p[1]]
+    low = min(caught) if caught else None
+    text = f"smallest caught {sci(low[0])} ({low[2]})" if low else "none caught"
+    if missed:
+        high = max(missed)
+        return f"{text}, largest missed {sci(high[0])} ({high[2]}; {len(missed)} of {len(plants)} missed)"
+    return f"{text}, none missed (of {len(plants)})"
+
+
+PLANT_NAMES = {"zero_layer": "a zeroed layer", "sign_flip": "a sign-flipped channel"}   # else "a channel xF"
+
+
+def _plant(r: dict) -> str:
+    what = PLANT_NAMES.get(r["plant"]) or f"a channel × {r['plant'].removeprefix('x')}"
+    return f"{what} at depth {r['position']:g}"
+
+
+def _fp16_plants() -> list[tuple[float, bool, str]]:
+    return [(r["worst_error"], r["caught"], f"{r['model']}/{r['artifact']}, {_plant(r)}")
+            for r in load("fp16_verdicts.json")["cases"] if r["plant"] is not None]
+
+
+def _compressed_cases(kind: str) -> list[dict]:
+    return [r for r in load("compressed_verdicts.json")["cases"] if r["kind"] == kind and r["plant"] is not None]
+
+
+def _compressed_plants(kind: str, by_outputs: bool) -> list[tuple[float, bool, str]]:
+    return [(r["worst_error"], r["caught_by_outputs"] if by_outputs else r["caught"], f"{r['model']}, {_plant(r)}")
+            for r in _compressed_cases(kind)]
+
+
+def verdict_headline() -> str:
+    """The README's verdict figures, both ends per precision: the smallest planted error caught and the largest
+    missed in the sensitivity studies (the artifact's worst sample error against float64, of the largest logit),
+    each with its config, and the false-failure estimate, each from its JSON."""
+    lines = [f"- fp32 (the noise rule; `parity_noise.json`): {_both_ends(_fp32_plants())}",
+             f"- fp16 (`fp16_verdicts.json`): {_both_ends(_fp16_plants())}"]
+    for kind in load("compressed_verdicts.json")["summary"]["kinds"]:
+        alone = _compressed_plants(kind, by_outputs=True)
+        missed = [r for r in _compressed_cases(kind) if not r["caught"]]
+        visible = (f" ({sum(bool(r.get('visible')) for r in missed)} of the missed moved the outputs beyond the "
+                   "correct artifact's own error)" if missed else "")
+        lines.append(f"- {kind} (`compressed_verdicts.json`), by the outputs and the weights check: "
+                     f"{_both_ends(_compressed_plants(kind, by_outputs=False))}{visible}; the outputs alone caught "
+                     f"{sum(p[1] for p in alone)} of {len(alone)}")
     ff = load("false_failures.json")["summary"]
-    return (f"Smallest planted error caught, per precision: {'; '.join(parts)}. A correct fp32 export's estimated "
-            f"chance of failing at {ff['extrapolated_to']} natural samples: at most {sci(ff['worst_p_fail_at_n'])} "
-            f"over the trained models of `false_failures.json` (target {ff['target']:g}: "
-            f"{'met' if ff['met'] else '**not met**'}; the estimate's upper bound: at most "
+    return ("Planted errors, per precision: the smallest caught and the largest missed (an error is the artifact's "
+            "worst sample error against float64, of the largest logit):\n\n" + "\n".join(lines) + "\n\n"
+            f"A correct fp32 export's estimated chance of failing at {ff['extrapolated_to']} natural samples: at "
+            f"most {sci(ff['worst_p_fail_at_n'])} over the trained models of `false_failures.json` (target "
+            f"{ff['target']:g}: {'met' if ff['met'] else '**not met**'}; the estimate's upper bound: at most "
             f"{sci(ff['worst_p_fail_at_n_upper'])}).")
 
 

@@ -54,3 +54,28 @@ def test_each_table_is_rendered_by_a_benchmark_script_and_the_renderer_only_coll
     where = {name: render.__module__ for name, render in rb.RENDERERS.items()}
     assert {name: m for name, m in where.items() if m not in scripts} == {}
     assert not [n for n in vars(rb) if n.endswith("_headline") or n in where]  # no table is defined in the renderer
+
+
+def test_the_verdict_headline_gives_both_ends_per_precision_with_their_configs(rb, monkeypatch):
+    """Per precision, the smallest planted error caught and the largest missed (or that none was), each with the
+    config it came from; a plant the study missed is named as soon as its JSON says so."""
+    import sys
+
+    from vitedge import precisions
+
+    render = rb.RENDERERS["verdict_headline"]
+    lines = [line for line in render().splitlines() if line.startswith("- ")]
+    assert [line[2:].split()[0] for line in lines] == list(precisions.names())
+    for line in lines:
+        assert "smallest caught" in line and ("largest missed" in line or "none missed" in line), line
+    fp32 = lines[0]   # the 0.1 % plants the noise rule misses: named with their config, not only the best case
+    assert "largest missed" in fp32 and "× 1.001" in fp32.split("largest missed")[1]
+
+    script = sys.modules[render.__module__]
+    load = script.load
+    moved = copy.deepcopy(load("fp16_verdicts.json"))
+    worst = max((r for r in moved["cases"] if r["plant"] is not None), key=lambda r: r["worst_error"])
+    worst["caught"] = False
+    monkeypatch.setattr(script, "load", lambda name: moved if name == "fp16_verdicts.json" else load(name))
+    fp16 = next(line for line in render().splitlines() if line.startswith("- fp16"))
+    assert f"largest missed {script.sci(worst['worst_error'])} ({worst['model']}/{worst['artifact']}," in fp16
