@@ -266,7 +266,29 @@ def compressed_verdicts() -> str:
     return table(head, rows, sep="| ---")
 
 
-TABLES = {"compressed_verdicts": compressed_verdicts}
+def compressed_correct(kind: str, field: str, digits: str = "2") -> str:
+    """One figure of a kind's correct artifacts from the summary (worst_correct_ratio, worst_correct_median, ...),
+    to `digits` decimals (a comment's figure)."""
+    return f"{load('compressed_verdicts.json')['summary']['kinds'][kind][field]:.{int(digits)}f}"
+
+
+def compressed_model_median(model: str, kind: str, digits: str = "2") -> str:
+    """The set median of a correct artifact's ratio to its emulation, for one model and kind."""
+    [r] = [r for r in load("compressed_verdicts.json")["cases"]
+           if r["model"] == model and r["kind"] == kind and r["plant"] is None]
+    return f"{r['median_ratio']:.{int(digits)}f}"
+
+
+def weights_check_correct(*kinds: str) -> str:
+    """The largest deviation of a correct artifact's channel (or palette tensor) in units of the weights check's
+    allowance before K (the JSON's ratio x the kind's weight K), over `kinds`."""
+    summary = load("compressed_verdicts.json")["summary"]["kinds"]
+    worst = max(summary[k]["worst_correct_weights_ratio"] * TABLE[k].weight_k for k in kinds)
+    return f"{worst:.2f}"
+
+
+TABLES = {"compressed_verdicts": compressed_verdicts, "compressed_correct": compressed_correct,
+          "compressed_model_median": compressed_model_median, "weights_check_correct": weights_check_correct}
 
 
 if __name__ == "__main__":

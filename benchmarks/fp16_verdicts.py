@@ -197,7 +197,29 @@ def fp16_verdicts() -> str:
             f"{low['model']}/{low['artifact']}, {names.get(low['plant'], low['plant'])} at depth {low['position']:g})")
 
 
-TABLES = {"fp16_verdicts": fp16_verdicts}
+def fp16_worst_correct() -> str:
+    """The largest ratio of a correct fp16 artifact's worst sample to the fp16 reference's error (a comment's figure)."""
+    return f"{load('fp16_verdicts.json')['summary']['worst_correct_ratio']:.2f}"
+
+
+def fp16_correct_medians() -> str:
+    """The range of the correct fp16 artifacts' set medians of that ratio."""
+    medians = [r["median_ratio"] for r in load("fp16_verdicts.json")["cases"] if r["plant"] is None]
+    return f"{min(medians):.2f}-{max(medians):.2f}"
+
+
+def fp16_median_caught() -> str:
+    """The range of the set medians of the x0 / x2 plants that no sample showed beyond K but the median bound
+    caught (the plants the median rule is for)."""
+    d = load("fp16_verdicts.json")
+    k, bound = d["summary"]["k"], d["summary"]["median"]
+    medians = [r["median_ratio"] for r in d["cases"]
+               if r["plant"] in ("x0", "x2") and r["worst_ratio"] <= k and r["median_ratio"] > bound]
+    return f"{min(medians):.1f}-{max(medians):.1f}"
+
+
+TABLES = {"fp16_verdicts": fp16_verdicts, "fp16_worst_correct": fp16_worst_correct,
+          "fp16_correct_medians": fp16_correct_medians, "fp16_median_caught": fp16_median_caught}
 
 
 if __name__ == "__main__":

@@ -344,7 +344,20 @@ def verdict_headline() -> str:
             f"{sci(ff['worst_p_fail_at_n_upper'])}).")
 
 
+def fp32_worst_correct() -> str:
+    """The largest fraction of its allowance a correct hop reached at the chosen rule (a comment's figure)."""
+    return f"{load('parity_noise.json')['chosen']['evaluation']['worst_correct_ratio']:.2f}"
+
+
+def fp32_plants_caught(factor: str) -> str:
+    """How many configs' single-channel plant x`factor` the chosen rule caught, of how many."""
+    d = load("parity_noise.json")
+    return f"{len(d['chosen']['evaluation']['caught'][f'x{factor}'])} of {len(d['configs'])}"
+
+
 TABLES = {
+    "fp32_worst_correct": fp32_worst_correct,
+    "fp32_plants_caught": fp32_plants_caught,
     "parity_sensitivity": parity_sensitivity,
     "parity_noise_ratios": parity_noise_ratios,
     "verdict_headline": verdict_headline,

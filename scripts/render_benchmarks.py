@@ -7,7 +7,9 @@ A rendered block sits between two marker comments,
     <!-- /rendered -->
 
 (or, for figures inside a sentence, `<!-- rendered: NAME ARG -->...<!-- /rendered -->` on one line) and is replaced
-by RENDERERS[NAME](*ARGS). Each benchmark script renders its own tables, beside the code that writes its JSON (its
+by RENDERERS[NAME](*ARGS). A figure quoted in a code comment or docstring is written `[FIGURE](rendered: NAME ARG)`
+and its FIGURE is replaced alike: every .py file of the package, benchmarks/ and scripts/ is checked (CODE), so a
+comment's figure cannot drift from its JSON either. Each benchmark script renders its own tables, beside the code that writes its JSON (its
 `TABLES`: one function per table or figure, reading the JSON's own fields, so no figure in a block is typed by
 hand; shared formatting in benchmarks/_tables.py); this script only collects them and rewrites the blocks. Prose
 outside the markers is not touched. `python scripts/render_benchmarks.py` rewrites the files; `--check` only
@@ -29,6 +31,10 @@ FILES = ("README.md", "benchmarks/README.md", "docs/onnx.md", "docs/parity.md", 
 # a block (the markers on lines of their own) or a fragment inside a sentence (markers and figures on one line:
 # Markdown ends a paragraph at a line that starts with a comment)
 BLOCK = re.compile(r"<!-- rendered: ([^>]*?) -->(\n?)(.*?)<!-- /rendered -->", re.S)
+# a figure quoted in code: [FIGURE](rendered: NAME ARG ...), on one line
+CITED = re.compile(r"\[([^\]\n]*)\]\(rendered: ([^)\n]*)\)")
+# the code whose comments and docstrings may quote figures (tests/ quote none: their numbers are literal on purpose)
+CODE = ("*.py", "exporter/**/*.py", "models/**/*.py", "targets/**/*.py", "benchmarks/*.py", "scripts/*.py")
 
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))  # the scripts import their siblings (_tables, _script, ...) as top-level modules
@@ -50,24 +56,36 @@ def collect() -> dict:
 RENDERERS = collect()
 
 
+def _render(spec: str) -> str:
+    name, *args = spec.split()
+    if name not in RENDERERS:
+        raise RenderError(f"no renderer named {name!r} (known: {', '.join(sorted(RENDERERS))})")
+    try:
+        return RENDERERS[name](*args)
+    except (KeyError, IndexError, StopIteration, TypeError, ValueError) as e:
+        raise RenderError(f"{spec}: {type(e).__name__}: {e}") from e
+
+
 def render_text(text: str) -> str:
-    """`text` with every rendered block replaced by its renderer's output."""
+    """`text` with every rendered block and every quoted figure replaced by its renderer's output."""
     def one(match: re.Match) -> str:
-        name, *args = match.group(1).split()
-        if name not in RENDERERS:
-            raise RenderError(f"no renderer named {name!r} (known: {', '.join(sorted(RENDERERS))})")
-        try:
-            body = RENDERERS[name](*args)
-        except (KeyError, IndexError, StopIteration, TypeError) as e:
-            raise RenderError(f"{match.group(1)}: {type(e).__name__}: {e}") from e
         nl = match.group(2)
-        return f"<!-- rendered: {match.group(1)} -->{nl}{body}{nl}<!-- /rendered -->"
-    return BLOCK.sub(one, text)
+        return f"<!-- rendered: {match.group(1)} -->{nl}{_render(match.group(1))}{nl}<!-- /rendered -->"
+
+    def cited(match: re.Match) -> str:
+        return f"[{_render(match.group(2))}](rendered: {match.group(2)})"
+    return CITED.sub(cited, BLOCK.sub(one, text))
+
+
+def code_files() -> list[str]:
+    """The code files that quote a figure (see CODE; this file names the form, it quotes none)."""
+    paths = {p for pattern in CODE for p in REPO.glob(pattern)} - {Path(__file__).resolve()}
+    return sorted(str(p.relative_to(REPO)) for p in paths if CITED.search(p.read_text()))
 
 
 def blocks(text: str) -> list[str]:
-    """The marker lines (`NAME ARG ...`) of `text`, in order."""
-    return [m.group(1) for m in BLOCK.finditer(text)]
+    """The marker lines (`NAME ARG ...`) of `text`, in order: its blocks, then its quoted figures."""
+    return [m.group(1) for m in BLOCK.finditer(text)] + [m.group(2) for m in CITED.finditer(text)]
 
 
 def main(argv=None) -> int:
@@ -75,7 +93,7 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true", help="compare only; exit 1 when a file differs from its render")
     args = ap.parse_args(argv)
     drift = []
-    for rel in FILES:
+    for rel in (*FILES, *code_files()):
         path = REPO / rel
         text = path.read_text()
         new = render_text(text)

@@ -16,12 +16,13 @@ def rb():
 
 
 def test_every_rendered_block_matches_its_json(rb):
-    stale = [rel for rel in rb.FILES if rb.render_text((REPO / rel).read_text()) != (REPO / rel).read_text()]
+    stale = [rel for rel in (*rb.FILES, *rb.code_files())
+             if rb.render_text((REPO / rel).read_text()) != (REPO / rel).read_text()]
     assert not stale, f"{stale} differ from benchmarks/results/*.json: run python scripts/render_benchmarks.py"
 
 
 def test_every_renderer_renders_somewhere_and_the_readme_has_one_headline_table_and_the_verdict_line(rb):
-    used = [b.split()[0] for rel in rb.FILES for b in rb.blocks((REPO / rel).read_text())]
+    used = [b.split()[0] for rel in (*rb.FILES, *rb.code_files()) for b in rb.blocks((REPO / rel).read_text())]
     assert set(used) == set(rb.RENDERERS), set(rb.RENDERERS) ^ set(used)
     readme = rb.blocks((REPO / "README.md").read_text())
     assert readme == ["deploy_speed_headline", "verdict_headline"], readme
@@ -79,3 +80,21 @@ def test_the_verdict_headline_gives_both_ends_per_precision_with_their_configs(r
     monkeypatch.setattr(script, "load", lambda name: moved if name == "fp16_verdicts.json" else load(name))
     fp16 = next(line for line in render().splitlines() if line.startswith("- fp16"))
     assert f"largest missed {script.sci(worst['worst_error'])} ({worst['model']}/{worst['artifact']}," in fp16
+
+
+def test_a_figure_quoted_in_a_code_comment_is_rendered_and_checked(rb, monkeypatch):
+    """precisions.py's reasons quote their figures as [FIGURE](rendered: NAME): the drift check covers them, so a
+    comment cannot keep a figure its JSON no longer says."""
+    import sys
+
+    assert "precisions.py" in rb.code_files()
+    typed = "# correct hops reach at most [0.99](rendered: fp32_worst_correct) of the allowance"
+    assert rb.render_text(typed) != typed   # a figure typed by hand is drift
+    script = sys.modules[rb.RENDERERS["fp16_worst_correct"].__module__]
+    load = script.load
+    moved = copy.deepcopy(load("fp16_verdicts.json"))
+    moved["summary"]["worst_correct_ratio"] = 3.21
+    monkeypatch.setattr(script, "load", lambda name: moved if name == "fp16_verdicts.json" else load(name))
+    text = (REPO / "precisions.py").read_text()
+    new = rb.render_text(text)
+    assert new != text and "[3.21](rendered: fp16_worst_correct)" in new
