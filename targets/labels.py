@@ -1,4 +1,5 @@
-"""`--labels FILE`, one meaning everywhere: class names in index order, one per line.
+"""Class names, in one place: `--labels FILE` (one name per line, in index order), the names an artifact carries
+(its `labels` metadata) and the model's class count they are checked against.
 
 One reader for every command and target: the CoreML classifier and the package's labels.txt, the ONNX graph's
 `vitedge.labels` metadata, and the class index of an ImageFolder `--images` folder all come from it.
@@ -40,6 +41,32 @@ def read_labels(path: str | Path | CarriedLabels, num_classes: int | None = None
     while lines and not lines[-1].strip():
         lines.pop()
     return _checked([ln.strip() for ln in lines], f"--labels file {p}", num_classes)
+
+
+def labels_of(meta: dict) -> list[str] | None:
+    """The class names in an artifact's decoded metadata (None when it carries none)."""
+    labels = meta.get("labels")
+    if isinstance(labels, list) and labels and all(isinstance(x, (str, int)) for x in labels):
+        return [str(x) for x in labels]
+    return None
+
+
+def model_classes(model, imgsz: int) -> int:
+    """How many classes `model` (a torch module) predicts: the last axis of one forward on a zero image, in the
+    model's own float dtype."""
+    import torch  # here only: the CLI reads labels files torch-free
+
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    with torch.no_grad():
+        return int(model.eval()(torch.zeros(1, 3, imgsz, imgsz, dtype=dtype)).shape[-1])
+
+
+def class_names(labels: str | Path | CarriedLabels | None, model, imgsz: int) -> list[str] | None:
+    """--labels read and checked against the model's class count (one forward); None without it."""
+    if labels is None:
+        return None
+    read_labels(labels)  # the file's own problems first, before any forward
+    return read_labels(labels, model_classes(model, imgsz))
 
 
 def _checked(labels: list[str], p: str, num_classes: int | None) -> list[str]:

@@ -39,7 +39,7 @@ def _reference_line(ref: dict) -> str:
 
 
 def format_summary(report, report_path: str | None = None) -> str:
-    from vitedge.exporter.verdict.classes import describe
+    from vitedge.exporter.verdict.predictions import describe
     from vitedge.exporter.onnx.onnx_export import norm_nodes
 
     lines = [f"{report.model}  imgsz {report.imgsz}  batch {report.batch or 'dynamic'}  weights: {report.weights}"

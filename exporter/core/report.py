@@ -142,7 +142,7 @@ class Hop:
     ane_residency: dict | None = None  # --require-ane on a CoreML hop: passed / failed / inconclusive and why
     runner: dict | None = None    # what the runner says about how it ran (Runner.info(): compute units, ...)
     # `vitedge parity` on an artifact carrying class names (vitedge.labels): its top-1 on the first parity inputs,
-    # [{"sample", "top1", "name", "reference", "reference_name"}] (exporter/verdict/classes.py); None otherwise.
+    # [{"sample", "top1", "name", "reference", "reference_name"}] (exporter/verdict/predictions.py); None otherwise.
     predictions: list | None = None
     # Judged against float64 ground truth: per input set (natural / stress / user) {"samples", "metrics" (vs
     # float64), "reference_noise", "noise_ratio", "top1_accuracy", "top5_accuracy", "worst_sample", "problems"; fp16

@@ -27,8 +27,9 @@ from ..quantize.calibrate import check_flags
 from ..verdict.criteria import reference_block
 from ..verdict.equivalence import verify_equivalence
 from ..reparam.forms import Loaded, build_deploy_form, build_train_form, hold_checkpoint, model_name, reparam_info
-from ..verdict.hops import (DEPLOY_SUBSET, PRE_HUB_SAMPLES, RAW_SUBSET, Ladder, check_images, class_names,
-                            parity_inputs_for, record_artifact)
+from ...targets.labels import class_names
+from ..verdict.hops import (DEPLOY_SUBSET, PRE_HUB_SAMPLES, RAW_SUBSET, Ladder, check_images, parity_inputs_for,
+                            record_artifact)
 from .hub import Hub, HubStore
 from .target_hops import ExportRun, TargetHops
 from ..onnx.onnx_export import (DEFAULT_EXPORTER, OnnxExportError, check_onnx, check_opset, default_opset,

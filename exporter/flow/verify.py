@@ -28,8 +28,9 @@ from .deploy_checkpoint import load_deploy_checkpoint
 from ..verdict.equivalence import verify_equivalence
 from ..quantize.compressed import Judged, compressed_hop
 from ..reparam.forms import build_deploy_form, build_train_form, model_name, reparam_info
-from ..verdict.classes import labels_of, predictions
-from ..verdict.hops import Ladder, check_images, hop_checks, class_names, parity_inputs_for, record_artifact
+from ...targets.labels import class_names, labels_of
+from ..verdict.predictions import predictions
+from ..verdict.hops import Ladder, check_images, hop_checks, parity_inputs_for, record_artifact
 from ..onnx.onnx_choice import check_exporter
 from ..onnx.onnx_dynamo import graph_opset
 from ..verdict.localize import localize_torch

@@ -34,7 +34,8 @@ from ..core.settings import ExportSettings
 from ..reparam.forms import build_deploy_form, build_train_form
 from .bench_report import BackendResult, BenchReport
 from ..verdict.criteria import GroundTruth, reference_block
-from ..verdict.hops import check_images, class_names, parity_inputs_for
+from ...targets.labels import class_names
+from ..verdict.hops import check_images, parity_inputs_for
 from ..verdict.inputs import ParitySet, parity_inputs
 from ..onnx.onnx_export import DEFAULT_EXPORTER, check_exporter, check_onnx, export_onnx_info, save_onnx, simplify_onnx
 from ..verdict.parity import (FLOAT64_TOLERANCES, check_hop, ground_truth, profile_for, tolerances as make_tolerances,

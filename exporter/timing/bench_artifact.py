@@ -35,7 +35,8 @@ from ...targets.base import Runner, UnavailableError, sha256_file
 from ...targets.graph.runtime import OnnxRuntimeRunner
 from .bench import PARITY_SAMPLES, check_parity, check_settings, gate, machine_info, time_backends
 from .bench_report import BackendResult, BenchReport
-from ..verdict.classes import labels_of, predictions
+from ...targets.labels import labels_of
+from ..verdict.predictions import predictions
 from ..quantize.compressed import Judged, judge_compressed
 from ..reparam.forms import build_train_form
 from ..verdict.hops import parity_inputs_for

@@ -84,7 +84,7 @@ def format_table(report: BenchReport) -> str:
         if r.reason:
             lines.append(f"  {r.backend}@{r.imgsz}: {r.reason}")
         if r.predictions:
-            from ..verdict.classes import describe
+            from ..verdict.predictions import describe
 
             lines.append(f"  {r.backend}@{r.imgsz}: top-1 on the first parity inputs: {describe(r.predictions)}")
         if r.gpu_compute and r.valid:

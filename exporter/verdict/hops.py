@@ -18,14 +18,12 @@ from typing import Callable
 
 import numpy as np
 import onnx
-import torch
 import torch.nn as nn
 
 from ...precisions import HALF, names
 from ...models.registry import recipe_of
 from ...targets import target_for_file
 from ...targets.base import Artifact, Runner, Target, UnavailableError, sha256_file, size_bytes
-from ...targets.labels import read_labels
 from ...targets.graph.runtime import OnnxRuntimeRunner
 from ...targets.pytorch import deploy_form_runner
 from ...targets.rows import ANE
@@ -77,17 +75,6 @@ def check_images(images: str | Path | None, labels: str | Path | None = None) ->
 def parity_set_for(model: nn.Module, n: int, imgsz: int) -> np.ndarray:
     """The default parity set's inputs for `model` (normalized with its mean/std)."""
     return parity_inputs_for(model, imgsz, n).numpy()
-
-
-def class_names(labels: str | Path | None, model: nn.Module, imgsz: int) -> list[str] | None:
-    """--labels read and checked against the model's class count (one float32 forward); None without it."""
-    if labels is None:
-        return None
-    read_labels(labels)  # the file's own problems first, before any forward
-    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    with torch.no_grad():
-        classes = int(model.eval()(torch.zeros(1, 3, imgsz, imgsz, dtype=dtype)).shape[-1])
-    return read_labels(labels, classes)
 
 
 @dataclass

@@ -151,11 +151,6 @@ def input_channels(model: nn.Module, imgsz: int) -> int | None:
     return seen[0] if seen else None
 
 
-def num_classes(model: nn.Module, imgsz: int) -> int:
-    with torch.no_grad():
-        return int(model(torch.zeros(1, 3, imgsz, imgsz, dtype=_dtype(model))).shape[-1])
-
-
 # ------------------------------------------------------------------------------------------------ conversion
 
 def convert(deploy_model: nn.Module, spec: LowerSpec, opts: CoreMLOptions, path: Path) -> dict:

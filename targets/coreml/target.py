@@ -21,7 +21,8 @@ from ...errors import VitedgeError
 from ..base import Artifact, LowerSpec, Runner, StoredWeights, Target, UnavailableError, reraise_interrupt
 from ..rows import COREML_ROW
 from .compress import KINDS, MIN_IOS, compress_package, require_kmeans
-from .convert import convert, input_channels, num_classes
+from ..labels import model_classes
+from .convert import convert, input_channels
 from .mil_interpreter import quiet_coremltools
 from .mlpackage import read_metadata
 from .weights import read_package
@@ -123,7 +124,7 @@ class CoreMLTarget(Target):
         check_input(given, spec.batch)  # before the model is even copied
         deploy_model = copy.deepcopy(deploy_model).float().eval()
         check_input(given, spec.batch, input_channels(deploy_model, spec.imgsz))
-        opts = parse_options(spec.options, num_classes(deploy_model, spec.imgsz))
+        opts = parse_options(spec.options, model_classes(deploy_model, spec.imgsz))
         path = Path(spec.out_dir) / f"{spec.name}{self.suffix}"
         if spec.precision not in KINDS:
             return Artifact(self.name, path, spec.precision, info=convert(deploy_model, spec, opts, path))

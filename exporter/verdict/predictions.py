@@ -1,8 +1,5 @@
-"""Class names an artifact carries (its `vitedge.labels` metadata: class names in index order, written by
-`--labels`) and the top-1 predictions `vitedge parity` and `vitedge bench --artifact` print with them.
-
-Read-only: the labels are written into the graph by the export (`--labels`); here they only name the classes.
-"""
+"""The top-1 predictions `vitedge parity` and `vitedge bench --artifact` print with the class names an artifact
+carries (read by targets/labels.py, the one home of class names)."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,14 +8,6 @@ from ...targets.base import Runner
 from .parity import run_batched
 
 PREDICTIONS = 4  # parity inputs whose top-1 class is reported
-
-
-def labels_of(meta: dict) -> list[str] | None:
-    """The class names in an artifact's decoded metadata (None when it carries none)."""
-    labels = meta.get("labels")
-    if isinstance(labels, list) and labels and all(isinstance(x, (str, int)) for x in labels):
-        return [str(x) for x in labels]
-    return None
 
 
 def _name(labels: list[str], i: int) -> str:
