@@ -35,7 +35,7 @@ from onnx import numpy_helper
 import _script
 from _tables import load, table
 from vitedge.exporter.quantize.calibrate import natural_calibration
-from vitedge.exporter.quantize.compressed import Judged, resolution_bounds
+from vitedge.exporter.quantize.compressed import JudgedSamples, resolution_bounds
 from vitedge.exporter.core.report import Tolerance
 from vitedge.exporter.verdict.criteria import GroundTruth
 from vitedge.exporter.verdict.inputs import parity_set
@@ -93,7 +93,7 @@ def measure_fixture(name: str, work: Path, quick: bool) -> list[dict]:
     mean, std = input_stats(train)
     imgsz = tf.manifest()["models"][name]["imgsz"]
     nat_cal = natural_calibration(CALIB, imgsz, mean, std)
-    judged = Judged.build(train, parity_set(64 if quick else 256, imgsz, 0, mean, std), nat_cal.ids)
+    judged = JudgedSamples.build(train, parity_set(64 if quick else 256, imgsz, 0, mean, std), nat_cal.ids)
     xd, yd = tf.heldout(name)
     digits = ground_truth(train, xd, ("user",) * len(xd), yd)
     dig_cal, dig_ids = tf.calibration_images(name, CALIB)

@@ -38,7 +38,7 @@ import _script
 import _stats
 from _tables import load, table
 import vitedge
-from vitedge.exporter.quantize.compressed import Judged, judge_compressed
+from vitedge.exporter.quantize.compressed import JudgedSamples, judge_compressed
 from vitedge.exporter.verdict.criteria import effective_noise, sample_errors
 from vitedge.precisions import EMULATED, PROFILES, TABLE
 from vitedge.exporter.reparam.forms import build_deploy_form
@@ -88,7 +88,7 @@ def _runner(kind: str, path: Path):
     return OnnxRuntimeRunner(path) if kind == "int8" else EmulatedCoreMLRunner(path)
 
 
-def _judge(kind: str, path: Path, judged: Judged, deploy):
+def _judge(kind: str, path: Path, judged: JudgedSamples, deploy):
     """(the product's verdict on the artifact at `path`: its outputs by the kind's profile and compressed rule, then
     its stored weights, as `vitedge export` judges it; its outputs on the samples judged)."""
     tol = FLOAT64_TOLERANCES[profile_for(kind)]
@@ -140,7 +140,7 @@ def measure(name: str, make, work: Path, quick: bool, kinds: tuple | None = None
             continue
         ids = (rep.calibration or {}).get("ids") or ()
         deploy = build_deploy_form(copy.deepcopy(model), imgsz)[0]
-        judged = Judged.build(model, parity_inputs_for(model, imgsz, SAMPLES), ids, deploy=deploy)
+        judged = JudgedSamples.build(model, parity_inputs_for(model, imgsz, SAMPLES), ids, deploy=deploy)
         hop, good = _judge(kind, src, judged, deploy)
         truth = judged.with_emulation(judged.truth.head(hop.samples), judged.x[:hop.samples], kind)
         rows.append(_row(name, kind, None, None, None, hop, good, None, truth))

@@ -19,7 +19,7 @@ from onnx import numpy_helper
 
 from vitedge import precisions
 from vitedge.exporter.quantize import calibrate
-from vitedge.exporter.quantize.compressed import QDQ_HOP, Judged, compressed_hop, write_qdq
+from vitedge.exporter.quantize.compressed import QDQ_HOP, JudgedSamples, compressed_hop, write_qdq
 from vitedge.exporter.verdict.inputs import parity_set, user_set
 from vitedge.exporter.verdict.parity import COMPRESSED_TOLERANCES, profile_for, tolerances
 from vitedge.exporter.flow.pipeline import export
@@ -245,7 +245,7 @@ def test_labelled_images_split_calibration_and_give_the_accuracy_delta(work):
     calib = calibrate.images_calibration(folder, 32, 32, mean, std, labels)
     assert calibrate.images_calibration(folder, 32, 32, mean, std, labels).ids == calib.ids
     pset = user_set(folder, 32, mean, std, labels_file=labels)
-    judged = Judged.build(train, pset, calib.ids)
+    judged = JudgedSamples.build(train, pset, calib.ids)
     assert len(calib.ids) == 32 and not set(judged.names) & set(calib.ids) and len(judged.x) == 120 - 32
     ratio = f"{(judged.truth.y64.argmax(1) == judged.truth.labels).mean():.3f}"
     print(f"float64 accuracy on the judged digits: {ratio}")

@@ -190,7 +190,7 @@ def product_hop(workdir: Path, name: str, kind: str, path: Path):
     """The compressed hop `vitedge export` / `vitedge parity` would report for the package at `path` (the product's
     compressed_hop: the emulated CoreML runner on the held-out digits, the kind's profile and compressed rule, then
     the weights check)."""
-    from vitedge.exporter.quantize.compressed import Judged, compressed_hop
+    from vitedge.exporter.quantize.compressed import JudgedSamples, compressed_hop
     from vitedge.exporter.verdict.parity import FLOAT64_TOLERANCES, ground_truth, profile_for
     from vitedge.exporter.core.progress import QUIET
     from vitedge.targets.base import Artifact
@@ -198,7 +198,7 @@ def product_hop(workdir: Path, name: str, kind: str, path: Path):
     if ("judged", name) not in _CACHE:
         x, y = tf.heldout(name)
         train, deploy = tf.deploy_form(name)
-        _CACHE[("judged", name)] = Judged(train, x, ground_truth(train, x, ("user",) * len(x), y),
+        _CACHE[("judged", name)] = JudgedSamples(train, x, ground_truth(train, x, ("user",) * len(x), y),
                                           tuple(map(str, range(len(x)))), deploy)
     judged = _CACHE[("judged", name)]
     return compressed_hop("coreml", CoreMLTarget(), Artifact(name, path, kind), FLOAT64_TOLERANCES[profile_for(kind)],

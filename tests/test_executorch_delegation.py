@@ -40,7 +40,7 @@ def test_every_family_is_delegated_whole(family, tmp_path):
 def test_int8_on_trained_weights_keeps_the_accuracy(name, tmp_path):
     """PT2E int8 of the trained reference models, calibrated on 64 training images, judged on the 364 held-out
     digits by the product's compressed rule (int8 profile: accuracy drop, agreement, cosine, PSNR)."""
-    from vitedge.exporter.quantize.compressed import Judged, judge_compressed
+    from vitedge.exporter.quantize.compressed import JudgedSamples, judge_compressed
     from vitedge.exporter.verdict.parity import FLOAT64_TOLERANCES, ground_truth
     from vitedge.exporter.verdict import trained_reference as tf
 
@@ -54,7 +54,7 @@ def test_int8_on_trained_weights_keeps_the_accuracy(name, tmp_path):
     assert art.info["outside_delegate"] == {} and art.info["calibration"]["samples"] == 64
     x, y = tf.heldout(name)
     sets = ("user",) * len(x)  # labelled images of the user's task, as --images gives them
-    judged = Judged(train, x, ground_truth(train, x, sets, y), tuple(f"digit:{i}" for i in range(len(x))))
+    judged = JudgedSamples(train, x, ground_truth(train, x, sets, y), tuple(f"digit:{i}" for i in range(len(x))))
     with target.runner(art) as runner:
         hop = judge_compressed("executorch-int8", runner, judged, FLOAT64_TOLERANCES["int8"], "int8")
         acc = tf.accuracy(runner.run(x), y)

@@ -21,7 +21,7 @@ NAME = "swiftformer_digits"
 
 @pytest.fixture(scope="module")
 def lowered(tmp_path_factory):
-    from vitedge.exporter.quantize.compressed import Judged
+    from vitedge.exporter.quantize.compressed import JudgedSamples
     from vitedge.exporter.verdict.parity import ground_truth
     from vitedge.exporter.verdict import trained_reference as tf
 
@@ -33,7 +33,8 @@ def lowered(tmp_path_factory):
     art = target.lower(deploy, LowerSpec(NAME, imgsz, 1, "int8", tmp, None, metadata={"mean": [0.5] * 3},
                                          calibration=Calibration(xc, tuple(str(i) for i in ids), "images")))
     x, y = tf.heldout(NAME)
-    judged = Judged(train, x, ground_truth(train, x, ("user",) * len(x), y), tuple(f"digit:{i}" for i in range(len(x))))
+    judged = JudgedSamples(train, x, ground_truth(train, x, ("user",) * len(x), y),
+                           tuple(f"digit:{i}" for i in range(len(x))))
     raw = open(art.path, "rb").read()
     found = [(n, p.detach().numpy()) for n, p in deploy.named_parameters()
              if p.ndim >= 2 and p.shape[0] > 1 and raw.count(int8_pte_scales(p.detach().numpy()).tobytes()) == 1]

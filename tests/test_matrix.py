@@ -25,7 +25,7 @@ from vitedge.cli import main
 from vitedge.exporter.flow import pipeline
 from vitedge.exporter.matrix import matrix
 from vitedge.exporter.matrix.folders import KEY_FILE, TRACEBACK
-from vitedge.exporter.matrix.hub import FolderHub
+from vitedge.exporter.matrix.hub_folder import FolderHub
 from vitedge.targets.base import sha256_file
 from vitedge.targets import TARGETS
 from vitedge.targets.onnx.target import OnnxTarget

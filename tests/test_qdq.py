@@ -17,7 +17,7 @@ import pytest
 from onnx import numpy_helper
 
 from vitedge.errors import VitedgeError
-from vitedge.exporter.quantize.compressed import Judged, judge_compressed
+from vitedge.exporter.quantize.compressed import JudgedSamples, judge_compressed
 from vitedge.exporter.verdict.parity import FLOAT64_TOLERANCES, ground_truth
 from vitedge.targets.onnx.target import OnnxRuntimeRunner
 from vitedge.targets.calibration import calibration_overlap, calibration_record
@@ -42,14 +42,14 @@ def cosines(ref: np.ndarray, out: np.ndarray) -> np.ndarray:
     return (ref * out).sum(1) / (np.linalg.norm(ref, axis=1) * np.linalg.norm(out, axis=1))
 
 
-def judged(name: str) -> Judged:
+def judged(name: str) -> JudgedSamples:
     """The held-out digits with their labels and the train-form's float64 ground truth on them, once."""
     key = ("judged", name)
     if key not in _CACHE:
         x, y = tf.heldout(name)
         train, deploy = tf.deploy_form(name)
         truth = ground_truth(train, x, ("user",) * len(x), y)
-        _CACHE[key] = Judged(train, x, truth, tuple(str(i) for i in range(len(x))), deploy)
+        _CACHE[key] = JudgedSamples(train, x, truth, tuple(str(i) for i in range(len(x))), deploy)
     return _CACHE[key]
 
 

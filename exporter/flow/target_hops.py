@@ -23,7 +23,7 @@ from ..core.report import Hop, Report
 from ..core.settings import ExportSettings
 from ..core.target_plans import TargetPlan
 from ..quantize.calibrate import calibration_set
-from ..quantize.compressed import QDQ_HOP, Judged, compressed_hop, write_qdq
+from ..quantize.compressed import QDQ_HOP, JudgedSamples, compressed_hop, write_qdq
 from ..verdict.hops import Ladder, hop_checks, record_artifact
 from ..verdict.inputs import ParitySet
 from ..verdict.parity import failed, profile_for, unverified
@@ -57,7 +57,7 @@ class TargetHops(ExportRun):
     fp16_problem: str | None = None
     fp16_module: str | None = None
     calibration: object = None          # targets.calibration.Calibration, chosen once per run
-    judged: Judged | None = None        # what compressed hops are judged on, built once per run
+    judged: JudgedSamples | None = None        # what compressed hops are judged on, built once per run
 
     def run(self, plans: list, hub: Path, meta: dict, ladder: Ladder) -> None:
         for plan in plans:  # every requested target, generically through the TARGETS table
@@ -94,14 +94,14 @@ class TargetHops(ExportRun):
             self.report.calibration = self.calibration.record()
         return self.calibration
 
-    def _judged(self, ladder: Ladder) -> Judged:
+    def _judged(self, ladder: Ladder) -> JudgedSamples:
         """The parity set's natural and user samples (none that calibrated) and the ladder's truth on them, once."""
         if self.judged is None:
             r = self.report
             train = ladder.train if ladder.train is not None else self.build_train()
             with self.progress.step("choosing the samples the compressed hops are judged on"):
                 calib = self._calibration()
-                self.judged = Judged.build(train, self.inputs, calib.ids if calib is not None else (),
+                self.judged = JudgedSamples.build(train, self.inputs, calib.ids if calib is not None else (),
                                            truth=ladder.truth, deploy=self.deploy)
             r.compressed_inputs = self.judged.describe(r.inputs, ", none that calibrated" if calib is not None else "")
         return self.judged

@@ -26,7 +26,7 @@ from ...targets.rows import ONNX
 from ...targets.graph.metadata import read_metadata
 from .deploy_checkpoint import load_deploy_checkpoint
 from ..verdict.equivalence import verify_equivalence
-from ..quantize.compressed import Judged, compressed_hop
+from ..quantize.compressed import JudgedSamples, compressed_hop
 from ..reparam.forms import build_deploy_form, build_train_form, model_name, reparam_info
 from ...targets.labels import class_names, labels_of
 from ..verdict.predictions import predictions
@@ -334,7 +334,7 @@ def _compressed_artifact_hop(report: Report, plan: TargetPlan, path: Path, art_m
         return unverified(hop_name, plan.name, plan.missing, tol)
     ids = recorded_calibration_ids(meta)
     with progress.step("choosing the samples the compressed hop is judged on"):
-        judged = Judged.build(ladder.train, ladder.inputs, ids, truth=ladder.truth, deploy=ladder.deploy)
+        judged = JudgedSamples.build(ladder.train, ladder.inputs, ids, truth=ladder.truth, deploy=ladder.deploy)
     report.compressed_inputs = judged.describe(report.inputs, f", without the {len(ids)} calibration ids the "
                                                "artifact records and their photos")
     return compressed_hop(hop_name, plan.target, art, tol, judged, ladder.deploy, progress, mode,

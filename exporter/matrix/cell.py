@@ -75,7 +75,7 @@ def cell_settings(c: Cell, out: str | Path) -> ExportSettings:
 def _hub(folder: Path | None):
     if folder is None:
         return None
-    from .hub import FolderHub
+    from .hub_folder import FolderHub
 
     return FolderHub(folder)
 

@@ -6,7 +6,7 @@ run writes, the samples compressed hops are judged on, the hops, and the localiz
   `NAME.int8.tensorrt.onnx` (tensorrt: int8 symmetric activations, what TensorRT's parser takes), with the same
   calibration and the same islands. The tensorrt graph is checked on ONNX Runtime CPU as hop `tensorrt-qdq` (the
   very graph the engine is built from), since the engine itself is unverified without a GPU.
-- Judged samples (`Judged`): the parity set's natural and user samples, without any that calibrated
+- Judged samples (`JudgedSamples`): the parity set's natural and user samples, without any that calibrated
   (exporter/quantize/calibrate.py), against the train-form in float64, by the kind's profile (exporter/verdict/parity.py
   COMPRESSED_TOLERANCES). Stress samples are not judged: quantization ranges come from natural images. Samples
   are put in a seeded order, so the prefix an emulator runs mixes photos and classes. One disagreeing sample and
@@ -72,7 +72,7 @@ def write_qdq(hub: Path, calibration: Calibration, encoding: str, out_dir: Path,
 
 
 @dataclass
-class Judged:
+class JudgedSamples:
     """The samples compressed hops are judged on, their float64 ground truth, the train-form it came from and the
     deploy-form the kind's emulation compresses (built from the train-form when not given)."""
     train: nn.Module
@@ -83,7 +83,7 @@ class Judged:
 
     @classmethod
     def build(cls, train: nn.Module, pset: ParitySet, calibration_ids=(), truth: GroundTruth | None = None,
-              deploy: nn.Module | None = None) -> "Judged":
+              deploy: nn.Module | None = None) -> "JudgedSamples":
         """From the run's parity set without the samples that calibrated (`calibration_ids`: Calibration.ids or
         what an artifact recorded), and its ground truth where the ladder has one (subset, not rerun)."""
         idx = evaluation_indices(pset.names, pset.sets, calibration_ids)
@@ -129,7 +129,7 @@ def resolution_bounds(tol: Tolerance, n: int, labelled: int) -> Tolerance:
     return out
 
 
-def judge_compressed(hop_name: str, runner: Runner, judged: Judged, tol: Tolerance, kind: str) -> Hop:
+def judge_compressed(hop_name: str, runner: Runner, judged: JudgedSamples, tol: Tolerance, kind: str) -> Hop:
     """An open runner's compressed hop (an artifact of compressed `kind`) on the judged samples (as many as the
     runner runs), by the kind's profile with the resolution bounds and, where the profile sets it, the compressed
     rule; `vitedge bench --artifact` judges a compressed artifact with this too."""
@@ -144,7 +144,7 @@ def judge_compressed(hop_name: str, runner: Runner, judged: Judged, tol: Toleran
                      names=judged.names[:n])
 
 
-def compressed_hop(hop_name: str, target: Target, artifact: Artifact, tol: Tolerance, judged: Judged,
+def compressed_hop(hop_name: str, target: Target, artifact: Artifact, tol: Tolerance, judged: JudgedSamples,
                    deploy: nn.Module, progress: Progress, mode: str | None = None,
                    also: Callable[[Hop, Runner], None] | None = None) -> Hop:
     """Run a compressed artifact through its target's runner on the judged samples (and `also` check what needs

@@ -65,15 +65,15 @@ def machine_info() -> dict:
 
 def _onnx(deploy: nn.Module, imgsz: int, batch: int, exporter: str):
     """(the simplified graph, how it was exported: OnnxExport.info())."""
-    made = export_onnx_info(deploy, imgsz, batch=batch, exporter=exporter)
-    return simplify_onnx(check_onnx(made.model)), made.info()
+    exported = export_onnx_info(deploy, imgsz, batch=batch, exporter=exporter)
+    return simplify_onnx(check_onnx(exported.model)), exported.info()
 
 
 def _ort_runner(deploy: nn.Module, imgsz: int, batch: int, threads: int, spinning: bool | None = None,
                 exporter: str = DEFAULT_EXPORTER) -> Runner:
-    model, made = _onnx(deploy, imgsz, batch, exporter)
+    model, exported = _onnx(deploy, imgsz, batch, exporter)
     runner = OnnxRuntimeRunner(model, threads=threads, spinning=spinning)
-    runner.onnx_export = made  # BackendResult.export
+    runner.onnx_export = exported  # BackendResult.export
     return runner
 
 
@@ -82,9 +82,9 @@ def _target_runner(name: str, deploy: nn.Module, imgsz: int, batch: int, tmp: Pa
     """A target's artifact on its own runtime (UnavailableError, with why, where it cannot run); `threads`: a
     threaded runner's pool (the bench's --threads, as for ONNX Runtime). One from ONNX is built from the graph."""
     target = usable_target(name)
-    onnx_path, made = None, None
+    onnx_path, exported = None, None
     if row_of(name).source == ONNX:
-        model, made = _onnx(deploy, imgsz, batch, exporter)
+        model, exported = _onnx(deploy, imgsz, batch, exporter)
         onnx_path = save_onnx(model, tmp / "bench.onnx")
     spec = LowerSpec(name="bench", imgsz=imgsz, batch=batch, precision=target.default_precision, out_dir=tmp,
                      onnx_path=onnx_path)
@@ -94,7 +94,7 @@ def _target_runner(name: str, deploy: nn.Module, imgsz: int, batch: int, tmp: Pa
     if runner.mode not in ("device", None):  # an emulator's speed says nothing of the device: never timed as one
         runner.close()  # (a device runner says "device" once it has predicted)
         raise UnavailableError(f"{name} runs only {runner.mode} here ({runner.backend}); no device to time")
-    runner.onnx_export = made
+    runner.onnx_export = exported
     return runner
 
 

@@ -37,7 +37,7 @@ from .bench import PARITY_SAMPLES, check_parity, check_settings, gate, machine_i
 from .bench_report import BackendResult, BenchReport
 from ...targets.labels import labels_of
 from ..verdict.predictions import predictions
-from ..quantize.compressed import Judged, judge_compressed
+from ..quantize.compressed import JudgedSamples, judge_compressed
 from ..reparam.forms import build_train_form
 from ..verdict.hops import parity_inputs_for
 from ..verdict.inputs import parity_inputs
@@ -149,7 +149,7 @@ class _Plan:
         precision = meta.get("precision")
         # the parity tolerance profile: fp32 / fp16, or a compressed kind's (judged on `judged`)
         self.precision = precision if precision in PRECISION_TABLE else None
-        self.judged: Judged | None = None   # a compressed artifact's judged samples (natural, not calibration)
+        self.judged: JudgedSamples | None = None   # a compressed artifact's judged samples (natural, not calibration)
 
 
 def bench_artifact(path: str | Path, *, providers=None, checkpoint: str | Path | None = None,
@@ -204,7 +204,7 @@ def bench_artifact(path: str | Path, *, providers=None, checkpoint: str | Path |
     with contextlib.ExitStack() as stack:
         truth = _ground_truth(plan)
         if truth is not None and plan.precision in compressed_names():
-            plan.judged = Judged.build(plan.train, plan.inputs, recorded_calibration_ids(plan.meta), truth=truth)
+            plan.judged = JudgedSamples.build(plan.train, plan.inputs, recorded_calibration_ids(plan.meta), truth=truth)
             report.artifact["compressed_inputs"] = plan.judged.describe(
                 f"{PARITY_SAMPLES} samples", ", without the calibration ids the artifact records")
         for name, make in plan.backends.items():
