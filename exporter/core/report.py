@@ -144,7 +144,7 @@ class Hop:
     # `vitedge parity` on an artifact carrying class names (vitedge.labels): its top-1 on the first parity inputs,
     # [{"sample", "top1", "name", "reference", "reference_name"}] (exporter/verdict/predictions.py); None otherwise.
     predictions: list | None = None
-    # JudgedSamples against float64 ground truth: per input set (natural / stress / user) {"samples", "metrics" (vs
+    # Judged against float64 ground truth: per input set (natural / stress / user) {"samples", "metrics" (vs
     # float64), "reference_noise", "noise_ratio", "top1_accuracy", "top5_accuracy", "worst_sample", "problems"; fp16
     # hops also "reference_fp16_error" and "fp16_median_ratio" (the fp16 rule); with
     # labels also "top1_accuracy_ci95" (Wilson), "reference_top1_accuracy" and "reference_top5_accuracy" (the float64
