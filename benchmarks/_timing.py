@@ -31,7 +31,7 @@ def time_blocks(fns: dict[str, Callable[[], object]], rounds: int, block_s: floa
     two calls); the median of the block's second half is that round's time (paired across candidates).
 
     For multi-thread ONNX Runtime sessions: each session owns a thread pool whose idle workers spin, and
-    alternating sessions call by call makes them compete for the cores (measured: benchmarks/README.md, method
+    alternating sessions call by call makes them compete for the cores (measured: docs/benchmarks/index.md, method
     notes)."""
     out: dict[str, list[float]] = {k: [] for k in fns}
     rng = random.Random(seed)
@@ -100,7 +100,7 @@ def ort_sessions(graphs: dict[str, onnx.ModelProto], threads: int, spinning: boo
                  copies: int = 1) -> dict[str, OnnxRuntimeRunner | Alternating]:
     """`ort` for each graph (`copies` sessions of each behind an `Alternating`), created in a seeded random order
     and returned in the given key order. Identical sessions of one graph differed by up to 2.6 % in speed (A/A tests
-    here: benchmarks/README.md, method notes), by when and where they were created; shuffling the creation order
+    here: docs/benchmarks/index.md, method notes), by when and where they were created; shuffling the creation order
     and alternating copies keeps that from favouring one candidate."""
     order = [(k, i) for k in graphs for i in range(copies)]
     random.Random(seed).shuffle(order)

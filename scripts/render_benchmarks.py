@@ -1,4 +1,5 @@
-"""Render the measurement tables of the README, benchmarks/README.md and docs/ from benchmarks/results/*.json.
+"""Render the measurement tables of the README and docs/ (docs/benchmarks/: each benchmark's page) from
+benchmarks/results/*.json.
 
 A rendered block sits between two marker comments,
 
@@ -26,8 +27,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "benchmarks"
 # the files that hold rendered blocks
-FILES = ("README.md", "benchmarks/README.md", "docs/onnx.md", "docs/parity.md", "docs/parity_criteria.md",
-         "docs/quantization.md", "docs/executorch.md")
+FILES = ("README.md", "docs/onnx.md", "docs/parity.md", "docs/parity_criteria.md", "docs/quantization.md",
+         "docs/executorch.md", *(f"docs/benchmarks/{page}.md" for page in (
+             "index", "attention_order", "export_time", "deploy_speed", "resolution_scaling", "rewrite_ablation",
+             "executorch_speed")))
 # a block (the markers on lines of their own) or a fragment inside a sentence (markers and figures on one line:
 # Markdown ends a paragraph at a line that starts with a comment)
 BLOCK = re.compile(r"<!-- rendered: ([^>]*?) -->(\n?)(.*?)<!-- /rendered -->", re.S)

@@ -1,5 +1,5 @@
 """The benchmark scripts run (`--quick`), print their ratios last and write the JSON that the README and
-benchmarks/README.md are rendered from.
+docs/benchmarks/ are rendered from.
 
 The scripts run concurrently in subprocesses, as a user runs them (`python benchmarks/NAME.py`);
 their timings are meaningless here (the point is that they run and report). The ratio and target logic

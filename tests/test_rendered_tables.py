@@ -1,5 +1,5 @@
-"""The measurement tables of the README, benchmarks/README.md and docs/ are rendered from benchmarks/results/*.json
-(scripts/render_benchmarks.py): re-rendered here and compared, so no quoted figure can drift from its JSON."""
+"""The measurement tables of the README and docs/ (docs/benchmarks/ included) are rendered from
+benchmarks/results/*.json (scripts/render_benchmarks.py): re-rendered here and compared, so no quoted figure can drift from its JSON."""
 from __future__ import annotations
 
 import copy
@@ -98,3 +98,17 @@ def test_a_figure_quoted_in_a_code_comment_is_rendered_and_checked(rb, monkeypat
     text = (REPO / "precisions.py").read_text()
     new = rb.render_text(text)
     assert new != text and "[3.21](rendered: fp16_worst_correct)" in new
+
+
+def test_benchmarks_readme_is_an_index_and_each_benchmark_has_its_page(rb):
+    """Each benchmark's prose lives on its own page of docs/benchmarks/ (in the site's nav, its tables rendered);
+    benchmarks/README.md only points to them."""
+    import re
+
+    pages = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs" / "benchmarks").glob("*.md"))
+    assert len(pages) >= 7 and set(pages) <= set(rb.FILES), pages
+    nav = (REPO / "mkdocs.yml").read_text()
+    assert all(p.removeprefix("docs/") in nav for p in pages)
+    index = (REPO / "benchmarks" / "README.md").read_text()
+    linked = set(re.findall(r"\]\(\.\./(docs/benchmarks/[a-z_]+\.md)\)", index))
+    assert linked == set(pages) and len(index.splitlines()) < 60 and "<!-- rendered" not in index

@@ -212,7 +212,7 @@ class PositionPlanesPatchEmbed(nn.Module):
     adds exactly pos[t] to token t (a product by 1, the rest by 0: the same function, the sum in another order).
     Why: a positional embedding added after the patch conv starts the residual stream from an Add of a constant,
     which ONNX Runtime's NCHWc layout pass does not take, so every block's residual Adds and 1x1 convs reorder
-    between layouts; started by the conv itself, the stream stays blocked (benchmarks/README.md, design probes).
+    between layouts; started by the conv itself, the stream stays blocked (docs/benchmarks/index.md, design probes).
     While torch.jit.trace records a CoreML lowering it computes `conv(x) + pos` instead (the `pos` buffer):
     coremltools' weight tools fail on a constant that feeds a concat, and CoreML has no NCHWc pass to serve.
     """
@@ -288,7 +288,7 @@ class ErfGELU(nn.Module):
     """Exact (erf) GELU written `(0.5 x) (1 + erf(x / sqrt 2))`: ONNX Runtime's GeluFusion pattern 1.
 
     torch exports GELU as `(x (1 + erf)) * 0.5`, and onnxsim folds that trailing 0.5 into the next 1x1 conv
-    (never into a Gemm), leaving an unfused Div/Erf/Add/Mul chain (measured: benchmarks/README.md, design probes).
+    (never into a Gemm), leaving an unfused Div/Erf/Add/Mul chain (measured: docs/benchmarks/index.md, design probes).
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ or `((q k^T) v) / (...)`, order fixed here; batched 4-D MatMuls only (no Einsum)
 Rewrites (each exact and switchable, `reparameterize(..., rewrites=[...])`; none = the folded-only token-first
 ablation baseline). `tokens_channels_first`: the residual stream is channel-first, (B, C, N, 1), from the patch-embed
 conv (a free reshape) to the pooling; every token Linear is a 1x1 Conv2d (ONNX Runtime runs it in its NCHWc
-layout with prepacked weights, about as fast as a Gemm and faster than a Conv1d: benchmarks/README.md, design
+layout with prepacked weights, about as fast as a Gemm and faster than a Conv1d: docs/benchmarks/index.md, design
 probes); heads are (B, h, d, N) by
 free reshapes, M = v k^T then M q (kv_first) or v (k^T q) (qk_first), so k's transpose is the only one per
 block; the dwc reads v by a free reshape; positional encodings are (1, h, d, N) constants. PRepBN's softmax
@@ -50,7 +50,7 @@ norm_affine = repbn_affine  # kept as this module's public name
 def _split_heads_cf(qkv: torch.Tensor, h: int, d: int) -> tuple[torch.Tensor, ...]:
     """(B, 3C, N, 1) or (B, 3C, H, W) -> q, k, v as (B, h, d, N): a free reshape (the (3 h d) channel split is
     row-major) and one Split along the (3 h) axis; unbinding a separate axis of 3 would add a Squeeze per output
-    (measured: benchmarks/README.md, design probes)."""
+    (measured: docs/benchmarks/index.md, design probes)."""
     b, _, s1, s2 = qkv.shape
     return qkv.reshape(b, 3 * h, d, s1 * s2).split(h, dim=1)
 
@@ -152,7 +152,7 @@ class SLADeploy(nn.Module):
     def _three_projections(self, x: torch.Tensor) -> torch.Tensor:
         # Channel-first with q, k, v convs: ONNX Runtime runs each conv in its blocked layout and reorders each
         # output once for the head MatMuls; v's map also feeds the tiled dwc directly, still blocked (no Split, no
-        # reorder into and out of a (B*h, d, H, W) dwc): 1.01-1.03x on SLAB-DeiT-T (benchmarks/README.md)
+        # reorder into and out of a (B*h, d, H, W) dwc): 1.01-1.03x on SLAB-DeiT-T (docs/benchmarks/rewrite_ablation.md)
         b, c = x.shape[:2]
         n, h, d = x.shape[2] * x.shape[3], self.num_heads, self.head_dim
         q = F.relu(self.q(x).reshape(b, h, d, n))
@@ -208,7 +208,7 @@ class DeiTDeploy(nn.Module):
     Token-first (`channel_first` False, the folded-only baseline): (B, N, C) tokens; `cls_token` None means
     mean pooling over the patch tokens. Channel-first: (B, C, N, 1) tokens for the whole network, so every
     Linear is a 1x1 Conv2d (ONNX Runtime runs those in its blocked NCHWc layout with prepacked weights; see
-    benchmarks/README.md, design probes); `pos_embed` is (1, C, N, 1), or (1, C, 1+N, 1)
+    docs/benchmarks/index.md, design probes); `pos_embed` is (1, C, N, 1), or (1, C, 1+N, 1)
     with the CLS token (its position folded in) as row 0, so `pad(x) + pos_embed` inserts it without Concat
     or Expand; `pool` is "mean" or "cls". `pos_planes` (mean pooling only): the positional embedding is added by
     the patch conv itself (PositionPlanesPatchEmbed) and, channel-first, the tokens stay the conv's (B, C, H, W)

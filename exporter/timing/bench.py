@@ -167,7 +167,7 @@ def time_backends(runners: dict[str, tuple[Runner, BackendResult]], xb: np.ndarr
     timed = {b: rr for b, rr in runners.items() if rr[1].status == "ok"}
     times: dict[str, list[float]] = {}
     # Interleave only backends of the same runtime: a torch call right before an ONNX Runtime call slows
-    # that call (measured: benchmarks/README.md, method notes), so mixing runtimes in one round would bias
+    # that call (measured: docs/benchmarks/index.md, method notes), so mixing runtimes in one round would bias
     # exactly the paired ratios this harness reports.
     for group in dict.fromkeys(RUNTIME.get(b, b) for b in timed):
         members = {b: rr for b, rr in timed.items() if RUNTIME.get(b, b) == group}

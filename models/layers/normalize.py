@@ -19,7 +19,7 @@ def l2_normalize_rsqrt(x: torch.Tensor, dim, eps: float = 1e-12) -> torch.Tensor
 def l2_normalize_reduce_l2(x: torch.Tensor, dim, eps: float = 1e-12) -> torch.Tensor:
     """`F.normalize(x, p=2, dim=dim, eps=eps)` as `x * (1 / max(||x||, eps))`: F.normalize's own formula, with
     the norm one ONNX op (ReduceL2: the squares are never a tensor of their own), the reciprocal taken on the
-    reduced tensor and a broadcast multiply (what it is worth: benchmarks/README.md, section 5)."""
+    reduced tensor and a broadcast multiply (what it is worth: docs/benchmarks/rewrite_ablation.md)."""
     return x * torch.reciprocal(torch.linalg.vector_norm(x, 2, dim=dim, keepdim=True).clamp_min(eps))
 
 

@@ -21,7 +21,7 @@ class OnnxRuntimeRunner(Runner):
     workers busy-wait for the next op (ONNX Runtime's default, None, is yes). Every session owns its pool, so
     when several multi-thread sessions take turns in one process (two models in an app, a benchmark
     alternating variants) the spinning workers of one compete with the next for the cores; turning spinning
-    off steadies them (measured figures: README "vitedge bench" and benchmarks/README.md).
+    off steadies them (measured figures: README "vitedge bench" and docs/benchmarks/index.md).
     `threads=None` reads $VITEDGE_THREADS (0 when unset), so that processes running side by side (the
     `vitedge matrix` workers) keep workers x threads within the cores."""
     mode = "device"
