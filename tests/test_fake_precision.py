@@ -5,7 +5,8 @@ and a fake target that makes it get the CLI's `--precision` choice, `export` jud
 no product file changed: every reader looks the table up when it runs, not at import.
 
 The artifact is the pipeline's fp16 ONNX graph (the onnx target's own conversion) saved under the fake suffix and
-run on ONNX Runtime: a real fp16 artifact judged by the real ladder."""
+run on ONNX Runtime (the fake compressed target's handling, tests/test_fake_compressed_target.py): a real fp16
+artifact judged by the real ladder. Only the precision row is new here."""
 from __future__ import annotations
 
 import json
@@ -17,13 +18,12 @@ import pytest
 from vitedge import cli, precisions
 from vitedge.precisions import FP16_ERROR, HALF, HALF_ULP, Emulation, Precision, Profile, Rule
 from vitedge.targets import TargetRow, register, unregister
-from vitedge.targets.base import Artifact, LowerSpec, StoredWeights, Target
+from vitedge.targets.base import Artifact, LowerSpec
 from vitedge.targets.graph.metadata import read_metadata, set_metadata
 from vitedge.targets.graph.onnx_fp16 import convert_onnx_fp16
 from vitedge.targets.graph.precision import default_policy
-from vitedge.targets.graph.runtime import OnnxRuntimeRunner
-from vitedge.targets.graph.weights import onnx_stored_weights
 from vitedge.targets.plants import plant_fp16_initializer
+from vitedge.tests.test_fake_compressed_target import FakeQTarget  # its artifact handling; the precision is ours
 
 TINY = ["--model", "swiftformer_xs", "--set", "layers=[1,1,1,1]", "--set", "embed_dims=[8,8,16,16]",
         "--set", "num_classes=10", "--imgsz", "32"]
@@ -34,8 +34,9 @@ FAKE = Precision("fp16s", HALF, Profile("fp16s", Rule(FP16_ERROR, floor=HALF_ULP
                  weight_k=3.0, bits=16, emulation=Emulation("fp16"))
 
 
-class HalfTarget(Target):
-    """Saves the hub graph (fp32) or its fp16 conversion (the fake precision) as NAME[.fp16s].half; ORT runs it."""
+class HalfTarget(FakeQTarget):
+    """The fake compressed target's artifact handling (save under its suffix, run on ONNX Runtime, read its own
+    weights), lowering the hub graph (fp32) or its fp16 conversion (the fake precision) as NAME[.fp16s].half."""
 
     def lower(self, deploy_model, spec: LowerSpec) -> Artifact:
         model = onnx.load(str(spec.onnx_path))
@@ -46,18 +47,6 @@ class HalfTarget(Target):
         path = Path(spec.out_dir) / f"{stem}{self.suffix}"
         onnx.save(model, str(path))
         return Artifact(self.name, path, spec.precision)
-
-    def runner(self, artifact: Artifact, mode: str | None = None):
-        runner = OnnxRuntimeRunner(str(artifact.path))
-        runner.backend = "half (onnxruntime)"
-        return runner
-
-    def read_metadata(self, path) -> dict:
-        return read_metadata(onnx.load(str(path)))
-
-    def read_weights(self, path) -> StoredWeights:
-        model = onnx.load(str(path))
-        return StoredWeights(onnx_stored_weights(model), graph=model)
 
 
 @pytest.fixture(scope="module")
