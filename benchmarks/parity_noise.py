@@ -341,7 +341,27 @@ def verdict_headline() -> str:
             f"A correct fp32 export's estimated chance of failing at {ff['extrapolated_to']} natural samples: at "
             f"most {sci(ff['worst_p_fail_at_n'])} over the trained models of `false_failures.json` (target "
             f"{ff['target']:g}: {'met' if ff['met'] else '**not met**'}; the estimate's upper bound: at most "
-            f"{sci(ff['worst_p_fail_at_n_upper'])}).")
+            f"{sci(ff['worst_p_fail_at_n_upper'])}). {false_failure_samples()}")
+
+
+def false_failure_samples() -> str:
+    """What the false-failure study's samples are, from false_failures.json's per-model rows: how many images of
+    each kind (its "user" set: scikit-learn's digits, then augmented copies; its "natural" set: views of the
+    shipped photos), how many of them distinct, on which models."""
+    from vitedge.exporter.verdict import trained_reference
+    from vitedge.exporter.verdict.images import PHOTOS_DIR
+
+    rows = load("false_failures.json")["models"]
+    digits = len(trained_reference.digits(8, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0))[1])
+    photos = len(list(PHOTOS_DIR.glob("*.jpg")))
+    counts = sorted({(r["sets"].get("user", 0), r["sets"].get("natural", 0)) for r in rows})
+    per_model = " or ".join(f"{min(u, digits)} original digits, {max(u - digits, 0)} augmented copies and {n} photo "
+                            "views" for u, n in counts)
+    judged = ", ".join(f"{r['model']} ({r['registry']} at {r['imgsz']} px, {r['weights']}, {r['samples']} samples)"
+                       for r in rows)
+    return (f"Its samples are not photographs of the world: scikit-learn's {digits} handwritten digits, then "
+            f"augmented copies of them (shifted, rotated, rescaled, contrast, pixel noise), and views of the {photos} "
+            f"shipped photos: per model {per_model}, judged on digit classifiers: {judged}.")
 
 
 def fp32_worst_correct() -> str:

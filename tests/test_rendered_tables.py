@@ -112,3 +112,21 @@ def test_benchmarks_readme_is_an_index_and_each_benchmark_has_its_page(rb):
     index = (REPO / "benchmarks" / "README.md").read_text()
     linked = set(re.findall(r"\]\(\.\./(docs/benchmarks/[a-z_]+\.md)\)", index))
     assert linked == set(pages) and len(index.splitlines()) < 60 and "<!-- rendered" not in index
+
+
+def test_the_verdict_headline_says_what_the_false_failure_samples_are(rb, monkeypatch):
+    """Digits and photo views, how many of each and how many distinct, and the models: from false_failures.json."""
+    import sys
+
+    render = rb.RENDERERS["verdict_headline"]
+    text = render()
+    assert "scikit-learn's 1797 handwritten digits" in text and "views of the 14 shipped photos" in text
+    script = sys.modules[render.__module__]
+    load = script.load
+    moved = copy.deepcopy(load("false_failures.json"))
+    moved["models"] = moved["models"][:1]
+    moved["models"][0]["sets"] = {"user": 1000, "natural": 24}
+    monkeypatch.setattr(script, "load", lambda name: moved if name == "false_failures.json" else load(name))
+    text = render()
+    assert "per model 1000 original digits, 0 augmented copies and 24 photo views, judged on" in text
+    assert f"judged on digit classifiers: {moved['models'][0]['model']} (" in text
