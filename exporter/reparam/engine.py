@@ -14,7 +14,7 @@ import torch.nn as nn
 from ...errors import VitedgeError
 from ...models.layers.attention import ORDERS
 from ...models.layers.norms import LinearNorm
-from ...models.registry import create_model, families, resolve_imgsz
+from ...models.registry import create_model, families, resolve_imgsz, sized
 
 
 @dataclass
@@ -193,7 +193,8 @@ def reparameterize(model: nn.Module, imgsz: int | None = None, attn_order: str =
     # error, which would hide real fold bugs under the gate's 1e-9 tolerance. The float64 deploy-form is
     # kept (not as a submodule) for the equivalence gate.
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    deploy64 = copy.deepcopy(model).double().eval()
+    # the train-form at that size (its tables resampled or windows padded, in its own dtype: as the reference)
+    deploy64 = sized(copy.deepcopy(model), imgsz).double().eval()
     with torch.no_grad():
         deploy64 = plan(deploy64, ctx)
     deploy64.eval()

@@ -317,10 +317,7 @@ def _deploy_attention(attn: nn.Module, path: str, grid: tuple[int, int], cf: boo
 @register_plan(SlabDeiT, rewrites=("tokens_channels_first", "erf_gelu_fusable", "pos_embed_in_patch_conv",
                                    "qkv_as_three_projections"))
 def plan_slab_deit(model: DeiTBase, ctx: FoldContext) -> DeiTDeploy:
-    if ctx.imgsz != model.img_size:
-        raise VitedgeError(f"{type(model).__name__} is built for {model.img_size}x{model.img_size} "
-                           f"(fixed-size positional embeddings); got --imgsz {ctx.imgsz}: use --imgsz {model.img_size}")
-    grid = model.patch_embed.grid
+    grid = model.patch_embed.grid  # (the engine set the copy to ctx.imgsz: models/slab_deit.py set_input_size)
     cf = ctx.use("tokens_channels_first")  # channel-first tokens (B, C, N, 1) through the whole network
     # SLAB (mean pooling): the positional embedding added by the patch conv, checked as the conv's output less it;
     # only where every token's position fits one plane (N <= patch area: 196 <= 256 at 224 px), so that the conv

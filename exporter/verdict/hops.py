@@ -42,6 +42,7 @@ from ..core.target_plans import HUB_HOPS, artifact_key
 RAW_HOP = HUB_HOPS[0]  # the hub graph as exported, before onnxsim
 from .truth_cache import cached_ground_truth
 from .weight_check import judge_weights
+from ...models.input_size import as_hw
 
 PARITY_SEED = 0          # the parity input set's seed (README "Parity inputs")
 LOCALIZE_SAMPLES = 4     # inputs used to localize a failed hop (its worst samples first)
@@ -85,7 +86,7 @@ def class_names(labels: str | Path | None, model: nn.Module, imgsz: int) -> list
     read_labels(labels)  # the file's own problems first, before any forward
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     with torch.no_grad():
-        classes = int(model.eval()(torch.zeros(1, 3, imgsz, imgsz, dtype=dtype)).shape[-1])
+        classes = int(model.eval()(torch.zeros(1, 3, *as_hw(imgsz), dtype=dtype)).shape[-1])
     return read_labels(labels, classes)
 
 

@@ -71,6 +71,7 @@ class SimplifiedLinearAttention(nn.Module):
         self.dim, self.num_heads = dim, num_heads
         self.head_dim = dim // num_heads
         self.num_tokens = num_tokens
+        self.grid = None  # (h, w) of the tokens where the caller passes no `hw` (None: a square grid)
         self.attn_order = attn_order
         resolve_order(attn_order, "kv_first")  # validate early
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
@@ -94,7 +95,7 @@ class SimplifiedLinearAttention(nn.Module):
         # float64 stays float64 (the equivalence gate runs in fp64).
         dt = torch.promote_types(v.dtype, torch.float32)
         out = linear_attention(q.to(dt), k.to(dt), v.to(dt), self.order_for(n)).to(v.dtype)
-        hh, ww = hw if hw is not None else (int(n ** 0.5),) * 2
+        hh, ww = hw if hw is not None else self.grid or (int(n ** 0.5),) * 2
         fmap = v.reshape(b * h, hh, ww, self.head_dim).permute(0, 3, 1, 2)
         out = out + self.dwc(fmap).flatten(2).transpose(1, 2)
         return self.proj(_merge_heads(out, h))
