@@ -16,7 +16,9 @@ from vitedge.models.reduced import REDUCED, case
 from vitedge.models.registry import create_model, set_input_size
 from vitedge.tests._timm import import_timm
 
-WIDE = (64, 96)  # a non-square size every reduced config takes (multiples of 32)
+# A non-square size every family takes (multiples of 32): the whole ladder runs there for every family, cheaply
+# (the float64 reference of 256x320 costs 10-30 s per family on this machine; slab_deit also runs at 256x320).
+WIDE = (64, 96)
 
 
 def _export(tmp_path, family: str, size=WIDE):
@@ -26,7 +28,12 @@ def _export(tmp_path, family: str, size=WIDE):
     return report, out, name
 
 
-@pytest.mark.parametrize("family", ["swiftformer", "slab_deit", "prepbn_deit"])
+# What each family changes at 64x96 (reduced configs), first entry of report.json's `resized`.
+FIRST_RESIZED = {"swiftformer": None, "slab_deit": "pos_embed", "prepbn_deit": "pos_embed",
+                 "slab_swin": "layers.0.blocks.0", "prepbn_swin": "layers.0.blocks.0"}
+
+
+@pytest.mark.parametrize("family", list(FIRST_RESIZED))
 def test_a_non_square_size_runs_the_whole_ladder_and_is_recorded(tmp_path, family):
     report, out, name = _export(tmp_path, family)
     assert report.exit_code == 0 and [h.status for h in report.parity] == ["passed"] * 3
@@ -35,12 +42,13 @@ def test_a_non_square_size_runs_the_whole_ladder_and_is_recorded(tmp_path, famil
     assert (d["imgsz"], d["input_size"]) == ("64x96", [64, 96])
     dims = [x.dim_value for x in onnx.load(str(out / f"{name}.onnx")).graph.input[0].type.tensor_type.shape.dim]
     assert dims[1:] == [3, 64, 96]
-    tables = {r["tensor"] for r in d["resized"]}
-    if family == "swiftformer":
-        assert d["resized"] == []  # convolutions only: nothing is tied to the size
-    else:
-        assert "pos_embed" in tables
-        assert all(r["to"][1:] == [4, 6] for r in d["resized"])  # the 64x96 input's patch grid
+    assert (d["resized"][0]["tensor"] if d["resized"] else None) == FIRST_RESIZED[family]
+
+
+def test_slab_deit_at_256x320(tmp_path):
+    report, out, _ = _export(tmp_path, "slab_deit", "256x320")
+    assert report.exit_code == 0 and report.input_size == [256, 320]
+    assert {r["tensor"]: r["to"] for r in report.resized}["pos_embed"] == [320, 16, 20]
 
 
 def test_a_square_size_keeps_the_int_imgsz(tmp_path):
@@ -90,3 +98,65 @@ def test_position_tables_match_timm_resample_abs_pos_embed(family):
     set_input_size(model, model.img_size)
     for r in records:
         assert torch.equal(dict(model.named_parameters())[r["tensor"]], before[r["tensor"]])
+
+
+# ---- Swin: the detection backbones' padding, written out as in swin_transformer_slab.py ---------------------------
+
+def _official_block(blk, x, h, w):
+    """SwinTransformerBlock.forward + BasicLayer's mask of SLAB's detection/mmdet_custom/swin_transformer_slab.py,
+    written out: norm1, zero-pad bottom/right to window multiples, shift, partition, attention (the mask built for
+    the padded map), reverse, unshift, crop, residual, MLP."""
+    import torch.nn.functional as F
+
+    ws, shift = blk.window_size, blk.shift_size
+    b, _, c = x.shape
+    y = blk.norm1(x).view(b, h, w, c)
+    pad_r, pad_b = (ws - w % ws) % ws, (ws - h % ws) % ws
+    y = F.pad(y, (0, 0, 0, pad_r, 0, pad_b))
+    hp, wp = y.shape[1:3]
+
+    def partition(t):
+        t = t.view(t.shape[0], hp // ws, ws, wp // ws, ws, t.shape[-1])
+        return t.permute(0, 1, 3, 2, 4, 5).contiguous().view(-1, ws * ws, t.shape[-1])
+
+    mask = None
+    if shift:
+        img = torch.zeros(1, hp, wp, 1)
+        cnt = 0
+        for hs in (slice(0, -ws), slice(-ws, -shift), slice(-shift, None)):
+            for wsl in (slice(0, -ws), slice(-ws, -shift), slice(-shift, None)):
+                img[:, hs, wsl, :] = cnt
+                cnt += 1
+        mw = partition(img).squeeze(-1)
+        mask = (mw.unsqueeze(1) - mw.unsqueeze(2))
+        mask = mask.masked_fill(mask != 0, -100.0).masked_fill(mask == 0, 0.0)
+        y = torch.roll(y, shifts=(-shift, -shift), dims=(1, 2))
+    win = partition(y)
+    out = blk.attn(win, mask) if blk.attn_type == "S" else blk.attn(win, (ws, ws))
+    out = out.view(-1, ws, ws, c).view(b, hp // ws, wp // ws, ws, ws, c).permute(0, 1, 3, 2, 4, 5).reshape(b, hp, wp, c)
+    if shift:
+        out = torch.roll(out, shifts=(shift, shift), dims=(1, 2))
+    out = out[:, :h, :w, :].reshape(b, h * w, c)
+    x = x + out
+    return x + blk.mlp(blk.norm2(x))
+
+
+@pytest.mark.parametrize("family", ["slab_swin", "prepbn_swin"])
+def test_swin_blocks_pad_as_the_official_detection_backbone(family):
+    name, overrides, _ = case(family)
+    model = create_model(name, **overrides).eval()
+    records = set_input_size(model, (256, 320))
+    padded = {r["tensor"] for r in records}
+    torch.manual_seed(0)
+    checked = 0
+    for i, layer in enumerate(model.layers):
+        h, w = 256 // 4 // 2 ** i, 320 // 4 // 2 ** i
+        for j, blk in enumerate(layer.blocks):
+            x = torch.randn(2, h * w, layer.dim)
+            with torch.no_grad():
+                torch.testing.assert_close(blk(x), _official_block(blk, x, h, w), rtol=1e-5, atol=1e-5)
+            assert (f"layers.{i}.blocks.{j}" in padded) == bool(h % blk.window_size or w % blk.window_size)
+            checked += 1
+    # the SLA stages keep their pretraining windows (56, 28) and the shifted softmax blocks are masked
+    assert [blk.window_size for blk in model.layers[0].blocks] == ([56] if family == "slab_swin" else [7, 7])
+    assert checked == sum(len(layer.blocks) for layer in model.layers)
