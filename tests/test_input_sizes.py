@@ -29,7 +29,7 @@ def _export(tmp_path, family: str, size=WIDE):
 
 
 # What each family changes at 64x96 (reduced configs), first entry of report.json's `resized`.
-FIRST_RESIZED = {"swiftformer": None, "slab_deit": "pos_embed", "prepbn_deit": "pos_embed",
+FIRST_RESIZED = {"swiftformer": None, "slab_deit": "pos_embed", "prepbn_deit": "pos_embed", "sima_deit": "pos_embed",
                  "slab_swin": "layers.0.blocks.0", "prepbn_swin": "layers.0.blocks.0"}
 
 
