@@ -30,7 +30,8 @@ def _export(tmp_path, family: str, size=WIDE):
 
 # What each family changes at 64x96 (reduced configs), first entry of report.json's `resized`.
 FIRST_RESIZED = {"swiftformer": None, "slab_deit": "pos_embed", "prepbn_deit": "pos_embed", "sima_deit": "pos_embed",
-                 "slab_swin": "layers.0.blocks.0", "prepbn_swin": "layers.0.blocks.0"}
+                 "slab_swin": "layers.0.blocks.0", "prepbn_swin": "layers.0.blocks.0", "slab_pvt": "pos_embed1",
+                 "prepbn_pvt": "pos_embed1"}
 
 
 @pytest.mark.parametrize("family", list(FIRST_RESIZED))
@@ -74,7 +75,7 @@ def test_a_size_off_the_stride_is_exit_2_naming_the_nearest_sizes(tmp_path, caps
     assert not out.exists()
 
 
-@pytest.mark.parametrize("family", ["slab_deit", "prepbn_deit", "sima_deit"])
+@pytest.mark.parametrize("family", ["slab_deit", "prepbn_deit", "sima_deit", "slab_pvt"])
 def test_position_tables_match_timm_resample_abs_pos_embed(family):
     timm = import_timm()
     from timm.layers import resample_abs_pos_embed
@@ -86,18 +87,33 @@ def test_position_tables_match_timm_resample_abs_pos_embed(family):
         for p in model.parameters():
             p.normal_()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    native = model.img_size // model.patch_embed.proj.kernel_size[0]
-    records = set_input_size(model, (256, 320) if model.img_size >= 224 else (48, 80))
+    records = [r for r in set_input_size(model, (256, 320) if model.img_size >= 224 else (64, 96))
+               if "bicubic" in r["how"]]
     assert records and timm is not None
     for r in records:
-        prefix = r["from"][0] - native * native
-        want = resample_abs_pos_embed(before[r["tensor"]], new_size=r["to"][1:], old_size=[native, native],
+        prefix = r["from"][0] - r["from"][1] * r["from"][2]  # [prefix + h*w, h, w]
+        want = resample_abs_pos_embed(before[r["tensor"]], new_size=r["to"][1:], old_size=r["from"][1:],
                                       num_prefix_tokens=prefix)
         torch.testing.assert_close(dict(model.named_parameters())[r["tensor"]], want, rtol=0, atol=0)
     # and back at its own size: the pretrained tables, not a resampling of a resampling
     set_input_size(model, model.img_size)
     for r in records:
         assert torch.equal(dict(model.named_parameters())[r["tensor"]], before[r["tensor"]])
+
+
+def test_pvt_stage_position_embeddings_resize_as_the_official_get_pos_embed():
+    import torch.nn.functional as F
+
+    name, overrides, _ = case("prepbn_pvt")
+    model = create_model(name, **overrides).eval()
+    records = {r["tensor"]: r for r in set_input_size(model, (64, 96))}
+    for i in range(4):
+        pe, pos = getattr(model, f"patch_embed{i + 1}"), getattr(model, f"pos_embed{i + 1}")
+        h, w = records[f"pos_embed{i + 1}"]["to"][1:]
+        # PVT's _get_pos_embed (whai362/PVT classification/pvt.py), written out
+        want = F.interpolate(pos.reshape(1, pe.H, pe.W, -1).permute(0, 3, 1, 2), size=(h, w),
+                             mode="bilinear").reshape(1, -1, h * w).permute(0, 2, 1)
+        torch.testing.assert_close(model.stage_pos_embed(i, (h, w)), want, rtol=0, atol=0)
 
 
 # ---- Swin: the detection backbones' padding, written out as in swin_transformer_slab.py ---------------------------
