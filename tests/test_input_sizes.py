@@ -31,7 +31,8 @@ def _export(tmp_path, family: str, size=WIDE):
 # What each family changes at 64x96 (reduced configs), first entry of report.json's `resized`.
 FIRST_RESIZED = {"swiftformer": None, "slab_deit": "pos_embed", "prepbn_deit": "pos_embed", "sima_deit": "pos_embed",
                  "slab_swin": "layers.0.blocks.0", "prepbn_swin": "layers.0.blocks.0", "slab_pvt": "pos_embed1",
-                 "prepbn_pvt": "pos_embed1"}
+                 "prepbn_pvt": "pos_embed1", "slab_cswin": "stage1.0.attns.0.positional_encoding",
+                 "slab_cswin_two_branch": "stage1.0.attns.1.positional_encoding"}
 
 
 @pytest.mark.parametrize("family", list(FIRST_RESIZED))
@@ -176,3 +177,58 @@ def test_swin_blocks_pad_as_the_official_detection_backbone(family):
     # the SLA stages keep their pretraining windows (56, 28) and the shifted softmax blocks are masked
     assert [blk.window_size for blk in model.layers[0].blocks] == ([56] if family == "slab_swin" else [7, 7])
     assert checked == sum(len(layer.blocks) for layer in model.layers)
+
+
+# ---- CSWin: the official segmentation backbone's stripes and padding, written out ---------------------------------
+
+def _official_lepe_forward(br, q, k, v, h, w):
+    """LePEAttention.forward of microsoft/CSWin-Transformer segmentation/backbone/cswin_transformer.py, written out
+    on (B, C, H, W) maps: the window by idx at this size, centred zero padding, windows, softmax + LePE (get_v per
+    window), back to the map, crop."""
+    import torch.nn.functional as F
+
+    hs, ws = {-1: (h, w), 0: (h, br.split_size), 1: (br.split_size, w)}[br.idx]
+    h_pad, w_pad = (hs - h % hs) % hs, (ws - w % ws) % ws
+    top, left = h_pad // 2, w_pad // 2
+    pad = (left, w_pad - left, top, h_pad - top)
+    q, k, v = (F.pad(t, pad) for t in (q, k, v))
+    hh, ww = h + h_pad, w + w_pad
+    b, c = q.shape[:2]
+    heads, d = br.num_heads, c // br.num_heads
+
+    def win(t):  # img2windows + heads: (B', heads, n, d)
+        t = t.view(b, c, hh // hs, hs, ww // ws, ws).permute(0, 2, 4, 3, 5, 1).reshape(-1, hs * ws, c)
+        return t.reshape(-1, hs * ws, heads, d).permute(0, 2, 1, 3)
+
+    vmap = v.view(b, c, hh // hs, hs, ww // ws, ws).permute(0, 2, 4, 1, 3, 5).reshape(-1, c, hs, ws)
+    rpe = br.get_v(vmap).reshape(-1, heads, d, hs * ws).permute(0, 1, 3, 2)
+    qw, kw, vw = win(q) * br.scale, win(k), win(v)
+    x = (qw @ kw.transpose(-2, -1)).softmax(-1) @ vw + rpe
+    x = x.transpose(1, 2).reshape(-1, hs * ws, c)
+    x = x.view(b, hh // hs, ww // ws, hs, ws, c).permute(0, 1, 3, 2, 4, 5).reshape(b, hh, ww, c)
+    return x[:, top:top + h, left:left + w].reshape(b, h * w, c)
+
+
+@pytest.mark.parametrize("idx", [0, 1, -1])
+def test_cswin_stripes_pad_as_the_official_segmentation_backbone(idx):
+    from vitedge.models.slab_cswin import LePEAttention
+
+    br = LePEAttention(dim=8, resolution=14, idx=idx, split_size=7, num_heads=2).eval()  # stage 3 of a 224 model
+    h, w = 16, 20  # a 256x320 input's stage-3 map: 7-wide stripes need padding both ways
+    br.set_resolution((h, w))
+    assert br.padded == (idx != -1)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 8, h, w) for _ in range(3))
+    tokens = [t.flatten(2).transpose(1, 2) for t in (q, k, v)]
+    with torch.no_grad():
+        torch.testing.assert_close(br(*tokens), _official_lepe_forward(br, q, k, v, h, w), rtol=1e-5, atol=1e-6)
+
+
+def test_cswin_sla_stripes_padded_pass_the_ladder(tmp_path):
+    # pretrained at 96 with 6-wide SLA stripes in stage 2 (12x12); at 64x96 that stage is 8x12: the horizontal
+    # stripes (6 x 12) pad 8 rows to 12 (2 above, 2 below)
+    name, _, _ = case("slab_cswin_two_branch")
+    overrides = REDUCED["slab_cswin_two_branch"].kwargs(img_size=96, la_split_size="8-6-6-3")
+    report = export(name, targets="onnx", imgsz=WIDE, overrides=overrides, out=tmp_path / "o", samples=8)
+    assert report.exit_code == 0 and report.reparam.equivalence["passed"]
+    assert any(r["tensor"] == "stage2.0.attns.1" and r["to"] == [12, 12] for r in report.resized), report.resized
