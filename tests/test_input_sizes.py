@@ -32,7 +32,7 @@ def _export(tmp_path, family: str, size=WIDE):
 FIRST_RESIZED = {"swiftformer": None, "slab_deit": "pos_embed", "prepbn_deit": "pos_embed", "sima_deit": "pos_embed",
                  "slab_swin": "layers.0.blocks.0", "prepbn_swin": "layers.0.blocks.0", "slab_pvt": "pos_embed1",
                  "prepbn_pvt": "pos_embed1", "slab_cswin": "stage1.0.attns.0.positional_encoding",
-                 "slab_cswin_two_branch": "stage1.0.attns.1.positional_encoding"}
+                 "slab_cswin_two_branch": "stage1.0.attns.1.positional_encoding", "sima": None, "sima_narrow": None}
 
 
 @pytest.mark.parametrize("family", list(FIRST_RESIZED))
