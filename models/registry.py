@@ -67,7 +67,8 @@ class ModelSpec:
         check_size_limit(max(h, w))
         if fixed is not None and (h, w) != (fixed, fixed):
             raise VitedgeError(
-                f"{self.name} accepts only --imgsz {fixed} ({self.sizes_note or 'fixed-size positional encodings'}); got {size_text(imgsz)}")
+                f"{self.name} accepts only --imgsz {fixed} ({self.sizes_note or 'fixed-size positional encodings'}); "
+                f"got {size_text(imgsz)}")
         if fixed is None and self.stride:
             check_stride(self.name, imgsz, self.stride)
 

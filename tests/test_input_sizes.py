@@ -32,7 +32,7 @@ def _export(tmp_path, family: str, size=WIDE):
 FIRST_RESIZED = {"swiftformer": None, "slab_deit": "pos_embed", "prepbn_deit": "pos_embed", "sima_deit": "pos_embed",
                  "slab_swin": "layers.0.blocks.0", "prepbn_swin": "layers.0.blocks.0", "slab_pvt": "pos_embed1",
                  "prepbn_pvt": "pos_embed1", "slab_cswin": "stage1.0.attns.0.positional_encoding",
-                 "slab_cswin_two_branch": "stage1.0.attns.1.positional_encoding", "sima": None, "sima_narrow": None}
+                 "sima": None}  # (the two-branch CSWin: test_cswin_sla_stripes_padded_pass_the_ladder)
 
 
 @pytest.mark.parametrize("family", list(FIRST_RESIZED))
@@ -45,6 +45,16 @@ def test_a_non_square_size_runs_the_whole_ladder_and_is_recorded(tmp_path, famil
     dims = [x.dim_value for x in onnx.load(str(out / f"{name}.onnx")).graph.input[0].type.tensor_type.shape.dim]
     assert dims[1:] == [3, 64, 96]
     assert (d["resized"][0]["tensor"] if d["resized"] else None) == FIRST_RESIZED[family]
+    # every SLA / SimA block's order, recorded with its real token counts at 64x96, follows its family's rule
+    blocks, reasons = d["reparam"]["attention_blocks"], d["reparam"]["attention_reason"]
+    assert set(blocks) == {p for p, why in reasons.items() if not why.startswith("softmax")}
+    for path, b in blocks.items():
+        n, nk, dh = b["n"], b["n_kv"], b["d"]
+        if b["rule"] == "sla":  # SLAB: K^T V first iff N N' (d + d) > d d (N + N')
+            want = "kv_first" if n * nk * 2 * dh > dh * dh * (n + nk) else "qk_first"
+        else:  # SimA: (Q K^T) V iff N < d
+            want = "qk_first" if n < dh else "kv_first"
+        assert b["order"] == want == d["reparam"]["attention_order"][path], (path, b)
 
 
 def test_slab_deit_at_256x320(tmp_path):
@@ -53,10 +63,25 @@ def test_slab_deit_at_256x320(tmp_path):
     assert {r["tensor"]: r["to"] for r in report.resized}["pos_embed"] == [320, 16, 20]
 
 
-def test_a_square_size_keeps_the_int_imgsz(tmp_path):
-    report, out, _ = _export(tmp_path, "swiftformer", 64)
-    d = json.loads((out / "report.json").read_text())
-    assert (d["imgsz"], d["input_size"], d["resized"]) == (64, [64, 64], [])
+@pytest.mark.parametrize("family,size,n,order", [("slab_deit", 224, 196, "kv_first"), ("slab_deit", WIDE, 24, "qk_first"),
+                                                  ("sima", 224, 196, "kv_first"), ("sima", WIDE, 24, "qk_first")])
+def test_the_order_is_decided_per_block_on_the_real_token_count(family, size, n, order):
+    from vitedge.exporter.reparam import reparameterize
+
+    name, overrides, _ = case(family)
+    summary = reparameterize(create_model(name, **overrides).eval(), imgsz=size).reparam_summary
+    blocks = summary.attention_blocks
+    assert blocks and all(b["n"] == n and b["d"] == 32 and b["order"] == order for b in blocks.values()), blocks
+
+
+@pytest.mark.parametrize("size,imgsz", [(224, 224), ((224, 224), 224), ((256, 320), "256x320")])
+def test_report_imgsz_keeps_the_int_for_square_sizes(size, imgsz):
+    from vitedge.exporter.core.report import Report, ReparamInfo
+
+    d = Report(model="m", imgsz=size, batch=1, weights="untrained", checkpoint_sha256=None,
+               reparam=ReparamInfo()).to_dict()
+    assert (d["imgsz"], d["input_size"]) == (imgsz, list(size) if isinstance(size, tuple) else [size, size])
+    assert Report.from_dict(json.loads(json.dumps(d))).imgsz == (size if size != (224, 224) else 224)
 
 
 @pytest.mark.parametrize("size,stride,near", [("250x320", 16, ["256x320", "240x320"]), ("100", 32, ["96", "128"]),

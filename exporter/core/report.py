@@ -197,6 +197,9 @@ class ReparamInfo:
     unfolded: list = field(default_factory=list)          # [{"module", "why"}]
     attention_order: dict = field(default_factory=dict)   # module path -> "qk_first" | "kv_first"
     attention_reason: dict = field(default_factory=dict)  # module path -> why
+    # module path -> each SLA / SimA block's rule ("sla" | "sima"), its real token counts n, n_kv and head width d
+    # at the export's size, the multiplies per head of either order, the rule's order and the one used
+    attention_blocks: dict = field(default_factory=dict)
     schedule: list = field(default_factory=list)          # unfinished LN->RepBN schedules found
     rewrites: list = field(default_factory=list)          # deploy-form rewrites applied (beyond folding)
     equivalence: dict | None = None                      # the fp64 gate's result

@@ -166,7 +166,8 @@ def _metadata(loaded: Loaded, imgsz: int, run: ExportSettings, info: ReparamInfo
     extra["preprocess"] = recipe_of(loaded.model).to_dict()  # vitedge.preprocess: the eval recipe
     if report is not None:  # vitedge.exporter / _fallback: which exporter wrote the graph (why not dynamo)
         extra.update(exporter=report.exporter, exporter_fallback=report.exporter_fallback)
-    return {**extra, "model": loaded.name, "imgsz": size_json(imgsz), "input_size": list(as_hw(imgsz)), "batch": batch if batch else "dynamic", "mean": list(mean),
+    return {**extra, "model": loaded.name, "imgsz": size_json(imgsz), "input_size": list(as_hw(imgsz)),
+            "batch": batch if batch else "dynamic", "mean": list(mean),
             "std": list(std), "input": "image: float32 NCHW, RGB, normalized with mean/std", "output": "logits",
             "weights": loaded.weights, "checkpoint_sha256": loaded.checkpoint_sha256, "overrides": loaded.overrides,
             "attn_order": attn_order, "precision": "fp32",

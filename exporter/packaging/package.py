@@ -83,7 +83,8 @@ def _compression_line(precision: str) -> str:
             "and the golden vectors' tolerance is that profile's).")
 
 
-def _readme(name: str, imgsz: int, classifier: bool, weights: str, ios: int, precision: str, golden: dict) -> str:
+def _readme(name: str, imgsz, classifier: bool, weights: str, ios: int, precision: str, golden: dict) -> str:
+    dims, (h, w) = " x ".join(map(str, as_hw(imgsz))), as_hw(imgsz)  # height x width
     demo = ("\n> **Demo weights.** This bundle was packaged without `--checkpoint`: the model has seeded random "
             "(trained-like) weights. Its predictions are meaningless; use it to wire up the app, then package a "
             "real checkpoint.\n" if weights == "untrained" else "")
@@ -130,7 +131,7 @@ config.computeUnits = .cpuAndNeuralEngine
 let url = Bundle.main.url(forResource: "{name}", withExtension: "mlmodelc")!   // Xcode compiles .mlpackage
 let model = try MLModel(contentsOf: url, configuration: config)
 
-// pixelBuffer: a {"x".join(map(str, as_hw(imgsz)[::-1]))} (width x height) kCVPixelFormatType_32BGRA or 32ARGB CVPixelBuffer of the (center-cropped) photo
+// pixelBuffer: a {w}x{h} (width x height) kCVPixelFormatType_32BGRA or 32ARGB CVPixelBuffer of the (center-cropped) photo
 let input = try MLDictionaryFeatureProvider(dictionary: ["image": MLFeatureValue(pixelBuffer: pixelBuffer)])
 let out = try model.prediction(from: input)
 let logits = out.featureValue(for: "logits")!.multiArrayValue!
@@ -138,7 +139,7 @@ let logits = out.featureValue(for: "logits")!.multiArrayValue!
 {vision}
 ## Self-check on a device
 
-`golden/inputs.npy` holds {golden['inputs']['shape'][0]} images (uint8, N x {" x ".join(map(str, as_hw(imgsz)))} x 3, RGB) and
+`golden/inputs.npy` holds {golden['inputs']['shape'][0]} images (uint8, N x {dims} x 3, RGB) and
 `golden/outputs.npy` the PyTorch model's logits for them (float32, N x classes). Feed each image as above and
 compare your `logits` with the expected row: cosine similarity >= {tol.get('cosine')}, PSNR >= {tol.get('psnr_db')} dB
 (20 log10(max|expected| / RMSE) over all N), top-1 class equal. `golden/golden.json` says the same in machine form.

@@ -70,6 +70,7 @@ def check_golden(pte: Path, pixels_nhwc: np.ndarray, expected: np.ndarray, recip
 
 def _readme(name: str, pte: str, imgsz: int, recipe: Recipe, classes: int, labelled: bool, weights: str,
             precision: str, golden: dict, runtime: dict) -> str:
+    dims = " x ".join(map(str, as_hw(imgsz)))  # height x width
     demo = ("\n> **Demo weights.** Packaged without `--checkpoint`: seeded random (trained-like) weights. Predictions "
             "are meaningless; use it to wire up the app, then package a real checkpoint.\n"
             if weights == "untrained" else "")
@@ -84,7 +85,7 @@ def _readme(name: str, pte: str, imgsz: int, recipe: Recipe, classes: int, label
 `torch.export`, delegated to XNNPACK, and checked against the original PyTorch model by running it with
 ExecuTorch's runtime (see `manifest.json` -> `parity` and `delegation`).
 
-- **Input**: float32, 1 x 3 x {" x ".join(map(str, as_hw(imgsz)))} (NCHW), RGB, made as at evaluation: {recipe.describe(imgsz)};
+- **Input**: float32, 1 x 3 x {dims} (NCHW), RGB, made as at evaluation: {recipe.describe(imgsz)};
   then `(pixel / 255 - mean) / std` with mean ({", ".join(f"{v:g}" for v in recipe.mean)}) and std
   ({", ".join(f"{v:g}" for v in recipe.std)}).
 - **Output**: float32 logits, 1 x {classes}.
@@ -124,7 +125,7 @@ UTF-8 JSON (model, preprocessing, labels, precision).
 
 ## Self-check on a device
 
-`golden/inputs.npy` holds {golden['inputs']['shape'][0]} images (uint8, N x {" x ".join(map(str, as_hw(imgsz)))} x 3, RGB, already
+`golden/inputs.npy` holds {golden['inputs']['shape'][0]} images (uint8, N x {dims} x 3, RGB, already
 {imgsz} x {imgsz}: no resize or crop) and `golden/outputs.npy` the PyTorch model's logits for them (float32,
 N x {classes}). Normalize each image as above, run it, and compare with the expected row: over all N,
 {", ".join(f"{k} {v}" for k, v in tol.items() if k not in ("name",))}, top-1 class equal. `golden/golden.json`

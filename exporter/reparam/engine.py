@@ -23,12 +23,16 @@ class ReparamSummary:
     unfolded: list = field(default_factory=list)          # [{"module", "why"}]
     attention_order: dict = field(default_factory=dict)   # module path -> "qk_first" | "kv_first"
     attention_reason: dict = field(default_factory=dict)  # module path -> why
+    # module path -> the SLA / SimA block's rule, real N, N', d at that size, costs and order (layers/attention.py
+    # order_record); softmax blocks have no order to choose and are not listed
+    attention_blocks: dict = field(default_factory=dict)
     schedule: list = field(default_factory=list)          # [{"module", "lambda"}] for unfinished LinearNorms
     rewrites: list = field(default_factory=list)          # names of deploy-form rewrites applied
 
     def to_dict(self) -> dict:
         return {"folded": dict(sorted(self.folded.items())), "unfolded": list(self.unfolded),
                 "attention_order": dict(self.attention_order), "attention_reason": dict(self.attention_reason),
+                "attention_blocks": dict(self.attention_blocks),
                 "schedule": list(self.schedule), "rewrites": list(self.rewrites)}
 
 
@@ -67,9 +71,12 @@ class FoldContext:
     def unfold(self, module: str, why: str) -> None:
         self.summary.unfolded.append({"module": module, "why": why})
 
-    def order(self, module: str, order: str, why: str) -> None:
+    def order(self, module: str, order: str, why: str, record: dict | None = None) -> None:
+        """Record `module`'s attention order and why; `record`: an SLA / SimA block's `order_record`."""
         self.summary.attention_order[module] = order
         self.summary.attention_reason[module] = why
+        if record is not None:
+            self.summary.attention_blocks[module] = record
 
     def rewrite(self, name: str) -> None:
         if name not in self.summary.rewrites:

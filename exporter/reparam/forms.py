@@ -161,5 +161,6 @@ def reparam_info(deploy: nn.Module, reparam: bool = True) -> ReparamInfo:
         return ReparamInfo(unfolded=[{"module": "(model)", "why": "--no-reparam: exported in train-form"}])
     d = summary.to_dict()
     return ReparamInfo(folded=d["folded"], unfolded=d["unfolded"], attention_order=d["attention_order"],
-                       attention_reason=d.get("attention_reason", {}), schedule=d.get("schedule", []),
+                       attention_reason=d.get("attention_reason", {}),
+                       attention_blocks=d.get("attention_blocks", {}), schedule=d.get("schedule", []),
                        rewrites=d.get("rewrites", []))

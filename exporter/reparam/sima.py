@@ -34,7 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...errors import VitedgeError
-from ...models.layers.attention import l1_attention, resolve_order, sima_rule
+from ...models.layers.attention import l1_attention, order_record, resolve_order, sima_rule
 from ...models.layers.normalize import l1_normalize_div
 from ...models.input_size import as_hw
 from ...models.sima_xcit import ClassAttentionBlock, SimABlock, SimAVisionTransformer, patch_grid
@@ -226,7 +226,8 @@ def fix_sima_order(attn: nn.Module, n: int, path: str, ctx: FoldContext) -> str:
         requested, source = attn.attn_order, "the model's attn_order"
     rule = sima_rule(n, attn.head_dim)
     order = resolve_order(requested, rule)
-    ctx.order(path, order, sima_order_reason(requested, rule, n, attn.head_dim, source))
+    ctx.order(path, order, sima_order_reason(requested, rule, n, attn.head_dim, source),
+              order_record("sima", n, n, attn.head_dim, requested, order))
     return order
 
 

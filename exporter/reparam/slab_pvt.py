@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from ...errors import VitedgeError
 from ...models.input_size import as_hw, check_stride
 from ...models.layers import Mlp
-from ...models.layers.attention import order_reason, resolve_order, sla_rule
+from ...models.layers.attention import order_reason, order_record, resolve_order, sla_rule
 from ...models.slab_pvt import (PVTBlock, PVTLinearAttention, PyramidVisionTransformer, merge_heads,
                                 split_heads, tokens_to_map)
 from .engine import FoldContext, register_plan
@@ -53,7 +53,8 @@ def sla_order(attn_order: str, nq: int, nk: int, d: int, ctx: FoldContext, path:
     requested = ctx.attn_order if ctx.attn_order != "auto" else attn_order
     rule = sla_rule(nq, nk, d, d)
     order = resolve_order(requested, rule)
-    ctx.order(path, order, order_reason(requested, rule, nq, nk, d, d))
+    ctx.order(path, order, order_reason(requested, rule, nq, nk, d, d),
+              order_record("sla", nq, nk, d, requested, order))
     return order
 
 
@@ -149,7 +150,8 @@ class PVTDeploy(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not torch.jit.is_tracing() and tuple(x.shape[-2:]) != as_hw(self.imgsz):
-            raise VitedgeError(f"this PVT deploy-form was built for {'x'.join(map(str, as_hw(self.imgsz)))} inputs; got "
+            h, w = as_hw(self.imgsz)
+            raise VitedgeError(f"this PVT deploy-form was built for {h}x{w} inputs; got "
                                f"{x.shape[-2]}x{x.shape[-1]}: re-run reparameterize with that --imgsz")
         b = x.shape[0]
         for i in range(self.num_stages):

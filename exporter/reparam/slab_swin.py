@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 from ...models.layers import Mlp, SimplifiedLinearAttention
-from ...models.layers.attention import order_reason, resolve_order, sla_rule
+from ...models.layers.attention import order_reason, order_record, resolve_order, sla_rule
 from ...models.slab_swin import (PatchMerging, SlabSwinTransformer, SwinTransformer, SwinTransformerBlock,
                                  WindowAttention, merge_heads, patch_merge_gather, split_qkv,
                                  padded_size, window_softmax_attention, windowed)
@@ -169,7 +169,8 @@ def _fix_sla_order(attn: SimplifiedLinearAttention, path: str, ctx: FoldContext)
     requested = ctx.attn_order if ctx.attn_order != "auto" else attn.attn_order
     rule = sla_rule(n, n, d, d)
     attn.attn_order = resolve_order(requested, rule)
-    ctx.order(path, attn.attn_order, order_reason(requested, rule, n, n, d, d))
+    ctx.order(path, attn.attn_order, order_reason(requested, rule, n, n, d, d),
+              order_record("sla", n, n, d, requested, attn.attn_order))
 
 
 def _fold_block(blk: SwinTransformerBlock, path: str, ctx: FoldContext) -> SwinBlockDeploy:

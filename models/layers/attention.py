@@ -22,6 +22,20 @@ def sima_rule(n: int, d: int) -> str:
     return "qk_first" if n < d else "kv_first"
 
 
+def order_record(rule: str, nq: int, nk: int, d: int, requested: str, order: str) -> dict:
+    """What report.json records of one SLA or SimA block's order: the family's rule, the block's real token counts
+    and head width at the export's size, the multiply count of each order per head (the rule's own comparison) and
+    the order chosen (the rule's, unless forced)."""
+    if rule == "sla":
+        costs = {"qk_first": nq * nk * 2 * d, "kv_first": d * d * (nq + nk)}
+        by_rule = sla_rule(nq, nk, d, d)
+    else:
+        costs = {"qk_first": 2 * nq * nq * d, "kv_first": 2 * nq * d * d}
+        by_rule = sima_rule(nq, d)
+    return {"rule": rule, "n": nq, "n_kv": nk, "d": d, "macs_per_head": costs, "rule_order": by_rule,
+            "requested": requested, "order": order}
+
+
 def resolve_order(requested: str, auto: str) -> str:
     if requested not in ORDERS:
         raise ValueError(f"attn_order must be one of {ORDERS}, got {requested!r}")
