@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "benchmarks"
 # the files that hold rendered blocks
 FILES = ("README.md", "benchmarks/README.md", "docs/onnx.md", "docs/parity.md", "docs/parity_criteria.md",
-         "docs/quantization.md", "docs/executorch.md")
+         "docs/quantization.md", "docs/executorch.md", "docs/models.md")
 # a block (the markers on lines of their own) or a fragment inside a sentence (markers and figures on one line:
 # Markdown ends a paragraph at a line that starts with a comment)
 BLOCK = re.compile(r"<!-- rendered: ([^>]*?) -->(\n?)(.*?)<!-- /rendered -->", re.S)

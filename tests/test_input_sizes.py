@@ -63,7 +63,8 @@ def test_slab_deit_at_256x320(tmp_path):
     assert {r["tensor"]: r["to"] for r in report.resized}["pos_embed"] == [320, 16, 20]
 
 
-@pytest.mark.parametrize("family,size,n,order", [("slab_deit", 224, 196, "kv_first"), ("slab_deit", WIDE, 24, "qk_first"),
+@pytest.mark.parametrize("family,size,n,order", [("slab_deit", 224, 196, "kv_first"),
+                                                  ("slab_deit", WIDE, 24, "qk_first"),
                                                   ("sima", 224, 196, "kv_first"), ("sima", WIDE, 24, "qk_first")])
 def test_the_order_is_decided_per_block_on_the_real_token_count(family, size, n, order):
     from vitedge.exporter.reparam import reparameterize

@@ -250,9 +250,10 @@ class Report:
     # What the checkpoint determined and where from (layout, model, num_classes, labels, preprocess): None
     # without a checkpoint (models/checkpoints/identify_model.py).
     from_checkpoint: dict | None = None
-    # [H, W] of the input (set from `imgsz`); `resized`: what the train-form changed to run at that size, per tensor
-    # ({"tensor", "how", "from", "to"}: a resampled position table, a padded window map), [] at its own size.
+    # [H, W] of the input, for every size (set from `imgsz`)
     input_size: list | None = None
+    # What the train-form changed to run at this size, per tensor ({"tensor", "how", "from", "to"}: a position table
+    # resampled on its grid, a token map padded to window multiples); [] at its own size (docs/models.md)
     resized: list = field(default_factory=list)
     exit_code: int = EXIT_OK
     status: str = "passed"                          # "passed" | "failed"
