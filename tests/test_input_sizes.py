@@ -258,3 +258,26 @@ def test_cswin_sla_stripes_padded_pass_the_ladder(tmp_path):
     report = export(name, targets="onnx", imgsz=WIDE, overrides=overrides, out=tmp_path / "o", samples=8)
     assert report.exit_code == 0 and report.reparam.equivalence["passed"]
     assert any(r["tensor"] == "stage2.0.attns.1" and r["to"] == [12, 12] for r in report.resized), report.resized
+
+
+# ---- the docs name every family's convention and its source ------------------------------------------------------
+
+def test_docs_list_every_familys_size_convention_and_its_source():
+    from pathlib import Path
+
+    from vitedge.models.registry import get_spec, list_models
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "models.md").read_text()
+    section = text[text.index("## Input sizes"):]
+    rows = {line.split("|")[1].strip(): line.split("|")[3] for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith("| Family")}
+    families = {"swiftformer": "SwiftFormer", "slab_deit": "SLAB-DeiT", "prepbn_deit": "PRepBN-DeiT",
+                "sima_deit": "SimA-DeiT", "slab_swin": "SLAB-Swin", "prepbn_swin": "PRepBN-Swin",
+                "slab_pvt": "SLAB-PVT", "prepbn_pvt": "PRepBN-PVT", "slab_cswin": "SLAB-CSWin", "sima_": "SimA (XCiT)"}
+    for name in list_models():
+        key = next(k for k in families if name.startswith(k))
+        row = next((src for fams, src in rows.items() if families[key] in fams), None)
+        assert row is not None, f"{name}: no row for {families[key]} in docs/models.md's Input sizes"
+        # the source: the official repo's file and function (or timm's), where there is anything to follow
+        assert key == "swiftformer" or (".py" in row and "`" in row), (name, row)
+        assert " only" not in get_spec(name).accepted_sizes()  # every model takes other sizes
