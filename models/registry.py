@@ -193,15 +193,16 @@ def create_model(name: str, **overrides) -> nn.Module:
 
 # ---- what a built model says about its input ---------------------------------------------------------
 
-def default_imgsz(model: nn.Module, checkpoint_imgsz: int | None = None) -> int:
-    """The size `model` runs at when none is asked for: its spec's fixed size (e.g. SLAB-DeiT's 224, or the
-    `img_size` override), else `checkpoint_imgsz` (the size its checkpoint's preprocessing crops to: a transformers
-    preprocessor_config.json), else the model's own `img_size`, else its spec's default, else 224."""
+def default_imgsz(model: nn.Module, checkpoint_imgsz=None):
+    """The size `model` runs at when none is asked for (S, or (H, W) where a deploy-form or hub records one): its
+    spec's fixed size, else `checkpoint_imgsz` (the size its checkpoint's preprocessing crops to: a transformers
+    preprocessor_config.json), else the model's own `img_size` (its pretraining size), else its spec's default,
+    else 224."""
     spec = getattr(model, "vitedge_spec", None)
     fixed = spec.fixed_size(getattr(model, "vitedge_overrides", {})) if spec is not None else None
     own = getattr(model, "img_size", None)
     own = own if isinstance(own, int) and not isinstance(own, bool) else None
-    return int(fixed or checkpoint_imgsz or own or (spec.default_imgsz if spec is not None else FALLBACK_IMGSZ))
+    return canonical(fixed or checkpoint_imgsz or own or (spec.default_imgsz if spec is not None else FALLBACK_IMGSZ))
 
 
 def resolve_imgsz(model: nn.Module, imgsz=None, checkpoint_imgsz: int | None = None):
