@@ -42,6 +42,7 @@ from vitedge.exporter.command_line.flags import (ATTN_ORDERS, BENCH_DEFAULT, Par
 from vitedge.exporter.command_line.parsers import PARSERS  # noqa: E402
 from vitedge.exporter.command_line.settings_args import settings_of  # noqa: E402
 from vitedge.exporter.command_line.summary import format_summary, table as _table  # noqa: E402,F401
+from vitedge.models.input_size import size_text  # noqa: E402
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -91,7 +92,7 @@ def cmd_reparam(args) -> int:
         return EXIT_FAILED
     folded = ", ".join(f"{k} {v}" for k, v in sorted(s.folded.items())) or "nothing"
     orders = list(s.attention_order.values())
-    print(f"{result.model} @ {result.imgsz}: folded {folded}; {len(s.unfolded)} unfolded; attention "
+    print(f"{result.model} @ {size_text(result.imgsz)}: folded {folded}; {len(s.unfolded)} unfolded; attention "
           f"{orders.count('qk_first')} qk_first, {orders.count('kv_first')} kv_first; weights: {result.weights}")
     print(f"equivalence gate (float64) passed: logits max|diff| {eq.max_abs:.2e} (allowance {eq.allowed:.2e}: "
           f"max({eq.rtol:.0e}*max|y|, {eq.k64:g} x float64's estimated own rounding))")

@@ -4,15 +4,29 @@ For SimA models (a reduced and a real config) at several image sizes, and for th
 layers alone over synthetic N, each order is timed on ONNX Runtime (1 thread) and torch (1 thread),
 the two orders interleaved per point and backend. Reports the measured crossover N next to the FLOP rule's
 (N = head_dim for both rules when N_q = N_k) and how far the rule's choice is from the measured best
-(latency of the rule's order / latency of the faster order, per N). SLAB-DeiT and SLAB-Swin are fixed
-to 224 px, where their order never flips: the script prints the rule's choice there and why.
+(latency of the rule's order / latency of the faster order, per N). SLAB-DeiT and SLAB-Swin at 224 px: the
+script prints the rule's choice there and why.
+
+`--sizes`: the real SLAB-DeiT-T, SLAB-PVT-T, SLAB-Swin-T and SimA-Nano at 224, 384, 640x640 and 800x1344 (each
+block's order decided on its real token count, `--imgsz`), the chosen orders against the other order in every
+SLA / SimA block, interleaved, on ONNX Runtime and on ExecuTorch (XNNPACK), 1 thread; each point is written to
+the JSON's `at_sizes` as soon as it is measured (a run cut short keeps what ran). A variant whose (Q K^T)
+matrices alone would pass MAX_ATTENTION_GB is not built and says so.
 
     python benchmarks/attention_order.py [--quick] [--out FILE]
+    python benchmarks/attention_order.py --sizes [--models a,b] [--only-sizes 224,640x640]
+
+Length: one question (which order is faster where) asked two ways, over token counts and at the real models'
+sizes, sharing the timing, the parity check and one JSON.
 """
 from __future__ import annotations
 
 import copy
+import json
 import math
+import tempfile
+import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -41,6 +55,10 @@ LAYERS = [("SimplifiedLinearAttention", 192, 3), ("SimAAttention", 128, 4)]
 LAYER_N_FULL = (9, 16, 25, 36, 49, 64, 100, 144, 196, 256, 400, 784)  # squares: SLA lays V out on the grid
 LAYER_N_QUICK = (16, 196)
 FIXED_SIZE = ("slab_deit_tiny", "slab_swin_tiny")
+SIZE_MODELS = ("slab_deit_tiny", "slab_pvt_tiny", "slab_swin_tiny", "sima_nano_12_p16")
+SIZES = ("224", "384", "640x640", "800x1344")
+MAX_ATTENTION_GB = 1.0  # the (Q K^T) matrices of one block, batch 1, float32: past this the variant is not built
+SIZE_TIMING = {"min_rounds": 3, "max_s": 4.0}  # few rounds: the machine is shared; the CIs say how sure
 
 
 # ---- one point: both orders on both backends, interleaved ---------------------------------------------
@@ -209,6 +227,142 @@ def fixed_size_orders(quick: bool) -> list[dict]:
     return out
 
 
+# ---- the chosen orders against the other, real models at large sizes ----------------------------------
+
+def _flipped(train: nn.Module, blocks: dict) -> nn.Module:
+    """A copy of `train` whose every SLA / SimA block asks for the order its rule did not choose."""
+    other = copy.deepcopy(train)
+    mods = dict(other.named_modules())
+    for path, b in blocks.items():
+        mods[path].attn_order = "kv_first" if b["order"] == "qk_first" else "qk_first"
+    return other
+
+
+def _attention_gb(blocks: dict) -> float:
+    """The largest set of (Q K^T) matrices one qk_first block of `blocks` forms (batch 1, float32), GB."""
+    return max([b["n"] * b["n_kv"] * b["heads_windows"] * 4 / 1e9 for b in blocks.values()
+                if b["order"] == "qk_first"], default=0.0)
+
+
+def _heads_windows(train: nn.Module, blocks: dict, hw: tuple[int, int]) -> None:
+    """Each block's heads x windows (how many N x N' matrices a (Q K^T) order forms), added to its record: SLAB-Swin
+    windows tile its stage map (stride 4 * 2^i) padded to window multiples; the other families attend globally."""
+    mods = dict(train.named_modules())
+    for path, b in blocks.items():
+        windows = 1
+        if path.startswith("layers."):
+            i, ws = int(path.split(".")[1]), math.isqrt(b["n"])
+            windows = math.ceil(hw[0] / 4 / 2 ** i / ws) * math.ceil(hw[1] / 4 / 2 ** i / ws)
+        b["heads_windows"] = getattr(mods[path], "num_heads", 1) * windows
+
+
+def _et_runner(target, deploy: nn.Module, name: str, hw: tuple[int, int], tmp: Path):
+    from vitedge.targets.base import LowerSpec
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    art = target.lower(deploy, LowerSpec(name, hw, 1, "fp32", tmp, None, metadata={"mean": [0.0] * 3}))
+    return target.runner(art)
+
+
+def size_point(name: str, size: str, executorch: bool) -> dict:
+    """One model at one size: both variants built, checked against each other, timed interleaved."""
+    from vitedge.models.input_size import as_hw, canonical
+    from vitedge.models.registry import set_input_size
+
+    hw = as_hw(size)
+    point = {"model": name, "imgsz": size, "input_size": list(hw)}
+    train = make_trained_like(create_model(name)).eval()
+    set_input_size(train, canonical(hw))
+    chosen = reparameterize(train, canonical(hw))
+    blocks = {p: dict(b) for p, b in chosen.reparam_summary.attention_blocks.items()}
+    other_train = _flipped(train, blocks)
+    other = reparameterize(other_train, canonical(hw), attn_order="auto")  # each block's own (flipped) order
+    other_blocks = other.reparam_summary.attention_blocks
+    _heads_windows(train, other_blocks, hw)
+    point["blocks"] = {p: {k: b[k] for k in ("n", "n_kv", "d", "order")} for p, b in blocks.items()}
+    point["orders_chosen"] = sorted({b["order"] for b in blocks.values()})
+    gb = _attention_gb(other_blocks)
+    point["other_attention_gb"] = round(gb, 3)
+    if gb > MAX_ATTENTION_GB:
+        point["skipped"] = (f"the other order's (Q K^T) matrices alone are {gb:.1f} GB in one block (past "
+                            f"{MAX_ATTENTION_GB:g} GB): not built")
+        return point
+    x = np.random.default_rng(1).standard_normal((1, 3, *hw)).astype(np.float32)
+    with torch.no_grad():
+        ref = chosen(torch.from_numpy(x)).numpy()
+    cands, fns = {}, {}
+    for label, deploy in (("chosen", chosen), ("other", other)):
+        sess = _timing.ort(_graphs.onnx_image_model(deploy, canonical(hw), 1), threads=1)
+        cands[("onnxruntime", label)] = (sess.run, sess.run(x))
+    if executorch:
+        from vitedge.targets import get_target
+        from vitedge.targets.executorch.target import set_threads
+
+        set_threads(1)
+        target = get_target("executorch")
+        tmp = Path(tempfile.mkdtemp(prefix="attn-order-"))
+        for label, deploy in (("chosen", chosen), ("other", other)):
+            try:
+                r = _et_runner(target, deploy, name, hw, tmp / label)
+            except Exception as e:  # an unavailable runtime or a lowering failure: said, never timed
+                point["executorch"] = {"skipped": f"{type(e).__name__}: {str(e)[:300]}"}
+                break
+            cands[("executorch", label)] = (r.run, r.run(x))
+    point["parity_problems"] = [f"{b}:{o}: {p}" for (b, o), (_, y) in cands.items()
+                                for p in _graphs.parity_problems(ref.reshape(1, -1), y.reshape(1, -1))]
+    for backend in ("onnxruntime", "executorch"):
+        if (backend, "chosen") not in cands or (backend, "other") not in cands:
+            continue
+        t = _timing.time_rounds({o: (lambda f=cands[(backend, o)][0]: f(x)) for o in ("chosen", "other")},
+                                SIZE_TIMING["min_rounds"], SIZE_TIMING["max_s"])
+        point[backend] = {"latency": {o: _stats.stats(t[o]) for o in ("chosen", "other")},
+                          # median(other) / median(chosen): > 1 = the chosen orders are faster
+                          "other_over_chosen": _stats.speedup(t["other"], t["chosen"])}
+    return point
+
+
+def _print_size_point(p: dict) -> None:
+    head = f"  {p['model']:<18} {p['imgsz']:<9} chosen {'/'.join(p['orders_chosen']):<18}"
+    if "skipped" in p:
+        print(f"{head} {p['skipped']}", flush=True)
+        return
+    for b in ("onnxruntime", "executorch"):
+        if b in p:
+            r = p[b]["other_over_chosen"]
+            lat = p[b]["latency"]
+            print(f"{head} {b:<11} chosen {lat['chosen']['p50_ms']:9.2f} ms  other {lat['other']['p50_ms']:9.2f} ms  "
+                  f"other/chosen {_stats.fmt_ratio(r)}", flush=True)
+    for prob in p.get("parity_problems", []):
+        print(f"  PARITY {p['model']} {p['imgsz']}: {prob}")
+
+
+def run_sizes(args) -> int:
+    """--sizes: every (model, size) point, each merged into the JSON's `at_sizes` as soon as it is measured."""
+    path = _script.out_path("attention_order", args)
+    started, info = _script.begin("attention_order", False)
+    models = args.models.split(",") if args.models else list(SIZE_MODELS)
+    sizes = args.only_sizes.split(",") if args.only_sizes else list(SIZES)
+    data = json.loads(path.read_text()) if path.exists() else {}
+    block = {"settings": {"threads": 1, "batch": 1, **SIZE_TIMING, "max_attention_gb": MAX_ATTENTION_GB,
+                          "executorch": not args.no_executorch},
+             "machine": info, "points": [p for p in data.get("at_sizes", {}).get("points", [])
+                                         if not (p["model"] in models and p["imgsz"] in sizes)]}
+    for size in sizes:
+        for name in models:
+            t0 = time.perf_counter()
+            p = size_point(name, size, not args.no_executorch)
+            p["wall_s"] = round(time.perf_counter() - t0, 1)
+            _print_size_point(p)
+            block["points"].append(p)
+            block["points"].sort(key=lambda q: (SIZES.index(q["imgsz"]) if q["imgsz"] in SIZES else 99,
+                                                q["model"]))
+            block["machine"]["load_end"] = _script.load_average()
+            data["at_sizes"] = block
+            path.write_text(json.dumps(_script._finite(data), indent=1, allow_nan=False) + "\n")
+    print(f"\nresults: {path} ({time.time() - started:.0f} s)")
+    return 0
+
+
 # ---- printing -------------------------------------------------------------------------------------------
 
 def _print_point(series: str, p: dict) -> None:
@@ -253,7 +407,14 @@ def print_ratios(result: dict) -> None:
 
 
 def main(argv=None) -> int:
-    args = _script.parser("attention_order", __doc__).parse_args(argv)
+    ap = _script.parser("attention_order", __doc__)
+    ap.add_argument("--sizes", action="store_true", help="the real models at large sizes, chosen order vs the other")
+    ap.add_argument("--models", default=None, help=f"with --sizes: comma list (default {','.join(SIZE_MODELS)})")
+    ap.add_argument("--only-sizes", default=None, help=f"with --sizes: comma list (default {','.join(SIZES)})")
+    ap.add_argument("--no-executorch", action="store_true", help="with --sizes: ONNX Runtime only")
+    args = ap.parse_args(argv)
+    if args.sizes:
+        return run_sizes(args)
     started, info = _script.begin("attention_order", args.quick)  # the same single core as ONNX Runtime's session
     rounds, max_s = (5, 0.15) if args.quick else (15, 1.5)
     series = []
@@ -267,8 +428,10 @@ def main(argv=None) -> int:
     result = {"settings": {"threads": 1, "min_rounds": rounds, "max_s_per_point": max_s, "batch": 1,
                            "backends": list(BACKENDS)},
               "series": series, "fixed_size": fixed_size_orders(args.quick)}
-    path = _script.write_results(_script.out_path("attention_order", args), "attention_order",
-                                 info, args, result, started)
+    out = _script.out_path("attention_order", args)
+    if out.exists() and "at_sizes" in json.loads(out.read_text()):  # --sizes' points: kept (they run apart)
+        result["at_sizes"] = json.loads(out.read_text())["at_sizes"]
+    path = _script.write_results(out, "attention_order", info, args, result, started)
     print(f"\nresults: {path}\n{info['load_note']}")
     print_ratios(result)  # last, as every benchmark script does
     return 0
@@ -311,7 +474,36 @@ def _attention_summary(b: dict, points: int) -> str:
                "slower beyond noise at " + ", ".join(f"N = {p['N']} ({ratio(p)})" for p in slow) + "."))
 
 
-TABLES = {"attention_order": attention_order}
+def attention_order_sizes() -> str:
+    """The `--sizes` points of attention_order.json: per model and size, the chosen orders and other/chosen latency
+    (with its 95 % CI) on ONNX Runtime and ExecuTorch; a point not measured says why."""
+    d = load("attention_order.json").get("at_sizes")
+    if not d or not d["points"]:
+        return "_Not measured yet (`python benchmarks/attention_order.py --sizes`)._"
+    rows, notes = [], []
+    for p in d["points"]:
+        ns = sorted({(b["n"], b["n_kv"]) for b in p["blocks"].values()})
+        tokens = ", ".join(f"{n}" if n == nk else f"{n}/{nk}" for n, nk in ns[:4]) + (" ..." if len(ns) > 4 else "")
+        cells = []
+        for b in ("onnxruntime", "executorch"):
+            cells.append(ratio(p[b]["other_over_chosen"]) if b in p else "not run")
+        rows.append([p["model"], p["imgsz"], tokens, "/".join(p["orders_chosen"]), *cells])
+        if "skipped" in p:
+            notes.append(f"- {p['model']} at {p['imgsz']}: {p['skipped']}.")
+        elif "skipped" in p.get("executorch", {}):
+            notes.append(f"- {p['model']} at {p['imgsz']}: ExecuTorch not run: {p['executorch']['skipped']}.")
+        if p.get("parity_problems"):
+            why = "; ".join(p["parity_problems"])
+            notes.append(f"- {p['model']} at {p['imgsz']}: the two variants disagree: {why}.")
+    s = d["settings"]
+    head = (f"Other order / chosen order, median latency (> 1: the chosen orders are faster), batch 1, "
+            f"{s['threads']} thread, at least {s['min_rounds']} interleaved rounds per backend; "
+            f"N = tokens per SLA / SimA block (N/N' where the keys are fewer).")
+    return (head + "\n\n" + table(["model", "size", "N per block", "chosen", "ONNX Runtime", "ExecuTorch"], rows)
+            + ("\n\n" + "\n".join(notes) if notes else ""))
+
+
+TABLES = {"attention_order": attention_order, "attention_order_sizes": attention_order_sizes}
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ The transform a recipe stands for (exporter/verdict/images.py `eval_transform`),
   square image);
 - crop_mode "squash" (transformers' ViTImageProcessor, `size: {height, width}`): both sides resized to
   floor(imgsz / crop_pct), the aspect ratio not kept, then the centre crop (none at crop_pct 1.0);
+- a non-square size H x W (either mode): both sides resized to floor(H / crop_pct) x floor(W / crop_pct), then the
+  centre H x W crop, as timm's `transforms_imagenet_eval` does for a tuple input size;
 then x_c = (p_c / 255 - mean_c) / std_c.
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ import math
 from dataclasses import asdict, dataclass, replace as _replace
 
 from ..errors import VitedgeError
+from .input_size import as_hw
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -51,16 +54,24 @@ class Recipe:
             return self
         return _replace(self, **given, source=f"{self.source}; {source}: {', '.join(sorted(given))}")
 
-    def resize_to(self, imgsz: int) -> int:
-        """The size the resize step makes (the shorter side, or both sides when squashing)."""
-        return int(math.floor(imgsz / self.crop_pct))
+    def resize_to(self, imgsz) -> int | tuple[int, int]:
+        """The size the resize step makes: an int (the shorter side, or both sides when squashing) for a square
+        size; for a non-square H x W, (floor(H / crop_pct), floor(W / crop_pct)), both sides, the aspect ratio
+        not kept, as timm's eval transform does for a (H, W) input size."""
+        h, w = as_hw(imgsz)
+        if h != w:
+            return int(math.floor(h / self.crop_pct)), int(math.floor(w / self.crop_pct))
+        return int(math.floor(h / self.crop_pct))
 
-    def describe(self, imgsz: int) -> str:
+    def describe(self, imgsz) -> str:
         """How a photo becomes the model's input, in words (for an app developer)."""
-        size = self.resize_to(imgsz)
+        size, (h, w) = self.resize_to(imgsz), as_hw(imgsz)
+        crop = f", the centre {h}x{w} cropped"
+        if isinstance(size, tuple):
+            return f"resized to {size[0]}x{size[1]} (height x width; {self.interpolation}){crop}"
         how = (f"resized to {size}x{size}" if self.crop_mode == "squash" else
                f"its shorter side resized to {size}")
-        crop = f", the centre {imgsz}x{imgsz} cropped" if size != imgsz or self.crop_mode != "squash" else ""
+        crop = crop if size != h or self.crop_mode != "squash" else ""
         return f"{how} ({self.interpolation}){crop}"
 
     def to_dict(self) -> dict:

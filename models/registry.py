@@ -16,6 +16,7 @@ import torch.nn as nn
 
 from ..errors import VitedgeError
 from .preprocess import IMAGENET_MEAN, IMAGENET_STD, Recipe
+from .input_size import as_hw, canonical, check_stride, size_text
 from .size_limit import MAX_IMGSZ, check_size_limit  # noqa: F401  (MAX_IMGSZ: the registry's limit, read here too)
 
 FALLBACK_IMGSZ = 224  # a module that is neither registered nor says its own size
@@ -56,18 +57,20 @@ class ModelSpec:
             return f"{self.fixed_imgsz} only" + (f" ({self.sizes_note})" if self.sizes_note else "")
         return f"multiples of {self.stride}" + (f" ({self.sizes_note})" if self.sizes_note else "")
 
-    def check_imgsz(self, imgsz: int, overrides: dict | None = None) -> None:
-        """Raise VitedgeError when the model cannot run at `imgsz`."""
+    def check_imgsz(self, imgsz, overrides: dict | None = None) -> None:
+        """Raise VitedgeError when the model cannot run at `imgsz` (S or (H, W)): the message names the nearest
+        valid sizes."""
         fixed = self.fixed_size(overrides or {})
-        if imgsz <= 0:
-            raise VitedgeError(f"--imgsz must be positive, got {imgsz}")
-        check_size_limit(imgsz)
-        if fixed is not None and imgsz != fixed:
+        h, w = as_hw(imgsz)
+        if h <= 0 or w <= 0:
+            raise VitedgeError(f"--imgsz must be positive, got {size_text(imgsz)}")
+        check_size_limit(max(h, w))
+        if fixed is not None and (h, w) != (fixed, fixed):
             raise VitedgeError(
-                f"{self.name} accepts only --imgsz {fixed} ({self.sizes_note or 'fixed-size positional encodings'}); got {imgsz}")
-        if fixed is None and self.stride and imgsz % self.stride:
-            raise VitedgeError(
-                f"{self.name} needs --imgsz divisible by {self.stride}; got {imgsz} (try {max(self.stride, round(imgsz / self.stride) * self.stride)})")
+                f"{self.name} accepts only --imgsz {fixed} ({self.sizes_note or 'fixed-size positional encodings'}); "
+                f"got {size_text(imgsz)}")
+        if fixed is None and self.stride:
+            check_stride(self.name, imgsz, self.stride)
 
     def fixed_size(self, overrides: dict) -> int | None:
         if self.fixed_imgsz is None:
@@ -190,24 +193,48 @@ def create_model(name: str, **overrides) -> nn.Module:
 
 # ---- what a built model says about its input ---------------------------------------------------------
 
-def default_imgsz(model: nn.Module, checkpoint_imgsz: int | None = None) -> int:
-    """The size `model` runs at when none is asked for: its spec's fixed size (e.g. SLAB-DeiT's 224, or the
-    `img_size` override), else `checkpoint_imgsz` (the size its checkpoint's preprocessing crops to: a transformers
-    preprocessor_config.json), else the model's own `img_size`, else its spec's default, else 224."""
+def default_imgsz(model: nn.Module, checkpoint_imgsz=None):
+    """The size `model` runs at when none is asked for (S, or (H, W) where a deploy-form or hub records one): its
+    spec's fixed size, else `checkpoint_imgsz` (the size its checkpoint's preprocessing crops to: a transformers
+    preprocessor_config.json), else the model's own `img_size` (its pretraining size), else its spec's default,
+    else 224."""
     spec = getattr(model, "vitedge_spec", None)
     fixed = spec.fixed_size(getattr(model, "vitedge_overrides", {})) if spec is not None else None
     own = getattr(model, "img_size", None)
     own = own if isinstance(own, int) and not isinstance(own, bool) else None
-    return int(fixed or checkpoint_imgsz or own or (spec.default_imgsz if spec is not None else FALLBACK_IMGSZ))
+    return canonical(fixed or checkpoint_imgsz or own or (spec.default_imgsz if spec is not None else FALLBACK_IMGSZ))
 
 
-def resolve_imgsz(model: nn.Module, imgsz: int | None = None, checkpoint_imgsz: int | None = None) -> int:
-    """`imgsz` (or the model's default, `default_imgsz`), checked against the sizes a registered model accepts."""
-    imgsz = int(imgsz or default_imgsz(model, checkpoint_imgsz))
+def resolve_imgsz(model: nn.Module, imgsz=None, checkpoint_imgsz: int | None = None):
+    """`imgsz` (S or (H, W); else the model's default, `default_imgsz`), checked against the sizes a registered
+    model accepts, in its one spelling (models/input_size.py `canonical`: S square, (H, W) otherwise)."""
+    imgsz = canonical(imgsz or default_imgsz(model, checkpoint_imgsz))
     spec = getattr(model, "vitedge_spec", None)
     if spec is not None:
         spec.check_imgsz(imgsz, getattr(model, "vitedge_overrides", {}))
     return imgsz
+
+
+def set_input_size(model: nn.Module, imgsz) -> list[dict]:
+    """Make the train-form `model` run at `imgsz` (S or (H, W)) by its family's own convention (docs/models.md):
+    a model with position tables resamples them, a windowed one pads; the model's `set_input_size((H, W))` does it
+    in place and returns what it changed, per tensor ({"tensor", "how", "from", "to"}). The result, also kept on
+    the model as `vitedge_resized`, is what report.json's `resized` holds: [] at the model's own size, or for a
+    model with nothing tied to its size (convolutions only). Idempotent at the size it is already at."""
+    hook = getattr(model, "set_input_size", None)
+    if hook is None:
+        return []
+    model.vitedge_resized = hook(as_hw(imgsz))
+    return model.vitedge_resized
+
+
+def sized(model: nn.Module, imgsz) -> nn.Module:
+    """`model` itself, made to run at `imgsz` (`set_input_size`; imgsz None: left as it is). Callers that must not
+    change a caller's module pass a copy, resized in its own dtype first (so a float64 copy of a float32 train-form
+    holds the same resampled tables as the float32 reference)."""
+    if imgsz is not None:
+        set_input_size(model, imgsz)
+    return model
 
 
 def transformers_ports() -> dict:

@@ -17,6 +17,7 @@ import torch.nn as nn
 from ..errors import VitedgeError
 from .layers import ORDERS, DropPath, Mlp, SimAAttention, init_vit_weights
 from .preprocess import SIMA_RECIPE
+from .layers.resample import Resized
 from .registry import register_family, register_model
 
 __all__ = ["SimADeiT", "SimADeiTBlock", "PatchEmbed16"]
@@ -34,9 +35,10 @@ class PatchEmbed16(nn.Module):
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if tuple(x.shape[-2:]) != (self.img_size, self.img_size):
-            raise VitedgeError(f"SimA-DeiT accepts only {self.img_size}x{self.img_size} inputs (fixed-size pos_embed); "
-                               f"got {x.shape[-2]}x{x.shape[-1]}: resize the input or rebuild with img_size")
+        want = getattr(self, "input_hw", (self.img_size, self.img_size))
+        if tuple(x.shape[-2:]) != tuple(want):
+            raise VitedgeError(f"SimA-DeiT is set for {want[0]}x{want[1]} inputs (its pos_embed grid); got "
+                               f"{x.shape[-2]}x{x.shape[-1]}: set_input_size((H, W)) first (vitedge does, for --imgsz)")
         return self.proj(x).flatten(2).transpose(1, 2)
 
 
@@ -94,6 +96,16 @@ class SimADeiT(nn.Module):
     def _init_weights(self) -> None:
         init_vit_weights(self, self.pos_embed, self.cls_token)  # DeiT's init
 
+    def set_input_size(self, hw: tuple[int, int]) -> list[dict]:
+        """Run at H x W (multiples of 16): `pos_embed` resampled from its pretrained grid, the CLS position kept,
+        as timm's `resample_abs_pos_embed` (SimA's DeiT code is timm's VisionTransformer; docs/models.md)."""
+        p = self.patch_embed.patch_size
+        grid = (hw[0] // p, hw[1] // p)
+        r = Resized(self)
+        r.table(self, "pos_embed", "pos_embed", (self.img_size // p,) * 2, grid, prefix=1)
+        self.patch_embed.num_patches, self.patch_embed.input_hw = grid[0] * grid[1], tuple(hw)
+        return r.records
+
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         x = self.patch_embed(x)
         x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)
@@ -104,11 +116,11 @@ class SimADeiT(nn.Module):
         return self.head(self.forward_features(x))
 
 
-_NOTE = "pos_embed has 1+14x14 positions"
+_NOTE = "pos_embed (1+14x14) resampled bicubic to the patch grid, CLS kept"
 # DeiT-Ti / DeiT-S widths (head_dim 64), DeiT's drop-path 0.1
-register_model("sima_deit_tiny", "sima_deit", stride=None, fixed_imgsz=224, sizes_note=_NOTE, patch_size=16,
+register_model("sima_deit_tiny", "sima_deit", stride=16, sizes_note=_NOTE, patch_size=16,
                embed_dim=192, depth=12, num_heads=3, mlp_ratio=4, qkv_bias=True, drop_path_rate=0.1)(SimADeiT)
-register_model("sima_deit_small", "sima_deit", stride=None, fixed_imgsz=224, sizes_note=_NOTE, patch_size=16,
+register_model("sima_deit_small", "sima_deit", stride=16, sizes_note=_NOTE, patch_size=16,
                embed_dim=384, depth=12, num_heads=6, mlp_ratio=4, qkv_bias=True, drop_path_rate=0.1)(SimADeiT)
 
 

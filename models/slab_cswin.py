@@ -27,11 +27,13 @@ from ..errors import VitedgeError
 from .layers import (ORDERS, DropPath, LinearNorm, Mlp, RepBN, init_vit_weights, linear_attention, resolve_order,
                      sla_rule)
 from .preprocess import SLAB_RECIPE
+from .layers.resample import Resized
 from .registry import register_family, register_model
 from .slab_pvt import merge_heads, split_heads
 
 __all__ = ["CSWinTransformer", "CSWinBlock", "CSWinLinearAttention", "LePEAttention", "MergeBlock",
-           "img2windows", "windows2img", "window_shape", "cswin_linear_norm"]
+           "img2windows", "windows2img", "window_shape", "stripe_padding", "to_windows", "from_windows",
+           "cswin_linear_norm"]
 
 # The SLAB-CSWin norm: LN (eps 1e-5) blended into RepBN over 120000 training forwards.
 cswin_linear_norm = partial(LinearNorm, norm1=nn.LayerNorm, norm2=RepBN, step=120000)
@@ -51,15 +53,46 @@ def windows2img(x: torch.Tensor, hs: int, ws: int, h: int, w: int) -> torch.Tens
     return x.reshape(-1, h * w, c)
 
 
-def window_shape(idx: int, resolution: int, split_size: int) -> tuple[int, int]:
-    """(H_sp, W_sp): idx -1 one global window, 0 vertical stripes (res x split), 1 horizontal (split x res)."""
+def window_shape(idx: int, resolution, split_size: int) -> tuple[int, int]:
+    """(H_sp, W_sp) on a `resolution` map (S or (H, W)): idx -1 one global window, 0 vertical stripes
+    (H x split), 1 horizontal (split x W), as the official CSWin's LePEAttention.forward at any size."""
+    h, w = (resolution, resolution) if isinstance(resolution, int) else resolution
     if idx == -1:
-        return resolution, resolution
+        return h, w
     if idx == 0:
-        return resolution, split_size
+        return h, split_size
     if idx == 1:
-        return split_size, resolution
+        return split_size, w
     raise ValueError(f"branch index must be -1, 0 or 1, got {idx}")
+
+
+def stripe_padding(hw: tuple[int, int], window: tuple[int, int]) -> tuple[int, int, int, int]:
+    """(top, bottom, left, right) zero padding to window multiples, split evenly with the extra row or column at
+    the bottom or right: the official CSWin segmentation backbone's padding for a split window
+    (segmentation/backbone/cswin_transformer.py, LePEAttention.forward)."""
+    hp, wp = (-hw[0]) % window[0], (-hw[1]) % window[1]
+    return hp // 2, hp - hp // 2, wp // 2, wp - wp // 2
+
+
+def to_windows(t: torch.Tensor, hw: tuple[int, int], window: tuple[int, int]) -> torch.Tensor:
+    """(B, H*W, C) tokens -> (B*nW, hs*ws, C) windows of the map padded as `stripe_padding` (zeros)."""
+    b, n, c = t.shape
+    x = t.transpose(1, 2).reshape(b, c, *hw)
+    top, bottom, left, right = stripe_padding(hw, window)
+    if top or bottom or left or right:
+        x = F.pad(x, (left, right, top, bottom))
+    return img2windows(x, *window)
+
+
+def from_windows(t: torch.Tensor, hw: tuple[int, int], window: tuple[int, int]) -> torch.Tensor:
+    """The inverse of `to_windows`: (B*nW, hs*ws, C) -> (B, H*W, C), the padding cropped."""
+    top, bottom, left, right = stripe_padding(hw, window)
+    h, w = hw[0] + top + bottom, hw[1] + left + right
+    x = windows2img(t, *window, h, w)
+    if top or bottom or left or right:
+        c = x.shape[-1]
+        x = x.reshape(-1, h, w, c)[:, top:top + hw[0], left:left + hw[1]].reshape(-1, hw[0] * hw[1], c)
+    return x
 
 
 class _CSWinBranch(nn.Module):
@@ -70,6 +103,8 @@ class _CSWinBranch(nn.Module):
         if dim % num_heads:
             raise VitedgeError(f"branch width {dim} is not divisible by its {num_heads} heads: change num_heads")
         self.dim, self.resolution, self.num_heads = dim, resolution, num_heads
+        self.idx, self.split_size = idx, split_size
+        self.map_hw = (resolution, resolution)  # the token map it runs on (set_resolution)
         self.head_dim = dim // num_heads
         self.H_sp, self.W_sp = window_shape(idx, resolution, split_size)
         if resolution % self.H_sp or resolution % self.W_sp:
@@ -81,10 +116,19 @@ class _CSWinBranch(nn.Module):
     def window_tokens(self) -> int:
         return self.H_sp * self.W_sp
 
+    def set_resolution(self, hw: tuple[int, int]) -> None:
+        """Run on an H x W map: the window follows the official rule at that size (`window_shape`), the map is
+        padded to window multiples (`stripe_padding`)."""
+        self.map_hw = tuple(hw)
+        self.H_sp, self.W_sp = window_shape(self.idx, self.map_hw, self.split_size)
+
+    @property
+    def padded(self) -> bool:
+        return any(stripe_padding(self.map_hw, (self.H_sp, self.W_sp)))
+
     def windows(self, t: torch.Tensor) -> torch.Tensor:
         """(B, L, C) tokens -> (B*nW, n, C) window tokens."""
-        b, n, c = t.shape
-        return img2windows(t.transpose(1, 2).reshape(b, c, self.resolution, self.resolution), self.H_sp, self.W_sp)
+        return to_windows(t, self.map_hw, (self.H_sp, self.W_sp))
 
     def lepe(self, v: torch.Tensor) -> torch.Tensor:
         """get_v on each window's value map, (B', n, C) -> (B', n, C) (zero padding at every window border)."""
@@ -93,7 +137,7 @@ class _CSWinBranch(nn.Module):
         return self.get_v(fmap).reshape(b, c, n).transpose(1, 2)
 
     def unwindow(self, t: torch.Tensor) -> torch.Tensor:
-        return windows2img(t, self.H_sp, self.W_sp, self.resolution, self.resolution)
+        return from_windows(t, self.map_hw, (self.H_sp, self.W_sp))
 
 
 class CSWinLinearAttention(_CSWinBranch):
@@ -162,6 +206,7 @@ class CSWinBlock(nn.Module):
         if attn_type not in ("L", "S"):
             raise VitedgeError(f"attention type {attn_type!r} must be 'L' (linear) or 'S' (softmax): fix attn_type")
         self.dim, self.num_heads, self.patches_resolution = dim, num_heads, reso
+        self.map_hw = (reso, reso)  # the token map it runs on (CSWinTransformer.set_input_size)
         if attn_type == "S":
             self.trained_like_qk_scale = 0.5  # test weights: softmax neither flat nor one-hot (golden recipe)
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
@@ -184,8 +229,9 @@ class CSWinBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, c = x.shape
-        if n != self.patches_resolution ** 2:
-            raise VitedgeError(f"block expects {self.patches_resolution}^2 tokens, got {n}: feed the model's img_size")
+        if n != self.map_hw[0] * self.map_hw[1]:
+            raise VitedgeError(f"block expects {self.map_hw[0]}x{self.map_hw[1]} tokens, got {n}: feed the size the "
+                               "model is set for (set_input_size)")
         q, k, v = self.qkv(self.norm1(x)).reshape(b, n, 3, c).unbind(2)
         if self.branch_num == 2:
             half = c // 2
@@ -202,13 +248,13 @@ class MergeBlock(nn.Module):
 
     def __init__(self, dim: int, dim_out: int, resolution: int, norm_layer=nn.LayerNorm):
         super().__init__()
-        self.resolution = resolution
+        self.resolution = (resolution, resolution)  # (H, W) of the map it reads
         self.conv = nn.Conv2d(dim, dim_out, 3, 2, 1)
         self.norm = norm_layer(dim_out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, c = x.shape
-        x = self.conv(x.transpose(1, 2).reshape(b, c, self.resolution, self.resolution))
+        x = self.conv(x.transpose(1, 2).reshape(b, c, *self.resolution))
         return self.norm(x.flatten(2).transpose(1, 2))
 
 
@@ -280,6 +326,34 @@ class CSWinTransformer(nn.Module):
     def _init_weights(self) -> None:
         init_vit_weights(self)  # official: Linear trunc_normal(0.02), LayerNorm (1, 0); convs default
 
+    def set_input_size(self, hw: tuple[int, int]) -> list[dict]:
+        """Run at H x W (multiples of 32) as the official CSWin segmentation backbone does: each branch's window
+        follows its rule at the new map (a global branch covers the whole map, stripes keep their width and span
+        the map), zero-padded to window multiples, centred; each SLA branch's positional encoding, one per token
+        of its window, is resampled bicubic from its pretraining window to the new one, as timm's
+        `resample_abs_pos_embed` (docs/models.md). The branches (one global or two stripes) stay as pretrained."""
+        r = Resized(self)
+        self.stage1_conv_embed[1].h, self.stage1_conv_embed[1].w = hw[0] // 4, hw[1] // 4
+        for i in range(4):
+            stage = (hw[0] // 2 ** (i + 2), hw[1] // 2 ** (i + 2))
+            if i:
+                getattr(self, f"merge{i}").resolution = (stage[0] * 2, stage[1] * 2)
+            for j, blk in enumerate(getattr(self, f"stage{i + 1}")):
+                blk.map_hw = stage
+                for b, br in enumerate(blk.attns):
+                    old = window_shape(br.idx, br.resolution, br.split_size)
+                    br.set_resolution(stage)
+                    path = f"stage{i + 1}.{j}.attns.{b}"
+                    if isinstance(br, CSWinLinearAttention):
+                        r.table(br, "positional_encoding", f"{path}.positional_encoding", old, (br.H_sp, br.W_sp),
+                                what="SLA positional encoding (one per window token)")
+                    if br.padded:
+                        top, bottom, left, right = stripe_padding(stage, (br.H_sp, br.W_sp))
+                        r.pad(path, f"q, k, v maps zero-padded (top {top}, bottom {bottom}, left {left}, right "
+                              f"{right}) to multiples of its {br.H_sp}x{br.W_sp} window",
+                              stage, (stage[0] + top + bottom, stage[1] + left + right))
+        return r.records
+
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stage1_conv_embed(x)
         for blk in self.stage1:
@@ -298,17 +372,17 @@ class CSWinTransformer(nn.Module):
 
 _CSWIN = dict(embed_dim=64, split_size=(1, 2, 7, 7), la_split_size="56-28-14-7", num_heads=(2, 4, 8, 16),
               mlp_ratio=4.0, qkv_bias=True, kernel_size=5, attn_type="LLSS")
-_NOTE = "the stem checks its 56x56 grid and the SLA positional encodings fix each L-stage stripe's token count"
+_NOTE = "windows as the official segmentation backbone, padded; SLA encodings resampled bicubic to the window"
 
 
-@register_model("slab_cswin_tiny", "slab", fixed_imgsz=224, sizes_note=_NOTE, **_CSWIN, depth=(2, 4, 18, 1),
+@register_model("slab_cswin_tiny", "slab", stride=32, sizes_note=_NOTE, **_CSWIN, depth=(2, 4, 18, 1),
                 drop_path_rate=0.1)
 def slab_cswin_tiny(**kwargs) -> CSWinTransformer:
     """SLAB_CSWin_64_24181_tiny_224 (cfgs/slab_cswin_t.yaml): 21.23M params."""
     return CSWinTransformer(**kwargs)
 
 
-@register_model("slab_cswin_small", "slab", fixed_imgsz=224, sizes_note=_NOTE, **_CSWIN, depth=(2, 4, 32, 2),
+@register_model("slab_cswin_small", "slab", stride=32, sizes_note=_NOTE, **_CSWIN, depth=(2, 4, 32, 2),
                 drop_path_rate=0.3)
 def slab_cswin_small(**kwargs) -> CSWinTransformer:
     """SLAB_CSWin_64_24322_small_224 (cfgs/slab_cswin_s.yaml): 35.49M params."""

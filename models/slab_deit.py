@@ -26,6 +26,7 @@ import torch.nn as nn
 
 from ..errors import VitedgeError
 from .layers import DropPath, LinearNorm, Mlp, RepBN, SimplifiedLinearAttention, init_vit_weights
+from .layers.resample import Resized
 from .preprocess import SLAB_RECIPE
 from .registry import Remap, register_family, register_model
 
@@ -204,11 +205,30 @@ class DeiTBase(nn.Module):
     def _init_weights(self) -> None:
         init_vit_weights(self, self.pos_embed, self.cls_token)  # official DeiT init; convs default
 
+    def set_input_size(self, hw: tuple[int, int]) -> list[dict]:
+        """Run at H x W (multiples of the patch): `pos_embed` (prefix tokens kept) and each SLA block's positional
+        encoding resampled from the pretrained 14x14 grid, timm's `resample_abs_pos_embed` (docs/models.md)."""
+        p = self.patch_embed.proj.kernel_size[0]
+        native = (self.img_size // p,) * 2
+        grid = (hw[0] // p, hw[1] // p)
+        r = Resized(self)
+        r.table(self, "pos_embed", "pos_embed", native, grid, self.num_prefix_tokens)
+        for i, blk in enumerate(self.blocks):
+            if isinstance(blk.attn, SimplifiedLinearAttention):
+                r.table(blk.attn, "positional_encoding", f"blocks.{i}.attn.positional_encoding", native, grid,
+                        what="SLA positional encoding")
+                blk.attn.num_tokens, blk.attn.grid = grid[0] * grid[1], grid
+        self.patch_embed.grid, self.patch_embed.num_patches = grid, grid[0] * grid[1]
+        self.input_hw = tuple(hw)
+        return r.records
+
     def _embed(self, x: torch.Tensor) -> torch.Tensor:
         h, w = x.shape[-2:]
-        if (h, w) != (self.img_size, self.img_size):
-            raise VitedgeError(f"{type(self).__name__} accepts only {self.img_size}x{self.img_size} inputs "
-                               f"(fixed-size positional embeddings); got {h}x{w}: resize the input")
+        want = getattr(self, "input_hw", (self.img_size, self.img_size))
+        if (h, w) != tuple(want):
+            raise VitedgeError(f"{type(self).__name__} is set for {want[0]}x{want[1]} inputs (its positional "
+                               f"embeddings' grid); got {h}x{w}: set_input_size((H, W)) first (vitedge does, for "
+                               "--imgsz)")
         return self.patch_embed(x)
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
@@ -264,8 +284,8 @@ class PRepBNDeiT(DeiTBase):
         return x[:, 0]
 
 
-_SLAB_NOTE = "SLA positional encodings are fixed to the 14x14 patch grid"
-_PREPBN_NOTE = "pos_embed has 1+14x14 positions"
+_SLAB_NOTE = "the 14x14 SLA positional encodings resampled bicubic to the patch grid"
+_PREPBN_NOTE = "pos_embed (1+14x14) resampled bicubic to the patch grid, CLS kept"
 _PREPBN_SMALL_NORM = "LinearNorm(norm1=LayerNorm(eps=1e-6), norm2=RepBN, step=300000)"
 _VARIANTS = {
     # name: (class, default kwargs, sizes note); MODELS.md §2.3
@@ -278,7 +298,7 @@ _VARIANTS = {
 }
 
 for _name, (_cls, _kw, _note) in _VARIANTS.items():
-    register_model(_name, "slab", stride=None, fixed_imgsz=224, sizes_note=_note, patch_size=16, mlp_ratio=4,
+    register_model(_name, "slab", stride=16, sizes_note=_note, patch_size=16, mlp_ratio=4,
                    qkv_bias=True, **_kw)(_cls)
 
 

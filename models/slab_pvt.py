@@ -28,6 +28,7 @@ from ..errors import VitedgeError
 from .layers import (ORDERS, DropPath, LinearNorm, Mlp, RepBN, init_vit_weights, linear_attention, resolve_order,
                      sla_rule)
 from .preprocess import SLAB_RECIPE
+from .layers.resample import Resized
 from .registry import register_family, register_model
 
 __all__ = ["PyramidVisionTransformer", "PVTPatchEmbed", "PVTBlock", "PVTAttention", "PVTLinearAttention",
@@ -259,6 +260,29 @@ class PyramidVisionTransformer(nn.Module):
         grid = pos.reshape(1, pe.H, pe.W, -1).permute(0, 3, 1, 2)
         return F.interpolate(grid, size=(h, w), mode="bilinear").reshape(1, -1, h * w).permute(0, 2, 1)
 
+    def set_input_size(self, hw: tuple[int, int]) -> list[dict]:
+        """Run at H x W (multiples of 32). The stage position embeddings need nothing stored: the forward resizes
+        them bilinearly to each stage's grid, as the official `_get_pos_embed` does (recorded here); each SLA
+        block's positional encoding, one per key token of its stage's (reduced) grid, is resampled bicubic as
+        timm's `resample_abs_pos_embed` (docs/models.md)."""
+        r = Resized(self)
+        grid = tuple(hw)
+        for i in range(self.num_stages):
+            pe = getattr(self, f"patch_embed{i + 1}")
+            grid = (grid[0] // pe.patch_size, grid[1] // pe.patch_size)
+            native = (pe.H, pe.W)
+            if grid != native:
+                r.records.append({"tensor": f"pos_embed{i + 1}", "how": "resized bilinear to the stage's grid in the "
+                                  "forward, as the official PVT's _get_pos_embed (not stored)",
+                                  "from": [native[0] * native[1], *native], "to": [grid[0] * grid[1], *grid]})
+            for j, blk in enumerate(getattr(self, f"block{i + 1}")):
+                if isinstance(blk.attn, PVTLinearAttention):
+                    sr = blk.attn.sr_ratio
+                    r.table(blk.attn, "positional_encoding", f"block{i + 1}.{j}.attn.positional_encoding",
+                            (native[0] // sr, native[1] // sr), (grid[0] // sr, grid[1] // sr),
+                            what="SLA positional encoding")
+        return r.records
+
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         b = x.shape[0]
         for i in range(self.num_stages):
@@ -279,12 +303,13 @@ class PyramidVisionTransformer(nn.Module):
 _PVT = dict(patch_size=4, embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8), mlp_ratios=(8, 8, 4, 4),
             qkv_bias=True, sr_ratios=(8, 4, 2, 1), la_sr_ratios="1111", kernel_size=5)
 _DEPTHS = {"tiny": ((2, 2, 2, 2), 0.0), "small": ((3, 4, 6, 3), 0.1), "medium": ((3, 4, 18, 3), 0.3)}
-_SLAB_NOTE = "SLA positional encodings are fixed to each stage's token grid"
+_SLAB_NOTE = ("each stage's SLA positional encodings resampled bicubic to its grid; pos embeds resized as "
+              "officially (448 and 896 fail as officially)")
 _PREPBN_NOTE = ("pos embeds are bilinearly resized away from 224 as officially; 448 and 896 fail as officially "
                 "(a later stage then has stage 1's token count)")
 
 for _size, (_depths, _dpr) in _DEPTHS.items():
-    register_model(f"slab_pvt_{_size}", "slab", fixed_imgsz=224, sizes_note=_SLAB_NOTE, **_PVT, depths=_depths,
+    register_model(f"slab_pvt_{_size}", "slab", stride=32, sizes_note=_SLAB_NOTE, **_PVT, depths=_depths,
                    drop_path_rate=_dpr, attn_type="LLLL")(PyramidVisionTransformer)
     register_model(f"prepbn_pvt_{_size}", "slab", stride=32, sizes_note=_PREPBN_NOTE, **_PVT, depths=_depths,
                    drop_path_rate=_dpr, attn_type="SSSS")(PyramidVisionTransformer)

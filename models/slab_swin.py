@@ -17,15 +17,17 @@ from typing import Callable, Sequence
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 import torch.utils.checkpoint as checkpoint
 
 from ..errors import VitedgeError
 from .layers import DropPath, LinearNorm, Mlp, RepBN, SimplifiedLinearAttention, init_vit_weights
+from .layers.resample import Resized
 from .preprocess import SLAB_RECIPE
 from .registry import register_family, register_model
 
 __all__ = ["SlabSwinTransformer", "SwinTransformer", "SwinTransformerBlock", "WindowAttention", "PatchMerging",
-           "PatchEmbed", "window_partition", "window_reverse", "windowed", "relative_position_index",
+           "PatchEmbed", "window_partition", "window_reverse", "windowed", "padded_size", "relative_position_index",
            "shift_attn_mask", "window_softmax_attention", "split_qkv", "merge_heads", "patch_merge_gather",
            "slab_linear_norm"]
 
@@ -49,17 +51,30 @@ def window_reverse(windows: torch.Tensor, ws: int, h: int, w: int) -> torch.Tens
     return x.reshape(-1, h, w, c)
 
 
+def padded_size(resolution: Sequence[int], ws: int) -> tuple[int, int]:
+    """The map size rounded up to window multiples (the official detection backbones' padding)."""
+    return tuple(-(-r // ws) * ws for r in resolution)
+
+
 def windowed(x: torch.Tensor, resolution: Sequence[int], ws: int, shift: int,
              attend: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """Cyclic shift by -shift, partition, `attend` per window, reverse, shift back: (B, H*W, C) -> same."""
+    """Zero-pad the map at the bottom and right to window multiples (where it is not), cyclic shift by -shift,
+    partition, `attend` per window, reverse, shift back, crop: (B, H*W, C) -> same. The padding is that of SLAB's
+    and Swin's detection backbones (`SwinTransformerBlock.forward` of detection/mmdet_custom/swin_transformer_slab.py):
+    after norm1, zeros, the shift mask built for the padded map."""
     h, w = resolution
+    hp, wp = padded_size(resolution, ws)
     c = x.shape[-1]
     x = x.reshape(-1, h, w, c)
+    if (hp, wp) != (h, w):
+        x = F.pad(x, (0, 0, 0, wp - w, 0, hp - h))
     if shift:
         x = torch.roll(x, shifts=(-shift, -shift), dims=(1, 2))
-    x = window_reverse(attend(window_partition(x, ws)), ws, h, w)
+    x = window_reverse(attend(window_partition(x, ws)), ws, hp, wp)
     if shift:
         x = torch.roll(x, shifts=(shift, shift), dims=(1, 2))
+    if (hp, wp) != (h, w):
+        x = x[:, :h, :w]
     return x.reshape(-1, h * w, c)
 
 
@@ -191,8 +206,20 @@ class SwinTransformerBlock(nn.Module):
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = norm_layer(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
-        h, w = self.input_resolution
-        self.register_buffer("attn_mask", shift_attn_mask(h, w, window_size, shift_size) if shift_size else None)
+        self.register_buffer("attn_mask", self._mask())
+
+    def _mask(self) -> torch.Tensor | None:
+        return shift_attn_mask(*padded_size(self.input_resolution, self.window_size), self.window_size,
+                               self.shift_size) if self.shift_size else None
+
+    def set_resolution(self, resolution: Sequence[int]) -> bool:
+        """Run on a `resolution` token map, keeping the window and shift the block was built with (its
+        pretraining ones): the map is padded to window multiples and the shift mask rebuilt for the padded map.
+        Returns whether the map is padded."""
+        self.input_resolution = tuple(resolution)
+        if self.attn_mask is not None:
+            self.attn_mask = self._mask().to(self.attn_mask)
+        return padded_size(resolution, self.window_size) != self.input_resolution
 
     def _attend(self, windows: torch.Tensor) -> torch.Tensor:
         if self.attn_type == "S":
@@ -253,9 +280,10 @@ class PatchEmbed(nn.Module):
         self.norm = norm_layer(embed_dim) if norm_layer is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if tuple(x.shape[2:]) != (self.img_size, self.img_size):
-            raise VitedgeError(f"input {tuple(x.shape[2:])} does not match the model's img_size {self.img_size}: "
-                               f"resize the input or build the model with img_size={x.shape[-1]}")
+        want = getattr(self, "input_hw", (self.img_size, self.img_size))
+        if tuple(x.shape[2:]) != tuple(want):
+            raise VitedgeError(f"input {tuple(x.shape[2:])} does not match the size the model is set for, {want}: "
+                               "resize the input or call set_input_size((H, W)) (vitedge does, for --imgsz)")
         x = self.proj(x).flatten(2).transpose(1, 2)
         return x if self.norm is None else self.norm(x)
 
@@ -326,6 +354,29 @@ class _SwinBackbone(nn.Module):
         self.norm = norm_layer(self.num_features)
         self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
         init_vit_weights(self)
+
+    def set_input_size(self, hw: tuple[int, int]) -> list[dict]:
+        """Run at H x W (multiples of 32), as the official detection backbones do: every block keeps its
+        pretraining window and shift (SLA stages 56 and 28 tokens, softmax stages 7), the map is zero-padded after
+        norm1 to window multiples and the shift masks are built for the padded map; an absolute position
+        embedding (ape) is resampled bicubic. Returns what changed (docs/models.md)."""
+        p = self.patch_embed.patch_size
+        res = (hw[0] // p, hw[1] // p)
+        r = Resized(self)
+        if self.ape:
+            r.table(self, "absolute_pos_embed", "absolute_pos_embed", self.patches_resolution, res)
+        for i, layer in enumerate(self.layers):
+            stage = (res[0] // 2 ** i, res[1] // 2 ** i)
+            layer.input_resolution = stage
+            for j, blk in enumerate(layer.blocks):
+                if blk.set_resolution(stage):
+                    shift = f"; shift {blk.shift_size} masked on the padded map" if blk.shift_size else ""
+                    r.pad(f"layers.{i}.blocks.{j}", f"token map zero-padded (bottom, right) after norm1 to multiples "
+                          f"of its window {blk.window_size}{shift}", stage, padded_size(stage, blk.window_size))
+            if layer.downsample is not None:
+                layer.downsample.input_resolution = stage
+        self.patch_embed.input_hw = tuple(hw)
+        return r.records
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         x = self.patch_embed(x)
@@ -405,20 +456,19 @@ class SwinTransformer(_SwinBackbone):
 
 # ---------------------------------------------------------------- registry
 
-_SLAB_NOTE = ("the patch embedding asserts img_size and the SLA positional encodings fix each L-stage window's "
-              "token count")
-_PREPBN_NOTE = "the patch embedding asserts img_size; windows and shift masks are built for it"
+_SLAB_NOTE = "pretraining windows (SLA 56 and 28, softmax 7) kept, the map padded to window multiples"
+_PREPBN_NOTE = "window 7 kept, the map padded to window multiples, shift masks for the padded map"
 _SWIN_T = dict(embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24))
 
 
-@register_model("slab_swin_tiny", "slab", fixed_imgsz=224, sizes_note=_SLAB_NOTE, **_SWIN_T, window_size=56,
+@register_model("slab_swin_tiny", "slab", stride=32, sizes_note=_SLAB_NOTE, **_SWIN_T, window_size=56,
                 attn_type="LLSS", kernel_size=5, drop_path_rate=0.2)
 def slab_swin_tiny(**kwargs) -> SlabSwinTransformer:
     """cfgs/slab_swin_t.yaml: 29.22M params."""
     return SlabSwinTransformer(**kwargs)
 
 
-@register_model("slab_swin_small", "slab", fixed_imgsz=224, sizes_note=_SLAB_NOTE,
+@register_model("slab_swin_small", "slab", stride=32, sizes_note=_SLAB_NOTE,
                 **{**_SWIN_T, "depths": (2, 2, 18, 2)}, window_size=56, attn_type="LLSS", kernel_size=5,
                 drop_path_rate=0.3)
 def slab_swin_small(**kwargs) -> SlabSwinTransformer:
@@ -426,7 +476,7 @@ def slab_swin_small(**kwargs) -> SlabSwinTransformer:
     return SlabSwinTransformer(**kwargs)
 
 
-@register_model("prepbn_swin_tiny", "slab", fixed_imgsz=224, sizes_note=_PREPBN_NOTE, **_SWIN_T, window_size=7,
+@register_model("prepbn_swin_tiny", "slab", stride=32, sizes_note=_PREPBN_NOTE, **_SWIN_T, window_size=7,
                 drop_path_rate=0.2)
 def prepbn_swin_tiny(**kwargs) -> SwinTransformer:
     """swin_t_prepbn.yaml: standard Swin-T with RepBN norms, 28.29M params."""

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from .registry import IMAGENET_MEAN, IMAGENET_STD
+from .input_size import as_hw
 
 
 def _gradient(g, h, w):
@@ -79,10 +80,11 @@ def synthetic_batch(kinds: Sequence[str], imgsz: int, seed: int, mean=IMAGENET_M
     g = torch.Generator().manual_seed(seed)
     m = torch.tensor(mean, dtype=torch.float64).reshape(3, 1, 1)
     s = torch.tensor(std, dtype=torch.float64).reshape(3, 1, 1)
-    out = torch.empty(len(kinds), 3, imgsz, imgsz, dtype=torch.float64)
+    h, w = as_hw(imgsz)
+    out = torch.empty(len(kinds), 3, h, w, dtype=torch.float64)
     for i, kind in enumerate(kinds):
         if kind == "noise":
-            out[i] = torch.randn(3, imgsz, imgsz, generator=g, dtype=torch.float64)
+            out[i] = torch.randn(3, h, w, generator=g, dtype=torch.float64)
         else:
-            out[i] = (MAKERS[kind](g, imgsz, imgsz).double() - m) / s
+            out[i] = (MAKERS[kind](g, h, w).double() - m) / s
     return out.to(dtype)

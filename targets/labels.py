@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import VitedgeError
+from ..models.input_size import as_hw
 
 
 class CarriedLabels(tuple):
@@ -58,7 +59,7 @@ def model_classes(model, imgsz: int) -> int:
 
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     with torch.no_grad():
-        return int(model.eval()(torch.zeros(1, 3, imgsz, imgsz, dtype=dtype)).shape[-1])
+        return int(model.eval()(torch.zeros(1, 3, *as_hw(imgsz), dtype=dtype)).shape[-1])
 
 
 def class_names(labels: str | Path | CarriedLabels | None, model, imgsz: int) -> list[str] | None:

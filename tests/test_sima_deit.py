@@ -53,7 +53,7 @@ def test_layout_is_deit(name, c, params):
     assert sum(p.numel() for p in model.parameters()) == params == deit_params(c)
     result = load_checkpoint(target, {"model": state})
     assert result.ok and result.loaded == len(state) and result.remaps == []
-    assert model.vitedge_spec.fixed_imgsz == 224 and model.blocks[0].norm1.eps == 1e-6
+    assert model.vitedge_spec.stride == 16 and model.blocks[0].norm1.eps == 1e-6
 
 
 def test_sima_normalizes_over_cls_and_patches():
@@ -85,8 +85,10 @@ def test_order_rule_counts_the_cls_token():
 def test_wrong_input_size_is_a_clear_error():
     with pytest.raises(VitedgeError, match="64x64"):
         create_model("sima_deit_tiny", **REDUCED)(torch.zeros(1, 3, 96, 96))
-    with pytest.raises(VitedgeError):
-        reparameterize(create_model("sima_deit_tiny", **REDUCED), imgsz=96)
+    with pytest.raises(VitedgeError, match="divisible by 16"):
+        reparameterize(create_model("sima_deit_tiny", **REDUCED), imgsz=90)
+    deploy = reparameterize(create_model("sima_deit_tiny", **REDUCED), imgsz=96)  # pos_embed resampled on a copy
+    assert deploy(torch.zeros(1, 3, 96, 96)).shape == (1, 10)
 
 
 # --- re-parameterization -------------------------------------------------------------------------------------------

@@ -81,7 +81,7 @@ def test_released_layout_loads_and_counts(name):
     for key, shape in shapes.items():
         assert tuple(state[key].shape) == shape, key
     assert round(sum(p.numel() for p in model.parameters()) / 1e6, 2) == PARAMS[name]
-    assert model.vitedge_spec.fixed_imgsz == 224
+    assert (model.vitedge_spec.fixed_imgsz, model.vitedge_spec.stride) == (None, 32)
 
 
 def test_linear_norm_and_windows():

@@ -85,7 +85,7 @@ def test_released_variants(name, millions, keys):
     step = norm.keywords["step"] if isinstance(model.norm, LinearNorm) else None  # meta buffers hold no value
     assert step == {"slab_deit_tiny": 60000, "slab_deit_small": 60000, "prepbn_deit_tiny": None,
                     "prepbn_deit_small": 300000}[name]
-    assert model.vitedge_spec.fixed_imgsz == 224
+    assert (model.vitedge_spec.fixed_imgsz, model.vitedge_spec.stride, model.vitedge_spec.default_imgsz) == (None, 16, 224)
 
 
 def test_norm_layer_strings():
@@ -101,12 +101,15 @@ def test_norm_layer_strings():
         create_model("slab_deit_tiny", norm_layer="LinearNorm(bogus=1)")
 
 
-def test_locked_to_its_size():
+@pytest.mark.filterwarnings("ignore:checkpoint taken before the LN->RepBN schedule")  # (fresh LinearNorms)
+def test_runs_at_the_size_it_is_set_for():
     model = create_model("slab_deit_tiny", **REDUCED)
-    with pytest.raises(VitedgeError):
-        model(torch.zeros(1, 3, 256, 256))
-    with pytest.raises(VitedgeError):
-        reparameterize(model, imgsz=256)
+    with pytest.raises(VitedgeError, match="set_input_size"):
+        model(torch.zeros(1, 3, 256, 256))  # its tables are for 224 until set_input_size resamples them
+    with pytest.raises(VitedgeError, match="divisible by 16"):
+        reparameterize(model, imgsz=250)
+    deploy = reparameterize(model, imgsz=256)  # a copy set to 256 (the caller's model is untouched)
+    assert deploy(torch.zeros(1, 3, 256, 256)).shape == (1, 10) and model.pos_embed.shape[1] == 196
 
 
 # --- re-parameterization --------------------------------------------------------------------------------------------

@@ -84,7 +84,7 @@ def test_released_layout_loads_and_counts(kind, size):
     if name in PARAMS:
         assert round(sum(p.numel() for p in model.parameters()) / 1e6, 2) == PARAMS[name]
     spec = model.vitedge_spec
-    assert (spec.fixed_imgsz, spec.stride) == ((224, 32) if kind == "slab" else (None, 32))
+    assert (spec.fixed_imgsz, spec.stride) == (None, 32)
 
 
 def test_linear_norm_defaults():
@@ -180,9 +180,13 @@ def test_prepbn_reparam_exact(imgsz):
         deploy(torch.zeros(1, 3, 160, 160, dtype=torch.float64))
 
 
-def test_slab_refuses_another_size():
-    with pytest.raises(VitedgeError):
-        reparameterize(_trained_like("slab_pvt_tiny"), imgsz=96)
+def test_slab_at_another_size_resamples_its_sla_encodings():
+    model = _trained_like("slab_pvt_tiny")
+    deploy = reparameterize(model, imgsz=96)  # a copy: its SLA positional encodings resampled to the 96-px grids
+    assert verify_equivalence(model, deploy, 96, samples=2).passed
+    assert model.block1[0].attn.positional_encoding.shape[1] == 256  # the caller's model keeps its 16x16 tables
+    with pytest.raises(VitedgeError, match="divisible by 32"):
+        reparameterize(model, imgsz=100)
 
 
 @pytest.mark.parametrize("name", ["slab_pvt_small", "prepbn_pvt_tiny"])

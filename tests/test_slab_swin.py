@@ -313,9 +313,9 @@ def test_golden_deploy_fp32_matches_official(golden_mini):
         assert_close_rel(deploy(io["input"]), io["output"], 1e-5)
 
 
-def test_reparam_rejects_other_sizes_and_unfoldable_norms(slab_mini):
-    with pytest.raises(VitedgeError, match="224"):
-        reparameterize(slab_mini, imgsz=256)
+def test_reparam_at_another_size_and_rejects_unfoldable_norms(slab_mini):
+    deploy = reparameterize(slab_mini, imgsz=256)  # padded windows (models/slab_swin.py set_input_size)
+    assert deploy(torch.zeros(1, 3, 256, 256, dtype=torch.float64)).shape[0] == 1 and slab_mini.patch_embed.img_size == 224
     ln_model = SwinTransformer(**{**PREPBN_MINI, "depths": [1, 1, 1, 1]}, norm_layer=nn.LayerNorm)
     with pytest.raises(VitedgeError, match="LayerNorm"):
         reparameterize(ln_model)

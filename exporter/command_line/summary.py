@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from ...models.input_size import size_text
+
 
 def _fmt(v, spec: str) -> str:
     return "-" if v is None else format(v, spec)
@@ -42,7 +44,8 @@ def format_summary(report, report_path: str | None = None) -> str:
     from vitedge.exporter.verdict.predictions import describe
     from vitedge.exporter.onnx.onnx_export import norm_nodes
 
-    lines = [f"{report.model}  imgsz {report.imgsz}  batch {report.batch or 'dynamic'}  weights: {report.weights}"
+    lines = [f"{report.model}  imgsz {size_text(report.imgsz)}  batch {report.batch or 'dynamic'}  "
+             f"weights: {report.weights}"
              + (" (seeded trained-like demo weights)" if report.weights == "untrained" else "")]
     r = report.reparam
     if r.folded or r.attention_order:

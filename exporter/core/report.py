@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
+from ...models.input_size import as_hw, canonical, size_json
+
 STATUSES = ("passed", "failed", "unverified")
 MODES = ("reference", "device", "emulated")
 WEIGHTS = ("untrained", "checkpoint", "module")  # "module": an in-memory nn.Module given to the Python API
@@ -195,6 +197,9 @@ class ReparamInfo:
     unfolded: list = field(default_factory=list)          # [{"module", "why"}]
     attention_order: dict = field(default_factory=dict)   # module path -> "qk_first" | "kv_first"
     attention_reason: dict = field(default_factory=dict)  # module path -> why
+    # module path -> each SLA / SimA block's rule ("sla" | "sima"), its real token counts n, n_kv and head width d
+    # at the export's size, the multiplies per head of either order, the rule's order and the one used
+    attention_blocks: dict = field(default_factory=dict)
     schedule: list = field(default_factory=list)          # unfinished LN->RepBN schedules found
     rewrites: list = field(default_factory=list)          # deploy-form rewrites applied (beyond folding)
     equivalence: dict | None = None                      # the fp64 gate's result
@@ -204,7 +209,10 @@ class ReparamInfo:
 @dataclass
 class Report:
     model: str
-    imgsz: int
+    # The input size: in report.json the int S of a square S x S input (as always) and, for a non-square one, the
+    # text "HxW" as `--imgsz` takes it (`input_size` holds [H, W] for both); in Python S or (H, W)
+    # (models/input_size.py `canonical`).
+    imgsz: int | tuple
     batch: int | None                 # None = dynamic batch
     weights: str                      # WEIGHTS
     checkpoint_sha256: str | None
@@ -242,10 +250,19 @@ class Report:
     # What the checkpoint determined and where from (layout, model, num_classes, labels, preprocess): None
     # without a checkpoint (models/checkpoints/identify_model.py).
     from_checkpoint: dict | None = None
+    # [H, W] of the input, for every size (set from `imgsz`)
+    input_size: list | None = None
+    # What the train-form changed to run at this size, per tensor ({"tensor", "how", "from", "to"}: a position table
+    # resampled on its grid, a token map padded to window multiples); [] at its own size (docs/models.md)
+    resized: list = field(default_factory=list)
     exit_code: int = EXIT_OK
     status: str = "passed"                          # "passed" | "failed"
 
     # ---- outcome -------------------------------------------------------------------------------
+    def __post_init__(self):
+        self.imgsz = canonical(self.imgsz)
+        self.input_size = None if self.imgsz is None else list(as_hw(self.imgsz))
+
     def failed_hops(self) -> list[Hop]:
         return [h for h in self.parity if h.status == "failed"]
 
@@ -277,7 +294,9 @@ class Report:
 
     # ---- (de)serialization ---------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return finite(asdict(self))
+        d = finite(asdict(self))
+        d["imgsz"] = size_json(self.imgsz)
+        return d
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, default=_json_default, allow_nan=False) + "\n"

@@ -7,8 +7,8 @@ builds it with `ExportSettings.build`), or from a matrix cell (exporter/matrix/c
 which fields they read (`only`), so a setting they would silently ignore is an error instead.
 
 `imgsz` holds input sizes as (height, width) pairs, ready for several sizes per run; what the pipeline runs today
-(one square size, or several square sizes for bench) is checked here, in one place (`square_size`,
-`square_sizes`). Dense outputs (the backbone's feature maps) are the next field to join.
+(one size per export, square or not: `one_size`; several square sizes for bench: `square_sizes`) is checked here,
+in one place. Dense outputs (the backbone's feature maps) are the next field to join.
 
 Torch-free: the command line builds it before any heavy import.
 """
@@ -20,6 +20,7 @@ from numbers import Integral
 from pathlib import Path
 
 from ...errors import VitedgeError
+from ...models.input_size import canonical, size_text
 from ...models.size_limit import check_size_limit
 
 DEMO_SEED = 0  # trained-like demo weights when no checkpoint is given
@@ -66,12 +67,6 @@ def parse_sizes(value, flag: str = "--imgsz") -> tuple[Size, ...] | None:
     if not sizes:
         raise bad
     return tuple(dict.fromkeys(sizes))
-
-
-def size_text(size: Size) -> str:
-    """224 for a square size, 256x320 (height x width) otherwise: how a size is written on the command line."""
-    h, w = size
-    return str(h) if h == w else f"{h}x{w}"
 
 
 @dataclass(frozen=True)
@@ -174,16 +169,15 @@ class ExportSettings:
                                f"square size S (e.g. --imgsz {max(wide[0])})")
         return [h for h, _ in self.imgsz]
 
-    def square_size(self) -> int | None:
-        """The one square size of this run (None: the model's default); several sizes in one export are not
-        supported yet."""
-        sides = self.square_sizes()
-        if sides is not None and len(sides) > 1:
-            raise VitedgeError(f"--imgsz {','.join(map(str, sides))}: one size per export for now; run one export "
-                               "per size (`vitedge matrix` plans several; `vitedge bench` times several)")
-        return None if sides is None else sides[0]
+    def one_size(self):
+        """The one size of this run, S (square) or (H, W) (models/input_size.py `canonical`; None: the model's
+        default); several sizes in one export are not supported yet."""
+        if self.imgsz is not None and len(self.imgsz) > 1:
+            raise VitedgeError(f"--imgsz {','.join(map(size_text, self.imgsz))}: one size per export for now; run "
+                               "one export per size (`vitedge matrix` plans several; `vitedge bench` times several)")
+        return None if self.imgsz is None else canonical(self.imgsz[0])
 
-    def imgsz_or(self, default: int | None) -> int | None:
-        """The run's square size, else `default` (e.g. the size an artifact records)."""
-        size = self.square_size()
+    def imgsz_or(self, default):
+        """The run's size (S or (H, W)), else `default` (e.g. the size an artifact records)."""
+        size = self.one_size()
         return default if size is None else size

@@ -210,7 +210,7 @@ def reparam_checkpoint(model=None, out: str | Path | None = None, *, progress=No
     s = ExportSettings.build(model, settings, "reparam_checkpoint")
     s.only(REPARAM_SETTINGS, "reparam")
     model_name, checkpoint, overrides, force = s.model, s.checkpoint, s.overrides, s.force
-    imgsz, attn_order = s.square_size(), s.attn_order or "auto"
+    imgsz, attn_order = s.one_size(), s.attn_order or "auto"
     progress = progress or QUIET
     if out is None:
         raise VitedgeError("vitedge reparam needs --out PATH (the deploy checkpoint to write)")
@@ -225,7 +225,7 @@ def reparam_checkpoint(model=None, out: str | Path | None = None, *, progress=No
     _plain(dict(overrides or {}), "override")
     with progress.step("building the train-form model"):
         loaded = build_train_form(model_name, checkpoint, overrides)
-    size = loaded.resolve_imgsz(imgsz)
+    size = loaded.at_size(imgsz)
     with progress.step("re-parameterizing"):
         deploy, deploy64 = build_deploy_form(loaded.model, size, True, attn_order, s.strict_schedule, s.rewrites)
     with progress.step("equivalence gate (float64)"):

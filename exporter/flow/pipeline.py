@@ -19,6 +19,7 @@ import onnx
 import torch.nn as nn
 
 from ...errors import VitedgeError
+from ...models.input_size import as_hw, size_json
 from ...models.registry import input_stats, recipe_of
 from ...targets.graph.metadata import read_metadata, set_metadata
 from ..core import outdir
@@ -77,7 +78,7 @@ def export(model=None, targets=None, *, progress: Progress | None = None, hub: H
     s = ExportSettings.build(model, settings, "export", targets=targets)
     progress = progress or QUIET
     # -- validate everything that can be validated without work
-    asked = s.square_size()  # one square size for now (settings.py says what is not supported yet)
+    asked = s.one_size()  # one size per export for now (settings.py says what is not supported yet)
     options = dict(s.options or {})
     held, labels = hold_checkpoint(s.model, s.checkpoint, s.overrides, s.labels, options.pop("labels", None))
     made = {"held": held, "preprocess": s.preprocess}  # how build_train_form makes the train-form
@@ -117,12 +118,12 @@ def export(model=None, targets=None, *, progress: Progress | None = None, hub: H
         reused = hub.get() if hub is not None else None
         if reused is not None:  # verified earlier for these inputs: no train-form, fold, gate or ONNX export here
             loaded, deploy, deploy64 = reused.loaded(name), reused.deploy, None
-            imgsz = loaded.resolve_imgsz(asked)
+            imgsz = loaded.at_size(asked)
             info = copy.deepcopy(reused.reparam)  # the report adds to it (fp16 analysis)
         else:
             with progress.step("building the train-form model"):
                 loaded = train_form()
-            imgsz = loaded.resolve_imgsz(asked)
+            imgsz = loaded.at_size(asked)
         classes = class_names(labels, loaded.model, imgsz)
         samples, rule = choose_samples(s.samples, s.model, imgsz, loaded.overrides, loaded.model, s.images)
         with progress.step("reading the parity inputs"):
@@ -144,7 +145,7 @@ def export(model=None, targets=None, *, progress: Progress | None = None, hub: H
                         opset=opset)
         with outdir.OutputFolder(out, s.force, interrupts) as folder:
             build = _Build(run, report, deploy, folder.tmp, tols, progress, folder.checkpoint, pset,
-                           lambda: train_form().model, n_calib, plans=plans, loaded=loaded, deploy64=deploy64,
+                           lambda: train_form().sized(imgsz), n_calib, plans=plans, loaded=loaded, deploy64=deploy64,
                            classes=classes, store=hub, reused=reused)
             build.run()
             report.finalize()
@@ -166,7 +167,8 @@ def _metadata(loaded: Loaded, imgsz: int, run: ExportSettings, info: ReparamInfo
     extra["preprocess"] = recipe_of(loaded.model).to_dict()  # vitedge.preprocess: the eval recipe
     if report is not None:  # vitedge.exporter / _fallback: which exporter wrote the graph (why not dynamo)
         extra.update(exporter=report.exporter, exporter_fallback=report.exporter_fallback)
-    return {**extra, "model": loaded.name, "imgsz": imgsz, "batch": batch if batch else "dynamic", "mean": list(mean),
+    return {**extra, "model": loaded.name, "imgsz": size_json(imgsz), "input_size": list(as_hw(imgsz)),
+            "batch": batch if batch else "dynamic", "mean": list(mean),
             "std": list(std), "input": "image: float32 NCHW, RGB, normalized with mean/std", "output": "logits",
             "weights": loaded.weights, "checkpoint_sha256": loaded.checkpoint_sha256, "overrides": loaded.overrides,
             "attn_order": attn_order, "precision": "fp32",

@@ -83,7 +83,7 @@ def parity(model=None, artifact: str | Path | None = None, *, deploy_checkpoint:
     check_precision(precision)
     check_samples(samples)
     check_file_path(report_path, "--report")  # written last: a folder or an unwritable place is known now
-    asked = s.square_size()  # one square size for now (settings.py says what is not supported yet)
+    asked = s.one_size()  # one size per export for now (settings.py says what is not supported yet)
     tols = make_tolerances(s.tolerances, FLOAT64_TOLERANCES)
     check_images(images, labels)
     tname, art_model, meta = None, None, {}
@@ -120,7 +120,7 @@ def parity(model=None, artifact: str | Path | None = None, *, deploy_checkpoint:
         loaded.model.vitedge_recipe = Recipe.from_dict(meta["preprocess"])
     check_checkpoint(source, meta, checkpoint, loaded.checkpoint_sha256)
     _check_class_count(source, art_model, loaded.model, s.checkpoint)
-    imgsz = loaded.resolve_imgsz(asked or meta.get("imgsz"))
+    imgsz = loaded.at_size(asked or meta.get("imgsz"))
     classes = class_names(labels, loaded.model, imgsz)
     _check_carried_labels(classes, meta.get("labels"), labels, source)
     samples, rule = choose_samples(samples, model_or_name, imgsz, loaded.overrides, loaded.model, images)

@@ -29,6 +29,7 @@ import torch
 import torch.nn as nn
 
 from ...errors import VitedgeError
+from ...models.input_size import as_hw
 from ...targets.graph.fusions import fused_op_counts, lost_fusions
 from ...targets.graph.gelu import copy_model, restore_gelu_halves
 from .onnx_choice import (DEFAULT_EXPORTER, DEFAULT_OPSET, DYNAMO_OPSET, EXPORTERS, MIN_OPSET,  # noqa: F401
@@ -104,7 +105,7 @@ def export_onnx_info(model: nn.Module, imgsz: int, batch: int | None = 1, opset:
         model = copy.deepcopy(model).float().cpu()  # never change the caller's model
     model.eval()
     # A dynamic axis is traced at batch 2 so no shape op is specialised on a broadcastable size-1 batch.
-    x = torch.zeros(batch or 2, 3, imgsz, imgsz)
+    x = torch.zeros(batch or 2, 3, *as_hw(imgsz))
     start = time.perf_counter()
     if exporter == "dynamo":
         try:

@@ -30,6 +30,7 @@ import numpy as np
 
 from ...errors import VitedgeError
 from ...precisions import TABLE
+from ...models.input_size import as_hw, size_json
 from ...models.preprocess import Recipe
 from ...models.registry import input_stats, recipe_of
 from ...targets import get_target, rows
@@ -82,7 +83,8 @@ def _compression_line(precision: str) -> str:
             "and the golden vectors' tolerance is that profile's).")
 
 
-def _readme(name: str, imgsz: int, classifier: bool, weights: str, ios: int, precision: str, golden: dict) -> str:
+def _readme(name: str, imgsz, classifier: bool, weights: str, ios: int, precision: str, golden: dict) -> str:
+    dims, (h, w) = " x ".join(map(str, as_hw(imgsz))), as_hw(imgsz)  # height x width
     demo = ("\n> **Demo weights.** This bundle was packaged without `--checkpoint`: the model has seeded random "
             "(trained-like) weights. Its predictions are meaningless; use it to wire up the app, then package a "
             "real checkpoint.\n" if weights == "untrained" else "")
@@ -129,7 +131,7 @@ config.computeUnits = .cpuAndNeuralEngine
 let url = Bundle.main.url(forResource: "{name}", withExtension: "mlmodelc")!   // Xcode compiles .mlpackage
 let model = try MLModel(contentsOf: url, configuration: config)
 
-// pixelBuffer: a {imgsz}x{imgsz} kCVPixelFormatType_32BGRA or 32ARGB CVPixelBuffer of the (center-cropped) photo
+// pixelBuffer: a {w}x{h} (width x height) kCVPixelFormatType_32BGRA or 32ARGB CVPixelBuffer of the (center-cropped) photo
 let input = try MLDictionaryFeatureProvider(dictionary: ["image": MLFeatureValue(pixelBuffer: pixelBuffer)])
 let out = try model.prediction(from: input)
 let logits = out.featureValue(for: "logits")!.multiArrayValue!
@@ -137,7 +139,7 @@ let logits = out.featureValue(for: "logits")!.multiArrayValue!
 {vision}
 ## Self-check on a device
 
-`golden/inputs.npy` holds {golden['inputs']['shape'][0]} images (uint8, N x {imgsz} x {imgsz} x 3, RGB) and
+`golden/inputs.npy` holds {golden['inputs']['shape'][0]} images (uint8, N x {dims} x 3, RGB) and
 `golden/outputs.npy` the PyTorch model's logits for them (float32, N x classes). Feed each image as above and
 compare your `logits` with the expected row: cosine similarity >= {tol.get('cosine')}, PSNR >= {tol.get('psnr_db')} dB
 (20 log10(max|expected| / RMSE) over all N), top-1 class equal. `golden/golden.json` says the same in machine form.
@@ -224,7 +226,8 @@ def _assemble(report, export_dir: Path, out: Path, s: ExportSettings, tol) -> Pa
     compressed = precision in KINDS
     loaded = build_train_form(name, s.checkpoint, s.overrides, s.seed, preprocess=s.preprocess)
     labels = labels if labels is not None else loaded.labels  # (a transformers checkpoint's id2label)
-    pixels, logits = golden_vectors(loaded.model, report.imgsz, *input_stats(loaded.model), natural=compressed,
+    train = loaded.sized(report.imgsz)  # the train-form at the export's size (its reference)
+    pixels, logits = golden_vectors(train, report.imgsz, *input_stats(loaded.model), natural=compressed,
                                     recipe=recipe_of(loaded.model))  # the export's own recipe (report.preprocess)
     golden_check = check_golden(mlpackage, pixels, logits, tol)
     if not golden_check["passed"]:
@@ -260,7 +263,8 @@ def _assemble(report, export_dir: Path, out: Path, s: ExportSettings, tol) -> Pa
                                          golden).encode()
     manifest = {
         "format": BUNDLE_FORMAT,
-        "model": name, "imgsz": report.imgsz, "overrides": report.overrides,
+        "model": name, "imgsz": size_json(report.imgsz),
+        "input_size": list(as_hw(report.imgsz)), "overrides": report.overrides,
         "weights": report.weights,
         "weights_note": ("untrained: seeded trained-like demo weights, predictions are meaningless"
                          if report.weights == "untrained" else "checkpoint"),

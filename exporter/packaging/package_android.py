@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import VitedgeError
+from ...models.input_size import as_hw, size_json
 from ...models.preprocess import Recipe
 from ...models.registry import input_stats, recipe_of
 from ...targets import get_target
@@ -69,6 +70,7 @@ def check_golden(pte: Path, pixels_nhwc: np.ndarray, expected: np.ndarray, recip
 
 def _readme(name: str, pte: str, imgsz: int, recipe: Recipe, classes: int, labelled: bool, weights: str,
             precision: str, golden: dict, runtime: dict) -> str:
+    dims = " x ".join(map(str, as_hw(imgsz)))  # height x width
     demo = ("\n> **Demo weights.** Packaged without `--checkpoint`: seeded random (trained-like) weights. Predictions "
             "are meaningless; use it to wire up the app, then package a real checkpoint.\n"
             if weights == "untrained" else "")
@@ -83,7 +85,7 @@ def _readme(name: str, pte: str, imgsz: int, recipe: Recipe, classes: int, label
 `torch.export`, delegated to XNNPACK, and checked against the original PyTorch model by running it with
 ExecuTorch's runtime (see `manifest.json` -> `parity` and `delegation`).
 
-- **Input**: float32, 1 x 3 x {imgsz} x {imgsz} (NCHW), RGB, made as at evaluation: {recipe.describe(imgsz)};
+- **Input**: float32, 1 x 3 x {dims} (NCHW), RGB, made as at evaluation: {recipe.describe(imgsz)};
   then `(pixel / 255 - mean) / std` with mean ({", ".join(f"{v:g}" for v in recipe.mean)}) and std
   ({", ".join(f"{v:g}" for v in recipe.std)}).
 - **Output**: float32 logits, 1 x {classes}.
@@ -123,7 +125,7 @@ UTF-8 JSON (model, preprocessing, labels, precision).
 
 ## Self-check on a device
 
-`golden/inputs.npy` holds {golden['inputs']['shape'][0]} images (uint8, N x {imgsz} x {imgsz} x 3, RGB, already
+`golden/inputs.npy` holds {golden['inputs']['shape'][0]} images (uint8, N x {dims} x 3, RGB, already
 {imgsz} x {imgsz}: no resize or crop) and `golden/outputs.npy` the PyTorch model's logits for them (float32,
 N x {classes}). Normalize each image as above, run it, and compare with the expected row: over all N,
 {", ".join(f"{k} {v}" for k, v in tol.items() if k not in ("name",))}, top-1 class equal. `golden/golden.json`
@@ -161,7 +163,8 @@ def _assemble(report, export_dir: Path, out: Path, hop_name: str, s: ExportSetti
     labels = labels if labels is not None else loaded.labels
     recipe = recipe_of(loaded.model)
     compressed = precision != "fp32"
-    pixels, logits = golden_vectors(loaded.model, report.imgsz, *input_stats(loaded.model), natural=compressed,
+    train = loaded.sized(report.imgsz)  # the train-form at the export's size (its reference)
+    pixels, logits = golden_vectors(train, report.imgsz, *input_stats(loaded.model), natural=compressed,
                                     recipe=recipe)
     tol = golden_tolerance(precision)
     golden_check = check_golden(pte, pixels, logits, recipe, tol)
@@ -196,7 +199,8 @@ def _assemble(report, export_dir: Path, out: Path, hop_name: str, s: ExportSetti
     files[f"{root}/README.md"] = _readme(name, pte.name, report.imgsz, recipe, int(logits.shape[1]),
                                          label_list is not None, report.weights, precision, golden, runtime).encode()
     manifest = {
-        "format": BUNDLE_FORMAT, "model": name, "imgsz": report.imgsz, "overrides": report.overrides,
+        "format": BUNDLE_FORMAT, "model": name, "imgsz": size_json(report.imgsz),
+        "input_size": list(as_hw(report.imgsz)), "overrides": report.overrides,
         "weights": report.weights, "checkpoint_sha256": report.checkpoint_sha256,
         "program": pte.name, "precision": precision, "android_runtime": runtime,
         "delegation": {"backend": info.get("backend"), "fully_delegated": info.get("fully_delegated"),

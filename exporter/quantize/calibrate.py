@@ -29,6 +29,7 @@ from ...models.preprocess import Recipe
 from ...targets.calibration import Calibration
 from ..verdict import images
 from ..verdict.inputs import natural_view
+from ...models.input_size import as_hw
 
 CALIB_DEFAULT = 64
 CALIB_SEED = 1                 # the calibration views' seed (the parity set uses 0)
@@ -83,7 +84,7 @@ def natural_calibration(n: int, imgsz: int, mean, std, recipe: Recipe | None = N
     """`n` views of the calibration photos (see the module doc)."""
     photos = calibration_photos()
     perm = np.arange(len(photos))
-    x = np.empty((n, 3, imgsz, imgsz), np.float32)
+    x = np.empty((n, 3, *as_hw(imgsz)), np.float32)
     ids = []
     for k in range(n):
         view, name = natural_view(k, photos, perm, imgsz, CALIB_SEED, mean, std, recipe)
@@ -95,7 +96,7 @@ def natural_calibration(n: int, imgsz: int, mean, std, recipe: Recipe | None = N
 
 
 def _load(paths, imgsz: int, mean, std, recipe: Recipe | None = None) -> np.ndarray:
-    x = np.empty((len(paths), 3, imgsz, imgsz), np.float32)
+    x = np.empty((len(paths), 3, *as_hw(imgsz)), np.float32)
     for i, p in enumerate(paths):
         x[i] = images.eval_transform(images.load_image(p), imgsz, mean, std, recipe=recipe)
     return x

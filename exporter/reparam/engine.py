@@ -14,7 +14,7 @@ import torch.nn as nn
 from ...errors import VitedgeError
 from ...models.layers.attention import ORDERS
 from ...models.layers.norms import LinearNorm
-from ...models.registry import create_model, families, resolve_imgsz
+from ...models.registry import create_model, families, resolve_imgsz, sized
 
 
 @dataclass
@@ -23,12 +23,16 @@ class ReparamSummary:
     unfolded: list = field(default_factory=list)          # [{"module", "why"}]
     attention_order: dict = field(default_factory=dict)   # module path -> "qk_first" | "kv_first"
     attention_reason: dict = field(default_factory=dict)  # module path -> why
+    # module path -> the SLA / SimA block's rule, real N, N', d at that size, costs and order (layers/attention.py
+    # order_record); softmax blocks have no order to choose and are not listed
+    attention_blocks: dict = field(default_factory=dict)
     schedule: list = field(default_factory=list)          # [{"module", "lambda"}] for unfinished LinearNorms
     rewrites: list = field(default_factory=list)          # names of deploy-form rewrites applied
 
     def to_dict(self) -> dict:
         return {"folded": dict(sorted(self.folded.items())), "unfolded": list(self.unfolded),
                 "attention_order": dict(self.attention_order), "attention_reason": dict(self.attention_reason),
+                "attention_blocks": dict(self.attention_blocks),
                 "schedule": list(self.schedule), "rewrites": list(self.rewrites)}
 
 
@@ -67,9 +71,12 @@ class FoldContext:
     def unfold(self, module: str, why: str) -> None:
         self.summary.unfolded.append({"module": module, "why": why})
 
-    def order(self, module: str, order: str, why: str) -> None:
+    def order(self, module: str, order: str, why: str, record: dict | None = None) -> None:
+        """Record `module`'s attention order and why; `record`: an SLA / SimA block's `order_record`."""
         self.summary.attention_order[module] = order
         self.summary.attention_reason[module] = why
+        if record is not None:
+            self.summary.attention_blocks[module] = record
 
     def rewrite(self, name: str) -> None:
         if name not in self.summary.rewrites:
@@ -193,7 +200,8 @@ def reparameterize(model: nn.Module, imgsz: int | None = None, attn_order: str =
     # error, which would hide real fold bugs under the gate's 1e-9 tolerance. The float64 deploy-form is
     # kept (not as a submodule) for the equivalence gate.
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    deploy64 = copy.deepcopy(model).double().eval()
+    # the train-form at that size (its tables resampled or windows padded, in its own dtype: as the reference)
+    deploy64 = sized(copy.deepcopy(model), imgsz).double().eval()
     with torch.no_grad():
         deploy64 = plan(deploy64, ctx)
     deploy64.eval()

@@ -16,7 +16,7 @@ from ...errors import VitedgeError
 from ...models.checkpoints import Identified, identify, load_checkpoint, resolve_checkpoint
 from ...models.digest import sha256_file
 from ...models.preprocess import RECIPE_FLAGS, Recipe
-from ...models.registry import create_model, recipe_of, resolve_imgsz
+from ...models.registry import create_model, recipe_of, resolve_imgsz, set_input_size
 from ...models.trained_like import make_trained_like
 from ...targets.labels import CarriedLabels
 from . import reparameterize
@@ -39,15 +39,31 @@ class Loaded:
     from_checkpoint: dict | None = None   # what the checkpoint determined (report.json `from_checkpoint`)
     checkpoint_imgsz: int | None = None   # the size the checkpoint's preprocessing crops to (its default size)
 
-    def resolve_imgsz(self, imgsz: int | None = None) -> int:
-        """`imgsz`, else the model's default size (its checkpoint's, where it says one), checked against the
-        sizes the model accepts."""
+    resized: list | None = None           # what the train-form changed to run at its size (`at_size`)
+
+    def resolve_imgsz(self, imgsz=None):
+        """`imgsz` (S or (H, W)), else the model's default size (its checkpoint's, where it says one), checked
+        against the sizes the model accepts."""
         return resolve_imgsz(self.model, imgsz, self.checkpoint_imgsz)
+
+    def at_size(self, imgsz=None):
+        """`resolve_imgsz`, and the train-form made to run at that size by its family's convention (its position
+        tables resampled, its windows padded: models/registry.py `set_input_size`); that train-form is the
+        reference of every hop. Returns the size; `resized` says what changed."""
+        imgsz = self.resolve_imgsz(imgsz)
+        self.resized = set_input_size(self.model, imgsz)
+        return imgsz
+
+    def sized(self, imgsz) -> nn.Module:
+        """The train-form at `imgsz` (`at_size`), for a caller that rebuilds it."""
+        self.at_size(imgsz)
+        return self.model
 
     def facts(self) -> dict:
         """The report.json fields that describe these weights and how they are fed."""
         return {"weights": self.weights, "checkpoint_sha256": self.checkpoint_sha256, "overrides": self.overrides,
-                "preprocess": recipe_of(self.model).to_dict(), "from_checkpoint": self.from_checkpoint}
+                "preprocess": recipe_of(self.model).to_dict(), "from_checkpoint": self.from_checkpoint,
+                "resized": list(self.resized or [])}
 
 
 def model_name(model: nn.Module) -> str:
@@ -145,5 +161,6 @@ def reparam_info(deploy: nn.Module, reparam: bool = True) -> ReparamInfo:
         return ReparamInfo(unfolded=[{"module": "(model)", "why": "--no-reparam: exported in train-form"}])
     d = summary.to_dict()
     return ReparamInfo(folded=d["folded"], unfolded=d["unfolded"], attention_order=d["attention_order"],
-                       attention_reason=d.get("attention_reason", {}), schedule=d.get("schedule", []),
+                       attention_reason=d.get("attention_reason", {}),
+                       attention_blocks=d.get("attention_blocks", {}), schedule=d.get("schedule", []),
                        rewrites=d.get("rewrites", []))

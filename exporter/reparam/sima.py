@@ -34,8 +34,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...errors import VitedgeError
-from ...models.layers.attention import l1_attention, resolve_order, sima_rule
+from ...models.layers.attention import l1_attention, order_record, resolve_order, sima_rule
 from ...models.layers.normalize import l1_normalize_div
+from ...models.input_size import as_hw
 from ...models.sima_xcit import ClassAttentionBlock, SimABlock, SimAVisionTransformer, patch_grid
 from .engine import FoldContext, register_plan
 from .primitives import (ChannelAffine, PatchEmbedDeploy, affine_before, affine_before_padded_depthwise, bn_affine,
@@ -225,7 +226,8 @@ def fix_sima_order(attn: nn.Module, n: int, path: str, ctx: FoldContext) -> str:
         requested, source = attn.attn_order, "the model's attn_order"
     rule = sima_rule(n, attn.head_dim)
     order = resolve_order(requested, rule)
-    ctx.order(path, order, sima_order_reason(requested, rule, n, attn.head_dim, source))
+    ctx.order(path, order, sima_order_reason(requested, rule, n, attn.head_dim, source),
+              order_record("sima", n, n, attn.head_dim, requested, order))
     return order
 
 
@@ -345,15 +347,16 @@ def _fold_cls_block(blk: ClassAttentionBlock, path: str, cls_only: bool, ctx: Fo
 
 @register_plan(SimAVisionTransformer, rewrites=("l1_normalize_broadcast_div", "cls_only_last_class_attention"))
 def plan_sima(model: SimAVisionTransformer, ctx: FoldContext) -> SimADeploy:
-    side = patch_grid(ctx.imgsz, model.patch_size)
-    grid, n = (side, side), side * side
+    hw = as_hw(ctx.imgsz)
+    grid = (patch_grid(hw[0], model.patch_size), patch_grid(hw[1], model.patch_size))
+    n = grid[0] * grid[1]
 
     patch_embed = _fold_patch_embed(model.patch_embed, ctx)
     ctx.check("patch_embed", "patch_embed")
     pos = None
     if model.use_pos:
         c = model.embed_dim
-        pos = model.pos_embeder(1, side, side).reshape(1, c, n).permute(0, 2, 1).contiguous()
+        pos = model.pos_embeder(1, *grid).reshape(1, c, n).permute(0, 2, 1).contiguous()  # (for that grid)
         ctx.fold("fourier_pos->constant")
 
     blocks = []
@@ -379,5 +382,5 @@ def plan_sima(model: SimAVisionTransformer, ctx: FoldContext) -> SimADeploy:
         ctx.fold("layernorm_affine->linear")
     else:
         norm = copy.deepcopy(norm)
-    return SimADeploy(patch_embed, pos, blocks, model.cls_token, cls_blocks, norm, head, (ctx.imgsz, ctx.imgsz),
+    return SimADeploy(patch_embed, pos, blocks, model.cls_token, cls_blocks, norm, head, hw,
                       norm_cls_only)

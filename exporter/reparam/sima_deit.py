@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from ...errors import VitedgeError
+from ...models.input_size import as_hw
 from ...models.sima_deit import SimADeiT, SimADeiTBlock
 from .engine import FoldContext, register_plan
 from .primitives import PatchEmbedDeploy, PreNormBlockDeploy, affine_before
@@ -30,7 +31,7 @@ class SimADeiTDeploy(nn.Module):
     """patch_embed (+ constant pos) -> cat(constant CLS) -> blocks -> norm -> head on CLS."""
 
     def __init__(self, proj: nn.Conv2d, pos_embed: torch.Tensor, cls_token: torch.Tensor, blocks: list[nn.Module],
-                 norm: nn.Module, head: nn.Module, img_size: int, norm_cls_only: bool):
+                 norm: nn.Module, head: nn.Module, img_size: tuple[int, int], norm_cls_only: bool):
         super().__init__()
         self.patch_embed = PatchEmbedDeploy(proj)
         self.pos_embed = nn.Parameter(pos_embed.detach().clone(), requires_grad=False)
@@ -40,9 +41,9 @@ class SimADeiTDeploy(nn.Module):
         self.img_size, self.norm_cls_only = img_size, norm_cls_only
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not torch.jit.is_tracing() and tuple(x.shape[-2:]) != (self.img_size, self.img_size):
-            raise VitedgeError(f"this SimA-DeiT deploy-form was built for {self.img_size}x{self.img_size} inputs; got "
-                               f"{x.shape[-2]}x{x.shape[-1]}: resize the input")
+        if not torch.jit.is_tracing() and tuple(x.shape[-2:]) != tuple(self.img_size):
+            raise VitedgeError(f"this SimA-DeiT deploy-form was built for {self.img_size[0]}x{self.img_size[1]} "
+                               f"inputs; got {x.shape[-2]}x{x.shape[-1]}: resize the input")
         x = self.patch_embed(x) + self.pos_embed
         x = self.blocks(torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1))
         x = self.norm(x[:, 0]) if self.norm_cls_only else self.norm(x)[:, 0]
@@ -76,9 +77,6 @@ def _fold_block(blk: SimADeiTBlock, path: str, n: int, ctx: FoldContext) -> PreN
 
 @register_plan(SimADeiT, rewrites=("l1_normalize_broadcast_div", "final_norm_on_cls_only"))
 def plan_sima_deit(model: SimADeiT, ctx: FoldContext) -> SimADeiTDeploy:
-    if ctx.imgsz != model.img_size:
-        raise VitedgeError(f"SimA-DeiT is built for {model.img_size}x{model.img_size} (fixed-size pos_embed); got "
-                           f"--imgsz {ctx.imgsz}: use --imgsz {model.img_size}")
     n = 1 + model.patch_embed.num_patches  # SimA sees the CLS token too
     ctx.check("patch_embed", "patch_embed")
     blocks = []
@@ -94,5 +92,5 @@ def plan_sima_deit(model: SimADeiT, ctx: FoldContext) -> SimADeiTDeploy:
         ctx.fold("layernorm_affine->linear")
     else:
         ctx.unfold("norm", "num_classes=0: no head Linear to fold the final norm's affine into; kept")
-    return SimADeiTDeploy(model.patch_embed.proj, model.pos_embed[:, 1:], cls, blocks, norm, head, model.img_size,
+    return SimADeiTDeploy(model.patch_embed.proj, model.pos_embed[:, 1:], cls, blocks, norm, head, as_hw(ctx.imgsz),
                           norm_cls_only=ctx.use("final_norm_on_cls_only"))

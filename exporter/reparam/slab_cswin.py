@@ -21,8 +21,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...errors import VitedgeError
-from ...models.slab_cswin import (CSWinBlock, CSWinLinearAttention, CSWinTransformer, MergeBlock, img2windows,
-                                  windows2img)
+from ...models.input_size import as_hw
+from ...models.slab_cswin import (CSWinBlock, CSWinLinearAttention, CSWinTransformer, MergeBlock, from_windows,
+                                  to_windows)
 from ...models.slab_pvt import merge_heads, split_heads
 from .engine import FoldContext, register_plan
 from .primitives import ChannelAffine, affine_after, affine_before, scale_output
@@ -55,14 +56,14 @@ def merge_depthwise(get_v: nn.Conv2d, dwc: nn.Conv2d, heads: int) -> nn.Conv2d:
 class ConvTokensDeploy(nn.Module):
     """Conv (norm folded in) on the token map -> (B, N, C) tokens; `resolution` None = the input is already NCHW."""
 
-    def __init__(self, conv: nn.Conv2d, resolution: int | None):
+    def __init__(self, conv: nn.Conv2d, resolution: tuple[int, int] | None):
         super().__init__()
         self.conv, self.resolution = conv, resolution
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.resolution is not None:
             b, n, c = x.shape
-            x = x.transpose(1, 2).reshape(b, c, self.resolution, self.resolution)
+            x = x.transpose(1, 2).reshape(b, c, *self.resolution)
         return self.conv(x).flatten(2).transpose(1, 2)
 
 
@@ -73,10 +74,10 @@ class CSWinBranchDeploy(nn.Module):
     (its scale folded into qkv). `partition` False = one global window (the partition is the identity).
     """
 
-    def __init__(self, heads: int, resolution: int, window: tuple[int, int], local: nn.Conv2d,
+    def __init__(self, heads: int, resolution: tuple[int, int], window: tuple[int, int], local: nn.Conv2d,
                  positional_encoding: torch.Tensor | None, order: str, partition: bool):
         super().__init__()
-        self.heads, self.resolution, self.window = heads, resolution, tuple(window)
+        self.heads, self.resolution, self.window = heads, tuple(resolution), tuple(window)
         self.local, self.order, self.partition = local, order, partition
         self.positional_encoding = (None if positional_encoding is None else
                                     nn.Parameter(positional_encoding.detach().clone(), requires_grad=False))
@@ -84,9 +85,7 @@ class CSWinBranchDeploy(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         hs, ws = self.window
         if self.partition:
-            b, n, c = q.shape
-            q, k, v = (img2windows(t.transpose(1, 2).reshape(b, c, self.resolution, self.resolution), hs, ws)
-                       for t in (q, k, v))
+            q, k, v = (to_windows(t, self.resolution, self.window) for t in (q, k, v))
         b, n, c = q.shape
         local = self.local(v.transpose(1, 2).reshape(b, c, hs, ws)).reshape(b, c, n).transpose(1, 2)
         h = self.heads
@@ -98,7 +97,7 @@ class CSWinBranchDeploy(nn.Module):
             out = (q @ k.transpose(-2, -1)).softmax(dim=-1) @ v
         out = merge_heads(out) + local
         if self.partition:
-            out = windows2img(out, hs, ws, self.resolution, self.resolution)
+            out = from_windows(out, self.resolution, self.window)
         return out
 
     def extra_repr(self) -> str:
@@ -130,7 +129,7 @@ class CSWinDeploy(nn.Module):
     """stage1_conv_embed -> stage1 -> (mergeK -> stageK+1)* -> token mean -> head (final norm folded in)."""
 
     def __init__(self, conv_embed: nn.Module, stages: list[list[nn.Module]], merges: list[nn.Module], head: nn.Module,
-                 img_size: int):
+                 img_size: tuple[int, int]):
         super().__init__()
         self.stage1_conv_embed = conv_embed
         for i, blocks in enumerate(stages):
@@ -140,9 +139,9 @@ class CSWinDeploy(nn.Module):
         self.head, self.img_size = head, img_size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not torch.jit.is_tracing() and tuple(x.shape[-2:]) != (self.img_size, self.img_size):
-            raise VitedgeError(f"this CSWin deploy-form was built for {self.img_size}x{self.img_size} inputs; got "
-                               f"{x.shape[-2]}x{x.shape[-1]}: resize the input")
+        if not torch.jit.is_tracing() and tuple(x.shape[-2:]) != tuple(self.img_size):
+            raise VitedgeError(f"this CSWin deploy-form was built for {self.img_size[0]}x{self.img_size[1]} inputs; "
+                               f"got {x.shape[-2]}x{x.shape[-1]}: resize the input")
         x = self.stage1_conv_embed(x)
         for i in range(4):
             if i:
@@ -167,7 +166,7 @@ def _fold_block(blk: CSWinBlock, path: str, ctx: FoldContext) -> CSWinBlockDeplo
         ctx.fold("attn_scale->q")
     branches = []
     for b, br in enumerate(blk.attns):
-        single = br.H_sp == br.W_sp == br.resolution
+        single = (br.H_sp, br.W_sp) == tuple(br.map_hw)
         partition = not (single and ctx.use("single_window_without_partition"))
         bpath = f"{path}.attns.{b}"
         if linear:
@@ -176,11 +175,11 @@ def _fold_block(blk: CSWinBlock, path: str, ctx: FoldContext) -> CSWinBlockDeplo
             local = merge_depthwise(br.get_v, br.dwc, br.num_heads)
             ctx.fold("lepe+dwc->depthwise_conv")
             ctx.fold("unused_sla_scale_dropped")
-            branches.append(CSWinBranchDeploy(br.num_heads, br.resolution, (br.H_sp, br.W_sp), local,
+            branches.append(CSWinBranchDeploy(br.num_heads, br.map_hw, (br.H_sp, br.W_sp), local,
                                               br.positional_encoding, order, partition))
         else:
             softmax_order(ctx, bpath)
-            branches.append(CSWinBranchDeploy(br.num_heads, br.resolution, (br.H_sp, br.W_sp), br.get_v, None,
+            branches.append(CSWinBranchDeploy(br.num_heads, br.map_hw, (br.H_sp, br.W_sp), br.get_v, None,
                                               "qk_first", partition))
     return CSWinBlockDeploy(qkv, branches, blk.proj, fold_mlp(blk.mlp, blk.norm2, f"{path}.norm2", ctx))
 
@@ -194,9 +193,6 @@ def _fold_merge(merge: MergeBlock, path: str, ctx: FoldContext) -> ConvTokensDep
 
 @register_plan(CSWinTransformer, rewrites=("single_window_without_partition",))
 def plan_cswin(model: CSWinTransformer, ctx: FoldContext) -> CSWinDeploy:
-    if ctx.imgsz != model.img_size:
-        raise VitedgeError(f"this CSWin was built for {model.img_size}x{model.img_size} inputs, not {ctx.imgsz}: "
-                           f"use --imgsz {model.img_size} or rebuild it with img_size={ctx.imgsz}")
     conv, _, norm = model.stage1_conv_embed
     embed = ConvTokensDeploy(affine_after(conv, *eval_affine(norm, "stage1_conv_embed.2")), None)
     ctx.fold("norm->stage1_conv_embed.0")
@@ -218,4 +214,4 @@ def plan_cswin(model: CSWinTransformer, ctx: FoldContext) -> CSWinDeploy:
     else:
         head = ChannelAffine(a, b, dim=-1)
         ctx.unfold("norm", "num_classes=0: no head Linear to fold the final norm into; kept as a per-channel affine")
-    return CSWinDeploy(embed, stages, merges, head, model.img_size)
+    return CSWinDeploy(embed, stages, merges, head, as_hw(ctx.imgsz))

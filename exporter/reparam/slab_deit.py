@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from ...errors import VitedgeError
 from ...models.layers import Mlp, SimplifiedLinearAttention
-from ...models.layers.attention import order_reason, resolve_order, sla_rule
+from ...models.layers.attention import order_reason, order_record, resolve_order, sla_rule
 from ...models.slab_deit import Attention, PRepBNDeiT, SlabDeiT, DeiTBase
 from .engine import FoldContext, register_plan
 from .primitives import (ChannelAffine, ErfGELU, PositionPlanesPatchEmbed, PreNormBlockDeploy, affine_before,
@@ -291,16 +291,18 @@ def _less_pos(pos: torch.Tensor, to_train):
     return lambda t: (t if to_train is None else to_train(t)) - pos.to(t)
 
 
-def _sla_order(attn: SimplifiedLinearAttention, n: int, ctx: FoldContext) -> tuple[str, str]:
+def _sla_order(attn: SimplifiedLinearAttention, n: int, ctx: FoldContext) -> tuple[str, str, dict]:
     requested = ctx.attn_order if ctx.attn_order != "auto" else attn.attn_order
     rule = sla_rule(n, n, attn.head_dim, attn.head_dim)
-    return resolve_order(requested, rule), order_reason(requested, rule, n, n, attn.head_dim, attn.head_dim)
+    order = resolve_order(requested, rule)
+    return (order, order_reason(requested, rule, n, n, attn.head_dim, attn.head_dim),
+            order_record("sla", n, n, attn.head_dim, requested, order))
 
 
 def _deploy_attention(attn: nn.Module, path: str, grid: tuple[int, int], cf: bool, ctx: FoldContext) -> nn.Module:
     if isinstance(attn, SimplifiedLinearAttention):
-        order, why = _sla_order(attn, grid[0] * grid[1], ctx)
-        ctx.order(path, order, why)
+        order, why, record = _sla_order(attn, grid[0] * grid[1], ctx)
+        ctx.order(path, order, why, record)
         return SLADeploy(attn, grid, order, channel_first=cf, three_projections=ctx.use("qkv_as_three_projections"))
     if isinstance(attn, Attention):
         ctx.order(path, "qk_first", "softmax attention: q k^T is formed for the softmax (attn_order does not apply)")
@@ -317,10 +319,7 @@ def _deploy_attention(attn: nn.Module, path: str, grid: tuple[int, int], cf: boo
 @register_plan(SlabDeiT, rewrites=("tokens_channels_first", "erf_gelu_fusable", "pos_embed_in_patch_conv",
                                    "qkv_as_three_projections"))
 def plan_slab_deit(model: DeiTBase, ctx: FoldContext) -> DeiTDeploy:
-    if ctx.imgsz != model.img_size:
-        raise VitedgeError(f"{type(model).__name__} is built for {model.img_size}x{model.img_size} "
-                           f"(fixed-size positional embeddings); got --imgsz {ctx.imgsz}: use --imgsz {model.img_size}")
-    grid = model.patch_embed.grid
+    grid = model.patch_embed.grid  # (the engine set the copy to ctx.imgsz: models/slab_deit.py set_input_size)
     cf = ctx.use("tokens_channels_first")  # channel-first tokens (B, C, N, 1) through the whole network
     # SLAB (mean pooling): the positional embedding added by the patch conv, checked as the conv's output less it;
     # only where every token's position fits one plane (N <= patch area: 196 <= 256 at 224 px), so that the conv

@@ -22,8 +22,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...errors import VitedgeError
+from ...models.input_size import as_hw, check_stride
 from ...models.layers import Mlp
-from ...models.layers.attention import order_reason, resolve_order, sla_rule
+from ...models.layers.attention import order_reason, order_record, resolve_order, sla_rule
 from ...models.slab_pvt import (PVTBlock, PVTLinearAttention, PyramidVisionTransformer, merge_heads,
                                 split_heads, tokens_to_map)
 from .engine import FoldContext, register_plan
@@ -52,7 +53,8 @@ def sla_order(attn_order: str, nq: int, nk: int, d: int, ctx: FoldContext, path:
     requested = ctx.attn_order if ctx.attn_order != "auto" else attn_order
     rule = sla_rule(nq, nk, d, d)
     order = resolve_order(requested, rule)
-    ctx.order(path, order, order_reason(requested, rule, nq, nk, d, d))
+    ctx.order(path, order, order_reason(requested, rule, nq, nk, d, d),
+              order_record("sla", nq, nk, d, requested, order))
     return order
 
 
@@ -136,7 +138,7 @@ class PVTDeploy(nn.Module):
     """Stages of (patch embed -> + constant pos embed -> blocks), token mean, head; module paths as the train-form."""
 
     def __init__(self, stages: list[tuple[nn.Module, torch.Tensor, list[nn.Module], tuple[int, int]]],
-                 head: nn.Module, imgsz: int):
+                 head: nn.Module, imgsz):
         super().__init__()
         self.num_stages, self.imgsz = len(stages), imgsz
         self.grids = [tuple(s[3]) for s in stages]
@@ -147,8 +149,9 @@ class PVTDeploy(nn.Module):
         self.head = head
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not torch.jit.is_tracing() and tuple(x.shape[-2:]) != (self.imgsz, self.imgsz):
-            raise VitedgeError(f"this PVT deploy-form was built for {self.imgsz}x{self.imgsz} inputs; got "
+        if not torch.jit.is_tracing() and tuple(x.shape[-2:]) != as_hw(self.imgsz):
+            h, w = as_hw(self.imgsz)
+            raise VitedgeError(f"this PVT deploy-form was built for {h}x{w} inputs; got "
                                f"{x.shape[-2]}x{x.shape[-1]}: re-run reparameterize with that --imgsz")
         b = x.shape[0]
         for i in range(self.num_stages):
@@ -209,7 +212,7 @@ def _fold_attention(blk: PVTBlock, path: str, grid: tuple[int, int], ctx: FoldCo
         return PVTAttentionDeploy(h, grid, attn.proj, **parts)
     if attn.positional_encoding.shape[1] != nk:
         raise VitedgeError(f"{path}.attn has a positional encoding for {attn.positional_encoding.shape[1]} tokens, "
-                           f"not the {nk} of a {grid[0]}x{grid[1]} grid: use the model's img_size as --imgsz")
+                           f"not the {nk} of a {grid[0]}x{grid[1]} grid: set_input_size((H, W)) first")
     order = sla_order(attn.attn_order, n, nk, d, ctx, f"{path}.attn")
     v_resize = None
     if attn.sr_ratio > 1:
@@ -222,14 +225,12 @@ def _fold_attention(blk: PVTBlock, path: str, grid: tuple[int, int], ctx: FoldCo
 @register_plan(PyramidVisionTransformer, rewrites=("pvt_q_kv_merged_into_qkv",))
 def plan_pvt(model: PyramidVisionTransformer, ctx: FoldContext) -> PVTDeploy:
     stride = model.patch_embed1.patch_size * 2 ** (model.num_stages - 1)
-    if ctx.imgsz % stride:
-        raise VitedgeError(f"PVT needs --imgsz divisible by {stride}; got {ctx.imgsz}")
+    check_stride("PVT", ctx.imgsz, stride)
     stages = []
-    side = ctx.imgsz
+    grid = as_hw(ctx.imgsz)
     for i in range(model.num_stages):
         pe = getattr(model, f"patch_embed{i + 1}")
-        side //= pe.patch_size
-        grid = (side, side)
+        grid = (grid[0] // pe.patch_size, grid[1] // pe.patch_size)
         proj = affine_after(pe.proj, *eval_affine(pe.norm, f"patch_embed{i + 1}.norm"))
         ctx.fold("norm->patch_embed.proj")
         ctx.check(f"patch_embed{i + 1}", f"patch_embed{i + 1}")

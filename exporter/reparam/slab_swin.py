@@ -20,12 +20,11 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ...errors import VitedgeError
 from ...models.layers import Mlp, SimplifiedLinearAttention
-from ...models.layers.attention import order_reason, resolve_order, sla_rule
+from ...models.layers.attention import order_reason, order_record, resolve_order, sla_rule
 from ...models.slab_swin import (PatchMerging, SlabSwinTransformer, SwinTransformer, SwinTransformerBlock,
                                  WindowAttention, merge_heads, patch_merge_gather, split_qkv,
-                                 window_softmax_attention, windowed)
+                                 padded_size, window_softmax_attention, windowed)
 from .engine import FoldContext, register_plan
 from .primitives import (ChannelAffine, PatchEmbedDeploy, affine_after, affine_before, require_repbn_affine,
                          scale_output)
@@ -61,18 +60,22 @@ class SwinBlockDeploy(nn.Module):
     """`x + attn(windows(x))`, then `x + mlp(x)`: norms folded into `attn.qkv` / `mlp.fc1`."""
 
     def __init__(self, attn: nn.Module, mlp: Mlp, resolution: tuple[int, int], window_size: int, shift_size: int,
-                 partition: bool = True):
+                 partition: bool = True, norm1: nn.Module | None = None):
         super().__init__()
         self.attn, self.mlp = attn, mlp
         self.resolution, self.window_size, self.shift_size = tuple(resolution), window_size, shift_size
         self.partition = partition  # False only for one unshifted window covering the whole map
+        # A map padded to window multiples is padded after norm1 (zeros that are not normalized): there the norm
+        # stays an explicit affine before the padding instead of folding into qkv.
+        self.norm1 = norm1
 
     def _attend(self, windows: torch.Tensor) -> torch.Tensor:
         return self.attn(windows, (self.window_size, self.window_size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.partition:
-            x = x + windowed(x, self.resolution, self.window_size, self.shift_size, self._attend)
+            y = x if self.norm1 is None else self.norm1(x)
+            x = x + windowed(y, self.resolution, self.window_size, self.shift_size, self._attend)
         else:
             x = x + self._attend(x)
         return x + self.mlp(x)
@@ -166,13 +169,19 @@ def _fix_sla_order(attn: SimplifiedLinearAttention, path: str, ctx: FoldContext)
     requested = ctx.attn_order if ctx.attn_order != "auto" else attn.attn_order
     rule = sla_rule(n, n, d, d)
     attn.attn_order = resolve_order(requested, rule)
-    ctx.order(path, attn.attn_order, order_reason(requested, rule, n, n, d, d))
+    ctx.order(path, attn.attn_order, order_reason(requested, rule, n, n, d, d),
+              order_record("sla", n, n, d, requested, attn.attn_order))
 
 
 def _fold_block(blk: SwinTransformerBlock, path: str, ctx: FoldContext) -> SwinBlockDeploy:
-    attn = blk.attn
-    attn.qkv = affine_before(attn.qkv, *norm_affine(blk.norm1, f"{path}.norm1"))
-    ctx.fold("norm->attn.qkv")
+    attn, norm1 = blk.attn, None
+    if padded_size(blk.input_resolution, blk.window_size) != tuple(blk.input_resolution):
+        norm1 = ChannelAffine(*norm_affine(blk.norm1, f"{path}.norm1"), dim=-1)
+        ctx.unfold(f"{path}.norm1", f"the {blk.input_resolution[0]}x{blk.input_resolution[1]} map is zero-padded "
+                   f"to window-{blk.window_size} multiples after the norm: it stays an affine before the padding")
+    else:
+        attn.qkv = affine_before(attn.qkv, *norm_affine(blk.norm1, f"{path}.norm1"))
+        ctx.fold("norm->attn.qkv")
     if isinstance(attn, SimplifiedLinearAttention):
         _fix_sla_order(attn, f"{path}.attn", ctx)
     else:
@@ -184,7 +193,8 @@ def _fold_block(blk: SwinTransformerBlock, path: str, ctx: FoldContext) -> SwinB
     single = blk.shift_size == 0 and blk.window_size == min(blk.input_resolution) == max(blk.input_resolution)
     partition = not (single and ctx.use("single_window_without_partition"))
     ctx.check(path, path)
-    return SwinBlockDeploy(attn, mlp, blk.input_resolution, blk.window_size, blk.shift_size, partition=partition)
+    return SwinBlockDeploy(attn, mlp, blk.input_resolution, blk.window_size, blk.shift_size, partition=partition,
+                           norm1=norm1)
 
 
 def _fold_merging(down: PatchMerging, path: str, ctx: FoldContext) -> PatchMergingDeploy:
@@ -208,10 +218,7 @@ def _fold_head(model: SlabSwinTransformer | SwinTransformer, ctx: FoldContext) -
                                                             "single_window_without_partition",
                                                             "patch_merging_as_reshape"))
 def plan_swin(model: SlabSwinTransformer | SwinTransformer, ctx: FoldContext) -> SwinDeploy:
-    if ctx.imgsz != model.img_size:
-        raise VitedgeError(f"this model was built for {model.img_size}x{model.img_size} inputs, not {ctx.imgsz}: "
-                           f"use --imgsz {model.img_size} or rebuild it with img_size={ctx.imgsz}")
-    pe = model.patch_embed
+    pe = model.patch_embed  # (the engine set the copy to ctx.imgsz: models/slab_swin.py set_input_size)
     proj = pe.proj
     if pe.norm is not None:
         proj = affine_after(proj, *norm_affine(pe.norm, "patch_embed.norm"))

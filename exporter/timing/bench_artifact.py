@@ -262,7 +262,7 @@ def _parity_source(plan: _Plan, checkpoint, imgsz: int | None) -> None:
     if imgsz is not None and meta.get("imgsz") not in (None, imgsz):
         raise VitedgeError(f"{plan.path} was exported for imgsz {meta['imgsz']}; drop --imgsz")
     plan.train = loaded.model.eval()
-    plan.imgsz = loaded.resolve_imgsz(meta.get("imgsz"))
+    plan.imgsz = loaded.at_size(meta.get("imgsz"))
 
 
 def _backends(plan: _Plan, eps: list[str], batch: int | None, imgsz: int | None, threads: int,

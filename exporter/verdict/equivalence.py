@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from ...models.registry import default_imgsz
+from ...models.registry import default_imgsz, sized
 from .inputs import parity_inputs
 
 DEFAULT_RTOL = 1e-9  # relative to max|y|; real fold bugs move logits by >= 1e-6 with trained-like weights
@@ -94,8 +94,9 @@ def verify_equivalence(train_model: nn.Module, deploy_model: nn.Module, imgsz: i
     deploy-form was folded for (default: the train-form's default size, as `reparameterize` defaults)."""
     imgsz = imgsz or default_imgsz(train_model)
     x = (inputs if inputs is not None else parity_inputs(samples, imgsz, seed=1234)).double()
-    t = copy.deepcopy(train_model).double().eval()
-    t32 = copy.deepcopy(train_model).float().eval()  # its deviation from t measures the rounding amplification
+    own = sized(copy.deepcopy(train_model), imgsz)  # the train-form at that size, resized in its own dtype
+    t = copy.deepcopy(own).double().eval()
+    t32 = own.float().eval()  # its deviation from t measures the rounding amplification
     # Compare the float64 fold when the engine kept it (the float32 weights carry one rounding by design).
     d = copy.deepcopy(getattr(deploy_model, "reparam_fp64", deploy_model)).double().eval()
     checks = list(getattr(deploy_model, "reparam_blocks", []))

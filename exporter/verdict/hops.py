@@ -41,6 +41,7 @@ from ..core.target_plans import HUB_HOPS, artifact_key
 RAW_HOP = HUB_HOPS[0]  # the hub graph as exported, before onnxsim
 from .truth_cache import cached_ground_truth
 from .weight_check import judge_weights
+from ...models.input_size import as_hw
 
 PARITY_SEED = 0          # the parity input set's seed (README "Parity inputs")
 LOCALIZE_SAMPLES = 4     # inputs used to localize a failed hop (its worst samples first)

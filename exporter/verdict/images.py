@@ -19,6 +19,7 @@ import numpy as np
 
 from ...errors import VitedgeError
 from ...models.preprocess import INTERPOLATIONS, Recipe
+from ...models.input_size import as_hw
 from ...targets.labels import read_labels
 
 PHOTOS_DIR = Path(__file__).resolve().parent / "photos"
@@ -56,22 +57,26 @@ def load_image(path: str | Path):
         raise VitedgeError(f"cannot read image {path}: {type(e).__name__}: {e}; remove or replace the file") from None
 
 
-def eval_transform(img, imgsz: int, mean, std, crop_pct: float = CROP_PCT, recipe: Recipe | None = None) -> np.ndarray:
-    """(3, imgsz, imgsz) float64 by `recipe` (models/preprocess.py; its mean/std replace `mean`/`std`), else
-    the shorter side resized to floor(imgsz / crop_pct) (bicubic), centre crop, normalized with mean/std."""
+def eval_transform(img, imgsz, mean, std, crop_pct: float = CROP_PCT, recipe: Recipe | None = None) -> np.ndarray:
+    """(3, H, W) float64 by `recipe` (models/preprocess.py; its mean/std replace `mean`/`std`), else
+    the shorter side resized to floor(imgsz / crop_pct) (bicubic), centre crop, normalized with mean/std.
+    `imgsz`: S or (H, W) (a non-square size resizes both sides, `Recipe.resize_to`)."""
     r = recipe or Recipe(mean, std, crop_pct)
     Image, _ = _pil()
     w, h = img.size
+    ch, cw = as_hw(imgsz)
     size = r.resize_to(imgsz)
-    if r.crop_mode == "squash":  # both sides to `size`, the aspect ratio not kept
+    if isinstance(size, tuple):  # non-square: both sides, as timm's eval transform for a (H, W) size
+        nh, nw = size
+    elif r.crop_mode == "squash":  # both sides to `size`, the aspect ratio not kept
         nw = nh = size
     elif w <= h:  # torchvision Resize(int): the shorter side becomes `size`, the other keeps the aspect ratio
         nw, nh = size, int(size * h / w)
     else:
         nw, nh = int(size * w / h), size
     img = img.resize((nw, nh), resampling(r.interpolation))
-    top, left = int(round((nh - imgsz) / 2.0)), int(round((nw - imgsz) / 2.0))
-    return normalize(np.asarray(img.crop((left, top, left + imgsz, top + imgsz))), r.mean, r.std)
+    top, left = int(round((nh - ch) / 2.0)), int(round((nw - cw) / 2.0))
+    return normalize(np.asarray(img.crop((left, top, left + cw, top + ch))), r.mean, r.std)
 
 
 def resampling(name: str):
@@ -82,10 +87,11 @@ def resampling(name: str):
 
 def crop_transform(img, box: tuple[float, float, float, float], imgsz: int, flip: bool, mean, std,
                    interpolation: str = "bicubic") -> np.ndarray:
-    """(3, imgsz, imgsz) float64: the `box` (left, top, right, bottom) region resized to imgsz (`interpolation`),
-    mirrored left-right if `flip`, normalized."""
+    """(3, H, W) float64: the `box` (left, top, right, bottom) region resized to imgsz (S or (H, W);
+    `interpolation`), mirrored left-right if `flip`, normalized."""
     Image, _ = _pil()
-    out = img.resize((imgsz, imgsz), resampling(interpolation), box=box)
+    h, w = as_hw(imgsz)
+    out = img.resize((w, h), resampling(interpolation), box=box)
     if flip:
         out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     return normalize(np.asarray(out), mean, std)

@@ -32,6 +32,7 @@ import torch
 from ...models.preprocess import IMAGENET_MEAN, IMAGENET_STD, Recipe
 from ...models.synthetic import synthetic_batch  # the pattern makers (shared with trained-like calibration)
 from . import images
+from ...models.input_size import as_hw
 
 CATEGORIES = ("noise", "gradient", "checker", "smooth", "blocks", "extreme")
 SETS = ("natural", "stress", "user")
@@ -85,7 +86,7 @@ def natural_inputs(n: int, imgsz: int = 224, seed: int = 0, mean=IMAGENET_MEAN, 
         raise ValueError("n must be >= 0")
     photos = images.photo_names()
     perm = np.random.Generator(np.random.PCG64(seed)).permutation(len(photos))
-    out = torch.empty(n, 3, imgsz, imgsz, dtype=torch.float64)
+    out = torch.empty(n, 3, *as_hw(imgsz), dtype=torch.float64)
     names = []
     for k in range(n):
         x, name = natural_view(k, photos, perm, imgsz, seed, mean, std, recipe)
@@ -135,7 +136,7 @@ def parity_set(n: int = DEFAULT_SAMPLES, imgsz: int = 224, seed: int = 0, mean=I
     nat, nat_names = natural_inputs(n - n_stress, imgsz, seed, mean, std, dtype, recipe)
     st = parity_inputs(n_stress, imgsz, seed, mean, std, dtype) if n_stress else nat[:0]
     st_names = stress_names(n_stress)
-    x = torch.empty(n, 3, imgsz, imgsz, dtype=dtype)
+    x = torch.empty(n, 3, *as_hw(imgsz), dtype=dtype)
     sets, names, a, b = [], [], 0, 0
     for i, s in enumerate(is_stress):
         if s:
@@ -162,7 +163,7 @@ def user_set(folder: str | Path, imgsz: int = 224, mean=IMAGENET_MEAN, std=IMAGE
         mean, std = recipe.mean, recipe.std
     found = images.scan_folder(folder, labels_file)
     n_user = len(found.paths)
-    x = torch.empty(n_user + stress, 3, imgsz, imgsz, dtype=dtype)
+    x = torch.empty(n_user + stress, 3, *as_hw(imgsz), dtype=dtype)
     for i, p in enumerate(found.paths):
         x[i] = torch.from_numpy(images.eval_transform(images.load_image(p), imgsz, mean, std, recipe=recipe)).to(dtype)
     x[n_user:] = parity_inputs(stress, imgsz, seed, mean, std, dtype)

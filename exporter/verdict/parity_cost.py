@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 
+from ...models.input_size import size_text
+
 DEFAULT_SAMPLES = 256        # exporter.verdict.inputs.DEFAULT_SAMPLES (kept equal by a test; that module imports torch)
 MIN_SAMPLES = 8
 PARITY_BUDGET_GMACS = 512.0  # samples x GMACs per hop: 256 samples up to 2 GMACs
@@ -52,7 +54,8 @@ def default_samples(model_or_name, imgsz: int, overrides: dict | None = None, mo
     """(samples, how they were chosen: the report's `samples_rule`) for an export that asked for none."""
     g = model_gmacs(model_or_name, imgsz, overrides, module)
     n = samples_for_gmacs(g)
-    return n, (f"{SAMPLES_RULE}: {g:.3g} GMACs at {imgsz}px -> clamp(4*floor({PARITY_BUDGET_GMACS:g}/(4*G)), "
+    at = size_text(imgsz)
+    return n, (f"{SAMPLES_RULE}: {g:.3g} GMACs at {at}px -> clamp(4*floor({PARITY_BUDGET_GMACS:g}/(4*G)), "
                f"{MIN_SAMPLES}, {DEFAULT_SAMPLES}) = {n}")
 
 

@@ -22,6 +22,20 @@ def sima_rule(n: int, d: int) -> str:
     return "qk_first" if n < d else "kv_first"
 
 
+def order_record(rule: str, nq: int, nk: int, d: int, requested: str, order: str) -> dict:
+    """What report.json records of one SLA or SimA block's order: the family's rule, the block's real token counts
+    and head width at the export's size, the multiply count of each order per head (the rule's own comparison) and
+    the order chosen (the rule's, unless forced)."""
+    if rule == "sla":
+        costs = {"qk_first": nq * nk * 2 * d, "kv_first": d * d * (nq + nk)}
+        by_rule = sla_rule(nq, nk, d, d)
+    else:
+        costs = {"qk_first": 2 * nq * nq * d, "kv_first": 2 * nq * d * d}
+        by_rule = sima_rule(nq, d)
+    return {"rule": rule, "n": nq, "n_kv": nk, "d": d, "macs_per_head": costs, "rule_order": by_rule,
+            "requested": requested, "order": order}
+
+
 def resolve_order(requested: str, auto: str) -> str:
     if requested not in ORDERS:
         raise ValueError(f"attn_order must be one of {ORDERS}, got {requested!r}")
@@ -71,6 +85,7 @@ class SimplifiedLinearAttention(nn.Module):
         self.dim, self.num_heads = dim, num_heads
         self.head_dim = dim // num_heads
         self.num_tokens = num_tokens
+        self.grid = None  # (h, w) of the tokens where the caller passes no `hw` (None: a square grid)
         self.attn_order = attn_order
         resolve_order(attn_order, "kv_first")  # validate early
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
@@ -94,7 +109,7 @@ class SimplifiedLinearAttention(nn.Module):
         # float64 stays float64 (the equivalence gate runs in fp64).
         dt = torch.promote_types(v.dtype, torch.float32)
         out = linear_attention(q.to(dt), k.to(dt), v.to(dt), self.order_for(n)).to(v.dtype)
-        hh, ww = hw if hw is not None else (int(n ** 0.5),) * 2
+        hh, ww = hw if hw is not None else self.grid or (int(n ** 0.5),) * 2
         fmap = v.reshape(b * h, hh, ww, self.head_dim).permute(0, 3, 1, 2)
         out = out + self.dwc(fmap).flatten(2).transpose(1, 2)
         return self.proj(_merge_heads(out, h))

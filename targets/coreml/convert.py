@@ -34,6 +34,7 @@ from .mil_interpreter import load_program, quiet_coremltools
 from .mlpackage import make_package_deterministic
 from .options import CoreMLOptions
 from .validate_once import validate_once
+from ...models.input_size import as_hw, size_text
 
 PIXEL_SCALE = 1.0 / 255.0
 _DROPPED_METADATA = ("com.github.apple.coremltools.conversion_date",)  # changes daily: breaks reproducible bytes
@@ -93,7 +94,7 @@ def fold_input_std(model: nn.Module, std, imgsz: int) -> tuple[nn.Module, str]:
     """A copy of `model` taking `x * std` (per channel) instead of `x`: 1/std folded into the first conv that reads
     the input (its input-channel slices). Returns (module, where it went)."""
     model = copy.deepcopy(model).eval()
-    x = torch.zeros(1, 3, imgsz, imgsz, dtype=_dtype(model))
+    x = torch.zeros(1, 3, *as_hw(imgsz), dtype=_dtype(model))
     found: list[tuple[str, nn.Conv2d]] = []
     hooks = []
     for name, m in model.named_modules():
@@ -130,7 +131,7 @@ def input_channels(model: nn.Module, imgsz: int) -> int | None:
     """The channel count of the first Conv2d the forward reaches (it stops right there) when that conv reads the
     input itself; None when it reads something derived from it (SLAB-DeiT's position planes are concatenated
     first), when no conv comes first, or when the model fails before one."""
-    x = torch.zeros(1, 3, imgsz, imgsz, dtype=_dtype(model))
+    x = torch.zeros(1, 3, *as_hw(imgsz), dtype=_dtype(model))
     seen: list[int | None] = []
 
     def pre(mod, inp):
@@ -165,7 +166,7 @@ def convert(deploy_model: nn.Module, spec: LowerSpec, opts: CoreMLOptions, path:
         module, fold_note = fold_input_std(deploy_model, std, spec.imgsz)
     if opts.labels:
         module = _Classifier(module)
-    shape = (spec.batch, 3, spec.imgsz, spec.imgsz)
+    shape = (spec.batch, 3, *as_hw(spec.imgsz))
     example = torch.randn(shape, generator=torch.Generator().manual_seed(0))
     ane = _AneFriendly()
     with torch.no_grad(), ane, warnings.catch_warnings():
@@ -233,11 +234,11 @@ def _set_metadata(ml, spec: LowerSpec, opts: CoreMLOptions, mean, std, fold_note
                                              "converter: vitedge (Apache-2.0)")
     ml.version = str(meta.get("version") or f"vitedge-{__version__}")
     kind = "classifier" if opts.labels else "logits"
-    ml.short_description = (f"{spec.name} (re-parameterized deploy-form) image {kind}, {spec.imgsz}x{spec.imgsz} "
+    ml.short_description = (f"{spec.name} (re-parameterized deploy-form) image {kind}, {'x'.join(map(str, as_hw(spec.imgsz)))} "
                             f"RGB, {spec.precision}, iOS {opts.ios}+; weights: {weights}")
     vers = meta.get("versions") or {}
     user = {
-        "model": spec.name, "imgsz": str(spec.imgsz), "batch": str(spec.batch), "input": opts.input,
+        "model": spec.name, "imgsz": size_text(spec.imgsz), "batch": str(spec.batch), "input": opts.input,
         "preprocessing": json.dumps(_input_spec(opts, None, mean, std, fold_note), sort_keys=True),
         "preprocess": json.dumps(meta.get("preprocess") or {}, sort_keys=True),
         "reparam": json.dumps(meta.get("reparam", {}), sort_keys=True),
@@ -273,7 +274,7 @@ def _fmt3(v) -> str:
 
 def _resize_text(recipe: dict | None, imgsz: int) -> str:
     """How the app makes the model's input from a photo (the export's eval preprocessing, models/preprocess.py)."""
-    return Recipe.from_dict(recipe).describe(imgsz) if recipe else f"{imgsz}x{imgsz}"
+    return Recipe.from_dict(recipe).describe(imgsz) if recipe else "x".join(map(str, as_hw(imgsz)))
 
 
 def _input_spec(opts: CoreMLOptions, shape, mean, std, fold_note) -> dict:

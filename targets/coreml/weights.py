@@ -22,7 +22,7 @@ def read_package(path: str | Path) -> StoredWeights:
     stored = StoredWeights(package_weights_all(Path(path)), localize=package_weights(program))
     if program.input_kind == "image":
         pre = json.loads(dict(program.spec.description.metadata.userDefined).get("preprocessing") or "{}")
-        imgsz = int(next(iter(program.inputs.values()))[1][-1])
+        imgsz = tuple(int(v) for v in next(iter(program.inputs.values()))[1][-2:])  # (H, W) of the input
         stored.reference = lambda deploy: fold_input_std(copy.deepcopy(deploy).float().eval(), pre["std"], imgsz)[0]
         stored.input_scale = tuple(pre["std"])
     return stored

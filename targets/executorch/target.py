@@ -30,6 +30,7 @@ from ..base import (Artifact, LowerSpec, Runner, StoredWeights, Target, Unavaila
                     reraise_interrupt)
 from ..rows import EXECUTORCH_ROW
 from .delegable import GATE_RTOL, gate, make_delegable
+from ...models.input_size import as_hw
 
 BACKENDS = EXECUTORCH_ROW.option("executorch_backend").choices
 METADATA_METHOD = "vitedge_metadata"
@@ -229,7 +230,7 @@ class ExecuTorchTarget(Target):
 
         backend = spec.options.get("executorch_backend") or "xnnpack"
         model = copy.deepcopy(deploy_model).float().eval()
-        shape = (spec.batch or 1, len(spec.metadata.get("mean") or (0, 0, 0)), spec.imgsz, spec.imgsz)
+        shape = (spec.batch or 1, len(spec.metadata.get("mean") or (0, 0, 0)), *as_hw(spec.imgsz))
         example = torch.zeros(shape)
         info: dict = {"backend": backend, "executorch": executorch_version()}
         with torch.no_grad(), quiet_native():

@@ -39,6 +39,7 @@ import torch.nn as nn
 
 from ..base import Artifact, LowerSpec, Runner, Target, UnavailableError, pad_batch, reraise_interrupt, sha256_file
 from ..rows import TENSORRT_ROW
+from ...models.input_size import as_hw
 from .cuda_memory import memory_backend, open_memory
 from ..graph.onnx_fp16 import prepare_fp16
 from ..graph.precision import default_policy
@@ -139,7 +140,7 @@ class BatchProfile:
     max: int
 
     def shapes(self, imgsz: int) -> tuple[tuple, tuple, tuple]:
-        return tuple((b, 3, imgsz, imgsz) for b in (self.min, self.opt, self.max))
+        return tuple((b, 3, *as_hw(imgsz)) for b in (self.min, self.opt, self.max))
 
 
 def batch_profiles(batch: int | None, max_batch: int | None = None,
@@ -267,7 +268,7 @@ def _io_specs(model: onnx.ModelProto) -> tuple[list[dict], list[dict]]:
 def probe_inputs(batches: BatchProfile, imgsz: int) -> np.ndarray:
     """Seeded normalized-image-like inputs for the fp16-vs-fp32 engine comparison (within the profile)."""
     n = min(max(PROBE_SAMPLES, batches.min), batches.max)
-    return np.random.default_rng(0).standard_normal((n, 3, imgsz, imgsz)).astype(np.float32)
+    return np.random.default_rng(0).standard_normal((n, 3, *as_hw(imgsz))).astype(np.float32)
 
 
 class TensorRTTarget(Target):
