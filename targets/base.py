@@ -56,6 +56,7 @@ class Artifact:
     precision: str
     extra_files: list = field(default_factory=list)  # sidecars written next to it
     info: dict = field(default_factory=dict)          # anything the report should carry (policy, node counts, ...)
+    entry: str | None = None  # one size of a multi-size artifact: the function / method that serves it (runners run it)
 
 
 @dataclass
@@ -163,6 +164,18 @@ class Target(ABC):
         VitedgeError naming the flags for a combination that cannot work."""
         return options
 
+    def plan_sizes(self, sizes: int, options: dict) -> dict:
+        """Check, before any work, that one artifact of `sizes` input sizes can be made with these options (those
+        the user set), and return the options it needs (e.g. a deployment target raised for it, with a note of
+        why). Only targets whose row has `entries` are asked."""
+        return options
+
+    def lower_sizes(self, parts: dict, path: Path) -> Artifact:
+        """One artifact at `path` of several sizes: `parts` maps each entry name (settings.size_entry) to its
+        (deploy-form, LowerSpec) at that size, in order; the first entry is the default. Targets whose row has
+        `entries` implement it."""
+        raise NotImplementedError(f"the {self.name} target writes one file per size")
+
     def read_metadata(self, path: str | Path) -> dict:
         """What an artifact this target wrote says about itself (model, imgsz, precision, overrides, ...);
         string values may be JSON. {} when the artifact carries nothing."""
@@ -222,6 +235,11 @@ def reraise_interrupt(e: BaseException) -> None:
             raise KeyboardInterrupt from e
         seen.add(id(cause))
         cause = cause.__cause__ or cause.__context__
+
+
+def hw(imgsz) -> tuple:
+    """(H, W) of a size given as S or as (H, W): what every target reads from `LowerSpec.imgsz`."""
+    return tuple(imgsz) if isinstance(imgsz, (tuple, list)) else (imgsz, imgsz)
 
 
 def pad_batch(x: np.ndarray, batch: int) -> np.ndarray:

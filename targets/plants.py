@@ -7,6 +7,8 @@ The tooling of the sensitivity studies: the criteria tests, benchmarks/parity_no
 noise rule's floor and K), benchmarks/fp16_verdicts.py (the fp16 rule's), benchmarks/compressed_verdicts.py (the
 compressed rule's) and benchmarks/all_models.py. It reads every backend's stored format, so it sits above the
 backends (tests/test_architecture.py TARGETS_ACROSS); no backend and nothing in the pipeline imports it.
+
+Length: one job, a plant per stored format (ONNX, CoreML packages single and multifunction, .pte, QDQ), each small.
 """
 from __future__ import annotations
 
@@ -371,3 +373,39 @@ def plant_pte_int8_bias(src, dst, node: str, plant: str) -> None:
     q = np.round(w.bias.astype(np.float64) / w.bias_step).astype(np.int32)
     planted = change_weight(q[:, None].astype(np.float64), plant)[:, 0].astype(np.int32)
     _rewrite_once(src, dst, q.tobytes(), planted.tobytes(), "the bias's int32 data")
+
+
+def plant_function_weights(package, function: str, plant: str, position: float) -> None:
+    """`plant` applied, in place, to the float16 weight at `position` (0..1) of `function`'s program order in a
+    multifunction package, for that function alone: where functions share the weight's bytes (coremltools stores a
+    weight every function holds once), a changed copy is appended to weight.bin and only `function`'s const points
+    to it."""
+    from .coreml.mil_interpreter import package_paths, quiet_coremltools
+
+    with quiet_coremltools():
+        from coremltools.proto import Model_pb2
+    spec_file, weights = package_paths(package)
+    spec = Model_pb2.Model()
+    spec.ParseFromString(spec_file.read_bytes())
+    fn = spec.mlProgram.functions[function]
+    path = weights / "weight.bin"
+    raw = bytearray(path.read_bytes())
+    consts = []
+    for op in fn.block_specializations[fn.opset].operations:
+        v = op.attributes["val"] if op.type == "const" else None
+        if v is None or v.WhichOneof("value") != "blobFileValue":
+            continue
+        shape = [d.constant.size for d in v.type.tensorType.dimensions]
+        sentinel, _, size, data = struct.unpack_from("<IIQQ", raw, v.blobFileValue.offset)
+        if sentinel == 0xDEADBEEF and len(shape) >= 2 and shape[0] >= 4 and size == 2 * int(np.prod(shape)):
+            consts.append((v, size, data, shape))
+    v, size, data, shape = consts[min(int(position * len(consts)), len(consts) - 1)]
+    w = np.frombuffer(bytes(raw[data:data + size]), np.float16).reshape(shape[0], -1).astype(np.float32)
+    meta = bytearray(raw[v.blobFileValue.offset:v.blobFileValue.offset + 64])  # the blob's 64-byte metadata
+    at = -(-len(raw) // 64) * 64  # blobs are 64-byte aligned
+    struct.pack_into("<Q", meta, 16, at + 64)  # its data follows it
+    raw += bytes(at - len(raw)) + meta + change_weight(w, plant).astype(np.float16).tobytes()
+    struct.pack_into("<I", raw, 0, struct.unpack_from("<I", raw, 0)[0] + 1)  # the storage header's blob count
+    path.write_bytes(bytes(raw))
+    v.blobFileValue.offset = at
+    spec_file.write_bytes(spec.SerializeToString())

@@ -63,12 +63,15 @@ def test_what_the_pipeline_does_not_run_yet_is_refused_in_one_place():
     assert ExportSettings(imgsz="64,96").square_sizes() == [64, 96]
     with pytest.raises(VitedgeError, match="non-square input sizes are not supported yet"):
         ExportSettings(imgsz="256x320").square_sizes()
-    with pytest.raises(VitedgeError, match="one size per export"):
+    with pytest.raises(VitedgeError, match="this command takes one size"):
         ExportSettings(imgsz="64,96").square_size()
+    several = ExportSettings(model="m", imgsz="64,96")
+    assert several.several_sizes() and not ExportSettings(imgsz=64).several_sizes()
+    assert [s.imgsz for s in several.per_size()] == [((64, 64),), ((96, 96),)]
+    assert all(s.model == "m" and s.square_size() in (64, 96) for s in several.per_size())
 
 
-@pytest.mark.parametrize("imgsz,words", [("256x320", ["256x320", "non-square", "--imgsz 320"]),
-                                         ("32,64", ["32,64", "one size per export"])])
+@pytest.mark.parametrize("imgsz,words", [("256x320", ["256x320", "non-square", "--imgsz 320"])])
 def test_the_cli_refuses_unsupported_sizes_with_exit_2_and_writes_nothing(tmp_path, capsys, imgsz, words):
     out = tmp_path / "out"
     assert cli.main(["export", *TINY, "--imgsz", imgsz, "--out", str(out), "-q"]) == 2

@@ -164,6 +164,10 @@ class Hop:
     # "deviation", "allowance", "ratio"}, "why"};
     # None where it does not apply.
     weights: dict | None = None
+    # A multi-size export (`--imgsz 224,256x320`): the size this hop judged, "HxW" (None in a single-size export),
+    # and, for a one-file artifact of every size, the CoreML function or ExecuTorch method it ran (None otherwise).
+    size: str | None = None
+    entry: str | None = None
 
     def mode_label(self) -> str:
         """The mode as displayed: "device (x86 host)" where the runner ran on this machine's CPU rather than on the
@@ -242,6 +246,11 @@ class Report:
     # What the checkpoint determined and where from (layout, model, num_classes, labels, preprocess): None
     # without a checkpoint (models/checkpoints/identify_model.py).
     from_checkpoint: dict | None = None
+    # A multi-size export: one entry per size, in the order asked, {"size" ("HxW"), "imgsz" ([H, W]), "entry" (the
+    # CoreML function / ExecuTorch method serving it), "files" ({artifact key: path} of its own files), "samples",
+    # "reparam" (that size's attention order and float64 gate), "reference"}; `imgsz`, `reparam`, `samples`,
+    # `reference` above are the first size's. None in a single-size export.
+    sizes: list | None = None
     exit_code: int = EXIT_OK
     status: str = "passed"                          # "passed" | "failed"
 

@@ -6,9 +6,10 @@ builds it with `ExportSettings.build`), or from a matrix cell (exporter/matrix/c
 `bench`, `package` and `vitedge reparam` read it instead of spelling the same settings out again. Commands that take a subset say
 which fields they read (`only`), so a setting they would silently ignore is an error instead.
 
-`imgsz` holds input sizes as (height, width) pairs, ready for several sizes per run; what the pipeline runs today
-(one square size, or several square sizes for bench) is checked here, in one place (`square_size`,
-`square_sizes`). Dense outputs (the backbone's feature maps) are the next field to join.
+`imgsz` holds input sizes as (height, width) pairs. Several sizes in one export run the single-size pipeline once
+per size (`per_size`: one settings object per size, exporter/flow/sizes.py); what that pipeline runs today is
+checked here, in one place (`square_size`, `square_sizes`). Dense outputs (the backbone's feature maps) are the
+next field to join.
 
 Torch-free: the command line builds it before any heavy import.
 """
@@ -72,6 +73,18 @@ def size_text(size: Size) -> str:
     """224 for a square size, 256x320 (height x width) otherwise: how a size is written on the command line."""
     h, w = size
     return str(h) if h == w else f"{h}x{w}"
+
+
+def size_label(size: Size) -> str:
+    """HxW, square sizes too (224x224): how a multi-size export names a size's files, functions and methods."""
+    h, w = size
+    return f"{h}x{w}"
+
+
+def size_entry(size: Size) -> str:
+    """The function (CoreML) or method (ExecuTorch) serving `size` in a one-file multi-size artifact: size_224x224
+    (an identifier: both name their entry points that way)."""
+    return f"size_{size_label(size)}"
 
 
 @dataclass(frozen=True)
@@ -175,13 +188,21 @@ class ExportSettings:
         return [h for h, _ in self.imgsz]
 
     def square_size(self) -> int | None:
-        """The one square size of this run (None: the model's default); several sizes in one export are not
-        supported yet."""
+        """The one square size of a single-size run (None: the model's default). Several sizes are for `export`
+        and `package` (`per_size`) and `bench`; the commands that read one size (parity, reparam) refuse them."""
         sides = self.square_sizes()
         if sides is not None and len(sides) > 1:
-            raise VitedgeError(f"--imgsz {','.join(map(str, sides))}: one size per export for now; run one export "
-                               "per size (`vitedge matrix` plans several; `vitedge bench` times several)")
+            raise VitedgeError(f"--imgsz {','.join(map(str, sides))}: this command takes one size; run it once per "
+                               "size (`vitedge export` and `vitedge package` take several)")
         return None if sides is None else sides[0]
+
+    def several_sizes(self) -> bool:
+        """More than one input size: one export (and one CoreML / ExecuTorch file) for all of them."""
+        return self.imgsz is not None and len(self.imgsz) > 1
+
+    def per_size(self) -> list["ExportSettings"]:
+        """One settings object per input size, each read by the single-size pipeline as it reads any run's."""
+        return [self.replace(imgsz=[size]) for size in self.imgsz or ()]
 
     def imgsz_or(self, default: int | None) -> int | None:
         """The run's square size, else `default` (e.g. the size an artifact records)."""

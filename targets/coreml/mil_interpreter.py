@@ -272,8 +272,9 @@ def package_paths(path: Path) -> tuple[Path, Path | None]:
     return spec_file, (Path(item.path()) if item is not None else None)
 
 
-def load_program(path: str | Path, function: str = "main") -> MILProgram:
-    """Read an .mlpackage's ML Program (ops, declared dtypes, const values from weight.bin)."""
+def load_program(path: str | Path, function: str | None = None) -> MILProgram:
+    """Read an .mlpackage's ML Program (ops, declared dtypes, const values from weight.bin): its `function`, by
+    default the package's default one ("main" but in a multifunction package)."""
     with quiet_coremltools():
         from coremltools.converters.mil.frontend.milproto.load import TranscriptionContext
         from coremltools.proto import Model_pb2
@@ -284,6 +285,7 @@ def load_program(path: str | Path, function: str = "main") -> MILProgram:
         raise MILProgramError(f"{path} holds a {spec.WhichOneof('Type')} model, not an ML Program; "
                               "convert with convert_to='mlprogram'")
     prog = spec.mlProgram
+    function = function or spec.description.defaultFunctionName or "main"
     if function not in prog.functions:
         raise MILProgramError(f"{path} has no function {function!r} (has {list(prog.functions)})")
     fn = prog.functions[function]

@@ -1,0 +1,147 @@
+"""Several input sizes in one export: every size through the ladder, an ONNX file per size, one CoreML
+multifunction package and one ExecuTorch program of every size, each function / method its own hop.
+
+One export (module-scoped) carries two planted errors, one per one-file target, each in one size only: a CoreML
+function's weight changed in the saved package's bytes (that function alone: targets/plants.py), and one method
+of the ExecuTorch program lowered from a deploy-form with a changed channel. Each planted size's hop must fail and
+the other size's hop of the same artifact must pass.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from vitedge import cli
+from vitedge.exporter.core.report import Report
+from vitedge.exporter.flow.pipeline import export
+
+pytest.importorskip("coremltools")
+pytest.importorskip("executorch")
+
+SWIFT = dict(layers=[1, 1, 1, 1], embed_dims=[8, 8, 16, 16], num_classes=10)
+TINY = ["--model", "swiftformer_xs", "--set", "layers=[1,1,1,1]", "--set", "embed_dims=[8,8,16,16]",
+        "--set", "num_classes=10"]
+PLANTED_COREML, PLANTED_PTE = "64x64", "32x32"  # the size whose function / method carries the planted error
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    from vitedge.targets import plants
+    from vitedge.targets.coreml import target as coreml_target
+    from vitedge.targets.executorch import target as et_target
+
+    real_merge, real_exported = coreml_target.merge_functions, et_target._exported
+
+    def merge_then_plant(parts, sizes, path):
+        done = real_merge(parts, sizes, path)
+        plants.plant_function_weights(path, f"size_{PLANTED_COREML}", "x10", 0.5)
+        return done
+
+    def exported_planted(model, spec, backend):
+        if et_target.hw(spec.imgsz) == tuple(map(int, PLANTED_PTE.split("x"))):
+            model = copy.deepcopy(model)
+            conv = [m for m in model.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
+            w = conv[len(conv) // 2].weight
+            with torch.no_grad():
+                w.copy_(torch.from_numpy(plants.change_weight(w.numpy(), "x10")))
+        return real_exported(model, spec, backend)
+
+    out = tmp_path_factory.mktemp("multisize") / "out"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(coreml_target, "merge_functions", merge_then_plant)
+        mp.setattr(et_target, "_exported", exported_planted)
+        report = export("swiftformer_xs", targets="onnx,coreml,executorch", imgsz="32,64", overrides=SWIFT,
+                        out=out, samples=8)
+    return report, out
+
+
+def _hops(report, name):
+    return {h.size: h for h in report.parity if h.hop == name}
+
+
+def test_every_size_runs_the_ladder_and_onnx_is_one_file_per_size(planted):
+    report, out = planted
+    assert [s["size"] for s in report.sizes] == ["32x32", "64x64"]
+    for hop in ("deploy-form", "onnx", "onnx-simplified"):
+        hops = _hops(report, hop)
+        assert set(hops) == {"32x32", "64x64"} and all(h.status == "passed" for h in hops.values()), hops
+    for s in report.sizes:  # each size's own float64 gate
+        assert s["reparam"]["equivalence"]["passed"] is True and s["entry"] == f"size_{s['size']}"
+        assert s["files"]["onnx"].endswith(f"swiftformer_xs_{s['size']}.onnx")
+    folder = out / report.quarantine  # (a planted hop failed: the artifacts are quarantined)
+    assert sorted(p.name for p in folder.glob("*.onnx")) == [
+        "swiftformer_xs_32x32.onnx", "swiftformer_xs_32x32.raw.onnx",  # (.raw: each size's graph before onnxsim)
+        "swiftformer_xs_64x64.onnx", "swiftformer_xs_64x64.raw.onnx"]
+    import onnx
+    dims = [[d.dim_value for d in onnx.load(str(folder / f"swiftformer_xs_{s}.onnx")).graph.input[0].type
+             .tensor_type.shape.dim] for s in ("32x32", "64x64")]
+    assert dims == [[1, 3, 32, 32], [1, 3, 64, 64]]
+
+
+def test_coreml_is_one_multifunction_package_with_shared_weights_and_a_hop_per_function(planted):
+    from vitedge.targets.coreml.mil_interpreter import load_program
+    from vitedge.targets.coreml.multifunction import function_names
+
+    report, out = planted
+    package = out / report.artifacts["coreml"].path
+    assert function_names(package) == ["size_32x32", "size_64x64"]
+    shapes = [load_program(package, f).inputs["image"][1] for f in ("size_32x32", "size_64x64")]
+    assert [tuple(s[-2:]) for s in shapes] == [(32, 32), (64, 64)]
+    info = report.artifacts["coreml"].info
+    assert info["functions"] == {"size_32x32": [32, 32], "size_64x64": [64, 64]}
+    assert info["ios"] == 18 and "iOS 18" in info["ios_raised"]
+    # weights stored once: the package is not two packages' worth (measured before the plant appended one weight)
+    assert info["weight_bytes"] < 0.6 * info["separate_weight_bytes"], info
+    hops = _hops(report, "coreml")
+    assert {s: h.entry for s, h in hops.items()} == {"32x32": "size_32x32", "64x64": "size_64x64"}
+    assert hops["32x32"].status == "passed" and hops["32x32"].mode == "emulated", hops["32x32"].reason
+    bad = hops[PLANTED_COREML]  # judged on its outputs (it loaded and ran), and its stored weights caught too
+    assert bad.status == "failed" and bad.metrics is not None and bad.weights["status"] == "failed", bad
+    assert hops["32x32"].runner["function"] == "size_32x32"
+
+
+def test_executorch_is_one_program_with_a_method_per_size_each_judged(planted):
+    from vitedge.targets.executorch.target import read_metadata
+
+    report, out = planted
+    pte = out / report.artifacts["executorch"].path
+    assert read_metadata(pte)["methods"] == {"size_32x32": [32, 32], "size_64x64": [64, 64]}
+    hops = _hops(report, "executorch")
+    assert hops["64x64"].status == "passed" and hops["64x64"].runner["method"] == "size_64x64", hops["64x64"]
+    bad = hops[PLANTED_PTE]
+    assert bad.status == "failed" and bad.metrics is not None and bad.entry == "size_32x32", bad
+    assert report.exit_code == 1
+
+
+def test_report_json_keeps_every_field_and_adds_the_sizes(planted):
+    report, out = planted
+    d = json.loads((out / "report.json").read_text())
+    assert d["imgsz"] == 32 and d["samples"] == report.sizes[0]["samples"]  # the single-size fields: the first size
+    assert {h["size"] for h in d["parity"]} == {"32x32", "64x64"}
+    assert Report.from_dict(d).sizes == d["sizes"]
+    assert set(d["artifacts"]) == {"onnx@32x32", "onnx@64x64", "coreml", "executorch"}
+
+
+def test_a_single_size_keeps_its_file_names(tmp_path):
+    out = tmp_path / "one"
+    assert cli.main(["export", *TINY, "--imgsz", "32", "--out", str(out), "--samples", "8", "-q"]) == 0
+    d = json.loads((out / "report.json").read_text())
+    assert (out / "swiftformer_xs.onnx").is_file() and d["sizes"] is None and d["artifacts"]["onnx"]
+    assert all(h["size"] is None and h["entry"] is None for h in d["parity"])
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--target", "coreml", "--ios", "17"], ["--ios 17", "iOS 18", "--ios 18"]),
+    (["--target", "coreml", "--precision", "w8"], ["--precision w8", "several --imgsz sizes"]),
+])
+def test_what_one_artifact_of_several_sizes_cannot_take_is_exit_2_before_any_work(tmp_path, capsys, args, words):
+    out = tmp_path / "out"
+    assert cli.main(["export", *TINY, "--imgsz", "32,64", *args, "--out", str(out), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and all(w in err for w in words), err
+    assert not out.exists()
