@@ -145,3 +145,38 @@ def test_what_one_artifact_of_several_sizes_cannot_take_is_exit_2_before_any_wor
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and all(w in err for w in words), err
     assert not out.exists()
+
+
+# ---- the matrix and bench read sizes as HxW --------------------------------------------------------------------
+
+def test_the_matrix_plans_sizes_as_hxw_and_square_cells_keep_their_folders_and_keys(tmp_path):
+    from tests._matrix import TINY as MTINY, plan_of
+    from vitedge.exporter.matrix.cache import Env, cell_key, hub_key
+    from vitedge.exporter.matrix.plan import Cell
+    from vitedge.exporter.matrix.resolve import resolve_plan
+
+    cells = resolve_plan(plan_of([{"name": "swiftformer_xs", "imgsz": [32, "64x64", "32x32"], "set": MTINY}]),
+                         tmp_path).cells
+    assert [c.imgsz for c in cells] == [(32, 32), (64, 64)]  # "32x32" is 32: one cell
+    assert [c.id for c in cells] == ["swiftformer_xs/32/onnx-fp32", "swiftformer_xs/64/onnx-fp32"]
+    # a square cell's cache keys hold the side length, as when Cell.imgsz was an int (the same digest as then)
+    env = Env()
+    assert cell_key(cells[0], env)[1]["imgsz"] == 32 and hub_key(cells[0], env)[1]["imgsz"] == 32
+    assert cells[0].to_dict()["imgsz"] == 32 and Cell.from_dict(cells[0].to_dict()).imgsz == (32, 32)
+    wide = Cell(**{**cells[0].to_dict(), "imgsz": "32x64"})
+    assert wide.id == "swiftformer_xs/32x64/onnx-fp32" and wide.to_dict()["imgsz"] == (32, 64)
+
+
+@pytest.mark.parametrize("imgsz", ["abc", "32x", [0]])
+def test_a_bad_matrix_size_names_its_key(tmp_path, imgsz):
+    from tests._matrix import TINY as MTINY, plan_of
+    from vitedge.exporter.matrix.plan import PlanError
+    from vitedge.exporter.matrix.resolve import resolve_plan
+
+    with pytest.raises(PlanError, match=r"models\[0\]\.imgsz"):
+        resolve_plan(plan_of([{"name": "swiftformer_xs", "imgsz": imgsz, "set": MTINY}]), tmp_path)
+
+
+def test_bench_takes_hxw_sizes():
+    args = cli.build_parser().parse_args(["bench", "--model", "swiftformer_xs", "--imgsz", "224,256x256"])
+    assert args.imgsz == ((224, 224), (256, 256))

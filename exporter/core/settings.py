@@ -75,6 +75,21 @@ def size_text(size: Size) -> str:
     return str(h) if h == w else f"{h}x{w}"
 
 
+def size_value(size: Size):
+    """S for a square size, (H, W) otherwise: what a record that held a side length holds (matrix cache keys and
+    results, a square size's bytes unchanged) and what a single-size function is given."""
+    h, w = size
+    return h if h == w else (h, w)
+
+
+def as_size(value) -> Size:
+    """(H, W) of a size given as S, "HxW", or an (H, W) pair / list (a record read back)."""
+    sizes = parse_sizes(tuple(value) if isinstance(value, list) else value)
+    if len(sizes) != 1:
+        raise VitedgeError(f"one input size expected; got {value!r}")
+    return sizes[0]
+
+
 def size_label(size: Size) -> str:
     """HxW, square sizes too (224x224): how a multi-size export names a size's files, functions and methods."""
     h, w = size

@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 
 from ...errors import VitedgeError
+from ..core.settings import ExportSettings, parse_sizes
 from ..onnx.onnx_choice import DEFAULT_EXPORTER, EXPORTERS, default_opset
 from .plan import Cell, PlanError, ResolvedPlan
 
@@ -317,13 +318,18 @@ class _Resolver:
         src = f"{where}.imgsz" if "imgsz" in m else "defaults.imgsz"
         if sizes is None:
             sizes = [spec.fixed_size(overrides) or spec.default_imgsz]
-        sizes = [sizes] if _is_int(sizes) else sizes
+        sizes = [sizes] if _is_int(sizes) or isinstance(sizes, str) else sizes
         if not isinstance(sizes, list) or not sizes:
-            raise PlanError(f"{src} must be a size or a list of sizes; got {sizes!r}")
+            raise PlanError(f"{src} must be a size (S or \"HxW\") or a list of sizes; got {sizes!r}")
         for z in sizes:
-            _positive(src, z)
-            self.wrap(src, spec.check_imgsz, z, overrides)
-        sizes = list(dict.fromkeys(sizes))
+            if not isinstance(z, str):
+                _positive(src, z)
+        sizes = self.wrap(src, parse_sizes, sizes, "imgsz")  # ((H, W), ...): S and "HxW" alike
+        for h, w in sizes:
+            if h == w:
+                self.wrap(src, spec.check_imgsz, h, overrides)
+            else:  # what the pipeline does not run yet is refused where the settings say so
+                self.wrap(src, ExportSettings(imgsz=[(h, w)]).square_sizes)
         rewrites = s.get("rewrites", True)
         self.wrap(f"{where}.rewrites", resolve_rewrites, model, rewrites)
         exporter = s.get("exporter", self.exporter)
