@@ -205,9 +205,10 @@ class Target(ABC):
 
         return onnx.load(str(path), load_external_data=weights)
 
-    def bundle_runner(self, path: str | Path) -> Runner:
-        """A runner of the artifact at `path` on the input an app feeds it (an image input's pixels 0-255, else the
-        normalized tensor), on every sample, here: `vitedge package` checks its bundle's golden vectors with it."""
+    def bundle_runner(self, path: str | Path, entry: str | None = None) -> Runner:
+        """A runner of the artifact at `path` (of its function / method `entry`, in a multi-size artifact) on the
+        input an app feeds it (an image input's pixels 0-255, else the normalized tensor), on every sample, here:
+        `vitedge package` checks its bundle's golden vectors with it."""
         raise UnavailableError(f"the {self.name} target makes no app bundle")
 
     @abstractmethod

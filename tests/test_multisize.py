@@ -180,3 +180,28 @@ def test_a_bad_matrix_size_names_its_key(tmp_path, imgsz):
 def test_bench_takes_hxw_sizes():
     args = cli.build_parser().parse_args(["bench", "--model", "swiftformer_xs", "--imgsz", "224,256x256"])
     assert args.imgsz == ((224, 224), (256, 256))
+
+
+# ---- bundles carry every size ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("target,entry_kind", [("executorch", "method"), ("coreml", "function")])
+def test_a_bundle_of_two_sizes_carries_each_with_its_golden_vectors(tmp_path, target, entry_kind):
+    import zipfile
+
+    from vitedge.exporter.packaging.package import package
+
+    out = tmp_path / "bundle.zip"
+    result = package("swiftformer_xs", out, target=target, imgsz="32,64", overrides=SWIFT, samples=8)
+    assert result.exit_code == 0, result.reason
+    m = result.manifest
+    assert [(e["size"], e[entry_kind]) for e in m["sizes"]] == [("32x32", "size_32x32"), ("64x64", "size_64x64")]
+    assert all(e["golden"]["verified"]["passed"] for e in m["sizes"])
+    with zipfile.ZipFile(out) as z:
+        names = set(z.namelist())
+        readme = z.read("swiftformer_xs/README.md").decode()
+    for size in ("32x32", "64x64"):
+        assert {f"swiftformer_xs/golden/{size}/{f}" for f in ("inputs.npy", "outputs.npy", "golden.json")} <= names
+        assert f"`size_{size}`" in readme
+    shapes = [json.loads(zipfile.ZipFile(out).read(f"swiftformer_xs/golden/{s}/golden.json"))["inputs"]["shape"]
+              for s in ("32x32", "64x64")]
+    assert [sh[1:3] for sh in shapes] == [[32, 32], [64, 64]]

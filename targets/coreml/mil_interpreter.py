@@ -147,6 +147,12 @@ class MILProgram:
     consts: dict            # var name -> value
     const_dtypes: dict      # var name -> dtype
     spec: object = field(repr=False, default=None)  # the Model protobuf (description, metadata)
+    function: str = "main"  # which function of the package this is
+
+    @property
+    def description(self):
+        """This function's description (inputs, outputs): a multifunction package's own, else the model's."""
+        return next((f for f in self.spec.description.functions if f.name == self.function), self.spec.description)
 
     # -------------------------------------------------------------------------------------- introspection
     def op_counts(self) -> Counter:
@@ -166,8 +172,8 @@ class MILProgram:
     @property
     def input_kind(self) -> str:
         """'image' or 'tensor' (the model description's first input)."""
-        if self.spec is not None and self.spec.description.input:
-            return "image" if self.spec.description.input[0].type.WhichOneof("Type") == "imageType" else "tensor"
+        if self.spec is not None and self.description.input:
+            return "image" if self.description.input[0].type.WhichOneof("Type") == "imageType" else "tensor"
         return "tensor"
 
     # -------------------------------------------------------------------------------------- execution
@@ -318,4 +324,4 @@ def load_program(path: str | Path, function: str | None = None) -> MILProgram:
                               "the package may be corrupt, re-export it") from None
     finally:
         ctx.blob_reader_from_filename.clear()  # release weight.bin
-    return MILProgram(Path(path), fn.opset, inputs, list(block.outputs), ops, consts, const_dtypes, spec)
+    return MILProgram(Path(path), fn.opset, inputs, list(block.outputs), ops, consts, const_dtypes, spec, function)

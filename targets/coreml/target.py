@@ -68,8 +68,8 @@ class CoreMLTarget(Target):
     def read_weights(self, path, entry: str | None = None) -> StoredWeights:
         return read_package(path, entry)
 
-    def bundle_runner(self, path) -> Runner:
-        return PackageRunner(Path(path), max_samples=None)
+    def bundle_runner(self, path, entry: str | None = None) -> Runner:
+        return PackageRunner(Path(path), max_samples=None, function=entry)
 
     def validate_options(self, options: dict) -> None:
         """Check --ios/--input/--labels before any work (the label count is checked against the model later)."""

@@ -267,8 +267,8 @@ class ExecuTorchTarget(Target):
         path.write_bytes(buffer)
         return Artifact(self.name, path, spec.precision, info=info)
 
-    def bundle_runner(self, path) -> Runner:
-        return ExecuTorchRunner(Path(path))
+    def bundle_runner(self, path, entry: str | None = None) -> Runner:
+        return ExecuTorchRunner(Path(path), method=entry)
 
     def read_weights(self, path, entry: str | None = None) -> StoredWeights:
         """A .pte's XNNPACK filters through their per-channel scales (weights.py): unnamed, matched by values (every
