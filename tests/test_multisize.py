@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -177,9 +177,15 @@ def test_a_bad_matrix_size_names_its_key(tmp_path, imgsz):
         resolve_plan(plan_of([{"name": "swiftformer_xs", "imgsz": imgsz, "set": MTINY}]), tmp_path)
 
 
-def test_bench_takes_hxw_sizes():
+def test_bench_takes_hxw_sizes_and_writes_them_as_given():
+    from vitedge.exporter.timing.bench_report import BackendResult, BenchReport, format_table
+
     args = cli.build_parser().parse_args(["bench", "--model", "swiftformer_xs", "--imgsz", "224,256x256"])
     assert args.imgsz == ((224, 224), (256, 256))
+    rows = [BackendResult("onnxruntime", size, "unavailable", reason="-") for size in (224, (256, 320), [256, 320])]
+    assert [r.key for r in rows] == ["onnxruntime@224", "onnxruntime@256x320", "onnxruntime@256x320"]  # (a baseline)
+    table = format_table(BenchReport("m", "untrained", 1, 1, [224, (256, 320)], results=rows[:2]))
+    assert "256x320" in table and "(256, 320)" not in table
 
 
 # ---- bundles carry every size ------------------------------------------------------------------------------
@@ -205,3 +211,27 @@ def test_a_bundle_of_two_sizes_carries_each_with_its_golden_vectors(tmp_path, ta
     shapes = [json.loads(zipfile.ZipFile(out).read(f"swiftformer_xs/golden/{s}/golden.json"))["inputs"]["shape"]
               for s in ("32x32", "64x64")]
     assert [sh[1:3] for sh in shapes] == [[32, 32], [64, 64]]
+
+
+def test_sizes_are_written_and_placed_on_a_size_axis_whatever_their_shape():
+    from vitedge.exporter.core.settings import size_side, written
+
+    assert [written(v) for v in (224, (224, 224), [256, 320], (320, 256), None)] == ["224", "224", "256x320",
+                                                                                      "320x256", "-"]
+    assert size_side(224) == 224 and 256 < size_side([256, 320]) < 320 and size_side((320, 256)) == size_side("256x320")
+
+
+def test_the_resolution_scaling_plot_and_table_take_non_square_sizes(tmp_path, monkeypatch):
+    import sys
+
+    pytest.importorskip("matplotlib")
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    rs = __import__("resolution_scaling")
+    lat = {"p50_ms": 1.0, "p50_ci_ms": [0.9, 1.1]}
+    model = {"best": "-", "rule": "-", "latency": {"-": lat}, "labels": ["-"]}
+    sizes = [{"imgsz": imgsz, "models": {"swiftformer_xs": model}} for imgsz in (224, [256, 320], 320)]
+    table = rs.markdown_table(sizes)
+    assert [line.split(" | ")[0] for line in table.splitlines()[2:]] == ["| 224", "| 256x320", "| 320"]
+    png = rs.plot(sizes, tmp_path / "plot.png")
+    assert png.stat().st_size > 0
+    sys.modules.pop("resolution_scaling", None)

@@ -90,6 +90,18 @@ def as_size(value) -> Size:
     return sizes[0]
 
 
+def written(value) -> str:
+    """A recorded size (S, an (H, W) pair or a JSON [H, W]) as the command line writes it: 224, 256x320 (None: -)."""
+    return "-" if value is None else size_text(as_size(value))
+
+
+def size_side(value) -> float:
+    """Where a recorded size sits on a latency-vs-size axis: the side of the square of as many pixels, sqrt(H W)
+    (a square size's own side), so 256x320 plots between 256 and 320."""
+    h, w = as_size(value)
+    return float(h) if h == w else (h * w) ** 0.5
+
+
 def size_label(size: Size) -> str:
     """HxW, square sizes too (224x224): how a multi-size export names a size's files, functions and methods."""
     h, w = size

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..core.report import EXIT_FAILED, EXIT_OK, finite
-from ..core.settings import as_size, size_text
+from ..core.settings import written
 
 
 @dataclass
@@ -125,7 +125,7 @@ def markdown(r: MatrixResult) -> str:
                 p50 = (c.latency or {}).get("p50_ms")
                 bits.append("-" if p50 is None else f"{p50:.2f} ms")
             cells.append("<br>".join(bits))
-        lines.append(f"| {label} | {size_text(as_size(imgsz))} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label} | {written(imgsz)} | " + " | ".join(cells) + " |")
     notes = [c for c in r.cells if c.status != "passed"]
     if notes:
         lines += ["", "## Not passed", ""] + [f"- `{c.id}` **{c.status}**: {c.reason or '-'}" for c in notes]

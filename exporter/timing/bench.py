@@ -30,7 +30,7 @@ from ...targets.base import Runner, UnavailableError
 from ...targets.graph.runtime import OnnxRuntimeRunner
 from ...targets.pytorch import TorchRunner
 from . import latency
-from ..core.settings import ExportSettings
+from ..core.settings import ExportSettings, size_value
 from ..reparam.forms import build_deploy_form, build_train_form
 from .bench_report import BackendResult, BenchReport
 from ..verdict.criteria import GroundTruth, reference_block
@@ -275,7 +275,9 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
     backends' graphs (each result's `export` says which one wrote it)."""
     backends_l = parse_backends(backends)
     check_exporter(exporter)
-    sizes = ExportSettings(imgsz=imgsz).square_sizes()  # (the one place sizes are read and checked)
+    asked = ExportSettings(imgsz=imgsz)
+    asked.square_sizes()  # what the pipeline does not run yet is refused in the one place sizes are checked
+    sizes = [size_value(z) for z in asked.imgsz] if asked.imgsz else None  # S, or (H, W): as the pipeline takes it
     base_p50 = check_settings(batch, threads, warmup_s, min_iters, max_s, baseline, max_regression)
     if order not in ("auto", "measured"):
         raise VitedgeError(f"--order must be auto or measured; got {order!r}")
