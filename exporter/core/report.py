@@ -164,9 +164,9 @@ class Hop:
     # "deviation", "allowance", "ratio"}, "why"};
     # None where it does not apply.
     weights: dict | None = None
-    # A multi-size export (`--imgsz 224,256x320`): the size this hop judged, "HxW" (None in a single-size export),
-    # and, for a one-file artifact of every size, the CoreML function or ExecuTorch method it ran (None otherwise).
+    # A multi-size export (`--imgsz 224,256x320`): the size this hop judged, "HxW"; None in a single-size export.
     size: str | None = None
+    # A multi-size export's one artifact of every size: the CoreML function or ExecuTorch method the hop ran.
     entry: str | None = None
 
     def mode_label(self) -> str:
