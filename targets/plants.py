@@ -112,8 +112,9 @@ def change_weight(w: np.ndarray, plant: str) -> np.ndarray:
     return w
 
 
-def package_weight_blobs(package) -> list[tuple[int, int, list[int]]]:
-    """(offset, bytes, shape) of the float16 weights of rank >= 2 in the package's weight.bin, in program order."""
+def _fp16_weights(package, function: str = "main") -> tuple:
+    """(the package's Model protobuf, its spec file, its weight.bin, [(const value, bytes, data offset, shape)] of
+    `function`'s float16 weights of rank >= 2 in weight.bin, in program order)."""
     from .coreml.mil_interpreter import package_paths, quiet_coremltools
 
     with quiet_coremltools():
@@ -121,19 +122,23 @@ def package_weight_blobs(package) -> list[tuple[int, int, list[int]]]:
     spec_file, weights = package_paths(package)
     spec = Model_pb2.Model()
     spec.ParseFromString(spec_file.read_bytes())
-    fn = spec.mlProgram.functions["main"]
+    fn = spec.mlProgram.functions[function]
+    raw = (weights / "weight.bin").read_bytes()
     found = []
     for op in fn.block_specializations[fn.opset].operations:
         v = op.attributes["val"] if op.type == "const" else None
         if v is None or v.WhichOneof("value") != "blobFileValue":
             continue
         shape = [d.constant.size for d in v.type.tensorType.dimensions]
-        with open(weights / "weight.bin", "rb") as f:
-            f.seek(v.blobFileValue.offset)
-            sentinel, _, size, data = struct.unpack("<IIQQ", f.read(24))
+        sentinel, _, size, data = struct.unpack_from("<IIQQ", raw, v.blobFileValue.offset)
         if sentinel == 0xDEADBEEF and len(shape) >= 2 and shape[0] >= 4 and size == 2 * int(np.prod(shape)):
-            found.append((data, size, shape))
-    return found
+            found.append((v, size, data, shape))
+    return spec, spec_file, weights / "weight.bin", found
+
+
+def package_weight_blobs(package) -> list[tuple[int, int, list[int]]]:
+    """(offset, bytes, shape) of the float16 weights of rank >= 2 in the package's weight.bin, in program order."""
+    return [(data, size, shape) for _, size, data, shape in _fp16_weights(package)[3]]
 
 
 def plant_package_weights(src, dst, plant: str, position: float) -> None:
@@ -380,25 +385,8 @@ def plant_function_weights(package, function: str, plant: str, position: float) 
     multifunction package, for that function alone: where functions share the weight's bytes (coremltools stores a
     weight every function holds once), a changed copy is appended to weight.bin and only `function`'s const points
     to it."""
-    from .coreml.mil_interpreter import package_paths, quiet_coremltools
-
-    with quiet_coremltools():
-        from coremltools.proto import Model_pb2
-    spec_file, weights = package_paths(package)
-    spec = Model_pb2.Model()
-    spec.ParseFromString(spec_file.read_bytes())
-    fn = spec.mlProgram.functions[function]
-    path = weights / "weight.bin"
+    spec, spec_file, path, consts = _fp16_weights(package, function)
     raw = bytearray(path.read_bytes())
-    consts = []
-    for op in fn.block_specializations[fn.opset].operations:
-        v = op.attributes["val"] if op.type == "const" else None
-        if v is None or v.WhichOneof("value") != "blobFileValue":
-            continue
-        shape = [d.constant.size for d in v.type.tensorType.dimensions]
-        sentinel, _, size, data = struct.unpack_from("<IIQQ", raw, v.blobFileValue.offset)
-        if sentinel == 0xDEADBEEF and len(shape) >= 2 and shape[0] >= 4 and size == 2 * int(np.prod(shape)):
-            consts.append((v, size, data, shape))
     v, size, data, shape = consts[min(int(position * len(consts)), len(consts) - 1)]
     w = np.frombuffer(bytes(raw[data:data + size]), np.float16).reshape(shape[0], -1).astype(np.float32)
     meta = bytearray(raw[v.blobFileValue.offset:v.blobFileValue.offset + 64])  # the blob's 64-byte metadata

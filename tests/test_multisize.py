@@ -12,7 +12,6 @@ import copy
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 

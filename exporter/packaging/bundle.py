@@ -233,6 +233,28 @@ def size_entries(sizes: list[BundleSize], checks: list[dict], entry_kind: str) -
              "golden": {"file": f"{z.golden}/golden.json", "verified": c}} for z, c in zip(sizes, checks)]
 
 
+def size_golden(model, z: BundleSize, natural: bool, recipe, what: str, check) -> tuple:
+    """(pixels, logits, check) of a size's golden vectors, checked by `check(pixels, logits)` on the packaged
+    `what` (model / program); GoldenMismatch where it fails them."""
+    pixels, logits = golden_vectors(model, z.imgsz, recipe.mean, recipe.std, natural=natural, recipe=recipe)
+    verdict = check(pixels, logits)
+    if not verdict["passed"]:
+        raise GoldenMismatch(f"the packaged {what} fails its own golden vectors{f' at {z.label}' if z.label else ''}"
+                             f": {'; '.join(verdict['problems'])}")
+    return pixels, logits, verdict
+
+
+def add_golden(files: dict, root: str, z: BundleSize, pixels: np.ndarray, logits: np.ndarray, golden: dict,
+               entry_kind: str) -> None:
+    """A size's golden vectors and golden.json (naming its function / method, `entry_kind`, in a multi-size
+    bundle) into the bundle's `files`, under ROOT/golden[/HxW]/."""
+    if z.entry:
+        golden[entry_kind] = z.entry
+    files[f"{root}/{z.golden}/inputs.npy"] = _npy_bytes(pixels)
+    files[f"{root}/{z.golden}/outputs.npy"] = _npy_bytes(logits)
+    files[f"{root}/{z.golden}/golden.json"] = _json_bytes(golden)
+
+
 def sizes_readme(sizes: list[BundleSize], entry_kind: str, how: str) -> str:
     """The README section of a multi-size bundle: the table of sizes and the function / method serving each, and
     `how` an app picks one; "" for a single-size bundle."""

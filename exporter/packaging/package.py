@@ -31,13 +31,13 @@ import numpy as np
 from ...errors import VitedgeError
 from ...precisions import TABLE
 from ...models.preprocess import Recipe
-from ...models.registry import input_stats, recipe_of
+from ...models.registry import recipe_of
 from ...targets import get_target, rows
 from . import bundles
 from ...targets.labels import read_labels
 from ...targets.rows import COREML_ROW
 from .bundle import (GOLDEN_SAMPLES, GOLDEN_SEED, METRIC_DIGITS, ZIP_DATE, GoldenMismatch, PackageResult,  # noqa: F401
-                     _json_bytes, _npy_bytes, _tree_files, build_bundle, bundle_sizes, check_bundle_out,
+                     _json_bytes, _npy_bytes, _tree_files, add_golden, build_bundle, bundle_sizes, check_bundle_out, size_golden,
                      finish_bundle, golden_vectors, golden_verdict, size_entries, sizes_readme,
                      write_deterministic_zip)
 from ..reparam.forms import build_train_form
@@ -236,12 +236,9 @@ def _assemble(report, export_dir: Path, out: Path, s: ExportSettings, tol) -> Pa
     tol_d = {k: v for k, v in vars(tol).items() if v is not None}
     sizes, checks, goldens = bundle_sizes(report), [], []
     for z in sizes:  # golden vectors per size, each checked on its own function
-        pixels, logits = golden_vectors(loaded.model, z.imgsz, *input_stats(loaded.model), natural=compressed,
-                                        recipe=recipe_of(loaded.model))  # the export's own recipe (report.preprocess)
-        golden_check = check_golden(mlpackage, pixels, logits, tol, z.entry)
-        if not golden_check["passed"]:
-            raise GoldenMismatch(f"the packaged model fails its own golden vectors{f' at {z.label}' if z.label else ''}"
-                                 f": {'; '.join(golden_check['problems'])}")
+        pixels, logits, golden_check = size_golden(  # the export's own recipe (report.preprocess)
+            loaded.model, z, compressed, recipe_of(loaded.model), "model",
+            lambda px, expected: check_golden(mlpackage, px, expected, tol, z.entry))
         golden = {
             "inputs": {"file": f"{z.golden}/inputs.npy", "dtype": "uint8", "shape": list(pixels.shape),
                        "layout": "NHWC", "color": "RGB", "range": [0, 255],
@@ -259,11 +256,7 @@ def _assemble(report, export_dir: Path, out: Path, s: ExportSettings, tol) -> Pa
                      "lowest cosine, PSNR = 20*log10(max|expected|/RMSE) and top-1 agreement must meet `tolerance`",
             "verified": golden_check,
         }
-        if z.entry:
-            golden["function"] = z.entry
-        files[f"{root}/{z.golden}/inputs.npy"] = _npy_bytes(pixels)
-        files[f"{root}/{z.golden}/outputs.npy"] = _npy_bytes(logits)
-        files[f"{root}/{z.golden}/golden.json"] = _json_bytes(golden)
+        add_golden(files, root, z, pixels, logits, golden, "function")
         checks.append(golden_check)
         goldens.append(golden)
     readme = _readme(name, report.imgsz, label_list is not None, report.weights, ios, precision, goldens[0])

@@ -25,15 +25,14 @@ import numpy as np
 
 from ...errors import VitedgeError
 from ...models.preprocess import Recipe
-from ...models.registry import input_stats, recipe_of
+from ...models.registry import recipe_of
 from ...targets import get_target
 from ...targets.rows import EXECUTORCH_ROW
 from ...targets.labels import read_labels
 from ..reparam.forms import build_train_form
 from ..core.settings import ExportSettings
-from .bundle import (GOLDEN_SEED, GoldenMismatch, PackageResult, _json_bytes, _npy_bytes, build_bundle, bundle_sizes,
-                     check_bundle_out, finish_bundle, golden_vectors, golden_verdict, normalize_pixels, size_entries,
-                     sizes_readme)
+from .bundle import (GOLDEN_SEED, PackageResult, add_golden, build_bundle, bundle_sizes, check_bundle_out,
+                     finish_bundle, golden_verdict, normalize_pixels, size_entries, size_golden, sizes_readme)
 from ..verdict.parity import DEFAULT_TOLERANCES, profile_for
 from ..flow.pipeline import export
 
@@ -173,12 +172,9 @@ def _assemble(report, export_dir: Path, out: Path, hop_name: str, s: ExportSetti
     tol_d = {k: v for k, v in vars(tol).items() if v is not None}
     sizes, checks, goldens = bundle_sizes(report), [], []
     for z in sizes:  # golden vectors per size, each checked on its own method
-        pixels, logits = golden_vectors(loaded.model, z.imgsz, *input_stats(loaded.model), natural=compressed,
-                                        recipe=recipe)
-        golden_check = check_golden(pte, pixels, logits, recipe, tol, z.entry)
-        if not golden_check["passed"]:
-            raise GoldenMismatch(f"the packaged program fails its own golden vectors{f' at {z.label}' if z.label else ''}"
-                                 f": {'; '.join(golden_check['problems'])}")
+        pixels, logits, golden_check = size_golden(
+            loaded.model, z, compressed, recipe, "program",
+            lambda px, expected: check_golden(pte, px, expected, recipe, tol, z.entry))
         golden = {
             "inputs": {"file": f"{z.golden}/inputs.npy", "dtype": "uint8", "shape": list(pixels.shape),
                        "layout": "NHWC", "color": "RGB", "range": [0, 255],
@@ -196,11 +192,7 @@ def _assemble(report, export_dir: Path, out: Path, hop_name: str, s: ExportSetti
                      "`tolerance`",
             "verified": golden_check,
         }
-        if z.entry:
-            golden["method"] = z.entry
-        files[f"{root}/{z.golden}/inputs.npy"] = _npy_bytes(pixels)
-        files[f"{root}/{z.golden}/outputs.npy"] = _npy_bytes(logits)
-        files[f"{root}/{z.golden}/golden.json"] = _json_bytes(golden)
+        add_golden(files, root, z, pixels, logits, golden, "method")
         checks.append(golden_check)
         goldens.append(golden)
     golden = goldens[0]
