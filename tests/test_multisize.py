@@ -126,6 +126,14 @@ def test_report_json_keeps_every_field_and_adds_the_sizes(planted):
     assert set(d["artifacts"]) == {"onnx@32x32", "onnx@64x64", "coreml", "executorch"}
 
 
+def test_the_summary_names_each_hop_with_its_size(planted):
+    from vitedge.exporter.command_line.summary import format_summary
+
+    report, _ = planted
+    failed_line = next(line for line in format_summary(report).splitlines() if line.startswith("FAILED"))
+    assert f"coreml @{PLANTED_COREML}" in failed_line and f"executorch @{PLANTED_PTE}" in failed_line
+
+
 def test_a_single_size_keeps_its_file_names(tmp_path):
     out = tmp_path / "one"
     assert cli.main(["export", *TINY, "--imgsz", "32", "--out", str(out), "--samples", "8", "-q"]) == 0
@@ -189,27 +197,49 @@ def test_bench_takes_hxw_sizes_and_writes_them_as_given():
 
 # ---- bundles carry every size ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("target,entry_kind", [("executorch", "method"), ("coreml", "function")])
-def test_a_bundle_of_two_sizes_carries_each_with_its_golden_vectors(tmp_path, target, entry_kind):
+def test_a_coreml_bundle_of_two_sizes_carries_each_with_its_golden_vectors(tmp_path):
     import zipfile
 
     from vitedge.exporter.packaging.package import package
 
     out = tmp_path / "bundle.zip"
-    result = package("swiftformer_xs", out, target=target, imgsz="32,64", overrides=SWIFT, samples=8)
+    result = package("swiftformer_xs", out, target="coreml", imgsz="32,64", overrides=SWIFT, samples=8)
     assert result.exit_code == 0, result.reason
     m = result.manifest
-    assert [(e["size"], e[entry_kind]) for e in m["sizes"]] == [("32x32", "size_32x32"), ("64x64", "size_64x64")]
-    assert all(e["golden"]["verified"]["passed"] for e in m["sizes"])
+    assert [(e["size"], e["function"]) for e in m["sizes"]] == [("32x32", "size_32x32"), ("64x64", "size_64x64")]
+    assert all(e["golden"]["verified"]["passed"] for e in m["sizes"]) and m["ios"] == 18
     with zipfile.ZipFile(out) as z:
         names = set(z.namelist())
         readme = z.read("swiftformer_xs/README.md").decode()
+        shapes = [json.loads(z.read(f"swiftformer_xs/golden/{s}/golden.json"))["inputs"]["shape"]
+                  for s in ("32x32", "64x64")]
     for size in ("32x32", "64x64"):
         assert {f"swiftformer_xs/golden/{size}/{f}" for f in ("inputs.npy", "outputs.npy", "golden.json")} <= names
         assert f"`size_{size}`" in readme
-    shapes = [json.loads(zipfile.ZipFile(out).read(f"swiftformer_xs/golden/{s}/golden.json"))["inputs"]["shape"]
-              for s in ("32x32", "64x64")]
     assert [sh[1:3] for sh in shapes] == [[32, 32], [64, 64]]
+
+
+def test_the_android_bundle_checks_each_method_on_its_own_golden_vectors(planted, tmp_path):
+    """From the planted export's program: its clean method makes a bundle that lists it; with every size, the
+    planted method fails its own golden vectors, named by its size."""
+    import dataclasses
+    import zipfile
+
+    from vitedge.exporter.core.settings import ExportSettings
+    from vitedge.exporter.packaging.bundle import GoldenMismatch
+    from vitedge.exporter.packaging.package_android import _assemble
+
+    report, out = planted
+    s = ExportSettings(model="swiftformer_xs", targets="executorch", overrides=SWIFT, precision="fp32")
+    clean = dataclasses.replace(report, sizes=[e for e in report.sizes if e["size"] != PLANTED_PTE])
+    done = _assemble(clean, out, tmp_path / "android.zip", "executorch", s)
+    assert [(e["size"], e["method"], e["golden"]["verified"]["passed"]) for e in done.manifest["sizes"]] == [
+        ("64x64", "size_64x64", True)]
+    with zipfile.ZipFile(done.path) as z:
+        assert "swiftformer_xs/golden/64x64/outputs.npy" in z.namelist()
+        assert "`size_64x64`" in z.read("swiftformer_xs/README.md").decode()
+    with pytest.raises(GoldenMismatch, match=f"at {PLANTED_PTE}"):
+        _assemble(report, out, tmp_path / "all.zip", "executorch", s)
 
 
 def test_sizes_are_written_and_placed_on_a_size_axis_whatever_their_shape():

@@ -169,6 +169,10 @@ class Hop:
     # A multi-size export's one artifact of every size: the CoreML function or ExecuTorch method the hop ran.
     entry: str | None = None
 
+    def label(self) -> str:
+        """The hop as the summary names it: "coreml @256x320" in a multi-size export, else its name."""
+        return f"{self.hop} @{self.size}" if self.size else self.hop
+
     def mode_label(self) -> str:
         """The mode as displayed: "device (x86 host)" where the runner ran on this machine's CPU rather than on the
         device the artifact is for (ExecuTorch's runtime here: `runner.host`); `mode` itself stays "device"."""
