@@ -32,6 +32,7 @@ import _script
 import _stats
 from _tables import load
 import _timing
+from vitedge.exporter.core.settings import as_size, parse_sizes, size_side, size_value, written
 from vitedge.exporter.reparam import reparameterize
 from vitedge.models import create_model, get_spec, list_models, make_trained_like
 from vitedge.models.flops import model_macs
@@ -84,9 +85,11 @@ def candidates(name: str, choice: bool, size: int, quick: bool) -> tuple[dict, d
     return out, facts
 
 
-def measure_size(size: int, quick: bool, timing: dict) -> dict:
-    print(f"\n{size} px", flush=True)
-    x = np.random.default_rng(size).standard_normal((1, 3, size, size)).astype(np.float32)
+def measure_size(size, quick: bool, timing: dict) -> dict:
+    """One size cell: `size` is S, or (H, W) for a non-square size (as the model functions take it)."""
+    print(f"\n{written(size)} px", flush=True)
+    h, w = as_size(size)
+    x = np.random.default_rng(size).standard_normal((1, 3, h, w)).astype(np.float32)
     sessions, per_model = {}, {}
     for name, choice in MODELS:
         if name not in list_models():
@@ -96,7 +99,7 @@ def measure_size(size: int, quick: bool, timing: dict) -> dict:
             mods, facts = candidates(name, choice, size, quick)
         except Exception as e:  # a size the model cannot take: say so, measure the others
             per_model[name] = {"missing": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
-            print(f"  {name}: not at {size} px: {per_model[name]['missing']}", flush=True)
+            print(f"  {name}: not at {written(size)} px: {per_model[name]['missing']}", flush=True)
             continue
         ref = _graphs.ground_truth_on(facts.pop("train"), x)  # float64, judged by the pipeline's noise rule
         parity = {}
@@ -194,7 +197,7 @@ def plot(sizes: list[dict], path: Path) -> Path:
     for i, name in enumerate(names):
         color = f"C{i}"
         for label in ("-", "auto", "kv_first", "qk_first"):
-            pts = [(s["imgsz"], s["models"][name]["latency"][label]["p50_ms"],
+            pts = [(size_side(s["imgsz"]), s["models"][name]["latency"][label]["p50_ms"],
                     s["models"][name]["rule"] in ("-", label)) for s in sizes
                    if label in s["models"].get(name, {}).get("latency", {})]
             if not pts:
@@ -204,7 +207,7 @@ def plot(sizes: list[dict], path: Path) -> Path:
                      color=color, alpha=0.6)
             ax1.plot([p[0] for p in pts], [p[1] if p[2] else np.nan for p in pts], "-", marker="o", ms=3, color=color,
                      label=name if label == "-" else f"{name} {label}")
-        pts = [(s["imgsz"], s["models"][name]["qk_over_kv"]) for s in sizes
+        pts = [(size_side(s["imgsz"]), s["models"][name]["qk_over_kv"]) for s in sizes
                if s["models"].get(name, {}).get("qk_over_kv")]
         if pts:
             xs = [p[0] for p in pts]
@@ -220,8 +223,8 @@ def plot(sizes: list[dict], path: Path) -> Path:
             title="attention order, measured (95% CI)")
     for ax in (ax1, ax2):
         ax.set_xscale("log")
-        ax.set_xlabel("image size (px)")
-        ax.set_xticks([s["imgsz"] for s in sizes], [str(s["imgsz"]) for s in sizes])
+        ax.set_xlabel("image size (px; H x W at sqrt(H W))")
+        ax.set_xticks([size_side(s["imgsz"]) for s in sizes], [written(s["imgsz"]) for s in sizes])
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.yaxis.set_major_formatter(ScalarFormatter())
         ax.legend(fontsize=7)
@@ -250,17 +253,18 @@ def markdown_table(sizes: list[dict]) -> str:
                 notes.append(f"{n}: rule {m['rule']} {r['ratio']:.3f}× [{r['ci'][0]:.3f}–{r['ci'][1]:.3f}] slower")
             elif m.get("skipped"):
                 notes.append(f"{n}: qk_first not timed (> {QK_SKIP_RATIO:g}× the MACs)")
-        lines.append(f"| {s['imgsz']} | " + " | ".join(cells) + f" | {'; '.join(notes) or 'rule = measured best'} |")
+        lines.append(f"| {written(s['imgsz'])} | " + " | ".join(cells) + f" | {'; '.join(notes) or 'rule = measured best'} |")
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     ap = _script.parser("resolution_scaling", __doc__)
-    ap.add_argument("--sizes", default=None, help=f"comma list (default {','.join(map(str, SIZES))})")
+    ap.add_argument("--sizes", default=None, help=f"comma list of S or HxW (default {','.join(map(str, SIZES))})")
     ap.add_argument("--max-s-per-size", type=float, default=60.0, help="time budget per size cell (default 60)")
     args = ap.parse_args(argv)
     started, info = _script.begin("resolution_scaling", args.quick)
-    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else list(QUICK_SIZES if args.quick else SIZES)
+    sizes = ([size_value(z) for z in parse_sizes(args.sizes, "--sizes")] if args.sizes
+             else list(QUICK_SIZES if args.quick else SIZES))  # S, or (H, W): a non-square size
     timing = ({"min_rounds": 3, "min_s": 0.0, "max_s": 0.05, "ci_width": CI_WIDTH} if args.quick else
               {"min_rounds": 5, "min_s": 3.0, "max_s": args.max_s_per_size, "ci_width": CI_WIDTH})
     results = [measure_size(s, args.quick, timing) for s in sizes]
@@ -280,17 +284,17 @@ def main(argv=None) -> int:
     for s in results:
         for name, m in s["models"].items():
             if m.get("qk_over_kv"):
-                print(f"  {s['imgsz']:>5} px {name:<17} qk_first/kv_first: {_stats.fmt_ratio(m['qk_over_kv'])}")
+                print(f"  {written(s['imgsz']):>7} px {name:<17} qk_first/kv_first: {_stats.fmt_ratio(m['qk_over_kv'])}")
             if m.get("rule_over_best") and not m.get("rule_is_best"):
-                print(f"  {s['imgsz']:>5} px {name:<17} rule {m['rule']}/best {m['best']}: "
+                print(f"  {written(s['imgsz']):>7} px {name:<17} rule {m['rule']}/best {m['best']}: "
                       f"{_stats.fmt_ratio(m['rule_over_best'])}")
             if m.get("over_" + BASE_MODEL):
-                print(f"  {s['imgsz']:>5} px {name:<17} latency over {BASE_MODEL}'s (> 1: slower): "
+                print(f"  {written(s['imgsz']):>7} px {name:<17} latency over {BASE_MODEL}'s (> 1: slower): "
                       f"{_stats.fmt_ratio(m['over_' + BASE_MODEL])}")
     print(f"  the FLOP rule picked the measured best order at "
           f"{sum(1 for s in results for m in s['models'].values() if m.get('rule_is_best'))}/"
           f"{sum(1 for s in results for m in s['models'].values() if 'rule_is_best' in m)} (model, size) points; "
-          + (", ".join(f"{d['model']} {d['imgsz']} px {d['ratio']:.3f}x{' (beyond noise)' if d['beyond_noise'] else ''}"
+          + (", ".join(f"{d['model']} {written(d['imgsz'])} px {d['ratio']:.3f}x{' (beyond noise)' if d['beyond_noise'] else ''}"
                        for d in dis) or "no disagreement"))
     return 0
 

@@ -57,6 +57,7 @@ class Artifact:
     precision: str
     extra_files: list = field(default_factory=list)  # sidecars written next to it
     info: dict = field(default_factory=dict)          # anything the report should carry (policy, node counts, ...)
+    entry: str | None = None  # one size of a multi-size artifact: the function / method that serves it (runners run it)
 
 
 @dataclass
@@ -196,6 +197,18 @@ class Target(ABC):
         VitedgeError naming the flags for a combination that cannot work."""
         return options
 
+    def plan_sizes(self, sizes: int, options: dict) -> dict:
+        """Check, before any work, that one artifact of `sizes` input sizes can be made with these options (those
+        the user set), and return the options it needs (e.g. a deployment target raised for it, with a note of
+        why). Only targets whose row has `entries` are asked."""
+        return options
+
+    def lower_sizes(self, parts: dict, path: Path) -> Artifact:
+        """One artifact at `path` of several sizes: `parts` maps each entry name (settings.size_entry) to its
+        (deploy-form, LowerSpec) at that size, in order; the first entry is the default. Targets whose row has
+        `entries` implement it."""
+        raise NotImplementedError(f"the {self.name} target writes one file per size")
+
     def read_metadata(self, path: str | Path) -> dict:
         """What an artifact this target wrote says about itself (model, imgsz, precision, overrides, ...);
         string values may be JSON. {} when the artifact carries nothing."""
@@ -225,9 +238,10 @@ class Target(ABC):
 
         return onnx.load(str(path), load_external_data=weights)
 
-    def bundle_runner(self, path: str | Path) -> Runner:
-        """A runner of the artifact at `path` on the input an app feeds it (an image input's pixels 0-255, else the
-        normalized tensor), on every sample, here: `vitedge package` checks its bundle's golden vectors with it."""
+    def bundle_runner(self, path: str | Path, entry: str | None = None) -> Runner:
+        """A runner of the artifact at `path` (of its function / method `entry`, in a multi-size artifact) on the
+        input an app feeds it (an image input's pixels 0-255, else the normalized tensor), on every sample, here:
+        `vitedge package` checks its bundle's golden vectors with it."""
         raise UnavailableError(f"the {self.name} target makes no app bundle")
 
     def device_bench(self, kind: str) -> DeviceBench | None:

@@ -7,6 +7,8 @@ The tooling of the sensitivity studies: the criteria tests, benchmarks/parity_no
 noise rule's floor and K), benchmarks/fp16_verdicts.py (the fp16 rule's), benchmarks/compressed_verdicts.py (the
 compressed rule's) and benchmarks/all_models.py. It reads every backend's stored format, so it sits above the
 backends (tests/test_architecture.py TARGETS_ACROSS); no backend and nothing in the pipeline imports it.
+
+Length: one job, a plant per stored format (ONNX, CoreML packages single and multifunction, .pte, QDQ), each small.
 """
 from __future__ import annotations
 
@@ -110,8 +112,9 @@ def change_weight(w: np.ndarray, plant: str) -> np.ndarray:
     return w
 
 
-def package_weight_blobs(package) -> list[tuple[int, int, list[int]]]:
-    """(offset, bytes, shape) of the float16 weights of rank >= 2 in the package's weight.bin, in program order."""
+def _fp16_weights(package, function: str = "main") -> tuple:
+    """(the package's Model protobuf, its spec file, its weight.bin, [(const value, bytes, data offset, shape)] of
+    `function`'s float16 weights of rank >= 2 in weight.bin, in program order)."""
     from .coreml.mil_interpreter import package_paths, quiet_coremltools
 
     with quiet_coremltools():
@@ -119,19 +122,23 @@ def package_weight_blobs(package) -> list[tuple[int, int, list[int]]]:
     spec_file, weights = package_paths(package)
     spec = Model_pb2.Model()
     spec.ParseFromString(spec_file.read_bytes())
-    fn = spec.mlProgram.functions["main"]
+    fn = spec.mlProgram.functions[function]
+    raw = (weights / "weight.bin").read_bytes()
     found = []
     for op in fn.block_specializations[fn.opset].operations:
         v = op.attributes["val"] if op.type == "const" else None
         if v is None or v.WhichOneof("value") != "blobFileValue":
             continue
         shape = [d.constant.size for d in v.type.tensorType.dimensions]
-        with open(weights / "weight.bin", "rb") as f:
-            f.seek(v.blobFileValue.offset)
-            sentinel, _, size, data = struct.unpack("<IIQQ", f.read(24))
+        sentinel, _, size, data = struct.unpack_from("<IIQQ", raw, v.blobFileValue.offset)
         if sentinel == 0xDEADBEEF and len(shape) >= 2 and shape[0] >= 4 and size == 2 * int(np.prod(shape)):
-            found.append((data, size, shape))
-    return found
+            found.append((v, size, data, shape))
+    return spec, spec_file, weights / "weight.bin", found
+
+
+def package_weight_blobs(package) -> list[tuple[int, int, list[int]]]:
+    """(offset, bytes, shape) of the float16 weights of rank >= 2 in the package's weight.bin, in program order."""
+    return [(data, size, shape) for _, size, data, shape in _fp16_weights(package)[3]]
 
 
 def plant_package_weights(src, dst, plant: str, position: float) -> None:
@@ -371,3 +378,22 @@ def plant_pte_int8_bias(src, dst, node: str, plant: str) -> None:
     q = np.round(w.bias.astype(np.float64) / w.bias_step).astype(np.int32)
     planted = change_weight(q[:, None].astype(np.float64), plant)[:, 0].astype(np.int32)
     _rewrite_once(src, dst, q.tobytes(), planted.tobytes(), "the bias's int32 data")
+
+
+def plant_function_weights(package, function: str, plant: str, position: float) -> None:
+    """`plant` applied, in place, to the float16 weight at `position` (0..1) of `function`'s program order in a
+    multifunction package, for that function alone: where functions share the weight's bytes (coremltools stores a
+    weight every function holds once), a changed copy is appended to weight.bin and only `function`'s const points
+    to it."""
+    spec, spec_file, path, consts = _fp16_weights(package, function)
+    raw = bytearray(path.read_bytes())
+    v, size, data, shape = consts[min(int(position * len(consts)), len(consts) - 1)]
+    w = np.frombuffer(bytes(raw[data:data + size]), np.float16).reshape(shape[0], -1).astype(np.float32)
+    meta = bytearray(raw[v.blobFileValue.offset:v.blobFileValue.offset + 64])  # the blob's 64-byte metadata
+    at = -(-len(raw) // 64) * 64  # blobs are 64-byte aligned
+    struct.pack_into("<Q", meta, 16, at + 64)  # its data follows it
+    raw += bytes(at - len(raw)) + meta + change_weight(w, plant).astype(np.float16).tobytes()
+    struct.pack_into("<I", raw, 0, struct.unpack_from("<I", raw, 0)[0] + 1)  # the storage header's blob count
+    path.write_bytes(bytes(raw))
+    v.blobFileValue.offset = at
+    spec_file.write_bytes(spec.SerializeToString())

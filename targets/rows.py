@@ -69,6 +69,8 @@ class TargetRow:
     cache_pin: Callable | None = None    # (cell, versions) -> ({what the key pins}, why not cacheable | None)
     bundle: str | None = None            # "module:function" making its app bundle (`vitedge package --target`),
     #                                      called (model_or_name, out, **the package settings); None: no bundle
+    entries: str | None = None           # what one artifact of several sizes holds per size ("function" of a CoreML
+    #                                      package, "method" of a .pte: `Target.lower_sizes`); None: a file per size
 
     @property
     def suffix(self) -> str:
@@ -128,7 +130,7 @@ COREML_ROW = TargetRow(
         Option("--ios", "minimum deployment target", type=int, choices=IOS_TARGETS),
         Option("--input", "input type (image: RGB pixels, normalization built in)", choices=INPUT_KINDS)),
     shared_options=("labels",), packages=("coremltools",), bench="coreml", aliases=("mlpackage", "ios"),
-    bundle="vitedge.exporter.packaging.package:package_coreml",
+    bundle="vitedge.exporter.packaging.package:package_coreml", entries="function",
     devices=("iphone",), checks=(ANE,), ray_labels=_coreml_labels, matrix_settings=("coreml_mode",))
 
 
@@ -159,7 +161,7 @@ TENSORRT_ROW = TargetRow(
 
 EXECUTORCH_ROW = TargetRow(
     "executorch", "vitedge.targets.executorch.target:ExecuTorchTarget", suffixes=(".pte",),
-    bundle="vitedge.exporter.packaging.package_android:package_executorch",
+    bundle="vitedge.exporter.packaging.package_android:package_executorch", entries="method",
     precisions=pick("fp32", "int8"), default_precision="fp32", source=TORCH, options=(
         Option("--executorch-backend", "delegate (default xnnpack; portable: ExecuTorch's own kernels, fp32 only)",
                choices=("xnnpack", "portable")),

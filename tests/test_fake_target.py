@@ -149,6 +149,20 @@ def test_bench_on_its_own_tethered_device(fake, tmp_path):
     assert FakePhoneBench.connected[-1] == "fakephone:desk"
 
 
+def test_several_sizes_make_one_file_per_size_of_a_target_without_entries(fake, tmp_path):
+    """As a TensorRT engine is: a target whose row declares no functions / methods gets a file per size."""
+    out = tmp_path / "sizes"
+    args = [a for a in TINY if a not in ("--imgsz", "32")]
+    assert cli.main(["export", *args, "--imgsz", "32,64", "--target", "fake", "--samples", "4", "--out", str(out),
+                     "-q"]) == 0
+    d = json.loads((out / "report.json").read_text())
+    assert {k: a["path"] for k, a in d["artifacts"].items() if k.startswith("fake")} == {
+        "fake@32x32": "swiftformer_xs_32x32.fake", "fake@64x64": "swiftformer_xs_64x64.fake"}
+    assert {(h["size"], h["status"]) for h in d["parity"] if h["hop"] == "fake"} == {("32x32", "passed"),
+                                                                                     ("64x64", "passed")}
+    assert read_metadata(onnx.load(str(out / "swiftformer_xs_64x64.fake")))["imgsz"] == 64
+
+
 def test_a_matrix_cell(fake, tmp_path):
     from vitedge.exporter.matrix.cache import Env, cell_key
     from vitedge.exporter.matrix.cell import run_cell

@@ -58,21 +58,23 @@ def test_bad_sizes_name_the_flag(value):
         parse_sizes(value)
 
 
-def test_what_the_pipeline_does_not_run_yet_is_refused_in_one_place():
+def test_sizes_are_read_in_one_place():
     assert ExportSettings(imgsz=64).one_size() == 64 and ExportSettings().one_size() is None
-    assert ExportSettings(imgsz="256x320").one_size() == (256, 320)  # a non-square size runs (one per export)
-    assert ExportSettings(imgsz="64,96").square_sizes() == [64, 96]
-    with pytest.raises(VitedgeError, match="non-square input sizes are not supported yet"):
-        ExportSettings(imgsz="256x320").square_sizes()  # (bench's several sizes: square ones)
-    with pytest.raises(VitedgeError, match="one size per export"):
+    assert ExportSettings(imgsz="256x320").one_size() == (256, 320)  # a non-square size runs
+    assert ExportSettings(imgsz="64,256x320").sizes() == [64, (256, 320)] and ExportSettings().sizes() is None
+    with pytest.raises(VitedgeError, match="this command takes one size"):
         ExportSettings(imgsz="64,96").one_size()
+    several = ExportSettings(model="m", imgsz="64,96")
+    assert several.several_sizes() and not ExportSettings(imgsz=64).several_sizes()
+    assert [s.imgsz for s in several.per_size()] == [((64, 64),), ((96, 96),)]
+    assert all(s.model == "m" and s.one_size() in (64, 96) for s in several.per_size())
 
 
-def test_the_cli_refuses_several_sizes_with_exit_2_and_writes_nothing(tmp_path, capsys):
-    out = tmp_path / "out"
-    assert cli.main(["export", *TINY, "--imgsz", "32,64", "--out", str(out), "-q"]) == 2
+def test_a_one_size_command_refuses_several_sizes_with_exit_2_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "deploy.pth"
+    assert cli.main(["reparam", *TINY[:-2], "--imgsz", "32,64", "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and all(w in err for w in ["32,64", "one size per export"]), err
+    assert len(err.strip().splitlines()) == 1 and all(w in err for w in ["32,64", "takes one size"]), err
     assert not out.exists()
 
 

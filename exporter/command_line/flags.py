@@ -50,7 +50,9 @@ def add_model_flags(p: argparse.ArgumentParser, required: bool = True, named: bo
                                         "weights are used and the report says weights: untrained")
     p.add_argument("--set", dest="overrides", action="append", type=kv, default=[], metavar="KEY=VALUE",
                    help="constructor override, official keyword names (e.g. --set depth=2); repeatable")
-    p.add_argument("--imgsz", type=image_sizes, metavar="S", help="input size (default: the model's)")
+    p.add_argument("--imgsz", type=image_sizes, metavar="S[,S]",
+                   help="input size (default: the model's); export: a comma list (e.g. 224,256) exports every size "
+                        "in one run: an ONNX file per size, one CoreML package / ExecuTorch program of every size")
     p.add_argument("--attn-order", choices=ATTN_ORDERS, default=None,
                    help="SLA/SimA attention order for the export size (default auto: the FLOP rule)")
 

@@ -178,14 +178,17 @@ def add_package(sub) -> argparse.ArgumentParser:
     add_inputs_flags(p, "; the model becomes a classifier and the bundle holds labels.txt")
     add_preprocess_flags(p)
     p.add_argument("--ios", type=int, choices=IOS_TARGETS, default=None,
-                   help=f"minimum deployment target (default {DEFAULT_IOS}; 17 with --precision w8a8)")
+                   help=f"minimum deployment target (default {DEFAULT_IOS}; 17 with --precision w8a8; 18 with "
+                        "several --imgsz sizes)")
     p.add_argument("--precision", choices=names(), default=None,
                    help="coreml: fp16 (default) or a compressed kind: w8, palette4, palette6, w8a8 (iOS 17+); "
                         "executorch: fp32 (default) or int8")
     p.add_argument("--calib", type=int, default=None, metavar="N", help="--precision w8a8: calibration images "
                                                                        "(default 64)")
     p.add_argument("--calib-images", metavar="DIR", help="--precision w8a8: calibrate on images of DIR")
-    p.add_argument("--imgsz", type=image_sizes, metavar="S", help="input size (default: the model's)")
+    p.add_argument("--imgsz", type=image_sizes, metavar="S[,S]",
+                   help="input size (default: the model's); a comma list: one bundle of every size (a CoreML "
+                        "function / ExecuTorch method per size, golden vectors per size)")
     p.add_argument("--set", dest="overrides", action="append", type=kv, default=[], metavar="KEY=VALUE",
                    help="constructor override, official keyword names (e.g. --set depth=2); repeatable")
     p.add_argument("--samples", type=positive_int, help="parity inputs for the ladder (default: as for export)")

@@ -72,7 +72,7 @@ def format_summary(report, report_path: str | None = None) -> str:
     for h in report.parity:
         m, hs = h.metrics, h.sets or {}
         acc = [_accuracy(hs, k) for k in ("top1_accuracy", "top5_accuracy")] if labelled else []
-        rows.append((h.hop, h.status, h.mode_label(), *(_fmt(hs.get(k, {}).get("noise_ratio"), ".2f") for k in sets),
+        rows.append((h.label(), h.status, h.mode_label(), *(_fmt(hs.get(k, {}).get("noise_ratio"), ".2f") for k in sets),
                      *(((h.probe or {}).get("status", "-"),) if probed else ()),
                      *(((h.weights or {}).get("status", "-"),) if weighed else ()),
                      _fmt(m and m.max_rel, ".2e"), _fmt(m and m.cosine, ".6f"), _fmt(m and m.psnr_db, ".1f"),
@@ -85,14 +85,14 @@ def format_summary(report, report_path: str | None = None) -> str:
                      + ("; weights = the stored weights against the deploy-form's, per channel" if weighed else "")
                      + ("; acc = top-k accuracy on the labelled images the hop ran, beside the float64 train-form's "
                         "on the same images" if labelled else "") + ")")
-    notes = [f"  {h.hop}: {h.status}: {h.reason}" for h in report.parity if h.reason]
-    notes += [f"  {h.hop}: feature probe not run: {h.probe.get('why')}" for h in report.parity
+    notes = [f"  {h.label()}: {h.status}: {h.reason}" for h in report.parity if h.reason]
+    notes += [f"  {h.label()}: feature probe not run: {h.probe.get('why')}" for h in report.parity
               if (h.probe or {}).get("status") == "not run" and h.status == "passed"]
-    notes += [f"  {h.hop}: weights check not run: {h.weights.get('why')}" for h in report.parity
+    notes += [f"  {h.label()}: weights check not run: {h.weights.get('why')}" for h in report.parity
               if (h.weights or {}).get("status") == "not run" and h.status == "passed"]
-    notes += [f"  {h.hop}: Neural Engine residency {h.ane_residency['status'].upper()}: {h.ane_residency['reason']}"
+    notes += [f"  {h.label()}: Neural Engine residency {h.ane_residency['status'].upper()}: {h.ane_residency['reason']}"
               for h in report.parity if h.ane_residency]
-    notes += [f"  {h.hop}: top-1 on the first parity inputs: {describe(h.predictions)}"
+    notes += [f"  {h.label()}: top-1 on the first parity inputs: {describe(h.predictions)}"
               for h in report.parity if h.predictions]
     if notes:
         lines += [""] + notes
@@ -110,15 +110,15 @@ def format_summary(report, report_path: str | None = None) -> str:
                          f"  {a.info.get('backend')}: outside the delegate: "
                          f"{', '.join(f'{k} x{v}' for k, v in left.items()) or 'every op (no delegate)'}")
             lines.append(f"  {key:<{width}} {a.precision:<5} {_size(a.bytes):>9}  sha256 {a.sha256[:12]}  {where}{extra}")
-    unverified = [h.hop for h in report.unverified_hops()]
+    unverified = [h.label() for h in report.unverified_hops()]
     lines.append("")
     if report.failed_hops():
         bad = report.failed_hops()[0]
         where = f" (diverging module: {bad.diverging_module})" if bad.diverging_module else ""
         q = f"; artifacts quarantined in {os.path.join(report.out_dir, report.quarantine)}" if report.quarantine else ""
-        lines.append(f"FAILED: {', '.join(h.hop for h in report.failed_hops())}{where}{q}")
+        lines.append(f"FAILED: {', '.join(h.label() for h in report.failed_hops())}{where}{q}")
     elif report.exit_code:
-        undecided = unverified + [f"{h.hop} (--require-ane inconclusive)" for h in report.inconclusive_checks()]
+        undecided = unverified + [f"{h.label()} (--require-ane inconclusive)" for h in report.inconclusive_checks()]
         lines.append(f"FAILED: --require-verified and unverified hops: {', '.join(undecided)}")
     else:
         lines.append("PASSED: every executed hop is within tolerance"

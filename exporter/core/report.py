@@ -166,6 +166,14 @@ class Hop:
     # "deviation", "allowance", "ratio"}, "why"};
     # None where it does not apply.
     weights: dict | None = None
+    # A multi-size export (`--imgsz 224,256x320`): the size this hop judged, "HxW"; None in a single-size export.
+    size: str | None = None
+    # A multi-size export's one artifact of every size: the CoreML function or ExecuTorch method the hop ran.
+    entry: str | None = None
+
+    def label(self) -> str:
+        """The hop as the summary names it: "coreml @256x320" in a multi-size export, else its name."""
+        return f"{self.hop} @{self.size}" if self.size else self.hop
 
     def mode_label(self) -> str:
         """The mode as displayed: "device (x86 host)" where the runner ran on this machine's CPU rather than on the
@@ -255,6 +263,11 @@ class Report:
     # What the train-form changed to run at this size, per tensor ({"tensor", "how", "from", "to"}: a position table
     # resampled on its grid, a token map padded to window multiples); [] at its own size (docs/models.md)
     resized: list = field(default_factory=list)
+    # A multi-size export: one entry per size, in the order asked, {"size" ("HxW"), "imgsz" ([H, W]), "entry" (the
+    # CoreML function / ExecuTorch method serving it), "files" ({artifact key: path} of its own files), "samples",
+    # "reparam" (that size's attention order and float64 gate), "reference"}; `imgsz`, `reparam`, `samples`,
+    # `reference` above are the first size's. None in a single-size export.
+    sizes: list | None = None
     exit_code: int = EXIT_OK
     status: str = "passed"                          # "passed" | "failed"
 

@@ -6,9 +6,9 @@ builds it with `ExportSettings.build`), or from a matrix cell (exporter/matrix/c
 `bench`, `package` and `vitedge reparam` read it instead of spelling the same settings out again. Commands that take a subset say
 which fields they read (`only`), so a setting they would silently ignore is an error instead.
 
-`imgsz` holds input sizes as (height, width) pairs, ready for several sizes per run; what the pipeline runs today
-(one size per export, square or not: `one_size`; several square sizes for bench: `square_sizes`) is checked here,
-in one place. Dense outputs (the backbone's feature maps) are the next field to join.
+`imgsz` holds input sizes as (height, width) pairs, square or not. Several sizes in one export run the single-size
+pipeline once per size (`per_size`: one settings object per size, exporter/flow/sizes.py); the commands that
+read one size refuse several (`one_size`). Dense outputs are `features`.
 
 Torch-free: the command line builds it before any heavy import.
 """
@@ -67,6 +67,38 @@ def parse_sizes(value, flag: str = "--imgsz") -> tuple[Size, ...] | None:
     if not sizes:
         raise bad
     return tuple(dict.fromkeys(sizes))
+
+
+def as_size(value) -> Size:
+    """(H, W) of a size given as S, "HxW", or an (H, W) pair / list (a record read back)."""
+    sizes = parse_sizes(tuple(value) if isinstance(value, list) else value)
+    if len(sizes) != 1:
+        raise VitedgeError(f"one input size expected; got {value!r}")
+    return sizes[0]
+
+
+def written(value) -> str:
+    """A recorded size (S, an (H, W) pair or a JSON [H, W]) as the command line writes it: 224, 256x320 (None: -)."""
+    return "-" if value is None else size_text(as_size(value))
+
+
+def size_side(value) -> float:
+    """Where a recorded size sits on a latency-vs-size axis: the side of the square of as many pixels, sqrt(H W)
+    (a square size's own side), so 256x320 plots between 256 and 320."""
+    h, w = as_size(value)
+    return float(h) if h == w else (h * w) ** 0.5
+
+
+def size_label(size: Size) -> str:
+    """HxW, square sizes too (224x224): how a multi-size export names a size's files, functions and methods."""
+    h, w = size
+    return f"{h}x{w}"
+
+
+def size_entry(size: Size) -> str:
+    """The function (CoreML) or method (ExecuTorch) serving `size` in a one-file multi-size artifact: size_224x224
+    (an identifier: both name their entry points that way)."""
+    return f"size_{size_label(size)}"
 
 
 @dataclass(frozen=True)
@@ -159,23 +191,27 @@ class ExportSettings:
 
     # -- sizes: what today's pipeline runs, checked in one place --------------------------------------------
 
-    def square_sizes(self) -> list[int] | None:
-        """The sizes as side lengths (None: the model's default); a non-square size is not supported yet."""
-        if self.imgsz is None:
-            return None
-        wide = [s for s in self.imgsz if s[0] != s[1]]
-        if wide:
-            raise VitedgeError(f"--imgsz {size_text(wide[0])}: non-square input sizes are not supported yet; give a "
-                               f"square size S (e.g. --imgsz {max(wide[0])})")
-        return [h for h, _ in self.imgsz]
+    def sizes(self) -> list | None:
+        """The sizes as the pipeline takes them (S square, (H, W) otherwise: models/input_size.py `canonical`), in
+        the order given; None: the model's default."""
+        return None if self.imgsz is None else [canonical(z) for z in self.imgsz]
 
     def one_size(self):
-        """The one size of this run, S (square) or (H, W) (models/input_size.py `canonical`; None: the model's
-        default); several sizes in one export are not supported yet."""
-        if self.imgsz is not None and len(self.imgsz) > 1:
-            raise VitedgeError(f"--imgsz {','.join(map(size_text, self.imgsz))}: one size per export for now; run "
-                               "one export per size (`vitedge matrix` plans several; `vitedge bench` times several)")
+        """The one size of a single-size run, S or (H, W) (None: the model's default). Several sizes are for
+        `export` and `package` (`per_size`) and `bench`; the commands that read one size (parity, reparam) refuse
+        them."""
+        if self.several_sizes():
+            raise VitedgeError(f"--imgsz {','.join(map(size_text, self.imgsz))}: this command takes one size; run it "
+                               "once per size (`vitedge export` and `vitedge package` take several)")
         return None if self.imgsz is None else canonical(self.imgsz[0])
+
+    def several_sizes(self) -> bool:
+        """More than one input size: one export (and one CoreML / ExecuTorch file) for all of them."""
+        return self.imgsz is not None and len(self.imgsz) > 1
+
+    def per_size(self) -> list["ExportSettings"]:
+        """One settings object per input size, each read by the single-size pipeline as it reads any run's."""
+        return [self.replace(imgsz=[size]) for size in self.imgsz or ()]
 
     def imgsz_or(self, default):
         """The run's size (S or (H, W)), else `default` (e.g. the size an artifact records)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,11 +78,38 @@ def export(model=None, targets=None, *, progress: Progress | None = None, hub: H
     """
     s = ExportSettings.build(model, settings, "export", targets=targets)
     progress = progress or QUIET
-    # -- validate everything that can be validated without work
-    asked = s.one_size()  # one size per export for now (settings.py says what is not supported yet)
+    if s.several_sizes():  # one export of every size (sizes.py), each through the pipeline below
+        from .sizes import export_sizes
+
+        return export_sizes(s, progress, sys.modules[__name__], hub)
+    req = prepare(s, progress, hub)
+    # Ctrl-C anywhere from here on ends the run (exit 130, DIR as it was), even where a library swallowed it
+    with outdir.InterruptWatch() as interrupts:
+        one = start(req, s, progress, hub)
+        with outdir.OutputFolder(req.out, s.force, interrupts) as folder:
+            build = one.build(folder.tmp, folder.checkpoint, req.plans)
+            build.run()
+            finish(one.report, folder, build.save_raw, req.out)
+    return one.report
+
+
+@dataclass
+class Request:
+    """An export's request, validated before any work: what every size of it shares."""
+    run: ExportSettings     # the settings as the run resolved them (what the targets' loop and the report read)
+    plans: list             # the requested targets' plans
+    labels: object
+    made: dict              # how build_train_form makes the train-form
+    n_calib: int | None
+    tols: dict
+    name: str
+    out: Path
+
+
+def prepare(s: ExportSettings, progress: Progress, hub: HubStore | None = None) -> Request:
+    """Validate everything that can be validated without work (VitedgeError, nothing written)."""
     options = dict(s.options or {})
     held, labels = hold_checkpoint(s.model, s.checkpoint, s.overrides, s.labels, options.pop("labels", None))
-    made = {"held": held, "preprocess": s.preprocess}  # how build_train_form makes the train-form
     plans = resolve_targets(s.targets or "onnx", s.precision, s.dynamic_batch, options, labels=labels, batch=s.batch)
     n_calib = check_flags(s.precision, s.calib, s.calib_images, s.images, labels)
     for plan in plans:  # what each precision needs on its target (palette's scikit-learn): before any work
@@ -106,57 +134,82 @@ def export(model=None, targets=None, *, progress: Progress | None = None, hub: H
     for line in outdir.recover(out):  # before the check: a killed --force run may have left DIR aside
         progress.note(line)
     outdir.check_out(out, s.force, s.clean)
-    # the settings as this run resolved them (what the targets' loop and the report read)
     run = s.replace(batch=None if s.dynamic_batch else (s.batch or 1), opset=opset, exporter=exporter,
                     attn_order=s.attn_order or "auto", out=out, labels=labels, options=options)
+    return Request(run, plans, labels, {"held": held, "preprocess": s.preprocess}, n_calib, tols, name, out)
 
-    def train_form():
-        return build_train_form(s.model, s.checkpoint, s.overrides, s.seed, **made)
 
-    # Ctrl-C anywhere from here on ends the run (exit 130, DIR as it was), even where a library swallowed it
-    with outdir.InterruptWatch() as interrupts:
-        reused = hub.get() if hub is not None else None
-        if reused is not None:  # verified earlier for these inputs: no train-form, fold, gate or ONNX export here
-            loaded, deploy, deploy64 = reused.loaded(name), reused.deploy, None
-            imgsz = loaded.at_size(asked)
-            info = copy.deepcopy(reused.reparam)  # the report adds to it (fp16 analysis)
-        else:
+@dataclass
+class Started:
+    """One size of an export up to its deploy-form: the train-form, the parity set, the report to fill."""
+    req: Request
+    loaded: Loaded
+    deploy: nn.Module
+    deploy64: nn.Module | None
+    pset: object
+    report: Report
+    classes: list | None
+    progress: Progress
+    hub: HubStore | None
+    reused: Hub | None
+
+    def build(self, tmp: Path, checkpoint, plans: list) -> "_Build":
+        """The run of `plans` building into `tmp` (call `run()`)."""
+        req, s = self.req, self.req.run
+        return _Build(s, self.report, self.deploy, tmp, req.tols, self.progress, checkpoint, self.pset,
+                      lambda: build_train_form(s.model, s.checkpoint, s.overrides, s.seed, **req.made).sized(
+                          self.report.imgsz),
+                      req.n_calib, plans=plans, loaded=self.loaded, deploy64=self.deploy64, classes=self.classes,
+                      store=self.hub, reused=self.reused)
+
+
+def start(req: Request, one: ExportSettings, progress: Progress, hub: HubStore | None = None,
+          loaded: Loaded | None = None) -> Started:
+    """The train-form (or a reused hub's), the parity set and the deploy-form at `one`'s size (its one imgsz);
+    `loaded`: a train-form built for another size of the same export (the size is an argument, never set on it)."""
+    s, run = one, req.run
+    asked = s.one_size()  # the one size of this run (settings.py says what the pipeline runs)
+    reused = hub.get() if hub is not None else None
+    if reused is not None:  # verified earlier for these inputs: no train-form, fold, gate or ONNX export here
+        loaded, deploy, deploy64 = reused.loaded(req.name), reused.deploy, None
+        imgsz = loaded.at_size(asked)
+        info = copy.deepcopy(reused.reparam)  # the report adds to it (fp16 analysis)
+    else:
+        if loaded is None:
             with progress.step("building the train-form model"):
-                loaded = train_form()
-            imgsz = loaded.at_size(asked)
-        classes = class_names(labels, loaded.model, imgsz)
-        samples, rule = choose_samples(s.samples, s.model, imgsz, loaded.overrides, loaded.model, s.images)
-        with progress.step("reading the parity inputs"):
-            pset = parity_inputs_for(loaded.model, imgsz, samples, s.images, labels)
-        if reused is not None:
-            reused.check_fits(imgsz, pset, exporter)
-        else:
-            with progress.step("re-parameterizing"):
-                deploy, deploy64 = build_deploy_form(loaded.model, imgsz, s.reparam, run.attn_order,
-                                                     s.strict_schedule, s.rewrites)
-            info = reparam_info(deploy, s.reparam)
+                loaded = build_train_form(s.model, s.checkpoint, s.overrides, s.seed, **req.made)
+        imgsz = loaded.at_size(asked)
+    classes = class_names(req.labels, loaded.model, imgsz)
+    samples, rule = choose_samples(s.samples, s.model, imgsz, loaded.overrides, loaded.model, s.images)
+    with progress.step("reading the parity inputs"):
+        pset = parity_inputs_for(loaded.model, imgsz, samples, s.images, req.labels)
+    if reused is not None:
+        reused.check_fits(imgsz, pset, run.exporter)
+    else:
+        with progress.step("re-parameterizing"):
+            deploy, deploy64 = build_deploy_form(loaded.model, imgsz, s.reparam, run.attn_order,
+                                                 s.strict_schedule, s.rewrites)
+        info = reparam_info(deploy, s.reparam)
+    report = Report(model=loaded.name, imgsz=imgsz, batch=run.batch, reparam=info, **loaded.facts(),
+                    versions=versions(), command="export", targets=[p.name for p in req.plans],
+                    samples=len(pset), samples_rule=rule, inputs=pset.note,
+                    images=None if s.images is None else str(s.images),
+                    labels=None if req.labels is None else str(req.labels),
+                    require_verified=s.require_verified, require_ane=s.require_ane, exporter=run.exporter,
+                    opset=run.opset)
+    return Started(req, loaded, deploy, deploy64, pset, report, classes, progress, hub, reused)
 
-        report = Report(model=loaded.name, imgsz=imgsz, batch=run.batch, reparam=info, **loaded.facts(),
-                        versions=versions(), command="export", targets=[p.name for p in plans],
-                        samples=len(pset), samples_rule=rule, inputs=pset.note,
-                        images=None if s.images is None else str(s.images),
-                        labels=None if labels is None else str(labels),
-                        require_verified=s.require_verified, require_ane=s.require_ane, exporter=exporter,
-                        opset=opset)
-        with outdir.OutputFolder(out, s.force, interrupts) as folder:
-            build = _Build(run, report, deploy, folder.tmp, tols, progress, folder.checkpoint, pset,
-                           lambda: train_form().sized(imgsz), n_calib, plans=plans, loaded=loaded, deploy64=deploy64,
-                           classes=classes, store=hub, reused=reused)
-            build.run()
-            report.finalize()
-            report.out_dir = str(out)
-            if report.failed_hops():
-                report.quarantine = outdir.quarantine(folder.tmp, add=build.save_raw)
-                for a in report.artifacts.values():
-                    a.path = f"{outdir.QUARANTINE}/{a.path}"
-            report.write(folder.tmp / "report.json")
-            folder.commit()
-    return report
+
+def finish(report: Report, folder: outdir.OutputFolder, save_raw, out: Path) -> None:
+    """The outcome: a failed run's artifacts quarantined, report.json written, the folder committed."""
+    report.finalize()
+    report.out_dir = str(out)
+    if report.failed_hops():
+        report.quarantine = outdir.quarantine(folder.tmp, add=save_raw)
+        for a in report.artifacts.values():
+            a.path = f"{outdir.QUARANTINE}/{a.path}"
+    report.write(folder.tmp / "report.json")
+    folder.commit()
 
 
 def _metadata(loaded: Loaded, imgsz: int, run: ExportSettings, info: ReparamInfo, vers: dict,
@@ -187,13 +240,15 @@ class _Build(ExportRun):
     store: HubStore | None = None       # where a hub this run verifies is put (export(hub=...))
     reused: Hub | None = None           # a verified hub: the steps up to the hub graph are not run again
     raw: onnx.ModelProto | None = None  # the unsimplified graph, kept for the quarantine
+    ready: tuple | None = None          # (hub path, metadata, ladder) once the hub graph passed its steps
+    targets: TargetHops | None = None   # the targets' loop (its shared analyses: a multi-size export reuses them)
 
     def run(self) -> None:
-        ready = self._reuse_hub() if self.reused is not None else self._build_hub()
-        if ready is None:
+        self.ready = self._reuse_hub() if self.reused is not None else self._build_hub()
+        if self.ready is None:
             return self._skip_rest()
-        hub, meta, ladder = ready
-        TargetHops(**self.shared()).run(self.plans, hub, meta, ladder)
+        self.targets = TargetHops(**self.shared())
+        self.targets.run(self.plans, *self.ready)
 
     def _reuse_hub(self) -> tuple[Path, dict, Ladder]:
         """The reused hub's hop records, its graph copied into the build folder, and its reference."""

@@ -17,7 +17,7 @@ import torch.nn as nn
 from ...errors import VitedgeError
 from ...precisions import HALF, row as precision_row
 from ...models.registry import input_stats, recipe_of
-from ...targets import LowerSpec, UnavailableError, row_of
+from ...targets import Artifact, LowerSpec, UnavailableError, row_of
 from ..core.progress import Progress
 from ..core.report import Hop, Report
 from ..core.settings import ExportSettings
@@ -125,12 +125,31 @@ class TargetHops(ExportRun):
         return path
 
     def hop(self, plan: TargetPlan, hub: Path, meta: dict, ladder: Ladder) -> Hop:
+        spec = self.spec(plan, hub, meta, ladder)
+        if isinstance(spec, Hop):
+            return spec
+        t, tol = plan.target, self.tolerance(plan)
+        try:
+            with self.progress.step(f"lowering to {t.name} ({plan.precision})"):
+                artifact = t.lower(self.deploy, spec)
+        except VitedgeError:
+            raise  # bad target-specific input (e.g. a missing --labels file): exit 2, nothing written
+        except UnavailableError as e:
+            return unverified(plan.hop(), t.name, f"{t.name} cannot lower here: {e}", tol)
+        except Exception as e:
+            return failed(plan.hop(), t.name, f"lowering to {t.name} failed: {type(e).__name__}: {e}", tolerance=tol)
+        return self.judge(plan, artifact, ladder)
+
+    def tolerance(self, plan: TargetPlan):
+        return self.tols.get(profile_for(plan.precision)) if plan.precision else None
+
+    def spec(self, plan: TargetPlan, hub: Path, meta: dict, ladder: Ladder) -> LowerSpec | Hop:
+        """What `plan`'s target lowers from at this run's size, or the hop that says why it cannot lower."""
         hop_name, t = plan.hop(), plan.target
-        tol = self.tols.get(profile_for(plan.precision)) if plan.precision else None
+        tol = self.tolerance(plan)
         if t is None:
             return unverified(hop_name, plan.name, plan.missing, tol)
         p = precision_row(plan.precision)   # looked up now: a registered precision too
-        compressed = p is not None and p.compressed
         try:
             qdq_path = self._int8_graph(plan, hub, ladder, tol) if plan.precision == "int8" and t.qdq_encoding else None
         except VitedgeError:
@@ -142,20 +161,18 @@ class TargetHops(ExportRun):
             return unverified(hop_name, t.name, f"{t.name} cannot lower here: {why}", tol)
         if p is not None and p.kind == HALF and not self._fp16_safe(ladder.x):
             return failed(hop_name, t.name, self.fp16_problem, tolerance=tol, diverging_module=self.fp16_module)
-        spec = LowerSpec(name=self.report.model, imgsz=self.report.imgsz, batch=self.settings.batch, precision=plan.precision,
-                         out_dir=self.tmp, onnx_path=hub, metadata=dict(meta, precision=plan.precision),
-                         options=dict(plan.options), qdq_path=qdq_path,
+        return LowerSpec(name=self.report.model, imgsz=self.report.imgsz, batch=self.settings.batch,
+                         precision=plan.precision, out_dir=self.tmp, onnx_path=hub,
+                         metadata=dict(meta, precision=plan.precision), options=dict(plan.options), qdq_path=qdq_path,
                          calibration=self._calibration() if p is not None and p.calibrates else None)
-        try:
-            with self.progress.step(f"lowering to {t.name} ({plan.precision})"):
-                artifact = t.lower(self.deploy, spec)
-        except VitedgeError:
-            raise  # bad target-specific input (e.g. a missing --labels file): exit 2, nothing written
-        except UnavailableError as e:
-            return unverified(hop_name, t.name, f"{t.name} cannot lower here: {e}", tol)
-        except Exception as e:
-            return failed(hop_name, t.name, f"lowering to {t.name} failed: {type(e).__name__}: {e}", tolerance=tol)
-        if not (row_of(plan.name).onnx_graph and compressed):  # (an ONNX target's int8 artifact: the QDQ graph)
+
+    def judge(self, plan: TargetPlan, artifact: Artifact, ladder: Ladder, record: bool = True) -> Hop:
+        """The hop of a lowered artifact (for a one-file multi-size artifact: of its entry at this run's size);
+        `record`: put the artifact in the report (a one-file artifact is recorded once, by its caller)."""
+        hop_name, t, tol = plan.hop(), plan.target, self.tolerance(plan)
+        p = precision_row(plan.precision)   # looked up now: a registered precision too
+        compressed = p is not None and p.compressed
+        if record and not (row_of(plan.name).onnx_graph and compressed):  # (ONNX int8: the QDQ graph, recorded)
             record_artifact(self.report, hop_name, artifact.path, artifact.precision, artifact.info, root=self.tmp)
         self.checkpoint(f"lowered-{t.name}")
         if compressed:

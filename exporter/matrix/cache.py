@@ -65,7 +65,7 @@ def _weights(cell: Cell, env: Env) -> dict:
 
 def hub_key(cell: Cell, env: Env) -> tuple[str, dict]:
     """The shared deploy-form + hub ONNX of a model at one size: everything before the target."""
-    inputs = {"kind": "hub", **env.common(BASE_PACKAGES), **_weights(cell, env), "imgsz": cell.imgsz,
+    inputs = {"kind": "hub", **env.common(BASE_PACKAGES), **_weights(cell, env), "imgsz": cell.size,
               "batch": cell.batch, "opset": cell.opset, "exporter": cell.exporter, "rewrites": cell.rewrites,
               "attn_order": cell.attn_order, "samples": _samples(cell), "tolerance_fp32": cell.tolerances.get("fp32", {})}
     return json_digest(inputs), inputs
@@ -79,7 +79,7 @@ def cell_key(cell: Cell, env: Env, bench: bool = False) -> tuple[str, dict, str 
     options = dict(cell.options)
     if options.get("labels"):
         options["labels"] = {"sha256": env.file_sha(options["labels"])}
-    inputs = {"kind": "cell", **env.common(packages), **_weights(cell, env), "imgsz": cell.imgsz,
+    inputs = {"kind": "cell", **env.common(packages), **_weights(cell, env), "imgsz": cell.size,
               "batch": cell.batch, "opset": cell.opset, "exporter": cell.exporter, "rewrites": cell.rewrites,
               "attn_order": cell.attn_order, "target": cell.target, "precision": cell.precision, "options": options,
               "tolerances": cell.tolerances, "samples": _samples(cell), "coreml_mode": cell.coreml_mode,

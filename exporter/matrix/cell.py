@@ -94,7 +94,7 @@ def _latency(c: Cell, report, out: Path) -> dict:
     if entry is None:
         return {"p50_ms": None, "reason": f"no {key} artifact"}
     spec = get_spec(c.model)
-    x = parity_inputs(c.batch, c.imgsz, seed=1, mean=spec.mean, std=spec.std).numpy()
+    x = parity_inputs(c.batch, c.size, seed=1, mean=spec.mean, std=spec.std).numpy()
     with get_target(c.target).runner(Artifact(c.target, out / entry.path, c.precision)) as runner:
         runner.run(x)  # a device runner knows its mode once it has predicted
         if runner.mode != "device":

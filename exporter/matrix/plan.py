@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ...errors import VitedgeError
+from ...models.input_size import canonical
+from ..core.settings import as_size, size_text
 from ..onnx.onnx_choice import DEFAULT_EXPORTER, DEFAULT_OPSET
 
 
@@ -28,7 +30,7 @@ class Cell:
     """One export: one model at one size to one target and precision (a TensorRT cell also names its GPU arch)."""
     model: str
     label: str                      # folder name of the model entry (default: the model name)
-    imgsz: int
+    imgsz: tuple                    # (H, W); a plan or a cached resolution may say S
     target: str
     precision: str
     hop: str                        # the parity hop this cell's target writes (e.g. onnx-fp16, coreml)
@@ -46,16 +48,24 @@ class Cell:
     tensorrt_version: str | None = None             # pins TensorRT cells' cache keys
     exporter: str = DEFAULT_EXPORTER                # the ONNX exporter of the cell's hub graph
 
+    def __post_init__(self):
+        self.imgsz = as_size(self.imgsz)
+
+    @property
+    def size(self):
+        """S for a square cell, (H, W) otherwise: what its records and cache keys hold (square ones unchanged)."""
+        return canonical(self.imgsz)
+
     @property
     def id(self) -> str:
-        return f"{self.label}/{self.imgsz}/{self.folder}"
+        return f"{self.label}/{size_text(self.imgsz)}/{self.folder}"  # (a square size's folder: 224, as it was)
 
     @property
     def folder(self) -> str:
         return f"{self.target}-{self.precision}" + (f"-{self.trt_arch}" if self.trt_arch else "")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "imgsz": self.size}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Cell":

@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 
 from ...errors import VitedgeError
+from ..core.settings import parse_sizes
 from ..onnx.onnx_choice import DEFAULT_EXPORTER, EXPORTERS, default_opset
 from .plan import Cell, PlanError, ResolvedPlan
 
@@ -317,13 +318,15 @@ class _Resolver:
         src = f"{where}.imgsz" if "imgsz" in m else "defaults.imgsz"
         if sizes is None:
             sizes = [spec.fixed_size(overrides) or spec.default_imgsz]
-        sizes = [sizes] if _is_int(sizes) else sizes
+        sizes = [sizes] if _is_int(sizes) or isinstance(sizes, str) else sizes
         if not isinstance(sizes, list) or not sizes:
-            raise PlanError(f"{src} must be a size or a list of sizes; got {sizes!r}")
+            raise PlanError(f"{src} must be a size (S or \"HxW\") or a list of sizes; got {sizes!r}")
         for z in sizes:
-            _positive(src, z)
+            if not isinstance(z, str):
+                _positive(src, z)
+        sizes = self.wrap(src, parse_sizes, sizes, "imgsz")  # ((H, W), ...): S and "HxW" alike
+        for z in sizes:
             self.wrap(src, spec.check_imgsz, z, overrides)
-        sizes = list(dict.fromkeys(sizes))
         rewrites = s.get("rewrites", True)
         self.wrap(f"{where}.rewrites", resolve_rewrites, model, rewrites)
         exporter = s.get("exporter", self.exporter)

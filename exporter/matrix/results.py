@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..core.report import EXIT_FAILED, EXIT_OK, finite
+from ..core.settings import written
 
 
 @dataclass
@@ -21,7 +22,7 @@ class CellResult:
     id: str                       # LABEL/IMGSZ/TARGET-PRECISION[-ARCH], also its folder under DIR
     model: str                    # registry name
     label: str
-    imgsz: int
+    imgsz: object                 # S for a square size (as it always was), [H, W] otherwise
     target: str
     precision: str
     trt_arch: str | None
@@ -101,8 +102,8 @@ def _column(c: CellResult) -> str:
 
 def markdown(r: MatrixResult) -> str:
     cols = list(dict.fromkeys(_column(c) for c in r.cells))
-    rows = list(dict.fromkeys((c.label, c.imgsz) for c in r.cells))
-    by = {(c.label, c.imgsz, _column(c)): c for c in r.cells}
+    rows = list(dict.fromkeys((c.label, _hashable(c.imgsz)) for c in r.cells))
+    by = {(c.label, _hashable(c.imgsz), _column(c)): c for c in r.cells}
     n = r.counts
     lines = [f"# vitedge matrix: {Path(r.plan).name}", "",
              f"{len(r.cells)} cells: {n['passed']} passed, {n['failed']} failed, {n['unverified']} unverified, "
@@ -124,7 +125,7 @@ def markdown(r: MatrixResult) -> str:
                 p50 = (c.latency or {}).get("p50_ms")
                 bits.append("-" if p50 is None else f"{p50:.2f} ms")
             cells.append("<br>".join(bits))
-        lines.append(f"| {label} | {imgsz} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label} | {written(imgsz)} | " + " | ".join(cells) + " |")
     notes = [c for c in r.cells if c.status != "passed"]
     if notes:
         lines += ["", "## Not passed", ""] + [f"- `{c.id}` **{c.status}**: {c.reason or '-'}" for c in notes]
@@ -198,3 +199,8 @@ def format_dry_run(r: MatrixResult) -> str:
         lines.append(f"skipped ({len(r.skipped)}: the target does not support the precision):")
         lines += [f"  {s['model']}: {s['target']}-{s['precision']}" for s in r.skipped]
     return "\n".join(lines)
+
+
+def _hashable(imgsz):
+    """A result's size as a dict key (a non-square size read back from JSON is a list)."""
+    return tuple(imgsz) if isinstance(imgsz, list) else imgsz

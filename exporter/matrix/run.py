@@ -111,7 +111,7 @@ def _resolve(doc: dict, base: Path, env: Env, store: Cache, exporter: str | None
 
 
 def _result(c, status: str, **kw) -> CellResult:
-    return CellResult(id=c.id, model=c.model, label=c.label, imgsz=c.imgsz, target=c.target, precision=c.precision,
+    return CellResult(id=c.id, model=c.model, label=c.label, imgsz=c.size, target=c.target, precision=c.precision,
                       trt_arch=c.trt_arch, status=status, path=c.id, **kw)
 
 

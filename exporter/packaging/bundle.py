@@ -19,6 +19,7 @@ import torch
 from ...errors import VitedgeError
 from ...targets.threads import one_thread
 from ..core import outdir
+from ...models.input_size import canonical
 from ..quantize.calibrate import calibration_photos
 from ..quantize.compressed import resolution_bounds
 from ..verdict.inputs import natural_inputs, parity_inputs
@@ -161,8 +162,8 @@ def build_bundle(out: Path, run_export, hop_name: str, assemble) -> PackageResul
     try:
         with one_thread():
             report = run_export(work / "export")
-            hop = report.hop(hop_name)
-            if report.exit_code != 0 or hop is None or hop.status != "passed":
+            hops = [h for h in report.parity if h.hop == hop_name]  # (one per size of a multi-size export)
+            if report.exit_code != 0 or not hops or any(h.status != "passed" for h in hops):
                 why = f"parity hop {', '.join(h.hop for h in report.failed_hops()) or hop_name} did not pass"
             else:
                 try:
@@ -180,20 +181,96 @@ def build_bundle(out: Path, run_export, hop_name: str, assemble) -> PackageResul
 
 
 def finish_bundle(out: Path, report, root: str, files: dict[str, bytes], manifest: dict,
-                  golden_check: dict) -> PackageResult:
+                  golden_check: dict, sizes: list | None = None) -> PackageResult:
     """Complete `manifest` with what every bundle records (parity, its inputs and reference, the golden check,
-    versions, the sha256 of every file), add it as ROOT/manifest.json and write the deterministic zip."""
+    versions, the sha256 of every file), add it as ROOT/manifest.json and write the deterministic zip. `sizes`: a
+    multi-size bundle's entries (`size_entries`); `golden_check` is then the first size's."""
+    if sizes:
+        manifest["sizes"] = sizes
     manifest.update({
         "parity": [_hop_entry(h) for h in report.parity],
         "parity_inputs": report.inputs, "compressed_inputs": report.compressed_inputs,
         "parity_reference": _round(_portable_reference(report.reference)),
-        "golden": {"description": "golden/golden.json", "verified": golden_check},
+        "golden": ({"description": "golden/golden.json", "verified": golden_check} if not sizes else
+                   {"description": "golden/HxW/golden.json, one folder per size (`sizes`)",
+                    "verified": {e["size"]: e["golden"]["verified"] for e in sizes}}),
         "versions": report.versions,
         "files": {k[len(root) + 1:]: _sha256(v) for k, v in sorted(files.items())},
     })
     files[f"{root}/manifest.json"] = _json_bytes(manifest)
     write_deterministic_zip(files, out)
     return PackageResult(out, 0, report, manifest, None)
+
+
+# ------------------------------------------------------------------------------------------------ several sizes
+
+@dataclass
+class BundleSize:
+    """One size a bundle carries: its label (HxW; None in a single-size bundle), the function / method serving it
+    (None: the artifact's only one), the size as the single-size functions take it, and its golden folder."""
+    label: str | None
+    entry: str | None
+    imgsz: object
+
+    @property
+    def golden(self) -> str:
+        return "golden" if self.label is None else f"golden/{self.label}"
+
+
+def bundle_sizes(report) -> list[BundleSize]:
+    """The sizes of the export a bundle is made from: one for a single-size export, else each of `report.sizes`."""
+    if not report.sizes:
+        return [BundleSize(None, None, report.imgsz)]
+    return [BundleSize(s["size"], s["entry"], canonical(tuple(s["imgsz"]))) for s in report.sizes]
+
+
+def size_entries(sizes: list[BundleSize], checks: list[dict], entry_kind: str) -> list | None:
+    """The manifest's `sizes` of a multi-size bundle: which function / method (`entry_kind`) serves which size,
+    and its golden vectors' check; None for a single-size bundle."""
+    if sizes[0].label is None:
+        return None
+    return [{"size": z.label, "imgsz": [int(v) for v in z.label.split("x")], entry_kind: z.entry,
+             "golden": {"file": f"{z.golden}/golden.json", "verified": c}} for z, c in zip(sizes, checks)]
+
+
+def size_golden(model, z: BundleSize, natural: bool, recipe, what: str, check) -> tuple:
+    """(pixels, logits, check) of a size's golden vectors, checked by `check(pixels, logits)` on the packaged
+    `what` (model / program); GoldenMismatch where it fails them."""
+    pixels, logits = golden_vectors(model, z.imgsz, recipe.mean, recipe.std, natural=natural, recipe=recipe)
+    verdict = check(pixels, logits)
+    if not verdict["passed"]:
+        raise GoldenMismatch(f"the packaged {what} fails its own golden vectors{f' at {z.label}' if z.label else ''}"
+                             f": {'; '.join(verdict['problems'])}")
+    return pixels, logits, verdict
+
+
+def add_golden(files: dict, root: str, z: BundleSize, pixels: np.ndarray, logits: np.ndarray, golden: dict,
+               entry_kind: str) -> None:
+    """A size's golden vectors and golden.json (naming its function / method, `entry_kind`, in a multi-size
+    bundle) into the bundle's `files`, under ROOT/golden[/HxW]/."""
+    if z.entry:
+        golden[entry_kind] = z.entry
+    files[f"{root}/{z.golden}/inputs.npy"] = _npy_bytes(pixels)
+    files[f"{root}/{z.golden}/outputs.npy"] = _npy_bytes(logits)
+    files[f"{root}/{z.golden}/golden.json"] = _json_bytes(golden)
+
+
+def sizes_readme(sizes: list[BundleSize], entry_kind: str, how: str) -> str:
+    """The README section of a multi-size bundle: the table of sizes and the function / method serving each, and
+    `how` an app picks one; "" for a single-size bundle."""
+    if sizes[0].label is None:
+        return ""
+    rows = "\n".join(f"| {z.label.replace('x', ' x ')} | `{z.entry}` | `{z.golden}/` |" for z in sizes)
+    return f"""
+## Input sizes
+
+This bundle serves {len(sizes)} input sizes (height x width), one {entry_kind} each, with golden vectors per size
+(`manifest.json` -> `sizes`). The usage below is written for the first; {how}
+
+| size | {entry_kind} | golden vectors |
+|---|---|---|
+{rows}
+"""
 
 
 def golden_verdict(runner, y: np.ndarray, expected: np.ndarray, tolerance) -> dict:

@@ -32,14 +32,15 @@ from ...errors import VitedgeError
 from ...precisions import TABLE
 from ...models.input_size import as_hw, size_json
 from ...models.preprocess import Recipe
-from ...models.registry import input_stats, recipe_of
+from ...models.registry import recipe_of
 from ...targets import get_target, rows
 from . import bundles
 from ...targets.labels import read_labels
 from ...targets.rows import COREML_ROW
 from .bundle import (GOLDEN_SAMPLES, GOLDEN_SEED, METRIC_DIGITS, ZIP_DATE, GoldenMismatch, PackageResult,  # noqa: F401
-                     _json_bytes, _npy_bytes, _tree_files, build_bundle, check_bundle_out, finish_bundle,
-                     golden_vectors, golden_verdict, write_deterministic_zip)
+                     _json_bytes, _npy_bytes, _tree_files, add_golden, build_bundle, bundle_sizes, check_bundle_out, size_golden,
+                     finish_bundle, golden_vectors, golden_verdict, size_entries, sizes_readme,
+                     write_deterministic_zip)
 from ..reparam.forms import build_train_form
 from ..core.settings import ExportSettings
 from ..verdict.parity import profile_for, tolerances as make_tolerances
@@ -66,9 +67,11 @@ def _compression_entry(info: dict | None) -> dict | None:
 # ------------------------------------------------------------------------------------------------ golden vectors
 
 
-def check_golden(mlpackage: Path, pixels_nhwc: np.ndarray, expected: np.ndarray, tolerance) -> dict:
-    """Run the golden pixels through the emulated CoreML hop; metrics and verdict against `tolerance`."""
-    with get_target(COREML_ROW.name).bundle_runner(mlpackage) as runner:
+def check_golden(mlpackage: Path, pixels_nhwc: np.ndarray, expected: np.ndarray, tolerance,
+                 function: str | None = None) -> dict:
+    """Run the golden pixels through the emulated CoreML hop (of `function`, in a multi-size package); metrics and
+    verdict against `tolerance`."""
+    with get_target(COREML_ROW.name).bundle_runner(mlpackage, **({"entry": function} if function else {})) as runner:
         y = runner.run(pixels_nhwc.transpose(0, 3, 1, 2).astype(np.float32))
     return golden_verdict(runner, y, expected, tolerance)
 
@@ -226,13 +229,6 @@ def _assemble(report, export_dir: Path, out: Path, s: ExportSettings, tol) -> Pa
     compressed = precision in KINDS
     loaded = build_train_form(name, s.checkpoint, s.overrides, s.seed, preprocess=s.preprocess)
     labels = labels if labels is not None else loaded.labels  # (a transformers checkpoint's id2label)
-    train = loaded.sized(report.imgsz)  # the train-form at the export's size (its reference)
-    pixels, logits = golden_vectors(train, report.imgsz, *input_stats(loaded.model), natural=compressed,
-                                    recipe=recipe_of(loaded.model))  # the export's own recipe (report.preprocess)
-    golden_check = check_golden(mlpackage, pixels, logits, tol)
-    if not golden_check["passed"]:
-        raise GoldenMismatch(f"the packaged model fails its own golden vectors: {'; '.join(golden_check['problems'])}")
-
     root = name
     files: dict[str, bytes] = _tree_files(mlpackage, f"{root}/{mlpackage.name}")
     label_list = read_labels(labels) if labels is not None else None
@@ -240,27 +236,36 @@ def _assemble(report, export_dir: Path, out: Path, s: ExportSettings, tol) -> Pa
         files[f"{root}/labels.txt"] = ("\n".join(label_list) + "\n").encode()
     info = entry.info
     tol_d = {k: v for k, v in vars(tol).items() if v is not None}
-    golden = {
-        "inputs": {"file": "golden/inputs.npy", "dtype": "uint8", "shape": list(pixels.shape), "layout": "NHWC",
-                   "color": "RGB", "range": [0, 255],
-                   "source": (f"views of the shipped photos that never calibrate (vitedge.exporter.verdict.inputs."
-                              f"natural_inputs, seed={GOLDEN_SEED}) quantized to 8-bit pixels" if compressed else
-                              f"vitedge.exporter.verdict.inputs.parity_inputs(n={len(pixels)}, seed={GOLDEN_SEED}) quantized "
-                              "to 8-bit pixels (noise, gradient, checker, smooth, blocks, extreme; cycled)")},
-        "outputs": {"file": "golden/outputs.npy", "dtype": "float32", "shape": list(logits.shape), "name": "logits",
-                    "source": "train-form PyTorch model (float32) on the same pixels, normalized with mean/std"},
-        "preprocessing": info["input_spec"],
-        "preprocess": report.preprocess,
-        "tolerance": tol_d,
-        "check": "per image: feed the pixels to `image`, compare `logits` with the expected row; over all images: "
-                 "lowest cosine, PSNR = 20*log10(max|expected|/RMSE) and top-1 agreement must meet `tolerance`",
-        "verified": golden_check,
-    }
-    files[f"{root}/golden/inputs.npy"] = _npy_bytes(pixels)
-    files[f"{root}/golden/outputs.npy"] = _npy_bytes(logits)
-    files[f"{root}/golden/golden.json"] = _json_bytes(golden)
-    files[f"{root}/README.md"] = _readme(name, report.imgsz, label_list is not None, report.weights, ios, precision,
-                                         golden).encode()
+    sizes, checks, goldens = bundle_sizes(report), [], []
+    for z in sizes:  # golden vectors per size, each checked on its own function
+        pixels, logits, golden_check = size_golden(  # the export's own recipe (report.preprocess)
+            loaded.sized(z.imgsz), z, compressed, recipe_of(loaded.model), "model",
+            lambda px, expected: check_golden(mlpackage, px, expected, tol, z.entry))
+        golden = {
+            "inputs": {"file": f"{z.golden}/inputs.npy", "dtype": "uint8", "shape": list(pixels.shape),
+                       "layout": "NHWC", "color": "RGB", "range": [0, 255],
+                       "source": (f"views of the shipped photos that never calibrate (vitedge.exporter.verdict.inputs."
+                                  f"natural_inputs, seed={GOLDEN_SEED}) quantized to 8-bit pixels" if compressed else
+                                  f"vitedge.exporter.verdict.inputs.parity_inputs(n={len(pixels)}, seed={GOLDEN_SEED}) "
+                                  "quantized to 8-bit pixels (noise, gradient, checker, smooth, blocks, extreme; cycled)")},
+            "outputs": {"file": f"{z.golden}/outputs.npy", "dtype": "float32", "shape": list(logits.shape),
+                        "name": "logits",
+                        "source": "train-form PyTorch model (float32) on the same pixels, normalized with mean/std"},
+            "preprocessing": info.get("function_info", {}).get(z.entry, info)["input_spec"],
+            "preprocess": report.preprocess,
+            "tolerance": tol_d,
+            "check": "per image: feed the pixels to `image`, compare `logits` with the expected row; over all images: "
+                     "lowest cosine, PSNR = 20*log10(max|expected|/RMSE) and top-1 agreement must meet `tolerance`",
+            "verified": golden_check,
+        }
+        add_golden(files, root, z, pixels, logits, golden, "function")
+        checks.append(golden_check)
+        goldens.append(golden)
+    readme = _readme(name, report.imgsz, label_list is not None, report.weights, ios, precision, goldens[0])
+    readme += sizes_readme(sizes, "function", "load another size's function with `config.functionName = "
+                                              "\"size_HxW\"` (MLModelConfiguration, iOS 18+) before `MLModel(contentsOf:"
+                                              "configuration:)`, and feed it pixels of that size.")
+    files[f"{root}/README.md"] = readme.encode()
     manifest = {
         "format": BUNDLE_FORMAT,
         "model": name, "imgsz": size_json(report.imgsz),
@@ -283,4 +288,4 @@ def _assemble(report, export_dir: Path, out: Path, s: ExportSettings, tol) -> Pa
                     "attention_order": report.reparam.attention_order},
         "onnx_exporter": {"exporter": report.exporter, "exporter_fallback": report.exporter_fallback},
     }
-    return finish_bundle(out, report, root, files, manifest, golden_check)
+    return finish_bundle(out, report, root, files, manifest, checks[0], size_entries(sizes, checks, "function"))

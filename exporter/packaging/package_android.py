@@ -26,14 +26,14 @@ import numpy as np
 from ...errors import VitedgeError
 from ...models.input_size import as_hw, size_json
 from ...models.preprocess import Recipe
-from ...models.registry import input_stats, recipe_of
+from ...models.registry import recipe_of
 from ...targets import get_target
 from ...targets.rows import EXECUTORCH_ROW
 from ...targets.labels import read_labels
 from ..reparam.forms import build_train_form
 from ..core.settings import ExportSettings
-from .bundle import (GOLDEN_SEED, GoldenMismatch, PackageResult, _json_bytes, _npy_bytes, build_bundle,
-                     check_bundle_out, finish_bundle, golden_vectors, golden_verdict, normalize_pixels)
+from .bundle import (GOLDEN_SEED, PackageResult, add_golden, build_bundle, bundle_sizes, check_bundle_out,
+                     finish_bundle, golden_verdict, normalize_pixels, size_entries, size_golden, sizes_readme)
 from ..verdict.parity import DEFAULT_TOLERANCES, profile_for
 from ..flow.pipeline import export
 
@@ -60,10 +60,12 @@ def android_runtime(executorch: str | None) -> dict:
             "gradle": f'implementation("org.pytorch:executorch-android:{version}")'}
 
 
-def check_golden(pte: Path, pixels_nhwc: np.ndarray, expected: np.ndarray, recipe: Recipe, tolerance) -> dict:
-    """Run the golden pixels, normalized by `recipe`, through the `.pte` here; metrics and verdict."""
+def check_golden(pte: Path, pixels_nhwc: np.ndarray, expected: np.ndarray, recipe: Recipe, tolerance,
+                 method: str | None = None) -> dict:
+    """Run the golden pixels, normalized by `recipe`, through the `.pte` here (its `method`, in a multi-size
+    program); metrics and verdict."""
     x = normalize_pixels(pixels_nhwc.transpose(0, 3, 1, 2), recipe.mean, recipe.std)
-    with get_target(EXECUTORCH_ROW.name).bundle_runner(pte) as runner:
+    with get_target(EXECUTORCH_ROW.name).bundle_runner(pte, **({"entry": method} if method else {})) as runner:
         y = runner.run(x)
     return golden_verdict(runner, y, expected, tolerance)
 
@@ -163,41 +165,46 @@ def _assemble(report, export_dir: Path, out: Path, hop_name: str, s: ExportSetti
     labels = labels if labels is not None else loaded.labels
     recipe = recipe_of(loaded.model)
     compressed = precision != "fp32"
-    train = loaded.sized(report.imgsz)  # the train-form at the export's size (its reference)
-    pixels, logits = golden_vectors(train, report.imgsz, *input_stats(loaded.model), natural=compressed,
-                                    recipe=recipe)
     tol = golden_tolerance(precision)
-    golden_check = check_golden(pte, pixels, logits, recipe, tol)
-    if not golden_check["passed"]:
-        raise GoldenMismatch(f"the packaged program fails its own golden vectors: {'; '.join(golden_check['problems'])}")
     root = name
     files = {f"{root}/{pte.name}": pte.read_bytes()}
     label_list = read_labels(labels) if labels is not None else None
     if label_list:
         files[f"{root}/labels.txt"] = ("\n".join(label_list) + "\n").encode()
     tol_d = {k: v for k, v in vars(tol).items() if v is not None}
-    golden = {
-        "inputs": {"file": "golden/inputs.npy", "dtype": "uint8", "shape": list(pixels.shape), "layout": "NHWC",
-                   "color": "RGB", "range": [0, 255],
-                   "source": ("views of the shipped photos that never calibrate, quantized to 8-bit pixels"
-                              if compressed else f"vitedge.exporter.verdict.inputs.parity_inputs(n={len(pixels)}, "
-                              f"seed={GOLDEN_SEED}) quantized to 8-bit pixels")},
-        "outputs": {"file": "golden/outputs.npy", "dtype": "float32", "shape": list(logits.shape), "name": "logits",
-                    "source": "train-form PyTorch model (float64, rounded once) on the same pixels, normalized"},
-        "program_input": {"dtype": "float32", "layout": "NCHW", "normalize": "(pixel / 255 - mean) / std",
-                          "mean": list(recipe.mean), "std": list(recipe.std)},
-        "preprocess": report.preprocess,
-        "tolerance": tol_d,
-        "check": "over all images: lowest cosine, max relative error / PSNR and top-1 agreement must meet `tolerance`",
-        "verified": golden_check,
-    }
-    files[f"{root}/golden/inputs.npy"] = _npy_bytes(pixels)
-    files[f"{root}/golden/outputs.npy"] = _npy_bytes(logits)
-    files[f"{root}/golden/golden.json"] = _json_bytes(golden)
+    sizes, checks, goldens = bundle_sizes(report), [], []
+    for z in sizes:  # golden vectors per size, each checked on its own method
+        pixels, logits, golden_check = size_golden(
+            loaded.sized(z.imgsz), z, compressed, recipe, "program",
+            lambda px, expected: check_golden(pte, px, expected, recipe, tol, z.entry))
+        golden = {
+            "inputs": {"file": f"{z.golden}/inputs.npy", "dtype": "uint8", "shape": list(pixels.shape),
+                       "layout": "NHWC", "color": "RGB", "range": [0, 255],
+                       "source": ("views of the shipped photos that never calibrate, quantized to 8-bit pixels"
+                                  if compressed else f"vitedge.exporter.verdict.inputs.parity_inputs(n={len(pixels)}, "
+                                  f"seed={GOLDEN_SEED}) quantized to 8-bit pixels")},
+            "outputs": {"file": f"{z.golden}/outputs.npy", "dtype": "float32", "shape": list(logits.shape),
+                        "name": "logits",
+                        "source": "train-form PyTorch model (float64, rounded once) on the same pixels, normalized"},
+            "program_input": {"dtype": "float32", "layout": "NCHW", "normalize": "(pixel / 255 - mean) / std",
+                              "mean": list(recipe.mean), "std": list(recipe.std)},
+            "preprocess": report.preprocess,
+            "tolerance": tol_d,
+            "check": "over all images: lowest cosine, max relative error / PSNR and top-1 agreement must meet "
+                     "`tolerance`",
+            "verified": golden_check,
+        }
+        add_golden(files, root, z, pixels, logits, golden, "method")
+        checks.append(golden_check)
+        goldens.append(golden)
+    golden = goldens[0]
     info = entry.info
     runtime = android_runtime(info.get("executorch"))
-    files[f"{root}/README.md"] = _readme(name, pte.name, report.imgsz, recipe, int(logits.shape[1]),
-                                         label_list is not None, report.weights, precision, golden, runtime).encode()
+    readme = _readme(name, pte.name, report.imgsz, recipe, int(logits.shape[1]), label_list is not None,
+                     report.weights, precision, golden, runtime)
+    readme += sizes_readme(sizes, "method", "run another size's method by its name, `module.execute(\"size_HxW\", "
+                                            "input)`, with an input of that size.")
+    files[f"{root}/README.md"] = readme.encode()
     manifest = {
         "format": BUNDLE_FORMAT, "model": name, "imgsz": size_json(report.imgsz),
         "input_size": list(as_hw(report.imgsz)), "overrides": report.overrides,
@@ -210,4 +217,4 @@ def _assemble(report, export_dir: Path, out: Path, hop_name: str, s: ExportSetti
         "preprocess": report.preprocess, "from_checkpoint": report.from_checkpoint,
         "labels": {"file": "labels.txt", "count": len(label_list)} if label_list else None,
     }
-    return finish_bundle(out, report, root, files, manifest, golden_check)
+    return finish_bundle(out, report, root, files, manifest, checks[0], size_entries(sizes, checks, "method"))

@@ -276,7 +276,8 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
     backends' graphs (each result's `export` says which one wrote it)."""
     backends_l = parse_backends(backends)
     check_exporter(exporter)
-    sizes = ExportSettings(imgsz=imgsz).square_sizes()  # (the one place sizes are read and checked)
+    asked = ExportSettings(imgsz=imgsz)
+    sizes = asked.sizes()  # S, or (H, W): as the pipeline takes it
     base_p50 = check_settings(batch, threads, warmup_s, min_iters, max_s, baseline, max_regression)
     if order not in ("auto", "measured"):
         raise VitedgeError(f"--order must be auto or measured; got {order!r}")

@@ -47,7 +47,7 @@ def bench(model=None, *, artifact: str | Path | None = None, providers=None, bac
     check_file_path(plot, "--plot")
     s = ExportSettings.build(model, settings, "bench")
     s.only(BENCH_SETTINGS, "bench")
-    model, sizes, attn_order = s.model, s.square_sizes(), s.attn_order or "auto"
+    model, sizes, attn_order = s.model, s.sizes(), s.attn_order or "auto"
     if plot is not None:
         require_matplotlib()
     if bundle_id is not None and device is None:

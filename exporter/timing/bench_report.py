@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import VitedgeError
+from ..core.settings import size_side, written
 
 
 @dataclass
@@ -28,7 +29,7 @@ class BackendResult:
 
     @property
     def key(self) -> str:
-        return f"{self.backend}@{self.imgsz}"
+        return f"{self.backend}@{written(self.imgsz)}"
 
 
 @dataclass
@@ -67,11 +68,11 @@ def format_table(report: BenchReport) -> str:
         lat = r.latency
         if lat and r.valid:
             ci = f"{lat['p50_ci_ms'][0]:.3f}-{lat['p50_ci_ms'][1]:.3f}"
-            rows.append((r.backend, str(r.imgsz), r.status, f"{r.load_s:.2f}", f"{lat['p50_ms']:.3f}", ci,
+            rows.append((r.backend, written(r.imgsz), r.status, f"{r.load_s:.2f}", f"{lat['p50_ms']:.3f}", ci,
                          f"{lat['p90_ms']:.3f}", f"{lat['p99_ms']:.3f}", f"{lat['cv']:.3f}", str(lat["iters"]),
                          f"{lat['throughput']:.1f}"))
         else:
-            rows.append((r.backend, str(r.imgsz), r.status, "-" if r.load_s is None else f"{r.load_s:.2f}",
+            rows.append((r.backend, written(r.imgsz), r.status, "-" if r.load_s is None else f"{r.load_s:.2f}",
                          "invalid" if r.status == "failed" else "-", "", "", "", "", "", ""))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
@@ -82,24 +83,24 @@ def format_table(report: BenchReport) -> str:
             "checked first against the train-form" if a["parity"] == "run" else f"NOT RUN: {a['parity_reason']}"))
     for r in report.results:
         if r.reason:
-            lines.append(f"  {r.backend}@{r.imgsz}: {r.reason}")
+            lines.append(f"  {r.backend}@{written(r.imgsz)}: {r.reason}")
         if r.predictions:
             from ..verdict.predictions import describe
 
-            lines.append(f"  {r.backend}@{r.imgsz}: top-1 on the first parity inputs: {describe(r.predictions)}")
+            lines.append(f"  {r.backend}@{written(r.imgsz)}: top-1 on the first parity inputs: {describe(r.predictions)}")
         if r.gpu_compute and r.valid:
-            lines.append(f"  {r.backend}@{r.imgsz}: GPU compute p50 {r.gpu_compute['p50_ms']:.3f} ms "
+            lines.append(f"  {r.backend}@{written(r.imgsz)}: GPU compute p50 {r.gpu_compute['p50_ms']:.3f} ms "
                          f"(execution only); end to end with copies p50 {r.latency['p50_ms']:.3f} ms")
     for q in report.ratios:
-        lines.append(f"ratio {q['numerator']}/{q['denominator']} @{q['imgsz']}: {q['ratio']:.3f} "
+        lines.append(f"ratio {q['numerator']}/{q['denominator']} @{written(q['imgsz'])}: {q['ratio']:.3f} "
                      f"(95% CI {q['ci'][0]:.3f}-{q['ci'][1]:.3f}, {q['pairs']} paired rounds)")
     for o in report.order:
-        lines.append(f"order @{o['imgsz']} on {o['backend']}: measured best {o['measured_best']}, FLOP rule "
+        lines.append(f"order @{written(o['imgsz'])} on {o['backend']}: measured best {o['measured_best']}, FLOP rule "
                      f"{'/'.join(o['rule_choice'])}; qk_first/kv_first = {o['qk_over_kv']['ratio']:.3f}")
     for d in (report.device or {}).get("results", []):
         p = d["parity"]
         lines.append(f"iphone {report.device['name']} (iOS {report.device['os']}, {report.device['compute_units']}) "
-                     f"@{d['imgsz']}: load p50 {d['load_ms']['p50_ms']:.1f} ms, predict p50 "
+                     f"@{written(d['imgsz'])}: load p50 {d['load_ms']['p50_ms']:.1f} ms, predict p50 "
                      f"{d['predict_ms']['p50_ms']:.3f} ms (p90 {d['predict_ms']['p90_ms']:.3f}); golden-vector "
                      f"parity {p['status'].upper()}" + (f" on {p['samples']} inputs (mode device)" if p["samples"]
                                                          else "")
@@ -131,7 +132,7 @@ def write_plot(report: BenchReport, path: str | Path) -> Path:
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
     for b in dict.fromkeys(r.backend for r in report.results):
-        pts = [(r.imgsz, r.latency) for r in report.results if r.backend == b and r.valid and r.latency]
+        pts = [(size_side(r.imgsz), r.latency) for r in report.results if r.backend == b and r.valid and r.latency]
         if not pts:
             continue
         xs = [p[0] for p in pts]
@@ -140,11 +141,11 @@ def write_plot(report: BenchReport, path: str | Path) -> Path:
                         [p[1]["p50_ci_ms"][1] - y for y, p in zip(ys, pts)]]).clip(min=0)
         ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=b)
     for order in ("qk_first", "kv_first"):
-        pts = [(o["imgsz"], o["latency"][order]) for o in report.order]
+        pts = [(size_side(o["imgsz"]), o["latency"][order]) for o in report.order]
         if pts:
             ax.plot([p[0] for p in pts], [p[1]["p50_ms"] for p in pts], linestyle="--", marker="x",
                     label=f"{report.order[0]['backend']} {order}")
-    ax.set_xlabel("input size (px)")
+    ax.set_xlabel("input size (px; H x W at sqrt(H W))")
     ax.set_ylabel("p50 latency (ms), 95% CI")
     ax.set_title(f"{report.model}, batch {report.batch}, {report.threads or 'all'} thread(s)")
     ax.grid(alpha=0.3)

@@ -248,7 +248,7 @@ class Ladder:
             return unverified(hop_name, hop.backend, _mode_mismatch(mode, target, hop.mode), tol)
         if artifact.precision in names(HALF):   # the table now: a registered fp16-kind precision too
             with self.progress.step(f"{hop_name} weights check"):
-                judge_weights(hop, self.deploy, artifact.path, artifact.precision, target)
+                judge_weights(hop, self.deploy, artifact.path, artifact.precision, target, artifact.entry)
         graph = target.graph(artifact.path) if hop.status in ("passed", "failed") else None
         if graph is not None:
             self.check_onnx(hop, graph)

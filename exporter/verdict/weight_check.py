@@ -65,15 +65,18 @@ class WeightCheck:
                 f"({w['allowance']:.3g}; {len(self.failing)} channel(s) of {self.checked} weights beyond it)")
 
 
-def judge_weights(hop, deploy: nn.Module, path: str | Path, precision: str, target: Target | None = None) -> None:
+def judge_weights(hop, deploy: nn.Module, path: str | Path, precision: str, target: Target | None = None,
+                  entry: str | None = None) -> None:
     """After an fp16 or compressed artifact's hop that ran: its weights check in `hop.weights`; a failed check fails
     the hop, one that raised leaves a passed hop unverified (a check that raised is never a pass). `target`: the
-    artifact's (default: the one whose row names its suffix), whose reader reads the stored weights."""
+    artifact's (default: the one whose row names its suffix), whose reader reads the stored weights; `entry`: the
+    function / method of a multi-size artifact the hop ran (its weights are checked against `deploy`)."""
     if hop.status not in ("passed", "failed") or TABLE.get(precision) is None or TABLE[precision].weight_k is None:
         return
     target = target or target_for_file(path)
     try:
-        stored = target.read_weights(path) if target is not None else None
+        read = {"entry": entry} if entry else {}
+        stored = target.read_weights(path, **read) if target is not None else None
         if stored is None:  # a TensorRT engine: its weights are not readable outside TensorRT
             why = target.weights_unread if target is not None else "no target reads this artifact's weights"
             hop.weights = {"status": "not applicable", "why": f"{Path(path).name}: {why}"}

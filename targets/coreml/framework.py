@@ -89,10 +89,12 @@ def ane_residency(plan: dict, has_ane: bool | None, threshold: float | None = No
 class CoreMLFramework:
     """The real CoreML through coremltools (macOS only). Tests inject a stand-in with the same methods."""
 
-    def load(self, path: Path, compute_unit: str):
+    def load(self, path: Path, compute_unit: str, function: str | None = None):
+        """The package's MLModel (of its `function`, in a multifunction package; None: the default one)."""
         with quiet_coremltools():
             import coremltools as ct
-        return ct.models.MLModel(str(path), compute_units=getattr(ct.ComputeUnit, compute_unit))
+        extra = {"function_name": function} if function else {}
+        return ct.models.MLModel(str(path), compute_units=getattr(ct.ComputeUnit, compute_unit), **extra)
 
     def compute_plan(self, path: Path, compute_unit: str) -> dict:
         """Each op's preferred device (MLComputePlan, macOS 14.4+) for `compute_unit`; summarize_compute_plan."""

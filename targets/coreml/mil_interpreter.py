@@ -147,6 +147,12 @@ class MILProgram:
     consts: dict            # var name -> value
     const_dtypes: dict      # var name -> dtype
     spec: object = field(repr=False, default=None)  # the Model protobuf (description, metadata)
+    function: str = "main"  # which function of the package this is
+
+    @property
+    def description(self):
+        """This function's description (inputs, outputs): a multifunction package's own, else the model's."""
+        return next((f for f in self.spec.description.functions if f.name == self.function), self.spec.description)
 
     # -------------------------------------------------------------------------------------- introspection
     def op_counts(self) -> Counter:
@@ -166,8 +172,8 @@ class MILProgram:
     @property
     def input_kind(self) -> str:
         """'image' or 'tensor' (the model description's first input)."""
-        if self.spec is not None and self.spec.description.input:
-            return "image" if self.spec.description.input[0].type.WhichOneof("Type") == "imageType" else "tensor"
+        if self.spec is not None and self.description.input:
+            return "image" if self.description.input[0].type.WhichOneof("Type") == "imageType" else "tensor"
         return "tensor"
 
     # -------------------------------------------------------------------------------------- execution
@@ -272,8 +278,9 @@ def package_paths(path: Path) -> tuple[Path, Path | None]:
     return spec_file, (Path(item.path()) if item is not None else None)
 
 
-def load_program(path: str | Path, function: str = "main") -> MILProgram:
-    """Read an .mlpackage's ML Program (ops, declared dtypes, const values from weight.bin)."""
+def load_program(path: str | Path, function: str | None = None) -> MILProgram:
+    """Read an .mlpackage's ML Program (ops, declared dtypes, const values from weight.bin): its `function`, by
+    default the package's default one ("main" but in a multifunction package)."""
     with quiet_coremltools():
         from coremltools.converters.mil.frontend.milproto.load import TranscriptionContext
         from coremltools.proto import Model_pb2
@@ -284,6 +291,7 @@ def load_program(path: str | Path, function: str = "main") -> MILProgram:
         raise MILProgramError(f"{path} holds a {spec.WhichOneof('Type')} model, not an ML Program; "
                               "convert with convert_to='mlprogram'")
     prog = spec.mlProgram
+    function = function or spec.description.defaultFunctionName or "main"
     if function not in prog.functions:
         raise MILProgramError(f"{path} has no function {function!r} (has {list(prog.functions)})")
     fn = prog.functions[function]
@@ -316,4 +324,4 @@ def load_program(path: str | Path, function: str = "main") -> MILProgram:
                               "the package may be corrupt, re-export it") from None
     finally:
         ctx.blob_reader_from_filename.clear()  # release weight.bin
-    return MILProgram(Path(path), fn.opset, inputs, list(block.outputs), ops, consts, const_dtypes, spec)
+    return MILProgram(Path(path), fn.opset, inputs, list(block.outputs), ops, consts, const_dtypes, spec, function)

@@ -48,9 +48,10 @@ class EmulatedCoreMLRunner(Runner):
     """The saved package's ML Program executed by the numpy MIL interpreter (fp16 rounding emulated)."""
     mode = "emulated"
 
-    def __init__(self, path: str | Path, max_samples: int | None = DEFAULT_EMULATED_SAMPLES):
-        self.path = Path(path)
-        self.program = load_program(self.path)
+    def __init__(self, path: str | Path, max_samples: int | None = DEFAULT_EMULATED_SAMPLES,
+                 function: str | None = None):
+        self.path, self.function = Path(path), function  # function: of a multifunction package (None: default)
+        self.program = load_program(self.path, function)
         unknown = self.program.unknown_ops()
         if unknown:
             raise UnsupportedOpError(f"the MIL emulator has no kernel for op(s) {', '.join(unknown)}; add them to "
@@ -75,6 +76,7 @@ class EmulatedCoreMLRunner(Runner):
     def info(self) -> dict:
         """Facts for the report: how the hop ran."""
         return {"mode": self.mode, "max_samples": self.max_samples, "opset": self.program.opset,
+                **({"function": self.function} if self.function else {}),
                 "input": "image" if self.image else "tensor",
                 "semantics": "each op in float32 on its inputs, outputs rounded to the declared dtype (fp16: "
                              "nearest-even, overflow to inf)"}
@@ -101,16 +103,18 @@ class EmulatedCoreMLRunner(Runner):
 class DeviceCoreMLRunner(Runner):
     """`MLModel.predict` through coremltools on macOS. Reports mode "device" only once a prediction returned."""
 
-    def __init__(self, path: str | Path, coreml, compute_units=DEVICE_COMPUTE_UNITS):
-        self.path = Path(path)
+    def __init__(self, path: str | Path, coreml, compute_units=DEVICE_COMPUTE_UNITS, function: str | None = None):
+        self.path, self.function = Path(path), function  # function: of a multifunction package (None: default)
         self.coreml = coreml
         self.compute_units = tuple(compute_units)
-        self.models = {u: coreml.load(self.path, u) for u in self.compute_units}
+        self.models = {u: coreml.load(self.path, u, **({"function": function} if function else {}))
+                       for u in self.compute_units}
         spec = load_program_spec(self.path)
-        inp = spec.description.input[0]
+        desc = next((f for f in spec.description.functions if f.name == function), spec.description)
+        inp = desc.input[0]
         self.input_name = inp.name
         self.image = inp.type.WhichOneof("Type") == "imageType"
-        self.output = _logits_output([o.name for o in spec.description.output])
+        self.output = _logits_output([o.name for o in desc.output])
         pre = json.loads(dict(spec.description.metadata.userDefined).get("preprocessing", "{}") or "{}")
         self.mean, self.std = pre.get("mean", list(IMAGENET_MEAN)), pre.get("std", list(IMAGENET_STD))
         shape = tuple(inp.type.multiArrayType.shape) if not self.image else (1, 3, inp.type.imageType.height,

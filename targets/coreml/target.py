@@ -18,6 +18,7 @@ from pathlib import Path
 import torch.nn as nn
 
 from ...errors import VitedgeError
+from ...models.input_size import as_hw
 from ..base import Artifact, LowerSpec, Runner, StoredWeights, Target, UnavailableError, reraise_interrupt
 from ..rows import COREML_ROW
 from .compress import KINDS, MIN_IOS, compress_package, require_kmeans
@@ -25,6 +26,7 @@ from ..labels import model_classes
 from .convert import convert, input_channels
 from .mil_interpreter import quiet_coremltools
 from .mlpackage import read_metadata
+from .multifunction import MULTIFUNCTION_IOS, merge_functions
 from .weights import read_package
 from .options import DEFAULT_IOS, check_input, parse_ios, parse_options
 from .framework import CoreMLFramework, coreml_framework_status
@@ -65,8 +67,8 @@ class CoreMLTarget(Target):
     def require(self, precision: str) -> None:
         require_kmeans(precision)  # palette4/6: scikit-learn, the [compress] extra
 
-    def read_weights(self, path) -> StoredWeights:
-        return read_package(path)
+    def read_weights(self, path, entry: str | None = None) -> StoredWeights:
+        return read_package(path, entry)
 
     def device_bench(self, kind: str):
         """The tethered iPhone (coremltools' remote-device support, macOS): iphone.py."""
@@ -76,8 +78,8 @@ class CoreMLTarget(Target):
 
         return IphoneBench()
 
-    def bundle_runner(self, path) -> Runner:
-        return PackageRunner(Path(path), max_samples=None)
+    def bundle_runner(self, path, entry: str | None = None) -> Runner:
+        return PackageRunner(Path(path), max_samples=None, function=entry)
 
     def validate_options(self, options: dict) -> None:
         """Check --ios/--input/--labels before any work (the label count is checked against the model later)."""
@@ -102,6 +104,42 @@ class CoreMLTarget(Target):
                 raise VitedgeError(f"--precision {precision} needs iOS {need}+ (activation quantize/dequantize ops) "
                                    f"but --ios {ios} was given: use --ios {need} or later, or --precision w8")
         return options
+
+    def plan_sizes(self, sizes: int, options: dict) -> dict:
+        """One package of several sizes is a multifunction package: iOS 18+. With no --ios the target is raised to
+        18 and the options say so (`ios_raised`); an explicit lower --ios is a VitedgeError naming the floor."""
+        ios = options.get("ios")
+        if ios is None:
+            return {**options, "ios": MULTIFUNCTION_IOS,
+                    "ios_raised": f"{sizes} input sizes in one package (a multifunction .mlpackage) need iOS "
+                                  f"{MULTIFUNCTION_IOS}+ / macOS 15+: the deployment target was raised from the "
+                                  f"default {DEFAULT_IOS} to {MULTIFUNCTION_IOS}"}
+        if parse_ios(ios) < MULTIFUNCTION_IOS:
+            raise VitedgeError(f"--ios {ios}: {sizes} input sizes make one multifunction .mlpackage, which needs iOS "
+                               f"{MULTIFUNCTION_IOS}+ (macOS 15+); use --ios {MULTIFUNCTION_IOS}, or export one size "
+                               "per run for an older deployment target")
+        return options
+
+    def lower_sizes(self, parts: dict, path: Path) -> Artifact:
+        """Each size converted on its own (its own trace, attention order and fp16 policy) beside `path`, then
+        merged into one multifunction package, one function per size (multifunction.py)."""
+        path, made, infos = Path(path), {}, {}
+        scratch = path.parent / f"{path.stem}.functions"
+        try:
+            for entry, (deploy, spec) in parts.items():
+                folder = scratch / entry
+                folder.mkdir(parents=True, exist_ok=True)
+                art = self.lower(deploy, replace(spec, out_dir=folder))
+                made[entry], infos[entry] = art.path, art.info
+            sizes = {e: list(as_hw(spec.imgsz)) for e, (_, spec) in parts.items()}
+            merged = merge_functions(made, sizes, path)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        first = next(iter(parts.values()))[1]
+        info = {**infos[next(iter(infos))], **merged, "function_info": infos}
+        if first.options.get("ios_raised"):
+            info["ios_raised"] = first.options["ios_raised"]
+        return Artifact(self.name, path, first.precision, info=info)
 
     def run_mode(self) -> tuple[str, str | None]:
         """("device", None) where CoreML itself predicts, else ("emulated", why not device)."""
@@ -163,10 +201,10 @@ class CoreMLTarget(Target):
             ok, why = self.device_status()
             if ok:
                 return DeviceCoreMLRunner(path, self.framework or CoreMLFramework(),
-                                          kw.get("compute_units", DEVICE_COMPUTE_UNITS))
+                                          kw.get("compute_units", DEVICE_COMPUTE_UNITS), function=artifact.entry)
             if mode == "device":
                 raise UnavailableError(why)
-        return EmulatedCoreMLRunner(path, kw.get("max_samples", DEFAULT_EMULATED_SAMPLES))
+        return EmulatedCoreMLRunner(path, kw.get("max_samples", DEFAULT_EMULATED_SAMPLES), function=artifact.entry)
 
 
 def _stats(info: dict) -> tuple[list, list]:

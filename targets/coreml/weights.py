@@ -12,14 +12,15 @@ import numpy as np
 from ..base import StoredWeights
 
 
-def read_package(path: str | Path) -> StoredWeights:
-    """Every stored weight of the package at `path`, its compressed ones for localization, and for an image-input
-    package the fold of 1/std into the reference (inputs scaled by std on the way in)."""
+def read_package(path: str | Path, function: str | None = None) -> StoredWeights:
+    """Every stored weight of the package at `path` (of its `function`; None: the default one), its compressed
+    ones for localization, and for an image-input package the fold of 1/std into the reference (inputs scaled by
+    std on the way in)."""
     from .convert import fold_input_std
     from .mil_interpreter import load_program
 
-    program = load_program(Path(path))
-    stored = StoredWeights(package_weights_all(Path(path)), localize=package_weights(program))
+    program = load_program(Path(path), function)
+    stored = StoredWeights(package_weights_all(Path(path), function), localize=package_weights(program))
     if program.input_kind == "image":
         pre = json.loads(dict(program.spec.description.metadata.userDefined).get("preprocessing") or "{}")
         imgsz = tuple(int(v) for v in next(iter(program.inputs.values()))[1][-2:])  # (H, W) of the input
@@ -60,12 +61,12 @@ def _is_bias_name(name: str) -> bool:
     return name.replace(".", "_").endswith("_bias")
 
 
-def package_weights_all(path: Path) -> dict[str, np.ndarray]:
+def package_weights_all(path: Path, function: str | None = None) -> dict[str, np.ndarray]:
     """{MIL name: float32 value} of every float const of rank >= 2, every bias vector and every compressed weight (decompressed by the
     interpreter's kernels) of the saved package."""
     from ...targets.coreml.mil_interpreter import load_program
 
-    program = load_program(path)
+    program = load_program(path, function)
     out = {name: np.asarray(v, np.float32) for name, v in program.consts.items()
            if isinstance(v, np.ndarray) and np.issubdtype(v.dtype, np.floating)
            and (v.ndim >= 2 or (v.ndim == 1 and _is_bias_name(name)))}  # biases are weights too

@@ -138,7 +138,7 @@ class ExecuTorchRunner(Runner):
     """ExecuTorch's runtime on a `.pte` (its static batch: inputs are run in chunks of it, the last padded)."""
     mode = "device"
 
-    def __init__(self, path: str | Path, threads: int | None = None):
+    def __init__(self, path: str | Path, threads: int | None = None, method: str | None = None):
         if threads is None and os.environ.get(THREADS_ENV):
             threads = int(os.environ[THREADS_ENV])
         if threads:
@@ -147,7 +147,8 @@ class ExecuTorchRunner(Runner):
         check_program_file(path)
         with quiet_native():
             self.program = _runtime().load_program(str(path))
-            self.method = self.program.load_method("forward")
+            self.method_name = method or "forward"  # a multi-size program: the method of one size
+            self.method = self.program.load_method(self.method_name)
         meta = self.method.metadata.input_tensor_meta(0)
         self.batch = int(meta.sizes()[0])
         backend = _program_metadata(self.program).get("executorch_backend", "?")
@@ -166,7 +167,8 @@ class ExecuTorchRunner(Runner):
 
     def info(self) -> dict:
         # "host": this runtime runs on this machine's CPU, never on a phone, whatever `mode` ("device") says
-        return {"runtime": "executorch.runtime", "threads": self.threads or "default", "host": host_cpu()}
+        return {"runtime": "executorch.runtime", "threads": self.threads or "default", "host": host_cpu(),
+                **({"method": self.method_name} if self.method_name != "forward" else {})}
 
     def close(self) -> None:
         self.method = self.program = None
@@ -223,47 +225,55 @@ class ExecuTorchTarget(Target):
         return options
 
     def lower(self, deploy_model: nn.Module, spec: LowerSpec) -> Artifact:
+        stem = spec.name if spec.precision == "fp32" else f"{spec.name}.{spec.precision}"
+        return self._write({"forward": (deploy_model, spec)}, Path(spec.out_dir) / f"{stem}{self.suffix}")
+
+    def lower_sizes(self, parts: dict, path: Path) -> Artifact:
+        """One program of one method per size (each exported and rewritten at its size), lowered together:
+        ExecuTorch lowers a dict of exported programs into one program, its methods named by the dict's keys."""
+        return self._write(parts, Path(path))
+
+    def _write(self, parts: dict, path: Path) -> Artifact:
+        """The program of `parts` (method name -> (deploy-form, LowerSpec)) written to `path`; the artifact info
+        of a one-method program as it always was, and per method (`methods`) where there are several."""
         ok, why = self.available()
         if not ok:
             raise UnavailableError(why)
         from executorch.exir import to_edge_transform_and_lower
 
+        spec = next(iter(parts.values()))[1]
         backend = spec.options.get("executorch_backend") or "xnnpack"
-        model = copy.deepcopy(deploy_model).float().eval()
-        shape = (spec.batch or 1, len(spec.metadata.get("mean") or (0, 0, 0)), *as_hw(spec.imgsz))
-        example = torch.zeros(shape)
         info: dict = {"backend": backend, "executorch": executorch_version()}
         with torch.no_grad(), quiet_native():
-            ep = torch.export.export(model, (example,))
-            if backend == "xnnpack" and spec.options.get("executorch_rewrites", "on") != "off":
-                ep, info["rewrites"] = _rewritten(ep, example)
-            if spec.precision == "int8":
-                if spec.calibration is None:
-                    raise ValueError("executorch int8 needs the pipeline's calibration set (spec.calibration)")
-                from .quantize import METHOD, quantize_pt2e
-
-                ep = quantize_pt2e(ep, example, spec.calibration)
-                info["calibration"] = spec.calibration.record(METHOD)
+            programs, per = {}, {}
+            for method, (deploy_model, part) in parts.items():
+                programs[method], per[method] = _exported(deploy_model, part, backend)
             meta = dict(spec.metadata, precision=spec.precision, executorch_backend=backend)
+            if len(parts) > 1:
+                meta["methods"] = {m: list(as_hw(part.imgsz)) for m, (_, part) in parts.items()}
             blob = torch.tensor(list(json.dumps(meta, sort_keys=True, default=str).encode()), dtype=torch.uint8)
             partitioners = [_xnnpack_partitioner()] if backend == "xnnpack" else []
-            edge = to_edge_transform_and_lower(ep, partitioner=partitioners, constant_methods={METADATA_METHOD: blob})
-            program = edge.exported_program()
-            info["outside_delegate"] = outside_delegate(program)
-            info["delegate_calls"] = delegate_calls(program)
-            info["fully_delegated"] = backend == "xnnpack" and not info["outside_delegate"]
+            edge = to_edge_transform_and_lower(programs if len(parts) > 1 else programs["forward"],
+                                               partitioner=partitioners, constant_methods={METADATA_METHOD: blob})
+            for method in parts:
+                program = edge.exported_program(method)
+                per[method]["outside_delegate"] = outside_delegate(program)
+                per[method]["delegate_calls"] = delegate_calls(program)
+                per[method]["fully_delegated"] = backend == "xnnpack" and not per[method]["outside_delegate"]
             buffer = edge.to_executorch().buffer
-        stem = spec.name if spec.precision == "fp32" else f"{spec.name}.{spec.precision}"
-        path = Path(spec.out_dir) / f"{stem}{self.suffix}"
+        if len(parts) == 1:
+            info.update(next(iter(per.values())))
+        else:
+            info.update(per[next(iter(per))], methods=per)
         path.write_bytes(buffer)
         return Artifact(self.name, path, spec.precision, info=info)
 
-    def bundle_runner(self, path) -> Runner:
-        return ExecuTorchRunner(Path(path))
+    def bundle_runner(self, path, entry: str | None = None) -> Runner:
+        return ExecuTorchRunner(Path(path), method=entry)
 
-    def read_weights(self, path) -> StoredWeights:
-        """A .pte's XNNPACK filters through their per-channel scales (weights.py): unnamed, matched by values; PT2E's
-        scale floor for the emulation."""
+    def read_weights(self, path, entry: str | None = None) -> StoredWeights:
+        """A .pte's XNNPACK filters through their per-channel scales (weights.py): unnamed, matched by values (every
+        method's: `entry` changes nothing); PT2E's scale floor for the emulation."""
         from .quantize import weight_scale_floor
         from .weights import read_weights
 
@@ -277,12 +287,31 @@ class ExecuTorchTarget(Target):
         ok, why = self.available()
         if not ok:
             raise UnavailableError(why)
-        runner = ExecuTorchRunner(artifact.path, threads=kw.get("threads"))
+        runner = ExecuTorchRunner(artifact.path, threads=kw.get("threads"), method=artifact.entry)
         runner.precision = artifact.precision
         return runner
 
     def read_metadata(self, path: str | Path) -> dict:
         return read_metadata(path)
+
+
+def _exported(deploy_model: nn.Module, spec: LowerSpec, backend: str) -> tuple[object, dict]:
+    """The deploy-form exported at `spec`'s size (rewritten for XNNPACK, quantized for int8), and its record."""
+    model = copy.deepcopy(deploy_model).float().eval()
+    h, w = as_hw(spec.imgsz)
+    example = torch.zeros((spec.batch or 1, len(spec.metadata.get("mean") or (0, 0, 0)), h, w))
+    info: dict = {}
+    ep = torch.export.export(model, (example,))
+    if backend == "xnnpack" and spec.options.get("executorch_rewrites", "on") != "off":
+        ep, info["rewrites"] = _rewritten(ep, example)
+    if spec.precision == "int8":
+        if spec.calibration is None:
+            raise ValueError("executorch int8 needs the pipeline's calibration set (spec.calibration)")
+        from .quantize import METHOD, quantize_pt2e
+
+        ep = quantize_pt2e(ep, example, spec.calibration)
+        info["calibration"] = spec.calibration.record(METHOD)
+    return ep, info
 
 
 def _xnnpack_partitioner():
