@@ -164,6 +164,9 @@ class Hop:
     # "deviation", "allowance", "ratio"}, "why"};
     # None where it does not apply.
     weights: dict | None = None
+    # Several outputs (--features, a user's heads): each output's worst noise_ratio over the input sets, in output
+    # order (the worst decides the hop; `sets[...]["outputs"]` per set); None for one output.
+    outputs: dict | None = None
 
     def mode_label(self) -> str:
         """The mode as displayed: "device (x86 host)" where the runner ran on this machine's CPU rather than on the
@@ -242,6 +245,10 @@ class Report:
     # What the checkpoint determined and where from (layout, model, num_classes, labels, preprocess): None
     # without a checkpoint (models/checkpoints/identify_model.py).
     from_checkpoint: dict | None = None
+    # The exported module's outputs, in order: [{"name", "shape" (per sample), "stride" (feature maps; else
+    # None)}]: `logits` for a classifier, the feature maps for --features (models/outputs.py).
+    outputs: list | None = None
+    features: object = None                         # --features as asked: None, "default" or the positions
     exit_code: int = EXIT_OK
     status: str = "passed"                          # "passed" | "failed"
 

@@ -19,6 +19,7 @@ import onnx
 import torch.nn as nn
 
 from ...errors import VitedgeError
+from ...models.features import output_specs
 from ...models.registry import input_stats, recipe_of
 from ...targets.graph.metadata import read_metadata, set_metadata
 from ..core import outdir
@@ -79,7 +80,9 @@ def export(model=None, targets=None, *, progress: Progress | None = None, hub: H
     asked = s.square_size()  # one square size for now (settings.py says what is not supported yet)
     options = dict(s.options or {})
     held, labels = hold_checkpoint(s.model, s.checkpoint, s.overrides, s.labels, options.pop("labels", None))
-    made = {"held": held, "preprocess": s.preprocess}  # how build_train_form makes the train-form
+    made = {"held": held, "preprocess": s.preprocess, "features": s.features}  # how build_train_form makes it
+    if s.features is not None and labels is not None:
+        raise VitedgeError("--labels names the classes of logits; --features exports feature maps: drop one")
     plans = resolve_targets(s.targets or "onnx", s.precision, s.dynamic_batch, options, labels=labels, batch=s.batch)
     n_calib = check_flags(s.precision, s.calib, s.calib_images, s.images, labels)
     for plan in plans:  # what each precision needs on its target (palette's scikit-learn): before any work
@@ -134,7 +137,9 @@ def export(model=None, targets=None, *, progress: Progress | None = None, hub: H
                                                      s.strict_schedule, s.rewrites)
             info = reparam_info(deploy, s.reparam)
 
+        outputs = [o.as_dict() for o in output_specs(deploy, (imgsz, imgsz))]
         report = Report(model=loaded.name, imgsz=imgsz, batch=run.batch, reparam=info, **loaded.facts(),
+                        outputs=outputs, features=s.features,
                         versions=versions(), command="export", targets=[p.name for p in plans],
                         samples=len(pset), samples_rule=rule, inputs=pset.note,
                         images=None if s.images is None else str(s.images),
@@ -165,8 +170,13 @@ def _metadata(loaded: Loaded, imgsz: int, run: ExportSettings, info: ReparamInfo
     extra["preprocess"] = recipe_of(loaded.model).to_dict()  # vitedge.preprocess: the eval recipe
     if report is not None:  # vitedge.exporter / _fallback: which exporter wrote the graph (why not dynamo)
         extra.update(exporter=report.exporter, exporter_fallback=report.exporter_fallback)
+    outputs = report.outputs if report is not None and report.outputs else None
+    if outputs is not None and len(outputs) > 1:  # vitedge.outputs: every output's name, shape and stride
+        extra["outputs"] = outputs
+    output = "logits" if not outputs or len(outputs) == 1 else "feature maps" if all(
+        o.get("stride") for o in outputs) else "outputs"
     return {**extra, "model": loaded.name, "imgsz": imgsz, "batch": batch if batch else "dynamic", "mean": list(mean),
-            "std": list(std), "input": "image: float32 NCHW, RGB, normalized with mean/std", "output": "logits",
+            "std": list(std), "input": "image: float32 NCHW, RGB, normalized with mean/std", "output": output,
             "weights": loaded.weights, "checkpoint_sha256": loaded.checkpoint_sha256, "overrides": loaded.overrides,
             "attn_order": attn_order, "precision": "fp32",
             "reparam": {"folded": info.folded, "unfolded": info.unfolded, "attention_order": info.attention_order},

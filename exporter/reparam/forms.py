@@ -15,6 +15,7 @@ import torch.nn as nn
 from ...errors import VitedgeError
 from ...models.checkpoints import Identified, identify, load_checkpoint, resolve_checkpoint
 from ...models.digest import sha256_file
+from ...models.features import FeatureMaps, make_trained_like_norms
 from ...models.preprocess import RECIPE_FLAGS, Recipe
 from ...models.registry import create_model, recipe_of, resolve_imgsz
 from ...models.trained_like import make_trained_like
@@ -90,10 +91,12 @@ def preprocess_recipe(model: nn.Module, held: Identified | None = None, preproce
 
 def build_train_form(model_or_name, checkpoint: str | Path | None = None, overrides: dict | None = None,
                      seed: int = DEMO_SEED, *, held: Identified | None = None,
-                     preprocess: dict | None = None) -> Loaded:
+                     preprocess: dict | None = None, features=None) -> Loaded:
     """The train-form in eval mode: from a checkpoint, or seeded trained-like demo weights (untrained).
     `model_or_name` None: the model the checkpoint names (a transformers folder). `held`: the checkpoint as
-    `hold_checkpoint` read it (not read again). `preprocess`: eval preprocessing fields over the model's own."""
+    `hold_checkpoint` read it (not read again). `preprocess`: eval preprocessing fields over the model's own.
+    `features` ("default" or feature map positions): the backbone's feature maps instead of its logits
+    (models/features.py FeatureMaps, its detection norms seeded trained-like without a checkpoint)."""
     overrides = dict(overrides or {})
     sha = None
     if isinstance(model_or_name, nn.Module):
@@ -118,6 +121,10 @@ def build_train_form(model_or_name, checkpoint: str | Path | None = None, overri
             make_trained_like(model, seed)  # realistic statistics make the demo's parity meaningful
     else:
         raise VitedgeError(f"expected a model name or an nn.Module; got {type(model_or_name).__name__}")
+    if features is not None:
+        model = FeatureMaps(model, None if features == "default" else features)
+        if weights == "untrained":
+            make_trained_like_norms(model, seed)
     model.vitedge_recipe = preprocess_recipe(model, held, preprocess)
     if any(p.dtype != torch.float32 for p in model.parameters() if p.is_floating_point()):
         model = copy.deepcopy(model).float()  # the ladder's reference is the float32 train-form
