@@ -1,0 +1,181 @@
+"""Dense prediction (--features): a backbone's feature maps as the outputs, each judged by the noise rule, in
+every hop and on ONNX, CoreML (the MIL interpreter) and ExecuTorch; cross-checked against timm's
+forward_intermediates."""
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from vitedge.errors import VitedgeError
+from vitedge.exporter.core.settings import parse_features
+from vitedge.exporter.onnx.onnx_export import NORM_OPS, node_counts
+from vitedge.exporter.reparam import reparameterize
+from vitedge.exporter.verdict.criteria import GroundTruth
+from vitedge.exporter.verdict.equivalence import verify_equivalence
+from vitedge.exporter.verdict.parity import FLOAT64_TOLERANCES, check_hop, ground_truth
+from vitedge.models.features import FeatureMaps, make_trained_like_norms
+from vitedge.models.outputs import output_columns
+from vitedge.models.reduced import case
+from vitedge.models.registry import create_model
+from vitedge.models.trained_like import make_trained_like
+from vitedge.targets.graph.metadata import read_metadata
+from vitedge.targets.pytorch import TorchRunner
+from vitedge.tests._timm import import_timm
+
+NAME, KW, IMGSZ = case("swiftformer")
+STRIDES = (4, 8, 16, 32)
+WIDTHS = KW["embed_dims"]
+
+
+@pytest.fixture(scope="module")
+def forms():
+    """(train-form FeatureMaps with trained-like weights and detection norms, its deploy-form)."""
+    backbone = make_trained_like(create_model(NAME, **copy.deepcopy(KW)), 0)
+    train = make_trained_like_norms(FeatureMaps(backbone), 0, IMGSZ).eval()
+    return train, reparameterize(train, IMGSZ)
+
+
+def test_swiftformer_default_features_are_the_fork_feat_outputs(forms):
+    train, deploy = forms
+    assert train.names() == tuple(f"feat_s{s}" for s in STRIDES)
+    assert [n for n, m in train.named_children() if n.startswith("norm")] == ["norm0", "norm2", "norm4", "norm6"]
+    x = torch.randn(2, 3, IMGSZ, IMGSZ)
+    with torch.no_grad():
+        outs = train(x)
+        feats = train.backbone.patch_embed(x)
+        for i, block in enumerate(train.backbone.network):  # the official forward_tokens, written out
+            feats = block(feats)
+            if i in (0, 2, 4, 6):
+                assert torch.equal(outs[i // 2], getattr(train, f"norm{i}")(feats))
+    assert [tuple(o.shape[1:]) for o in outs] == [(c, IMGSZ // s, IMGSZ // s) for c, s in zip(WIDTHS, STRIDES)]
+    assert [s.shape for s in train.specs((IMGSZ, IMGSZ))] == [tuple(o.shape[1:]) for o in outs]
+    # the detection norms fold (no normalization module left), every output gated in float64
+    assert not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in deploy.modules())
+    res = verify_equivalence(train, deploy, IMGSZ, samples=2)
+    assert res.passed and [b["name"] for b in res.blocks][-4:] == [f"(output feat_s{s})" for s in STRIDES]
+
+
+def test_feature_indices_choose_maps_and_bad_ones_are_refused():
+    backbone = create_model(NAME, **copy.deepcopy(KW))
+    assert FeatureMaps(backbone, (1, 3)).names() == ("feat_s8", "feat_s32")
+    with pytest.raises(VitedgeError, match="positions 0..3"):
+        FeatureMaps(backbone, (4,))
+    assert parse_features(True) == "default" and parse_features("3,1") == (1, 3) and parse_features(None) is None
+    with pytest.raises(VitedgeError, match="--features"):
+        parse_features("a,b")
+
+
+def test_a_broken_detection_norm_fails_the_gate_at_that_output(forms):
+    train, deploy = forms
+    bad = copy.deepcopy(deploy)
+    bad.reparam_fp64.norm2.shift[0] += 0.01
+    res = verify_equivalence(train, bad, IMGSZ, samples=2, raise_on_fail=False)
+    assert not res.passed and res.diverging_module == "norm2"
+
+
+def _truth_and_x(train, n=8):
+    x = torch.randn(n, 3, IMGSZ, IMGSZ, generator=torch.Generator().manual_seed(1)).numpy()
+    truth = ground_truth(train, x, ("natural",) * n)
+    return x, truth
+
+
+def test_an_error_in_the_stride_4_map_alone_fails_the_hop(forms):
+    """A 1 % error in one channel of the stride-4 map only: invisible against the packed outputs' largest value
+    when the maps are judged together, caught when each output is its own set of rows."""
+    train, deploy = forms
+    x, truth = _truth_and_x(train)
+    specs = train.specs((IMGSZ, IMGSZ))
+    truth = GroundTruth(**{**truth.__dict__, "outputs": output_columns(specs)})
+    planted = copy.deepcopy(deploy)
+    planted.norm0.scale[3] *= 1.01  # the feat_s4 path only (after its last shared module)
+    tol = FLOAT64_TOLERANCES["fp32"]
+    good = check_hop("deploy-form", TorchRunner(deploy), x, None, tol, truth=truth)
+    hop = check_hop("deploy-form", TorchRunner(planted), x, None, tol, truth=truth)
+    assert good.status == "passed" and set(good.outputs) == {s.name for s in specs}
+    assert hop.status == "failed" and "output feat_s4" in hop.reason
+    assert hop.outputs["feat_s4"] > 1 and all(hop.outputs[f"feat_s{s}"] <= 1 for s in STRIDES[1:])
+    assert hop.sets["natural"]["worst_sample"]["output"] == "feat_s4"
+
+
+def test_an_error_in_one_stage_fails_the_hop(forms):
+    train, deploy = forms
+    x, truth = _truth_and_x(train)
+    truth = GroundTruth(**{**truth.__dict__, "outputs": output_columns(train.specs((IMGSZ, IMGSZ)))})
+    planted = copy.deepcopy(deploy)
+    with torch.no_grad():
+        planted.backbone.network[4][0].pwconv2.weight[0] *= 1.01  # stage 3: feeds feat_s16 and feat_s32
+    hop = check_hop("deploy-form", TorchRunner(planted), x, None, FLOAT64_TOLERANCES["fp32"], truth=truth)
+    assert hop.status == "failed"
+    assert hop.outputs["feat_s4"] <= 1 and hop.outputs["feat_s8"] <= 1 and hop.outputs["feat_s16"] > 1
+
+
+def test_swiftformer_feature_maps_equal_timm_forward_intermediates():
+    timm = import_timm()
+    from vitedge.tests.test_swiftformer import _timm_to_official
+
+    ref = make_trained_like(timm.create_model("swiftformer_xs"), seed=3).eval()
+    ours = create_model("swiftformer_xs").eval()
+    ours.load_state_dict({_timm_to_official(k): v for k, v in ref.state_dict().items()}, strict=True)
+    feats = FeatureMaps(ours)
+    for t in feats.taps:  # timm's intermediates carry no detection norm: identity ones here
+        torch.nn.init.zeros_(getattr(feats, f"norm{t.index}").running_mean)
+    feats.eval()
+    x = torch.randn(1, 3, 128, 96, generator=torch.Generator().manual_seed(0))  # the maps follow any input size
+    with torch.no_grad():
+        want = ref.forward_intermediates(x, indices=4, intermediates_only=True)
+        got = feats(x)
+    assert len(got) == len(want) == 4
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and float((g - w).abs().max()) <= 1e-5 * max(1.0, float(w.abs().max()))
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    from vitedge import export
+
+    out = tmp_path_factory.mktemp("dense") / "run"
+    report = export(NAME, targets="onnx,coreml,executorch", overrides=copy.deepcopy(KW), imgsz=IMGSZ,
+                    features=True, samples=8, out=out)
+    return report, out
+
+
+def test_export_features_every_target_judges_every_output(exported):
+    report, out = exported
+    assert report.exit_code == 0, [(h.hop, h.reason) for h in report.parity]
+    assert report.outputs == [{"name": f"feat_s{s}", "shape": [c, IMGSZ // s, IMGSZ // s], "stride": s}
+                              for c, s in zip(WIDTHS, STRIDES)]
+    names = [o["name"] for o in report.outputs]
+    for hop in report.parity:
+        assert hop.status == "passed" and list(hop.outputs) == names, hop.hop
+    graph = onnx.load(str(out / f"{NAME}.onnx"))
+    assert [o.name for o in graph.graph.output] == names
+    assert sum(node_counts(graph).get(op, 0) for op in NORM_OPS) == 0
+    meta = read_metadata(graph)
+    assert meta["outputs"] == report.outputs and meta["output"] == "feature maps"
+
+
+def test_export_features_coreml_and_executorch_carry_the_outputs(exported):
+    from vitedge.targets import get_target
+    from vitedge.targets.coreml.mlpackage import load_program_spec
+
+    report, out = exported
+    names = [o["name"] for o in report.outputs]
+    spec = load_program_spec(out / f"{NAME}.mlpackage")
+    assert [o.name for o in spec.description.output] == names
+    assert json.loads(dict(spec.description.metadata.userDefined)["outputs"]) == report.outputs
+    assert get_target("executorch").read_metadata(out / f"{NAME}.pte")["outputs"] == report.outputs
+
+
+def test_features_with_labels_is_refused_before_work(tmp_path):
+    from vitedge import export
+
+    labels = tmp_path / "labels.txt"
+    labels.write_text("\n".join(map(str, range(10))))
+    with pytest.raises(VitedgeError, match="--features"):
+        export(NAME, overrides=copy.deepcopy(KW), imgsz=IMGSZ, features=True, labels=labels, out=tmp_path / "o")
+    assert not (tmp_path / "o").exists()
