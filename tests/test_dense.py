@@ -179,3 +179,73 @@ def test_features_with_labels_is_refused_before_work(tmp_path):
     with pytest.raises(VitedgeError, match="--features"):
         export(NAME, overrides=copy.deepcopy(KW), imgsz=IMGSZ, features=True, labels=labels, out=tmp_path / "o")
     assert not (tmp_path / "o").exists()
+
+
+def _example():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "dense_head.py"
+    spec = importlib.util.spec_from_file_location("dense_head_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_custom_head_example_runs_and_every_output_is_judged(tmp_path, capsys):
+    """examples/dense_head.py: a user's FPN + segmentation head on a vitedge backbone, two outputs; the backbone
+    is folded in place, the float64 gate covers the whole module, every hop judges both outputs."""
+    example = _example()
+    assert example.main(["--out", str(tmp_path / "run"), "--samples", "8"]) == 0
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert [o["name"] for o in report["outputs"]] == ["seg_logits", "fpn_s4"]
+    assert report["reparam"]["folded"]["conv+bn"] > 0 and report["weights"] == "module"
+    eq = report["reparam"]["equivalence"]
+    assert eq["passed"] and {"(output seg_logits)", "(output fpn_s4)"} <= {b["name"] for b in eq["blocks"]}
+    assert any(b["name"].startswith("backbone.") for b in eq["blocks"])
+    for hop in report["parity"]:
+        assert hop["status"] == "passed" and set(hop["outputs"]) == {"seg_logits", "fpn_s4"}, hop["hop"]
+    graph = onnx.load(str(tmp_path / "run" / "segmentationmodel.onnx"))
+    assert [o.name for o in graph.graph.output] == ["seg_logits", "fpn_s4"]
+    assert "seg_logits" in capsys.readouterr().out
+
+
+def test_a_module_embedding_no_backbone_is_refused():
+    from vitedge.exporter.reparam import reparameterize as fold
+
+    with pytest.raises(VitedgeError, match="embeds no vitedge backbone"):
+        fold(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)), 32)
+
+
+def test_compressed_kinds_judge_each_output_against_their_emulation(forms):
+    """The compressed hops' samples keep the outputs' columns, the kind's emulation is packed alike, and a w8
+    candidate (here: the emulation itself, perturbed in the stride-8 map) is judged output by output."""
+    from vitedge.exporter.quantize.compressed import Judged, judge_compressed
+    from vitedge.exporter.verdict.hops import parity_inputs_for
+    from vitedge.exporter.verdict.parity import COMPRESSED_TOLERANCES
+    from vitedge.targets.base import Runner
+
+    train, deploy = forms
+    pset = parity_inputs_for(train, IMGSZ, 8)
+    judged = Judged.build(train, pset, deploy=deploy)
+    assert [n for n, _ in judged.truth.outputs] == list(train.names())
+    emulated = judged.with_emulation(judged.truth, judged.x, "w8").yq
+    cols = judged.truth.columns("feat_s8")
+
+    class Replay(Runner):  # the emulation as the artifact's output, one map perturbed
+        backend, mode = "replay", "emulated"
+
+        def __init__(self, bump):
+            self.bump = bump
+
+        def run(self, x):
+            i = [int(np.flatnonzero((judged.x == s).all(axis=(1, 2, 3)))[0]) for s in x]
+            y = emulated[i].astype(np.float32)
+            y[:, cols] *= 1 + self.bump
+            return y
+
+    tol = COMPRESSED_TOLERANCES["w8"]
+    good = judge_compressed("coreml", Replay(0.0), judged, tol, "w8")
+    bad = judge_compressed("coreml", Replay(0.05), judged, tol, "w8")
+    assert good.status == "passed" and list(good.outputs) == list(train.names())
+    assert bad.status == "failed" and max(bad.outputs, key=bad.outputs.get) == "feat_s8"

@@ -16,7 +16,7 @@ from dataclasses import asdict, replace
 import numpy as np
 
 from ...errors import VitedgeError
-from ...models.features import pack
+from ...models.features import as_outputs, output_names, pack
 from ...precisions import (EMULATED, FP16_ERROR, MEDIAN_MIN_SAMPLES, NOISE, PROFILE_OF, PROFILES,  # noqa: F401
                            Profile, profile_for)  # PROFILE_OF, profile_for: the precision table's, re-exported
 from ...targets.base import Runner, pad_batch
@@ -278,8 +278,15 @@ def ground_truth(model, x, sets: tuple[str, ...], labels=None, batch: int = GROU
     import torch
 
     xt = torch.as_tensor(np.asarray(x))
-    outs = {}
+    outs, columns = {}, []
     before = torch.get_num_threads()
+
+    def packed(y):  # several outputs side by side per sample; which columns are which, from the first chunk
+        ys = as_outputs(y)
+        if not columns and len(ys) > 1:
+            columns.extend(zip(output_names(model, len(ys)), (int(np.prod(o.shape[1:])) for o in ys)))
+        return pack(ys)
+
     try:
         with torch.no_grad():
             for run, dtype, n in (("64", torch.float64, threads64 or before), ("32", torch.float32, threads),
@@ -290,14 +297,14 @@ def ground_truth(model, x, sets: tuple[str, ...], labels=None, batch: int = GROU
                     m = copy.deepcopy(m).to(memory_format=torch.channels_last)  # and rounding drawn at every depth
                     rounding_draw(m, torch.Generator().manual_seed(ROUNDING_SEED))
                 outs[run] = np.concatenate([
-                    pack(m(_layout(xt[i:i + batch].to(dtype), run == "32cl"))).double().numpy()
+                    packed(m(_layout(xt[i:i + batch].to(dtype), run == "32cl"))).double().numpy()
                     for i in range(0, len(xt), batch)])
                 del m
     finally:
         torch.set_num_threads(before)
     return GroundTruth(outs["64"], outs["32"], tuple(sets),
                        None if labels is None else np.asarray(labels, dtype=np.int64), float32_threads=int(threads),
-                       y32_alt=outs["32cl"])
+                       y32_alt=outs["32cl"], outputs=tuple(columns) or None)
 
 
 def rounding_draw(model, generator) -> None:
