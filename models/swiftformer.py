@@ -197,6 +197,8 @@ class SwiftFormer(nn.Module):
             x = block(x)
         return self.norm(x)
 
+    classifier_modules = ("norm", "head", "dist_head")   # what a detection checkpoint does not hold
+
     def feature_info(self) -> list[Tap]:
         return swiftformer_taps(self.network)
 

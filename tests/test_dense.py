@@ -249,3 +249,66 @@ def test_compressed_kinds_judge_each_output_against_their_emulation(forms):
     bad = judge_compressed("coreml", Replay(0.05), judged, tol, "w8")
     assert good.status == "passed" and list(good.outputs) == list(train.names())
     assert bad.status == "failed" and max(bad.outputs, key=bad.outputs.get) == "feat_s8"
+
+
+def _mmdet_checkpoint(forms, path, drop=None):
+    """An mmdet-style checkpoint of the official fork_feat backbone: backbone.* (no classifier), its norm{i},
+    a neck and an RPN head."""
+    train, _ = forms
+    from vitedge.models.checkpoints.dense import classifier_keys
+
+    skip = classifier_keys(train.backbone)
+    sd = {f"backbone.{k}": v for k, v in train.backbone.state_dict().items() if k not in skip}
+    sd.update({f"backbone.{k}": v for k, v in train.state_dict().items() if k.startswith("norm")})
+    sd["neck.lateral_convs.0.conv.weight"] = torch.zeros(8, WIDTHS[0], 1, 1)
+    sd["rpn_head.rpn_conv.weight"] = torch.zeros(8, 8, 3, 3)
+    if drop:
+        del sd[drop]
+    torch.save({"meta": {"epoch": 12}, "state_dict": sd}, path)
+    return path
+
+
+def test_an_mmdet_checkpoint_loads_its_backbone_and_reports_the_rest(forms, tmp_path):
+    from vitedge.exporter.reparam.forms import build_train_form
+
+    train, _ = forms
+    ck = _mmdet_checkpoint(forms, tmp_path / "mask_rcnn.pth")
+    loaded = build_train_form(NAME, ck, copy.deepcopy(KW), features="default")
+    assert loaded.weights == "checkpoint" and loaded.from_checkpoint["layout"].startswith("mmdet")
+    assert loaded.from_checkpoint["ignored"] == ["neck.lateral_convs.0.conv.weight", "rpn_head.rpn_conv.weight"]
+    x = torch.randn(1, 3, IMGSZ, IMGSZ)
+    with torch.no_grad():
+        assert all(torch.equal(a, b) for a, b in zip(loaded.model(x), train(x)))
+
+
+def test_an_mmdet_checkpoint_missing_a_backbone_key_is_exit_2_naming_it(forms, tmp_path, capsys):
+    from vitedge.cli import main
+
+    ck = _mmdet_checkpoint(forms, tmp_path / "bad.pth", drop="backbone.network.1.proj.weight")
+    sets = [a for k, v in KW.items() if k != "num_classes" for a in ("--set", f"{k}={','.join(map(str, v))}")]
+    code = main(["export", "--model", NAME, *sets, "--imgsz", str(IMGSZ), "--features", "--checkpoint", str(ck),
+                 "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and "network.1.proj.weight" in err and "missing" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_timm_features_only_state_dict_loads_as_timms_maps():
+    timm = import_timm()
+    from vitedge.exporter.reparam.forms import build_train_form
+
+    ref = timm.create_model("swiftformer_xs", features_only=True, layers=KW["layers"], embed_dims=WIDTHS)
+    ref = make_trained_like(ref, seed=5, imgsz=IMGSZ).eval()
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "features_only.pth"
+        torch.save(ref.state_dict(), path)
+        loaded = build_train_form(NAME, path, copy.deepcopy(KW), features="default")
+    assert loaded.from_checkpoint["layout"] == "timm features_only"
+    x = torch.randn(1, 3, 96, 64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want, got = ref(x), loaded.model(x)
+    assert [tuple(g.shape) for g in got] == [tuple(w.shape) for w in want]
+    assert all(float((g - w).abs().max()) <= 1e-5 * max(1.0, float(w.abs().max())) for g, w in zip(got, want))

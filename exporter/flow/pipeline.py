@@ -79,7 +79,8 @@ def export(model=None, targets=None, *, progress: Progress | None = None, hub: H
     # -- validate everything that can be validated without work
     asked = s.square_size()  # one square size for now (settings.py says what is not supported yet)
     options = dict(s.options or {})
-    held, labels = hold_checkpoint(s.model, s.checkpoint, s.overrides, s.labels, options.pop("labels", None))
+    held, labels = hold_checkpoint(s.model, s.checkpoint, s.overrides, s.labels, options.pop("labels", None),
+                                   dense=s.features is not None)
     made = {"held": held, "preprocess": s.preprocess, "features": s.features}  # how build_train_form makes it
     if s.features is not None and labels is not None:
         raise VitedgeError("--labels names the classes of logits; --features exports feature maps: drop one")
