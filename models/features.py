@@ -31,6 +31,14 @@ class Tap:
     norm: Callable[[int], nn.Module] | None = None   # builds the detection norm (None: the map as is)
 
 
+class ChannelsLayerNorm(nn.LayerNorm):
+    """nn.LayerNorm over the channels of an NCHW map (the official Swin detection backbones' `norm{i}`, applied
+    to the tokens before they become a map); the same parameters and keys as nn.LayerNorm."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
 class FeatureMaps(nn.Module):
     """`backbone`'s feature maps at `indices` (positions in its `feature_info()`; None: the family's official
     detection outputs, `default_feature_indices`), each through its detection norm; returns a tuple of NCHW maps in
@@ -73,7 +81,8 @@ class FeatureMaps(nn.Module):
 def make_trained_like_norms(model: FeatureMaps, seed: int = 0, imgsz: int | None = None) -> FeatureMaps:
     """Seeded trained-like detection norms (the demo weights' recipe, models/trained_like.py): each BatchNorm's
     statistics set from the maps it sees on the calibration batch of synthetic images, then perturbed (mean +
-    N(0, 0.1) std, var x U(0.5, 1.5)) so they are no batch's; weights 1 + N(0, 0.1), biases N(0, 0.05)."""
+    N(0, 0.1) std, var x U(0.5, 1.5)) so they are no batch's; weights 1 + N(0, 0.1), biases N(0, 0.05) (a
+    LayerNorm's too)."""
     from .registry import default_imgsz
     from .synthetic import synthetic_batch
     from .trained_like import CALIBRATION_KINDS, CALIBRATION_SEED
@@ -83,6 +92,9 @@ def make_trained_like_norms(model: FeatureMaps, seed: int = 0, imgsz: int | None
     maps = model.backbone.eval().forward_intermediates(x.to(next(model.parameters()).dtype), model.indices)
     for t, m in zip(model.taps, maps):
         norm = getattr(model, f"norm{t.index}", None)
+        if isinstance(norm, nn.LayerNorm):  # no statistics to set: its affine only
+            norm.weight.copy_(1 + 0.1 * torch.randn(norm.weight.shape, generator=g))
+            norm.bias.copy_(0.05 * torch.randn(norm.bias.shape, generator=g))
         if not isinstance(norm, nn.modules.batchnorm._BatchNorm):
             continue
         mean, std = m.mean(dim=(0, 2, 3)), m.std(dim=(0, 2, 3)).clamp_min(1e-3)

@@ -338,3 +338,29 @@ def test_tensorrt_runner_reads_every_output_binding(forms, tmp_path, trt_fake):
         y = r.run(x)
     one = trt_fake._linear(x, np.float32)  # the fake's output k is (k + 1) x this map
     assert np.allclose(y, np.concatenate([one * (k + 1) for k in range(4)], axis=1), atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["slab_swin", "prepbn_swin"])
+def test_swin_features_are_the_official_detection_outputs(family):
+    """SLAB's Swin detection backbones (mmdet_custom): each stage before its patch merging, through an
+    nn.LayerNorm norm{i}. A LayerNorm uses each position's statistics, so it stays in the graph (reported
+    unfolded); everything else folds, and the gate and ONNX Runtime agree on every output."""
+    from vitedge.exporter.onnx.onnx_export import export_onnx
+    from vitedge.models.reduced import REDUCED
+    from vitedge.targets.graph.runtime import OnnxRuntimeRunner
+
+    name, kw, imgsz = case(family)
+    embed = REDUCED[family].overrides["embed_dim"]
+    train = make_trained_like_norms(FeatureMaps(make_trained_like(create_model(name, **kw), 0)), 0).eval()
+    assert [(s.name, s.shape) for s in train.specs((imgsz, imgsz))] == [
+        (f"feat_s{4 * 2 ** i}", (embed * 2 ** i, imgsz // (4 * 2 ** i), imgsz // (4 * 2 ** i))) for i in range(4)]
+    deploy = reparameterize(train, imgsz)
+    assert [u["module"] for u in deploy.reparam_summary.unfolded] == ["norm0", "norm1", "norm2", "norm3"]
+    assert verify_equivalence(train, deploy, imgsz, samples=2).passed
+    graph = export_onnx(copy.deepcopy(deploy), imgsz, batch=1)
+    assert [o.name for o in graph.graph.output] == list(train.names())
+    assert sum(node_counts(graph).get(op, 0) for op in NORM_OPS) <= 4  # the four detection LayerNorms at most
+    x = torch.randn(1, 3, imgsz, imgsz, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = np.concatenate([o.reshape(1, -1).numpy() for o in deploy(x)], axis=1)
+    assert np.allclose(OnnxRuntimeRunner(graph).run(x.numpy()), want, atol=1e-4)

@@ -143,7 +143,11 @@ def plan_embedded(model: nn.Module, ctx: FoldContext) -> nn.Module:
             model.backbone.head = nn.Identity()
         for t in model.taps:
             norm = getattr(model, f"norm{t.index}", None)
-            if norm is not None:
+            if isinstance(norm, nn.LayerNorm):  # (the official Swin detection norms)
+                ctx.unfold(f"norm{t.index}", "a LayerNorm (the official detection norm) normalizes each position "
+                                             "by its own statistics: no constant affine to fold")
+                ctx.check(f"norm{t.index}", f"norm{t.index}")
+            elif norm is not None:
                 a, b = (bn_affine(norm) if isinstance(norm, nn.modules.batchnorm._BatchNorm)
                         else require_repbn_affine(norm, f"norm{t.index}"))
                 setattr(model, f"norm{t.index}", ChannelAffine(a, b, dim=1))
