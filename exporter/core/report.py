@@ -152,6 +152,7 @@ class Hop:
     # "labelled"}; None where the hop did not run.
     sets: dict | None = None
     # ONNX hops under the noise rule: the feature probe (exporter/verdict/probe.py) {"status" (passed / failed / not run /
+    # not applicable: several outputs, each judged itself /
     # error: it raised, and the hop is unverified),
     # "module", "tensor", "samples", "noise_ratio", "worst_sample", "sets", "why"}; None where it does not apply.
     probe: dict | None = None

@@ -51,8 +51,11 @@ def export(model=None, targets=None, *, progress: Progress | None = None, hub: H
     None: the one a transformers checkpoint names) with the settings as keywords, which build the ExportSettings:
     checkpoint, imgsz, batch, dynamic_batch, opset, precision, out, reparam, force, clean, attn_order,
     strict_schedule, samples, tolerances, require_verified, overrides, options, seed, rewrites, require_ane,
-    images, labels, calib, calib_images, exporter, truth_cache, preprocess (`model_or_name` and `target` are
-    accepted spellings of `model` and `targets`). Given an ExportSettings, keywords change fields of it.
+    images, labels, calib, calib_images, exporter, truth_cache, preprocess, features (`model_or_name` and `target`
+    are accepted spellings of `model` and `targets`). Given an ExportSettings, keywords change fields of it.
+    `features`: True (or "default") exports the backbone's official detection feature maps instead of the logits,
+    a list of positions the maps at those positions (docs/dense.md); a module embedding a vitedge backbone (a
+    user's own head) is folded where the backbone is, each of its outputs judged.
 
     `rewrites`: the deploy-form's speed rewrites (True all, False none, or names; see `available_rewrites`).
     `require_ane`: a CoreML device hop fails when the model mostly runs off the Neural Engine (macOS).

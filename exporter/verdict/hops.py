@@ -221,7 +221,8 @@ class Ladder:
         if rule is None:
             return
         if len(self.outputs) > 1:  # the probe looks before a pooling; here every output is judged itself
-            hop.probe = {"status": "not run", "why": "the model has several outputs, each judged by the noise rule"}
+            hop.probe = {"status": "not applicable",
+                         "why": "the model has several outputs, each judged by the noise rule"}
             return
         x = self.x[:min(PROBE_SAMPLES, hop.samples or len(self.x))]
         with self.progress.step(f"{hop.hop} feature probe"):
