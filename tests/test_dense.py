@@ -365,3 +365,32 @@ def test_swin_features_are_the_official_detection_outputs(family):
     with torch.no_grad():
         want = np.concatenate([o.reshape(1, -1).numpy() for o in deploy(x)], axis=1)
     assert np.allclose(OnnxRuntimeRunner(graph).run(x.numpy()), want, atol=1e-4)
+
+
+def test_bundles_carry_every_output_and_check_each(forms):
+    """The bundles' golden vectors for several outputs: one file per output in its own shape, named with its
+    stride in golden.json, and the self-check judges each output alone (an error in one map fails it)."""
+    from vitedge.exporter.packaging.bundle import golden_outputs, golden_vectors, golden_verdict, outputs_readme
+    from vitedge.exporter.verdict.parity import DEFAULT_TOLERANCES
+    from vitedge.models.registry import input_stats
+
+    train, _ = forms
+    outputs = [s.as_dict() for s in train.specs((IMGSZ, IMGSZ))]
+    pixels, expected = golden_vectors(train, IMGSZ, *input_stats(train), n=4)
+    files, entries = golden_outputs(outputs, expected, "m")
+    assert [e["name"] for e in entries] == list(train.names()) and [e["stride"] for e in entries] == list(STRIDES)
+    assert sorted(files) == sorted(f"m/golden/outputs_{n}.npy" for n in train.names())
+    assert [e["shape"] for e in entries] == [[4, *o["shape"]] for o in outputs]
+    assert "feat_s16" in outputs_readme(outputs) and outputs_readme(outputs[:1]) == ""
+
+    class Given:
+        mode, backend = "emulated", "given"
+
+    tol = DEFAULT_TOLERANCES["fp16"]
+    assert golden_verdict(Given, expected.copy(), expected, tol, outputs)["passed"]
+    bad = expected.copy()
+    s4 = int(np.prod(outputs[0]["shape"]))
+    bad[:, :s4] *= -1  # the stride-4 map inverted, the others exact
+    verdict = golden_verdict(Given, bad, expected, tol, outputs)
+    assert not verdict["passed"] and all(p.startswith("feat_s4:") for p in verdict["problems"])
+    assert set(verdict["outputs"]) == set(train.names())

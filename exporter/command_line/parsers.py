@@ -172,6 +172,7 @@ def add_package(sub) -> argparse.ArgumentParser:
                                    "hop fails.")
     p.add_argument("--target", choices=tuple(bundles()), default="coreml",
                    help="coreml (default: iOS) or executorch (Android, and iOS through ExecuTorch)")
+    add_features_flag(p)
     p.add_argument("--model", help="model name (see `vitedge models`); optional with a --checkpoint that names its "
                                    "model (a transformers folder or hf-hub: repo with config.json, or timm:NAME)")
     p.add_argument("--checkpoint", help="train-form checkpoint (as for export); without it the bundle holds seeded "

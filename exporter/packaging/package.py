@@ -38,7 +38,7 @@ from ...targets.labels import read_labels
 from ...targets.rows import COREML_ROW
 from .bundle import (GOLDEN_SAMPLES, GOLDEN_SEED, METRIC_DIGITS, ZIP_DATE, GoldenMismatch, PackageResult,  # noqa: F401
                      _json_bytes, _npy_bytes, _tree_files, build_bundle, check_bundle_out, finish_bundle,
-                     golden_vectors, golden_verdict, write_deterministic_zip)
+                     golden_outputs, golden_vectors, golden_verdict, outputs_readme, write_deterministic_zip)
 from ..reparam.forms import build_train_form
 from ..core.settings import ExportSettings
 from ..verdict.parity import profile_for, tolerances as make_tolerances
@@ -65,11 +65,13 @@ def _compression_entry(info: dict | None) -> dict | None:
 # ------------------------------------------------------------------------------------------------ golden vectors
 
 
-def check_golden(mlpackage: Path, pixels_nhwc: np.ndarray, expected: np.ndarray, tolerance) -> dict:
-    """Run the golden pixels through the emulated CoreML hop; metrics and verdict against `tolerance`."""
+def check_golden(mlpackage: Path, pixels_nhwc: np.ndarray, expected: np.ndarray, tolerance,
+                 outputs: list | None = None) -> dict:
+    """Run the golden pixels through the emulated CoreML hop; metrics and verdict against `tolerance` (each of
+    several `outputs` on its own)."""
     with get_target(COREML_ROW.name).bundle_runner(mlpackage) as runner:
         y = runner.run(pixels_nhwc.transpose(0, 3, 1, 2).astype(np.float32))
-    return golden_verdict(runner, y, expected, tolerance)
+    return golden_verdict(runner, y, expected, tolerance, outputs)
 
 
 # ------------------------------------------------------------------------------------------------ README
@@ -159,7 +161,8 @@ Integrity: `manifest.json` lists the sha256 of every file in this bundle.
 
 # the settings a package reads (the rest shape the export it runs itself, and are refused rather than ignored)
 PACKAGE_SETTINGS = ("model", "targets", "checkpoint", "labels", "imgsz", "precision", "samples", "overrides",
-                    "tolerances", "force", "seed", "calib", "calib_images", "images", "exporter", "preprocess")
+                    "tolerances", "force", "seed", "calib", "calib_images", "images", "exporter", "preprocess",
+                    "features")
 
 
 def package(model=None, out: str | Path | None = None, *, ios: int | str | None = None,
@@ -222,11 +225,11 @@ def _assemble(report, export_dir: Path, out: Path, s: ExportSettings, tol) -> Pa
     mlpackage = export_dir / entry.path
     ios = int(entry.info["ios"])
     compressed = precision in KINDS
-    loaded = build_train_form(name, s.checkpoint, s.overrides, s.seed, preprocess=s.preprocess)
+    loaded = build_train_form(name, s.checkpoint, s.overrides, s.seed, preprocess=s.preprocess, features=s.features)
     labels = labels if labels is not None else loaded.labels  # (a transformers checkpoint's id2label)
     pixels, logits = golden_vectors(loaded.model, report.imgsz, *input_stats(loaded.model), natural=compressed,
                                     recipe=recipe_of(loaded.model))  # the export's own recipe (report.preprocess)
-    golden_check = check_golden(mlpackage, pixels, logits, tol)
+    golden_check = check_golden(mlpackage, pixels, logits, tol, report.outputs)
     if not golden_check["passed"]:
         raise GoldenMismatch(f"the packaged model fails its own golden vectors: {'; '.join(golden_check['problems'])}")
 
@@ -253,11 +256,14 @@ def _assemble(report, export_dir: Path, out: Path, s: ExportSettings, tol) -> Pa
                  "lowest cosine, PSNR = 20*log10(max|expected|/RMSE) and top-1 agreement must meet `tolerance`",
         "verified": golden_check,
     }
+    outs, several = golden_outputs(report.outputs, logits, root)
+    if several:
+        golden["outputs"] = several
     files[f"{root}/golden/inputs.npy"] = _npy_bytes(pixels)
-    files[f"{root}/golden/outputs.npy"] = _npy_bytes(logits)
+    files.update(outs)
     files[f"{root}/golden/golden.json"] = _json_bytes(golden)
-    files[f"{root}/README.md"] = _readme(name, report.imgsz, label_list is not None, report.weights, ios, precision,
-                                         golden).encode()
+    files[f"{root}/README.md"] = (_readme(name, report.imgsz, label_list is not None, report.weights, ios, precision,
+                                          golden) + outputs_readme(report.outputs)).encode()
     manifest = {
         "format": BUNDLE_FORMAT,
         "model": name, "imgsz": report.imgsz, "overrides": report.overrides,
@@ -271,7 +277,7 @@ def _assemble(report, export_dir: Path, out: Path, s: ExportSettings, tol) -> Pa
         "calibration": report.calibration,
         "input": info["input_spec"],
         "preprocess": report.preprocess, "from_checkpoint": report.from_checkpoint,
-        "outputs": info["outputs"],
+        "outputs": info["outputs"], "model_outputs": report.outputs,
         "labels": {"file": "labels.txt", "count": len(label_list)} if label_list else None,
         "precision_policy": {"rules": [r["name"] for r in (info.get("precision_policy") or {}).get("rules", [])],
                              "fp32_islands": info.get("fp32_islands")},

@@ -32,7 +32,8 @@ from ...targets.labels import read_labels
 from ..reparam.forms import build_train_form
 from ..core.settings import ExportSettings
 from .bundle import (GOLDEN_SEED, GoldenMismatch, PackageResult, _json_bytes, _npy_bytes, build_bundle,
-                     check_bundle_out, finish_bundle, golden_vectors, golden_verdict, normalize_pixels)
+                     check_bundle_out, finish_bundle, golden_outputs, golden_vectors, golden_verdict,
+                     normalize_pixels, outputs_readme)
 from ..verdict.parity import DEFAULT_TOLERANCES, profile_for
 from ..flow.pipeline import export
 
@@ -59,12 +60,14 @@ def android_runtime(executorch: str | None) -> dict:
             "gradle": f'implementation("org.pytorch:executorch-android:{version}")'}
 
 
-def check_golden(pte: Path, pixels_nhwc: np.ndarray, expected: np.ndarray, recipe: Recipe, tolerance) -> dict:
-    """Run the golden pixels, normalized by `recipe`, through the `.pte` here; metrics and verdict."""
+def check_golden(pte: Path, pixels_nhwc: np.ndarray, expected: np.ndarray, recipe: Recipe, tolerance,
+                 outputs: list | None = None) -> dict:
+    """Run the golden pixels, normalized by `recipe`, through the `.pte` here; metrics and verdict (each of several
+    `outputs` on its own)."""
     x = normalize_pixels(pixels_nhwc.transpose(0, 3, 1, 2), recipe.mean, recipe.std)
     with get_target(EXECUTORCH_ROW.name).bundle_runner(pte) as runner:
         y = runner.run(x)
-    return golden_verdict(runner, y, expected, tolerance)
+    return golden_verdict(runner, y, expected, tolerance, outputs)
 
 
 def _readme(name: str, pte: str, imgsz: int, recipe: Recipe, classes: int, labelled: bool, weights: str,
@@ -157,14 +160,14 @@ def _assemble(report, export_dir: Path, out: Path, hop_name: str, s: ExportSetti
     name, labels, precision = report.model, s.labels, s.precision
     entry = report.artifacts[hop_name]
     pte = export_dir / entry.path
-    loaded = build_train_form(name, s.checkpoint, s.overrides, s.seed, preprocess=s.preprocess)
+    loaded = build_train_form(name, s.checkpoint, s.overrides, s.seed, preprocess=s.preprocess, features=s.features)
     labels = labels if labels is not None else loaded.labels
     recipe = recipe_of(loaded.model)
     compressed = precision != "fp32"
     pixels, logits = golden_vectors(loaded.model, report.imgsz, *input_stats(loaded.model), natural=compressed,
                                     recipe=recipe)
     tol = golden_tolerance(precision)
-    golden_check = check_golden(pte, pixels, logits, recipe, tol)
+    golden_check = check_golden(pte, pixels, logits, recipe, tol, report.outputs)
     if not golden_check["passed"]:
         raise GoldenMismatch(f"the packaged program fails its own golden vectors: {'; '.join(golden_check['problems'])}")
     root = name
@@ -188,13 +191,17 @@ def _assemble(report, export_dir: Path, out: Path, hop_name: str, s: ExportSetti
         "check": "over all images: lowest cosine, max relative error / PSNR and top-1 agreement must meet `tolerance`",
         "verified": golden_check,
     }
+    outs, several = golden_outputs(report.outputs, logits, root)
+    if several:
+        golden["outputs"] = several
     files[f"{root}/golden/inputs.npy"] = _npy_bytes(pixels)
-    files[f"{root}/golden/outputs.npy"] = _npy_bytes(logits)
+    files.update(outs)
     files[f"{root}/golden/golden.json"] = _json_bytes(golden)
     info = entry.info
     runtime = android_runtime(info.get("executorch"))
-    files[f"{root}/README.md"] = _readme(name, pte.name, report.imgsz, recipe, int(logits.shape[1]),
-                                         label_list is not None, report.weights, precision, golden, runtime).encode()
+    files[f"{root}/README.md"] = (_readme(name, pte.name, report.imgsz, recipe, int(logits.shape[1]),
+                                          label_list is not None, report.weights, precision, golden, runtime)
+                                  + outputs_readme(report.outputs)).encode()
     manifest = {
         "format": BUNDLE_FORMAT, "model": name, "imgsz": report.imgsz, "overrides": report.overrides,
         "weights": report.weights, "checkpoint_sha256": report.checkpoint_sha256,
@@ -205,5 +212,6 @@ def _assemble(report, export_dir: Path, out: Path, hop_name: str, s: ExportSetti
         "calibration": report.calibration,
         "preprocess": report.preprocess, "from_checkpoint": report.from_checkpoint,
         "labels": {"file": "labels.txt", "count": len(label_list)} if label_list else None,
+        "outputs": report.outputs,
     }
     return finish_bundle(out, report, root, files, manifest, golden_check)
