@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -394,3 +395,28 @@ def test_bundles_carry_every_output_and_check_each(forms):
     verdict = golden_verdict(Given, bad, expected, tol, outputs)
     assert not verdict["passed"] and all(p.startswith("feat_s4:") for p in verdict["problems"])
     assert set(verdict["outputs"]) == set(train.names())
+
+
+FIXTURES = Path(__file__).parent / "fixtures" / "dense"
+
+
+@pytest.mark.parametrize("family,fixture", [("swiftformer", "swiftformer_fork_feat_tiny"),
+                                            ("slab_swin", "slab_swin_det_tiny")])
+def test_feature_maps_equal_the_official_dense_backbones(family, fixture):
+    """fixtures/dense/: built with the official fork_feat and SLAB detection constructors (README there)."""
+    from vitedge.exporter.reparam.forms import build_train_form
+
+    name, kw, _ = case(family)
+    io = torch.load(FIXTURES / f"{fixture}_io.pt", weights_only=True)
+    loaded = build_train_form(name, FIXTURES / f"{fixture}.pth", kw, features="default")
+    assert loaded.from_checkpoint["layout"] == "backbone"
+    model = loaded.model.eval()
+    with torch.no_grad():
+        got32 = model(io["input"])
+        got64 = copy.deepcopy(model).double()(io["input"].double())
+    assert len(got32) == len(io["outputs"]) == 4
+    for g32, g64, want in zip(got32, got64, io["outputs"]):
+        assert g32.shape == want.shape
+        own_noise = float((g32.double() - g64).abs().max())
+        bound = max(1e-5 * float(want.abs().max()), 4 * own_noise)
+        assert float((want.double() - g64).abs().max()) <= bound

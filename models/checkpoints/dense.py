@@ -16,6 +16,7 @@ import os
 import re
 from collections import OrderedDict
 
+import torch
 import torch.nn as nn
 
 from ...errors import CheckpointError
@@ -25,6 +26,7 @@ from .keys import compare, remap_state_dict
 from .load import SHOW, _cast_and_check, _tensors_only, extract_state_dict, read_checkpoint
 
 BACKBONE = "backbone."
+STRUCTURAL = (".attn_mask", ".relative_position_index")  # built by the constructor, never trained
 _TIMM_FLAT = re.compile(r"^([A-Za-z]+)_(\d+)\.")  # timm FeatureListNet: `stages.1` is stored as `stages_1`
 
 
@@ -67,6 +69,19 @@ def load_dense_checkpoint(model: FeatureMaps, checkpoint: str | os.PathLike) -> 
     backbone_sd = model.backbone.state_dict()
     body, remaps = remap_state_dict(body, backbone_sd)
     expected = {k: v for k, v in backbone_sd.items() if k not in classifier_keys(model.backbone)}
+    # SLAB's detection LinearNorm (mmdet_custom/prepbn.py) has no warm-up counter: warm = 0, as it behaves
+    no_warm = [k for k in expected if k.endswith(".warm") and k not in body and k[:-4] + "iter" in body]
+    for k in no_warm:
+        body[k] = torch.zeros_like(backbone_sd[k])
+    if no_warm:
+        remaps.append(f"LinearNorm without a warm-up counter (SLAB's detection code): warm = 0 in {len(no_warm)}")
+    # Swin's shift masks: the detection code builds them per input size in forward; the constructor's are kept
+    masks = [k for k in expected if k.endswith(STRUCTURAL) and k not in body]
+    for k in masks:
+        body[k] = backbone_sd[k]
+    if masks:
+        remaps.append(f"{len(masks)} structural buffer(s) the detection code computes in forward, as built here "
+                      f"({_few(masks)})")
     if not norms and layout == "timm features_only":  # timm's maps carry no detection norm
         for t in model.taps:
             if hasattr(model, f"norm{t.index}"):
