@@ -134,11 +134,11 @@ def as_outputs(out) -> tuple[torch.Tensor, ...]:
 
 
 def pack(out) -> torch.Tensor:
-    """One (batch, values) tensor from a module's output(s): each output flattened per sample, side by side.
-    A single output is returned as is (a classifier's logits keep their shape)."""
+    """One (batch, values) tensor from a module's output(s): each output flattened per sample, side by side (a
+    classifier's (batch, classes) logits are returned as they are)."""
     outs = as_outputs(out)
     if len(outs) == 1:
-        return outs[0]
+        return outs[0] if outs[0].dim() == 2 else outs[0].reshape(outs[0].shape[0], -1)
     return torch.cat([o.reshape(o.shape[0], -1) for o in outs], dim=1)
 
 

@@ -35,8 +35,8 @@ def feature_name(stride: int) -> str:
 def pack_arrays(outs: Sequence[np.ndarray]) -> np.ndarray:
     """`pack` for a runtime's outputs (numpy arrays in the exported order)."""
     outs = [np.asarray(o) for o in outs]
-    if len(outs) == 1:
-        return outs[0]
+    if len(outs) == 1:  # (a classifier's (batch, classes) logits as they are)
+        return outs[0] if outs[0].ndim == 2 else outs[0].reshape(outs[0].shape[0], -1)
     return np.concatenate([o.reshape(o.shape[0], -1) for o in outs], axis=1)
 
 

@@ -420,3 +420,31 @@ def test_feature_maps_equal_the_official_dense_backbones(family, fixture):
         own_noise = float((g32.double() - g64).abs().max())
         bound = max(1e-5 * float(want.abs().max()), 4 * own_noise)
         assert float((want.double() - g64).abs().max()) <= bound
+
+
+@pytest.mark.parametrize("family", ["slab_deit", "prepbn_deit"])
+def test_deit_features_are_the_last_blocks_stride_16_map(family):
+    """No official dense-prediction code: the last block's patch tokens (the class token dropped), before the
+    classifier's final norm, as timm's forward_intermediates gives a ViT's; both deploy layouts (token-first, the
+    rewrites' channel-first) give the same map, 0 normalization nodes."""
+    from vitedge.exporter.onnx.onnx_export import export_onnx
+    from vitedge.targets.graph.runtime import OnnxRuntimeRunner
+
+    name, kw, imgsz = case(family)
+    train = FeatureMaps(make_trained_like(create_model(name, **kw), 0)).eval()
+    x = torch.randn(1, 3, imgsz, imgsz, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        (got,) = train(x)
+        tokens = train.backbone.forward_features(x)
+    grid = imgsz // 16
+    assert train.names() == ("feat_s16",) and got.shape == (1, kw["embed_dim"], grid, grid)
+    assert torch.equal(got.flatten(2).transpose(1, 2), tokens[:, -grid * grid:])
+    for rewrites in (True, False):
+        deploy = reparameterize(train, imgsz, rewrites=rewrites)
+        assert verify_equivalence(train, deploy, imgsz, samples=2).passed
+    graph = export_onnx(copy.deepcopy(deploy), imgsz, batch=1)
+    assert [o.name for o in graph.graph.output] == ["feat_s16"]
+    assert sum(node_counts(graph).get(op, 0) for op in NORM_OPS) == 0
+    with torch.no_grad():
+        want = deploy(x)[0].reshape(1, -1).numpy()  # (the ladder's rows: one per sample)
+    assert np.allclose(OnnxRuntimeRunner(graph).run(x.numpy()), want, atol=1e-4)

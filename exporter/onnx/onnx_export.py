@@ -170,10 +170,10 @@ def check_onnx(model: onnx.ModelProto) -> onnx.ModelProto:
         raise OnnxExportError(f"ONNX check failed: {type(e).__name__}: {_first_line(e)}") from e
     outs = [o.name for o in inferred.graph.output]
     ins = [i.name for i in inferred.graph.input]
-    # one output is `logits`; several (feature maps, a user's heads) carry their own distinct names
-    if ins != [INPUT_NAME] or not outs or (len(outs) == 1 and outs != [OUTPUT_NAME]) or len(set(outs)) != len(outs):
+    # a classifier's one output is `logits`; feature maps and a user's heads carry their own distinct names
+    if ins != [INPUT_NAME] or not outs or len(set(outs)) != len(outs):
         raise OnnxExportError(f"ONNX graph has inputs {ins} / outputs {outs}; expected [{INPUT_NAME!r}] / "
-                              f"[{OUTPUT_NAME!r}] or several distinct names")
+                              f"[{OUTPUT_NAME!r}] or other distinct names")
     return inferred
 
 

@@ -220,9 +220,10 @@ class Ladder:
         rule = noise_rule(hop.tolerance)
         if rule is None:
             return
-        if len(self.outputs) > 1:  # the probe looks before a pooling; here every output is judged itself
+        if len(self.outputs) > 1 or any(len(o.shape) > 1 for o in self.outputs):
+            # the probe looks at a map before a classifier pools it; here every output is judged itself
             hop.probe = {"status": "not applicable",
-                         "why": "the model has several outputs, each judged by the noise rule"}
+                         "why": "the outputs are maps or several, each judged by the noise rule"}
             return
         x = self.x[:min(PROBE_SAMPLES, hop.samples or len(self.x))]
         with self.progress.step(f"{hop.hop} feature probe"):
