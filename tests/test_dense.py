@@ -448,3 +448,13 @@ def test_deit_features_are_the_last_blocks_stride_16_map(family):
     with torch.no_grad():
         want = deploy(x)[0].reshape(1, -1).numpy()  # (the ladder's rows: one per sample)
     assert np.allclose(OnnxRuntimeRunner(graph).run(x.numpy()), want, atol=1e-4)
+
+
+def test_parity_of_a_feature_map_artifact_rebuilds_the_same_maps(exported, tmp_path):
+    """`vitedge parity` reads the artifact's vitedge.features and judges each map against the train-form's."""
+    from vitedge import parity
+
+    report, out = exported
+    checked = parity(artifact=out / f"{NAME}.onnx", samples=8, report_path=tmp_path / "parity.json")
+    assert checked.exit_code == 0
+    assert [list(h.outputs) for h in checked.parity] == [[o["name"] for o in report.outputs]] * len(checked.parity)

@@ -177,6 +177,8 @@ def _metadata(loaded: Loaded, imgsz: int, run: ExportSettings, info: ReparamInfo
     outputs = report.outputs if report is not None and report.outputs else None
     if outputs is not None and len(outputs) > 1:  # vitedge.outputs: every output's name, shape and stride
         extra["outputs"] = outputs
+    if run.features is not None:  # vitedge.features: what `vitedge parity` rebuilds the train-form with
+        extra["features"] = run.features if isinstance(run.features, str) else list(run.features)
     output = "logits" if not outputs or len(outputs) == 1 else "feature maps" if all(
         o.get("stride") for o in outputs) else "outputs"
     return {**extra, "model": loaded.name, "imgsz": imgsz, "batch": batch if batch else "dynamic", "mean": list(mean),
