@@ -170,7 +170,9 @@ def test_export_features_coreml_and_executorch_carry_the_outputs(exported):
     spec = load_program_spec(out / f"{NAME}.mlpackage")
     assert [o.name for o in spec.description.output] == names
     assert json.loads(dict(spec.description.metadata.userDefined)["outputs"]) == report.outputs
-    assert get_target("executorch").read_metadata(out / f"{NAME}.pte")["outputs"] == report.outputs
+    pte = get_target("executorch").read_metadata(out / f"{NAME}.pte")
+    assert pte["outputs"] == report.outputs and pte["features"] == "default"
+    assert get_target("coreml").read_metadata(out / f"{NAME}.mlpackage")["features"] == "default"
 
 
 def test_features_with_labels_is_refused_before_work(tmp_path):

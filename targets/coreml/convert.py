@@ -262,6 +262,8 @@ def _set_metadata(ml, spec: LowerSpec, opts: CoreMLOptions, mean, std, fold_note
         user["labels"] = str(len(opts.labels))
     if meta.get("outputs"):  # several outputs: each one's name, shape per sample and stride
         user["outputs"] = json.dumps(meta["outputs"], sort_keys=True)
+    if meta.get("features") is not None:  # --features as exported (what `vitedge parity` rebuilds)
+        user["features"] = json.dumps(meta["features"])
     for k, v in user.items():
         ml.user_defined_metadata[k] = v
     spec_pb = ml._spec  # MLModel.save writes this very spec
