@@ -24,6 +24,7 @@ from ..errors import VitedgeError
 from .layers import DropPath, LinearNorm, Mlp, RepBN, SimplifiedLinearAttention, init_vit_weights
 from .layers.resample import Resized
 from .preprocess import SLAB_RECIPE
+from .features import ChannelsLayerNorm, Tap
 from .registry import register_family, register_model
 
 __all__ = ["SlabSwinTransformer", "SwinTransformer", "SwinTransformerBlock", "WindowAttention", "PatchMerging",
@@ -387,6 +388,18 @@ class _SwinBackbone(nn.Module):
             x = layer(x)
         return self.norm(x).mean(dim=1)
 
+    classifier_modules = ("norm", "head")   # what a detection checkpoint does not hold
+
+    def feature_info(self) -> list[Tap]:
+        """The official detection backbones' outputs (SLAB's mmdet_custom swin_transformer_slab.py and
+        swin_transformer_prepbn.py): every stage before its patch merging, through an nn.LayerNorm `norm{i}`."""
+        patch = self.patch_embed.proj.stride[0]
+        return [Tap(i, patch * 2 ** i, int(self.embed_dim * 2 ** i), ChannelsLayerNorm)
+                for i in range(self.num_layers)]
+
+    def forward_intermediates(self, x: torch.Tensor, indices) -> list[torch.Tensor]:
+        return swin_intermediates(self, x, indices)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.forward_features(x))
 
@@ -484,3 +497,23 @@ def prepbn_swin_tiny(**kwargs) -> SwinTransformer:
 
 
 register_family(__name__, plan="slab_swin", recipe=SLAB_RECIPE)
+
+
+def swin_intermediates(model: nn.Module, x: torch.Tensor, indices) -> list[torch.Tensor]:
+    """The stage outputs at `indices` before each stage's patch merging, as NCHW maps (tokens are row-major);
+    the train-form and the deploy-form share it (`patch_embed.proj`, `layers[i].blocks`, `layers[i].downsample`)."""
+    b, _, h, w = x.shape
+    patch = model.patch_embed.proj.stride[0]
+    t = model.patch_embed(x)
+    if getattr(model, "absolute_pos_embed", None) is not None:
+        t = t + model.absolute_pos_embed
+    outs = []
+    for i, layer in enumerate(model.layers[:max(indices) + 1]):
+        for blk in layer.blocks:
+            t = blk(t)
+        if i in indices:
+            s = patch * 2 ** i
+            outs.append(t.transpose(1, 2).reshape(b, -1, h // s, w // s))
+        if layer.downsample is not None:
+            t = layer.downsample(t)
+    return outs

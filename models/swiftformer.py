@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import VitedgeError
+from .features import Tap
 from .layers import DropPath, EfficientAdditiveAttention, init_trunc_normal
 from .preprocess import SWIFTFORMER_RECIPE
 from .registry import Remap, register_family, register_model
@@ -196,12 +197,49 @@ class SwiftFormer(nn.Module):
             x = block(x)
         return self.norm(x)
 
+    classifier_modules = ("norm", "head", "dist_head")   # what a detection checkpoint does not hold
+
+    def feature_info(self) -> list[Tap]:
+        return swiftformer_taps(self.network)
+
+    def forward_intermediates(self, x: torch.Tensor, indices) -> list[torch.Tensor]:
+        return swiftformer_intermediates(self.patch_embed, self.network, x, indices)
+
     def forward(self, x: torch.Tensor):
         p = self.forward_features(x).flatten(2).mean(-1)
         if not self.dist:
             return self.head(p)
         out = self.head(p), self.dist_head(p)
         return out if self.training else (out[0] + out[1]) / 2
+
+
+def swiftformer_taps(network: nn.ModuleList) -> list[Tap]:
+    """The official `fork_feat` outputs: after every stage (`network` 0, 2, 4, 6), each through its BatchNorm2d
+    `norm{i}` (stride 4, 8, 16, 32); the train-form and the deploy-form share it (the same `network` indices)."""
+    taps, stride = [], 4
+    for i, block in enumerate(network):
+        if i and not isinstance(network[i - 1], nn.Sequential):  # an Embedding (downsample) came before
+            stride *= 2
+        if isinstance(block, nn.Sequential):
+            taps.append(Tap(i, stride, _width(block), nn.BatchNorm2d))
+    return taps
+
+
+def _width(stage: nn.Sequential) -> int:
+    return next(m.in_channels for m in stage.modules() if isinstance(m, nn.Conv2d))  # its first conv reads C
+
+
+def swiftformer_intermediates(patch_embed: nn.Module, network: nn.ModuleList, x: torch.Tensor,
+                              indices) -> list[torch.Tensor]:
+    """The stage outputs at `indices` (positions in `swiftformer_taps`), NCHW; stops after the last one."""
+    stages = [i for i, block in enumerate(network) if isinstance(block, nn.Sequential)]
+    wanted = [stages[i] for i in indices]
+    x, outs = patch_embed(x), []
+    for i, block in enumerate(network[:max(wanted) + 1]):
+        x = block(x)
+        if i in wanted:
+            outs.append(x)
+    return outs
 
 
 _COMMON = dict(default_imgsz=224, stride=32, downsamples=[True, True, True, True], vit_num=1)

@@ -5,6 +5,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from ..models.features import pack
 from .base import Runner
 
 
@@ -19,7 +20,7 @@ class TorchRunner(Runner):
 
     @torch.no_grad()
     def run(self, x: np.ndarray) -> np.ndarray:
-        y = self.model(torch.from_numpy(np.ascontiguousarray(x)).to(self.dtype))
+        y = pack(self.model(torch.from_numpy(np.ascontiguousarray(x)).to(self.dtype)))
         return y.float().numpy()
 
 

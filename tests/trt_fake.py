@@ -211,9 +211,12 @@ class FakeTRT:
             info = info(onnx.load_from_string(self.plan_onnx.get(plan, self.parsed[-1])))
         inspector.get_engine_information.side_effect = lambda format: json.dumps(info)
         e.create_engine_inspector.return_value = inspector
-        e.num_io_tensors = 2
+        # the graph's outputs as the engine's output bindings, in order (one `logits`; several feature maps)
+        graph = onnx.load_from_string(self.plan_onnx.get(plan, self.parsed[-1])) if self.parsed else None
+        outs = [o.name for o in graph.graph.output] if graph is not None else ["logits"]
+        names = ["image", *outs]
+        e.num_io_tensors = len(names)
         e.num_optimization_profiles = 1
-        names = ["image", "logits"]
         e.get_tensor_name.side_effect = lambda index: names[index]
         io = self.enums["TensorIOMode"]
         e.get_tensor_mode.side_effect = lambda name: io.INPUT if name == "image" else "TensorIOMode.OUTPUT"
@@ -231,10 +234,12 @@ class FakeTRT:
         ctx.set_tensor_address.side_effect = lambda name, memory: state["addr"].update({name: memory}) or True
         ctx.set_optimization_profile_async.return_value = True
 
-        def execute(stream_handle):
+        def execute(stream_handle):  # output k: (k + 1) x the fixed linear map, so their order is visible
             bufs = self.memory.buffers
             x = bufs[state["addr"]["image"]]
-            bufs[state["addr"]["logits"]][...] = _linear(x, np.float16 if precision == "fp16" else np.float32)
+            y = _linear(x, np.float16 if precision == "fp16" else np.float32)
+            for k, name in enumerate(n for n in state["addr"] if n != "image"):
+                bufs[state["addr"][name]][...] = y * (k + 1)
             return True
         ctx.execute_async_v3.side_effect = execute
         self.contexts.append(ctx)

@@ -57,6 +57,13 @@ def add_model_flags(p: argparse.ArgumentParser, required: bool = True, named: bo
                    help="SLA/SimA attention order for the export size (default auto: the FLOP rule)")
 
 
+def add_features_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--features", nargs="?", const="default", default=None, metavar="INDICES",
+                   help="export the backbone's multi-scale feature maps (NCHW, named feat_s<stride>) instead of the "
+                        "logits: without INDICES its official detection outputs, else the comma-separated positions "
+                        "of the maps to keep (e.g. 1,2,3); see the dense prediction page of the docs")
+
+
 def rgb(text: str):
     from vitedge.errors import VitedgeError
     from vitedge.models.preprocess import three  # torch-free

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .flags import (ATTN_ORDERS, BENCH_DEFAULT, add_exporter_flag, add_inputs_flags, add_model_flags,
+from .flags import (ATTN_ORDERS, BENCH_DEFAULT, add_exporter_flag, add_features_flag, add_inputs_flags, add_model_flags,
                     add_parity_flags, add_preprocess_flags, add_rewrites_flag, add_target_flags, bench_backends,
                     image_sizes, kv, positive_float, positive_int)
 
@@ -29,6 +29,7 @@ def add_export(sub) -> argparse.ArgumentParser:
                                    "with the parity ladder; writes OUT/NAME.onnx, other artifacts and OUT/report.json.")
     add_model_flags(p, named=True)
     p.add_argument("--target", default="onnx", help=f"comma list of {','.join(TARGETS)} (default onnx)")
+    add_features_flag(p)
     p.add_argument("--batch", type=positive_int, help="static batch size (default 1)")
     p.add_argument("--dynamic-batch", action="store_true",
                    help=f"dynamic batch axis ({', '.join(r.name for r in rows() if r.dynamic_batch)})")
@@ -171,6 +172,7 @@ def add_package(sub) -> argparse.ArgumentParser:
                                    "hop fails.")
     p.add_argument("--target", choices=tuple(bundles()), default="coreml",
                    help="coreml (default: iOS) or executorch (Android, and iOS through ExecuTorch)")
+    add_features_flag(p)
     p.add_argument("--model", help="model name (see `vitedge models`); optional with a --checkpoint that names its "
                                    "model (a transformers folder or hf-hub: repo with config.json, or timm:NAME)")
     p.add_argument("--checkpoint", help="train-form checkpoint (as for export); without it the bundle holds seeded "

@@ -154,6 +154,7 @@ class Hop:
     # "labelled"}; None where the hop did not run.
     sets: dict | None = None
     # ONNX hops under the noise rule: the feature probe (exporter/verdict/probe.py) {"status" (passed / failed / not run /
+    # not applicable: several outputs, each judged itself /
     # error: it raised, and the hop is unverified),
     # "module", "tensor", "samples", "noise_ratio", "worst_sample", "sets", "why"}; None where it does not apply.
     probe: dict | None = None
@@ -170,6 +171,9 @@ class Hop:
     size: str | None = None
     # A multi-size export's one artifact of every size: the CoreML function or ExecuTorch method the hop ran.
     entry: str | None = None
+    # Several outputs (--features, a user's heads): each output's worst noise_ratio over the input sets, in output
+    # order (the worst decides the hop; `sets[...]["outputs"]` per set); None for one output.
+    outputs: dict | None = None
 
     def label(self) -> str:
         """The hop as the summary names it: "coreml @256x320" in a multi-size export, else its name."""
@@ -268,6 +272,10 @@ class Report:
     # "reparam" (that size's attention order and float64 gate), "reference"}; `imgsz`, `reparam`, `samples`,
     # `reference` above are the first size's. None in a single-size export.
     sizes: list | None = None
+    # The exported module's outputs, in order: [{"name", "shape" (per sample), "stride" (feature maps; else
+    # None)}]: `logits` for a classifier, the feature maps for --features (models/outputs.py).
+    outputs: list | None = None
+    features: object = None                         # --features as asked: None, "default" or the positions
     exit_code: int = EXIT_OK
     status: str = "passed"                          # "passed" | "failed"
 

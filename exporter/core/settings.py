@@ -69,6 +69,25 @@ def parse_sizes(value, flag: str = "--imgsz") -> tuple[Size, ...] | None:
     return tuple(dict.fromkeys(sizes))
 
 
+def parse_features(value) -> str | tuple[int, ...] | None:
+    """--features as given: None / False (the logits), True / "" / "default" (the backbone's official detection
+    outputs: "default"), or positions of its feature maps ("1,2,3", an int or a list of ints: a sorted tuple)."""
+    if value is None or value is False:
+        return None
+    if value is True or (isinstance(value, str) and value.strip().lower() in ("", "default")):
+        return "default"
+    items = [v.strip() for v in value.split(",")] if isinstance(value, str) else (
+        list(value) if isinstance(value, (list, tuple)) else [value])
+    try:
+        got = tuple(sorted({int(v) for v in items if not isinstance(v, bool)}))
+    except (TypeError, ValueError):
+        got = ()
+    if not got or len(got) != len(items) or any(i < 0 for i in got):
+        raise VitedgeError(f"--features takes nothing (the backbone's official detection outputs) or distinct "
+                           f"comma-separated feature map positions (e.g. 1,2,3); got {value!r}")
+    return got
+
+
 def as_size(value) -> Size:
     """(H, W) of a size given as S, "HxW", or an (H, W) pair / list (a record read back)."""
     sizes = parse_sizes(tuple(value) if isinstance(value, list) else value)
@@ -137,12 +156,14 @@ class ExportSettings:
     exporter: str | None = None            # ONNX exporter; None: the default (parity: the artifact's)
     truth_cache: bool = True               # read and keep the float64 ground truth in the disk cache
     preprocess: dict | None = None         # crop_pct, interpolation, mean, std over the model's own
+    features: object = None                # the backbone's feature maps: None (logits), "default" or positions
 
     # keyword spellings the commands have used for the same field
     ALIASES = {"model_or_name": "model", "target": "targets"}
 
     def __post_init__(self):
         object.__setattr__(self, "imgsz", parse_sizes(self.imgsz))
+        object.__setattr__(self, "features", parse_features(self.features))
         object.__setattr__(self, "seed", DEMO_SEED if self.seed is None else self.seed)
 
     @classmethod

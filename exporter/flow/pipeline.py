@@ -20,6 +20,7 @@ import onnx
 import torch.nn as nn
 
 from ...errors import VitedgeError
+from ...models.features import output_specs
 from ...models.input_size import as_hw, size_json
 from ...models.registry import input_stats, recipe_of
 from ...targets.graph.metadata import read_metadata, set_metadata
@@ -53,8 +54,11 @@ def export(model=None, targets=None, *, progress: Progress | None = None, hub: H
     None: the one a transformers checkpoint names) with the settings as keywords, which build the ExportSettings:
     checkpoint, imgsz, batch, dynamic_batch, opset, precision, out, reparam, force, clean, attn_order,
     strict_schedule, samples, tolerances, require_verified, overrides, options, seed, rewrites, require_ane,
-    images, labels, calib, calib_images, exporter, truth_cache, preprocess (`model_or_name` and `target` are
-    accepted spellings of `model` and `targets`). Given an ExportSettings, keywords change fields of it.
+    images, labels, calib, calib_images, exporter, truth_cache, preprocess, features (`model_or_name` and `target`
+    are accepted spellings of `model` and `targets`). Given an ExportSettings, keywords change fields of it.
+    `features`: True (or "default") exports the backbone's official detection feature maps instead of the logits,
+    a list of positions the maps at those positions (docs/dense.md); a module embedding a vitedge backbone (a
+    user's own head) is folded where the backbone is, each of its outputs judged.
 
     `rewrites`: the deploy-form's speed rewrites (True all, False none, or names; see `available_rewrites`).
     `require_ane`: a CoreML device hop fails when the model mostly runs off the Neural Engine (macOS).
@@ -109,7 +113,11 @@ class Request:
 def prepare(s: ExportSettings, progress: Progress, hub: HubStore | None = None) -> Request:
     """Validate everything that can be validated without work (VitedgeError, nothing written)."""
     options = dict(s.options or {})
-    held, labels = hold_checkpoint(s.model, s.checkpoint, s.overrides, s.labels, options.pop("labels", None))
+    held, labels = hold_checkpoint(s.model, s.checkpoint, s.overrides, s.labels, options.pop("labels", None),
+                                   dense=s.features is not None)
+    made = {"held": held, "preprocess": s.preprocess, "features": s.features}  # how build_train_form makes it
+    if s.features is not None and labels is not None:
+        raise VitedgeError("--labels names the classes of logits; --features exports feature maps: drop one")
     plans = resolve_targets(s.targets or "onnx", s.precision, s.dynamic_batch, options, labels=labels, batch=s.batch)
     n_calib = check_flags(s.precision, s.calib, s.calib_images, s.images, labels)
     for plan in plans:  # what each precision needs on its target (palette's scikit-learn): before any work
@@ -136,7 +144,7 @@ def prepare(s: ExportSettings, progress: Progress, hub: HubStore | None = None) 
     outdir.check_out(out, s.force, s.clean)
     run = s.replace(batch=None if s.dynamic_batch else (s.batch or 1), opset=opset, exporter=exporter,
                     attn_order=s.attn_order or "auto", out=out, labels=labels, options=options)
-    return Request(run, plans, labels, {"held": held, "preprocess": s.preprocess}, n_calib, tols, name, out)
+    return Request(run, plans, labels, made, n_calib, tols, name, out)
 
 
 @dataclass
@@ -190,7 +198,9 @@ def start(req: Request, one: ExportSettings, progress: Progress, hub: HubStore |
             deploy, deploy64 = build_deploy_form(loaded.model, imgsz, s.reparam, run.attn_order,
                                                  s.strict_schedule, s.rewrites)
         info = reparam_info(deploy, s.reparam)
+    outputs = [o.as_dict() for o in output_specs(deploy, as_hw(imgsz))]
     report = Report(model=loaded.name, imgsz=imgsz, batch=run.batch, reparam=info, **loaded.facts(),
+                    outputs=outputs, features=s.features,
                     versions=versions(), command="export", targets=[p.name for p in req.plans],
                     samples=len(pset), samples_rule=rule, inputs=pset.note,
                     images=None if s.images is None else str(s.images),
@@ -220,9 +230,16 @@ def _metadata(loaded: Loaded, imgsz: int, run: ExportSettings, info: ReparamInfo
     extra["preprocess"] = recipe_of(loaded.model).to_dict()  # vitedge.preprocess: the eval recipe
     if report is not None:  # vitedge.exporter / _fallback: which exporter wrote the graph (why not dynamo)
         extra.update(exporter=report.exporter, exporter_fallback=report.exporter_fallback)
+    outputs = report.outputs if report is not None and report.outputs else None
+    if outputs is not None and len(outputs) > 1:  # vitedge.outputs: every output's name, shape and stride
+        extra["outputs"] = outputs
+    if run.features is not None:  # vitedge.features: what `vitedge parity` rebuilds the train-form with
+        extra["features"] = run.features if isinstance(run.features, str) else list(run.features)
+    output = "logits" if not outputs or len(outputs) == 1 else "feature maps" if all(
+        o.get("stride") for o in outputs) else "outputs"
     return {**extra, "model": loaded.name, "imgsz": size_json(imgsz), "input_size": list(as_hw(imgsz)),
             "batch": batch if batch else "dynamic", "mean": list(mean),
-            "std": list(std), "input": "image: float32 NCHW, RGB, normalized with mean/std", "output": "logits",
+            "std": list(std), "input": "image: float32 NCHW, RGB, normalized with mean/std", "output": output,
             "weights": loaded.weights, "checkpoint_sha256": loaded.checkpoint_sha256, "overrides": loaded.overrides,
             "attn_order": attn_order, "precision": "fp32",
             "reparam": {"folded": info.folded, "unfolded": info.unfolded, "attention_order": info.attention_order},

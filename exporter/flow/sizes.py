@@ -49,6 +49,9 @@ def one_file_plans(plans: list) -> list:
 def check_sizes(req, sizes: int, progress: Progress) -> None:
     """What one artifact of several sizes cannot take, before any work; the options each such target needs
     (CoreML: iOS 18) noted and set on its plan."""
+    if req.made.get("features") is not None:  # each size's maps have their own shapes: one size per export for now
+        raise VitedgeError("--features with several --imgsz sizes: export the feature maps one size per run for now "
+                           "(drop all but one size)")
     for plan in one_file_plans(req.plans):
         if plan.precision in compressed_names():
             raise VitedgeError(f"--precision {plan.precision} with several --imgsz sizes: a {plan.name} artifact of "

@@ -115,7 +115,8 @@ def parity(model=None, artifact: str | Path | None = None, *, deploy_checkpoint:
     plan = resolve_targets(tname, precision)[0] if tname else None
 
     with progress.step("building the train-form model"):
-        loaded = build_train_form(model_or_name, checkpoint, overrides, s.seed)
+        # an artifact of feature maps (its vitedge.features) is judged against the same maps of the train-form
+        loaded = build_train_form(model_or_name, checkpoint, overrides, s.seed, features=meta.get("features"))
     if isinstance(meta.get("preprocess"), dict):  # the artifact's own eval preprocessing (models/preprocess.py)
         loaded.model.vitedge_recipe = Recipe.from_dict(meta["preprocess"])
     check_checkpoint(source, meta, checkpoint, loaded.checkpoint_sha256)

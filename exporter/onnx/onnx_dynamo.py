@@ -57,13 +57,13 @@ def _quiet():
 
 
 def export_dynamo(model: nn.Module, x: torch.Tensor, dynamic_batch: bool, opset: int, input_name: str,
-                  output_name: str) -> onnx.ModelProto:
+                  output_names) -> onnx.ModelProto:
     """`torch.onnx.export(dynamo=True)` of `model` at `x`; raises whatever the exporter raises (the caller
     decides whether to fall back), or ValueError when the graph's opset is not `opset`."""
     dynamic_shapes = ({0: torch.export.Dim("batch")},) if dynamic_batch else None
     with _quiet(), torch.no_grad():
         # optimize=True is the default from torch 2.7; passed so that 2.6 writes the same optimized graph.
-        program = torch.onnx.export(model, (x,), dynamo=True, input_names=[input_name], output_names=[output_name],
+        program = torch.onnx.export(model, (x,), dynamo=True, input_names=[input_name], output_names=[output_names] if isinstance(output_names, str) else list(output_names),
                                     opset_version=opset, dynamic_shapes=dynamic_shapes, optimize=True,
                                     verbose=False)
     graph = program.model_proto

@@ -29,14 +29,16 @@ import torch
 import torch.nn as nn
 
 from ...errors import VitedgeError
+from ...models.features import output_specs
 from ...models.input_size import as_hw
+from ...models.outputs import LOGITS
 from ...targets.graph.fusions import fused_op_counts, lost_fusions
 from ...targets.graph.gelu import copy_model, restore_gelu_halves
 from .onnx_choice import (DEFAULT_EXPORTER, DEFAULT_OPSET, DYNAMO_OPSET, EXPORTERS, MIN_OPSET,  # noqa: F401
                           check_exporter, default_opset, exporter_label)
 
 INPUT_NAME = "image"
-OUTPUT_NAME = "logits"
+OUTPUT_NAME = LOGITS
 NORM_OPS = ("BatchNormalization", "LayerNormalization", "InstanceNormalization", "GroupNormalization")
 # onnxsim passes that fold constants into a form ONNX Runtime's fusions do not match (the ladder's rung 2 skips them)
 FUSION_HOSTILE_PASSES = ("fuse_preceding_mul_into_conv",)
@@ -106,10 +108,11 @@ def export_onnx_info(model: nn.Module, imgsz: int, batch: int | None = 1, opset:
     model.eval()
     # A dynamic axis is traced at batch 2 so no shape op is specialised on a broadcastable size-1 batch.
     x = torch.zeros(batch or 2, 3, *as_hw(imgsz))
+    names = tuple(o.name for o in output_specs(model, tuple(x.shape[2:])))  # feature maps: one name each
     start = time.perf_counter()
     if exporter == "dynamo":
         try:
-            graph = _export_dynamo(model, x, batch is None, opset)
+            graph = _export_dynamo(model, x, batch is None, opset, names)
             return OnnxExport(graph, "dynamo", "dynamo", opset, None, time.perf_counter() - start)
         except OnnxExportError as e:
             if not fallback:
@@ -119,19 +122,20 @@ def export_onnx_info(model: nn.Module, imgsz: int, batch: int | None = 1, opset:
             raise OnnxExportError(f"{reason}; no fallback: the TorchScript exporter writes opset {max_opset()} at "
                                   f"most (pass --opset {max_opset()} or lower to allow it)")
         try:
-            graph = _export_torchscript(model, x, batch is None, opset)
+            graph = _export_torchscript(model, x, batch is None, opset, names)
         except OnnxExportError as e:
             raise OnnxExportError(f"{reason}; the TorchScript fallback failed too: {e}") from e
         return OnnxExport(graph, "torchscript", "dynamo", opset, reason, time.perf_counter() - start)
-    graph = _export_torchscript(model, x, batch is None, opset)
+    graph = _export_torchscript(model, x, batch is None, opset, names)
     return OnnxExport(graph, "torchscript", "torchscript", opset, None, time.perf_counter() - start)
 
 
-def _export_dynamo(model: nn.Module, x: torch.Tensor, dynamic_batch: bool, opset: int) -> onnx.ModelProto:
+def _export_dynamo(model: nn.Module, x: torch.Tensor, dynamic_batch: bool, opset: int,
+                   names: tuple[str, ...] = (OUTPUT_NAME,)) -> onnx.ModelProto:
     from .onnx_dynamo import export_dynamo, root_cause
 
     try:
-        graph = export_dynamo(model, x, dynamic_batch, opset, INPUT_NAME, OUTPUT_NAME)
+        graph = export_dynamo(model, x, dynamic_batch, opset, INPUT_NAME, names)
     except ImportError as e:  # onnxscript is the dynamo exporter's own dependency
         raise OnnxExportError(f"torch.onnx.export(dynamo=True) needs {e.name or 'onnxscript'}: pip install "
                               "onnxscript") from e
@@ -144,13 +148,14 @@ def _export_dynamo(model: nn.Module, x: torch.Tensor, dynamic_batch: bool, opset
     return graph
 
 
-def _export_torchscript(model: nn.Module, x: torch.Tensor, dynamic_batch: bool, opset: int) -> onnx.ModelProto:
-    dynamic_axes = {INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}} if dynamic_batch else None
+def _export_torchscript(model: nn.Module, x: torch.Tensor, dynamic_batch: bool, opset: int,
+                        names: tuple[str, ...] = (OUTPUT_NAME,)) -> onnx.ModelProto:
+    dynamic_axes = {n: {0: "batch"} for n in (INPUT_NAME, *names)} if dynamic_batch else None
     buf = io.BytesIO()
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # tracer warnings about Python-side shapes are expected here
-            torch.onnx.export(model, (x,), buf, dynamo=False, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+            torch.onnx.export(model, (x,), buf, dynamo=False, input_names=[INPUT_NAME], output_names=list(names),
                               opset_version=opset, dynamic_axes=dynamic_axes, do_constant_folding=True)
     except Exception as e:  # the exporter raises many types; the pipeline reports the hop as failed
         raise OnnxExportError(f"torch.onnx.export failed: {type(e).__name__}: {_first_line(e)}") from e
@@ -166,8 +171,10 @@ def check_onnx(model: onnx.ModelProto) -> onnx.ModelProto:
         raise OnnxExportError(f"ONNX check failed: {type(e).__name__}: {_first_line(e)}") from e
     outs = [o.name for o in inferred.graph.output]
     ins = [i.name for i in inferred.graph.input]
-    if ins != [INPUT_NAME] or outs != [OUTPUT_NAME]:
-        raise OnnxExportError(f"ONNX graph has inputs {ins} / outputs {outs}; expected [{INPUT_NAME!r}] / [{OUTPUT_NAME!r}]")
+    # a classifier's one output is `logits`; feature maps and a user's heads carry their own distinct names
+    if ins != [INPUT_NAME] or not outs or len(set(outs)) != len(outs):
+        raise OnnxExportError(f"ONNX graph has inputs {ins} / outputs {outs}; expected [{INPUT_NAME!r}] / "
+                              f"[{OUTPUT_NAME!r}] or other distinct names")
     return inferred
 
 

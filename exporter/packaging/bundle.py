@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ...errors import VitedgeError
+from ...models.features import pack
 from ...targets.threads import one_thread
 from ..core import outdir
 from ...models.input_size import canonical
@@ -135,7 +136,8 @@ def golden_vectors(model, imgsz: int, mean, std, n: int = GOLDEN_SAMPLES,
     pixels = np.clip(np.round((x * s + m) * 255.0), 0, 255).astype(np.uint8)
     normalized = normalize_pixels(pixels, mean, std)
     with torch.no_grad():  # in float64, rounded once to float32: the same bytes on any thread count
-        logits = copy.deepcopy(model).double().eval()(torch.from_numpy(normalized).double()).float().numpy()
+        # (several outputs, feature maps: side by side per sample, models/features.py pack)
+        logits = pack(copy.deepcopy(model).double().eval()(torch.from_numpy(normalized).double())).float().numpy()
     return np.ascontiguousarray(pixels.transpose(0, 2, 3, 1)), logits.astype(np.float32)
 
 
@@ -245,13 +247,16 @@ def size_golden(model, z: BundleSize, natural: bool, recipe, what: str, check) -
 
 
 def add_golden(files: dict, root: str, z: BundleSize, pixels: np.ndarray, logits: np.ndarray, golden: dict,
-               entry_kind: str) -> None:
+               entry_kind: str, outputs: list | None = None) -> None:
     """A size's golden vectors and golden.json (naming its function / method, `entry_kind`, in a multi-size
-    bundle) into the bundle's `files`, under ROOT/golden[/HxW]/."""
+    bundle; each of several `outputs` in its own file) into the bundle's `files`, under ROOT/golden[/HxW]/."""
     if z.entry:
         golden[entry_kind] = z.entry
+    outs, several = golden_outputs(outputs, logits, root, z.golden)
+    if several:
+        golden["outputs"] = several
     files[f"{root}/{z.golden}/inputs.npy"] = _npy_bytes(pixels)
-    files[f"{root}/{z.golden}/outputs.npy"] = _npy_bytes(logits)
+    files.update(outs)
     files[f"{root}/{z.golden}/golden.json"] = _json_bytes(golden)
 
 
@@ -273,9 +278,48 @@ This bundle serves {len(sizes)} input sizes (height x width), one {entry_kind} e
 """
 
 
-def golden_verdict(runner, y: np.ndarray, expected: np.ndarray, tolerance) -> dict:
+def golden_outputs(outputs: list | None, expected: np.ndarray, root: str,
+                   folder: str = "golden") -> tuple[dict[str, bytes], object]:
+    """The golden output files and their golden.json entry: one output, `FOLDER/outputs.npy` (the logits); several
+    (feature maps), `FOLDER/outputs_NAME.npy` each in its own shape (N, C, H, W) with its name and stride."""
+    if not outputs or len(outputs) < 2:
+        return {f"{root}/{folder}/outputs.npy": _npy_bytes(expected)}, None
+    files, entries, start = {}, [], 0
+    for o in outputs:
+        n = int(np.prod(o["shape"]))
+        part = np.ascontiguousarray(expected[:, start:start + n].reshape(len(expected), *o["shape"]))
+        start += n
+        files[f"{root}/{folder}/outputs_{o['name']}.npy"] = _npy_bytes(part)
+        entries.append({"file": f"{folder}/outputs_{o['name']}.npy", "name": o["name"], "dtype": "float32",
+                        "shape": list(part.shape), "layout": "NCHW" if part.ndim == 4 else None,
+                        "stride": o.get("stride")})
+    return files, entries
+
+
+def outputs_readme(outputs: list | None) -> str:
+    """The README's paragraph on several outputs (empty for one)."""
+    if not outputs or len(outputs) < 2:
+        return ""
+    rows = "\n".join(f"| `{o['name']}` | {' x '.join(map(str, o['shape']))} | {o.get('stride') or '-'} |"
+                      for o in outputs)
+    return ("\n## Outputs\n\nThis model has several outputs (float32, per image; feature maps are NCHW), each with "
+            "its own golden file `golden/outputs_NAME.npy` and checked on its own:\n\n| output | shape | stride |\n"
+            f"| --- | --- | --- |\n{rows}\n")
+
+
+def golden_verdict(runner, y: np.ndarray, expected: np.ndarray, tolerance, outputs: list | None = None) -> dict:
     """The golden check's record: `runner`'s outputs `y` on the golden inputs against `expected` by `tolerance`
-    (one disagreeing image tolerated, as the compressed hops' resolution bound)."""
+    (one disagreeing image tolerated, as the compressed hops' resolution bound); several `outputs` (report.json's)
+    are checked one by one, each on its own columns."""
+    if outputs and len(outputs) > 1:
+        parts, start = {}, 0
+        for o in outputs:
+            n = int(np.prod(o["shape"]))
+            parts[o["name"]] = golden_verdict(runner, y[:, start:start + n], expected[:, start:start + n], tolerance)
+            start += n
+        problems = [f"{k}: {p}" for k, v in parts.items() for p in v["problems"]]
+        return {"mode": runner.mode, "backend": runner.backend, "passed": not problems, "problems": problems,
+                "outputs": {k: v["metrics"] for k, v in parts.items()}, "samples": int(len(y))}
     metrics = compute_metrics(expected, y)
     problems = resolution_bounds(tolerance, len(y), 0).violations(metrics)
     if not np.isfinite(y).all():

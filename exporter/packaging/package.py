@@ -39,7 +39,7 @@ from ...targets.labels import read_labels
 from ...targets.rows import COREML_ROW
 from .bundle import (GOLDEN_SAMPLES, GOLDEN_SEED, METRIC_DIGITS, ZIP_DATE, GoldenMismatch, PackageResult,  # noqa: F401
                      _json_bytes, _npy_bytes, _tree_files, add_golden, build_bundle, bundle_sizes, check_bundle_out, size_golden,
-                     finish_bundle, golden_vectors, golden_verdict, size_entries, sizes_readme,
+                     finish_bundle, golden_outputs, golden_vectors, golden_verdict, outputs_readme, size_entries, sizes_readme,
                      write_deterministic_zip)
 from ..reparam.forms import build_train_form
 from ..core.settings import ExportSettings
@@ -68,12 +68,12 @@ def _compression_entry(info: dict | None) -> dict | None:
 
 
 def check_golden(mlpackage: Path, pixels_nhwc: np.ndarray, expected: np.ndarray, tolerance,
-                 function: str | None = None) -> dict:
+                 function: str | None = None, outputs: list | None = None) -> dict:
     """Run the golden pixels through the emulated CoreML hop (of `function`, in a multi-size package); metrics and
-    verdict against `tolerance`."""
+    verdict against `tolerance` (each of several `outputs` on its own)."""
     with get_target(COREML_ROW.name).bundle_runner(mlpackage, **({"entry": function} if function else {})) as runner:
         y = runner.run(pixels_nhwc.transpose(0, 3, 1, 2).astype(np.float32))
-    return golden_verdict(runner, y, expected, tolerance)
+    return golden_verdict(runner, y, expected, tolerance, outputs)
 
 
 # ------------------------------------------------------------------------------------------------ README
@@ -164,7 +164,8 @@ Integrity: `manifest.json` lists the sha256 of every file in this bundle.
 
 # the settings a package reads (the rest shape the export it runs itself, and are refused rather than ignored)
 PACKAGE_SETTINGS = ("model", "targets", "checkpoint", "labels", "imgsz", "precision", "samples", "overrides",
-                    "tolerances", "force", "seed", "calib", "calib_images", "images", "exporter", "preprocess")
+                    "tolerances", "force", "seed", "calib", "calib_images", "images", "exporter", "preprocess",
+                    "features")
 
 
 def package(model=None, out: str | Path | None = None, *, ios: int | str | None = None,
@@ -227,7 +228,7 @@ def _assemble(report, export_dir: Path, out: Path, s: ExportSettings, tol) -> Pa
     mlpackage = export_dir / entry.path
     ios = int(entry.info["ios"])
     compressed = precision in KINDS
-    loaded = build_train_form(name, s.checkpoint, s.overrides, s.seed, preprocess=s.preprocess)
+    loaded = build_train_form(name, s.checkpoint, s.overrides, s.seed, preprocess=s.preprocess, features=s.features)
     labels = labels if labels is not None else loaded.labels  # (a transformers checkpoint's id2label)
     root = name
     files: dict[str, bytes] = _tree_files(mlpackage, f"{root}/{mlpackage.name}")
@@ -240,7 +241,7 @@ def _assemble(report, export_dir: Path, out: Path, s: ExportSettings, tol) -> Pa
     for z in sizes:  # golden vectors per size, each checked on its own function
         pixels, logits, golden_check = size_golden(  # the export's own recipe (report.preprocess)
             loaded.sized(z.imgsz), z, compressed, recipe_of(loaded.model), "model",
-            lambda px, expected: check_golden(mlpackage, px, expected, tol, z.entry))
+            lambda px, expected: check_golden(mlpackage, px, expected, tol, z.entry, report.outputs))
         golden = {
             "inputs": {"file": f"{z.golden}/inputs.npy", "dtype": "uint8", "shape": list(pixels.shape),
                        "layout": "NHWC", "color": "RGB", "range": [0, 255],
@@ -258,14 +259,14 @@ def _assemble(report, export_dir: Path, out: Path, s: ExportSettings, tol) -> Pa
                      "lowest cosine, PSNR = 20*log10(max|expected|/RMSE) and top-1 agreement must meet `tolerance`",
             "verified": golden_check,
         }
-        add_golden(files, root, z, pixels, logits, golden, "function")
+        add_golden(files, root, z, pixels, logits, golden, "function", report.outputs)
         checks.append(golden_check)
         goldens.append(golden)
     readme = _readme(name, report.imgsz, label_list is not None, report.weights, ios, precision, goldens[0])
     readme += sizes_readme(sizes, "function", "load another size's function with `config.functionName = "
                                               "\"size_HxW\"` (MLModelConfiguration, iOS 18+) before `MLModel(contentsOf:"
                                               "configuration:)`, and feed it pixels of that size.")
-    files[f"{root}/README.md"] = readme.encode()
+    files[f"{root}/README.md"] = (readme + outputs_readme(report.outputs)).encode()
     manifest = {
         "format": BUNDLE_FORMAT,
         "model": name, "imgsz": size_json(report.imgsz),
@@ -280,7 +281,7 @@ def _assemble(report, export_dir: Path, out: Path, s: ExportSettings, tol) -> Pa
         "calibration": report.calibration,
         "input": info["input_spec"],
         "preprocess": report.preprocess, "from_checkpoint": report.from_checkpoint,
-        "outputs": info["outputs"],
+        "outputs": info["outputs"], "model_outputs": report.outputs,
         "labels": {"file": "labels.txt", "count": len(label_list)} if label_list else None,
         "precision_policy": {"rules": [r["name"] for r in (info.get("precision_policy") or {}).get("rules", [])],
                              "fp32_islands": info.get("fp32_islands")},

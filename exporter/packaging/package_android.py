@@ -33,7 +33,7 @@ from ...targets.labels import read_labels
 from ..reparam.forms import build_train_form
 from ..core.settings import ExportSettings
 from .bundle import (GOLDEN_SEED, PackageResult, add_golden, build_bundle, bundle_sizes, check_bundle_out,
-                     finish_bundle, golden_verdict, normalize_pixels, size_entries, size_golden, sizes_readme)
+                     finish_bundle, golden_verdict, normalize_pixels, outputs_readme, size_entries, size_golden, sizes_readme)
 from ..verdict.parity import DEFAULT_TOLERANCES, profile_for
 from ..flow.pipeline import export
 
@@ -61,13 +61,13 @@ def android_runtime(executorch: str | None) -> dict:
 
 
 def check_golden(pte: Path, pixels_nhwc: np.ndarray, expected: np.ndarray, recipe: Recipe, tolerance,
-                 method: str | None = None) -> dict:
+                 method: str | None = None, outputs: list | None = None) -> dict:
     """Run the golden pixels, normalized by `recipe`, through the `.pte` here (its `method`, in a multi-size
-    program); metrics and verdict."""
+    program); metrics and verdict (each of several `outputs` on its own)."""
     x = normalize_pixels(pixels_nhwc.transpose(0, 3, 1, 2), recipe.mean, recipe.std)
     with get_target(EXECUTORCH_ROW.name).bundle_runner(pte, **({"entry": method} if method else {})) as runner:
         y = runner.run(x)
-    return golden_verdict(runner, y, expected, tolerance)
+    return golden_verdict(runner, y, expected, tolerance, outputs)
 
 
 def _readme(name: str, pte: str, imgsz: int, recipe: Recipe, classes: int, labelled: bool, weights: str,
@@ -161,7 +161,7 @@ def _assemble(report, export_dir: Path, out: Path, hop_name: str, s: ExportSetti
     name, labels, precision = report.model, s.labels, s.precision
     entry = report.artifacts[hop_name]
     pte = export_dir / entry.path
-    loaded = build_train_form(name, s.checkpoint, s.overrides, s.seed, preprocess=s.preprocess)
+    loaded = build_train_form(name, s.checkpoint, s.overrides, s.seed, preprocess=s.preprocess, features=s.features)
     labels = labels if labels is not None else loaded.labels
     recipe = recipe_of(loaded.model)
     compressed = precision != "fp32"
@@ -176,7 +176,7 @@ def _assemble(report, export_dir: Path, out: Path, hop_name: str, s: ExportSetti
     for z in sizes:  # golden vectors per size, each checked on its own method
         pixels, logits, golden_check = size_golden(
             loaded.sized(z.imgsz), z, compressed, recipe, "program",
-            lambda px, expected: check_golden(pte, px, expected, recipe, tol, z.entry))
+            lambda px, expected: check_golden(pte, px, expected, recipe, tol, z.entry, report.outputs))
         golden = {
             "inputs": {"file": f"{z.golden}/inputs.npy", "dtype": "uint8", "shape": list(pixels.shape),
                        "layout": "NHWC", "color": "RGB", "range": [0, 255],
@@ -194,7 +194,7 @@ def _assemble(report, export_dir: Path, out: Path, hop_name: str, s: ExportSetti
                      "`tolerance`",
             "verified": golden_check,
         }
-        add_golden(files, root, z, pixels, logits, golden, "method")
+        add_golden(files, root, z, pixels, logits, golden, "method", report.outputs)
         checks.append(golden_check)
         goldens.append(golden)
     golden = goldens[0]
@@ -204,7 +204,7 @@ def _assemble(report, export_dir: Path, out: Path, hop_name: str, s: ExportSetti
                      report.weights, precision, golden, runtime)
     readme += sizes_readme(sizes, "method", "run another size's method by its name, `module.execute(\"size_HxW\", "
                                             "input)`, with an input of that size.")
-    files[f"{root}/README.md"] = readme.encode()
+    files[f"{root}/README.md"] = (readme + outputs_readme(report.outputs)).encode()
     manifest = {
         "format": BUNDLE_FORMAT, "model": name, "imgsz": size_json(report.imgsz),
         "input_size": list(as_hw(report.imgsz)), "overrides": report.overrides,
@@ -216,5 +216,6 @@ def _assemble(report, export_dir: Path, out: Path, hop_name: str, s: ExportSetti
         "calibration": report.calibration,
         "preprocess": report.preprocess, "from_checkpoint": report.from_checkpoint,
         "labels": {"file": "labels.txt", "count": len(label_list)} if label_list else None,
+        "outputs": report.outputs,
     }
     return finish_bundle(out, report, root, files, manifest, checks[0], size_entries(sizes, checks, "method"))

@@ -98,7 +98,7 @@ class JudgedSamples:
         if truth is None:
             truth = ground_truth(train, x, sets, labels)
         else:
-            truth = GroundTruth(truth.y64[idx], truth.y32[idx], sets, labels)
+            truth = GroundTruth(truth.y64[idx], truth.y32[idx], sets, labels, outputs=truth.outputs)
         return cls(train, x, truth, tuple(pset.names[i] for i in idx), deploy)
 
     def describe(self, parity_inputs: str, left_out: str) -> str:

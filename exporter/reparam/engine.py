@@ -14,7 +14,9 @@ import torch.nn as nn
 from ...errors import VitedgeError
 from ...models.layers.attention import ORDERS
 from ...models.layers.norms import LinearNorm
+from ...models.features import FeatureMaps
 from ...models.registry import create_model, families, resolve_imgsz, sized
+from .primitives import ChannelAffine, bn_affine, require_repbn_affine
 
 
 @dataclass
@@ -112,9 +114,53 @@ def available_rewrites(model: nn.Module | str) -> tuple[str, ...]:
     if isinstance(model, str):
         with torch.device("meta"):
             model = create_model(model)
-    if type(model) not in _PLANS:
-        raise VitedgeError(f"no re-parameterization plan for {type(model).__name__}: build it with vitedge.create_model")
-    return _REWRITES[type(model)]
+    if type(model) in _PLANS:
+        return _REWRITES[type(model)]
+    return tuple(dict.fromkeys(r for _, m in embedded_backbones(model) for r in _REWRITES[type(m)]))
+
+
+def embedded_backbones(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The outermost submodules of `model` that have a fold plan (a FeatureMaps' backbone, the backbone inside a
+    user's own detection or segmentation model), as (path, module); a VitedgeError when there is none."""
+    found: list[tuple[str, nn.Module]] = []
+    for path, m in model.named_modules():
+        if path and type(m) in _PLANS and not any(path.startswith(p + ".") for p, _ in found):
+            found.append((path, m))
+    if not found:
+        raise VitedgeError(f"no re-parameterization plan for {type(model).__name__}, and it embeds no vitedge "
+                           "backbone: build the backbone with vitedge.create_model")
+    return found
+
+
+def plan_embedded(model: nn.Module, ctx: FoldContext) -> nn.Module:
+    """The fold plan of a module without its own (a FeatureMaps, a user's head on a backbone): every embedded
+    backbone folded by its family's plan and put back in place (its gate checks under its path), and a
+    FeatureMaps' detection norms folded into per-channel affines. The rest of the module (a user's neck and
+    heads) is kept as it is; the float64 gate covers the whole module."""
+    for path, backbone in embedded_backbones(model):
+        first = len(ctx.blocks)
+        folded = _PLANS[type(backbone)](backbone, ctx)
+        for c in ctx.blocks[first:]:
+            c.name, c.train_path, c.deploy_path = (f"{path}.{c.name}", f"{path}.{c.train_path}",
+                                                   f"{path}.{c.deploy_path}")
+        parent, _, leaf = path.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, leaf, folded)
+    if isinstance(model, FeatureMaps):
+        if hasattr(model.backbone, "head"):  # the classifier is no part of the feature maps' function
+            model.backbone.head = nn.Identity()
+        for t in model.taps:
+            norm = getattr(model, f"norm{t.index}", None)
+            if isinstance(norm, nn.LayerNorm):  # (the official Swin detection norms)
+                ctx.unfold(f"norm{t.index}", "a LayerNorm (the official detection norm) normalizes each position "
+                                             "by its own statistics: no constant affine to fold")
+                ctx.check(f"norm{t.index}", f"norm{t.index}")
+            elif norm is not None:
+                a, b = (bn_affine(norm) if isinstance(norm, nn.modules.batchnorm._BatchNorm)
+                        else require_repbn_affine(norm, f"norm{t.index}"))
+                setattr(model, f"norm{t.index}", ChannelAffine(a, b, dim=1))
+                ctx.fold("detection norm->affine")
+                ctx.check(f"norm{t.index}", f"norm{t.index}")
+    return model
 
 
 # Old rewrite names, still accepted (with a FutureWarning) and read from deploy checkpoints that recorded them.
@@ -182,7 +228,8 @@ def reparameterize(model: nn.Module, imgsz: int | None = None, attn_order: str =
     imgsz = resolve_imgsz(model, imgsz)
     plan = _PLANS.get(type(model))
     if plan is None:
-        raise VitedgeError(f"no re-parameterization plan for {type(model).__name__}: build it with vitedge.create_model")
+        embedded_backbones(model)  # (raises where there is none)
+        plan = plan_embedded
 
     ctx = FoldContext(imgsz=imgsz, attn_order=attn_order, enabled=resolve_rewrites(model, rewrites))
     unfinished = schedule_state(model)

@@ -15,6 +15,8 @@ import torch.nn as nn
 from ...errors import VitedgeError
 from ...models.checkpoints import Identified, identify, load_checkpoint, resolve_checkpoint
 from ...models.digest import sha256_file
+from ...models.checkpoints.dense import load_dense_checkpoint
+from ...models.features import FeatureMaps, make_trained_like_norms
 from ...models.preprocess import RECIPE_FLAGS, Recipe
 from ...models.registry import create_model, recipe_of, resolve_imgsz, set_input_size
 from ...models.trained_like import make_trained_like
@@ -71,13 +73,17 @@ def model_name(model: nn.Module) -> str:
 
 
 def hold_checkpoint(model_or_name, checkpoint, overrides: dict | None = None, labels=None,
-                    option_labels=None) -> tuple[Identified | None, object]:
+                    option_labels=None, dense: bool = False) -> tuple[Identified | None, object]:
     """(the checkpoint read once and the model it determines (models/checkpoints/identify_model.py), the class
     names): the identified checkpoint is None without a checkpoint or for a module given as is; the class names are
     `labels`, else `option_labels` (options["labels"]), else those the checkpoint carries (`carried_labels`), else
-    None."""
+    None. `dense` (--features): the checkpoint is a backbone's or a detection model's, read by
+    models/checkpoints/dense.py when the train-form is built (not identified here)."""
     held = None
-    if checkpoint is not None and not isinstance(model_or_name, nn.Module):
+    if checkpoint is not None and dense and not isinstance(model_or_name, nn.Module):
+        if model_or_name is None:  # a detection checkpoint does not say which backbone it holds
+            raise VitedgeError("--features with --checkpoint needs --model: the backbone the checkpoint holds")
+    elif checkpoint is not None and not isinstance(model_or_name, nn.Module):
         held = identify(checkpoint, model_or_name, overrides)
     elif model_or_name is None:
         raise VitedgeError("--model is needed (or a --checkpoint that names its model: a transformers folder with "
@@ -106,12 +112,14 @@ def preprocess_recipe(model: nn.Module, held: Identified | None = None, preproce
 
 def build_train_form(model_or_name, checkpoint: str | Path | None = None, overrides: dict | None = None,
                      seed: int = DEMO_SEED, *, held: Identified | None = None,
-                     preprocess: dict | None = None) -> Loaded:
+                     preprocess: dict | None = None, features=None) -> Loaded:
     """The train-form in eval mode: from a checkpoint, or seeded trained-like demo weights (untrained).
     `model_or_name` None: the model the checkpoint names (a transformers folder). `held`: the checkpoint as
-    `hold_checkpoint` read it (not read again). `preprocess`: eval preprocessing fields over the model's own."""
+    `hold_checkpoint` read it (not read again). `preprocess`: eval preprocessing fields over the model's own.
+    `features` ("default" or feature map positions): the backbone's feature maps instead of its logits
+    (models/features.py FeatureMaps, its detection norms seeded trained-like without a checkpoint)."""
     overrides = dict(overrides or {})
-    sha = None
+    sha, dense = None, None
     if isinstance(model_or_name, nn.Module):
         if overrides:
             raise VitedgeError("overrides apply to model names only; build the module with them instead")
@@ -123,6 +131,12 @@ def build_train_form(model_or_name, checkpoint: str | Path | None = None, overri
                 raise VitedgeError(f"checkpoint {path} not found; check the --checkpoint path")
             load_checkpoint(model, path)
             weights, sha = "checkpoint", sha256_file(path) if path.is_file() else identify(path).digest()
+    elif features is not None and checkpoint is not None and isinstance(model_or_name, str):
+        model = FeatureMaps(create_model(model_or_name, **overrides), None if features == "default" else features)
+        path = Path(resolve_checkpoint(checkpoint, model_or_name))
+        dense = load_dense_checkpoint(model, path)
+        weights, sha = "checkpoint", sha256_file(path) if path.is_file() else None
+        features = None  # (wrapped already)
     elif model_or_name is None or isinstance(model_or_name, str):
         held = held or hold_checkpoint(model_or_name, checkpoint, overrides)[0]
         if held is not None:
@@ -134,10 +148,14 @@ def build_train_form(model_or_name, checkpoint: str | Path | None = None, overri
             make_trained_like(model, seed)  # realistic statistics make the demo's parity meaningful
     else:
         raise VitedgeError(f"expected a model name or an nn.Module; got {type(model_or_name).__name__}")
+    if features is not None:
+        model = FeatureMaps(model, None if features == "default" else features)
+        if weights == "untrained":
+            make_trained_like_norms(model, seed)
     model.vitedge_recipe = preprocess_recipe(model, held, preprocess)
     if any(p.dtype != torch.float32 for p in model.parameters() if p.is_floating_point()):
         model = copy.deepcopy(model).float()  # the ladder's reference is the float32 train-form
-    notes = dict(held.notes, layout=held.layout) if held is not None else None
+    notes = dict(held.notes, layout=held.layout) if held is not None else dense
     return Loaded(model.eval(), model_name(model), weights, sha, overrides, carried_labels(held), notes,
                   held.imgsz if held is not None else None)
 

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from ...errors import VitedgeError
 from ...models.layers import Mlp, SimplifiedLinearAttention
 from ...models.layers.attention import order_reason, order_record, resolve_order, sla_rule
-from ...models.slab_deit import Attention, PRepBNDeiT, SlabDeiT, DeiTBase
+from ...models.slab_deit import Attention, DeiTBase, PRepBNDeiT, SlabDeiT, token_map
 from .engine import FoldContext, register_plan
 from .primitives import (ChannelAffine, ErfGELU, PositionPlanesPatchEmbed, PreNormBlockDeploy, affine_before,
                          linear_to_conv1x1, repbn_affine, scale_output, split_outputs, tile_depthwise)
@@ -237,9 +237,25 @@ class DeiTDeploy(nn.Module):
         self.pos_embed = None if pos_embed is None else nn.Parameter(pos_embed.detach().clone(), requires_grad=False)
         self.cls_token = None if cls_token is None else nn.Parameter(cls_token.detach().clone(), requires_grad=False)
         self.blocks, self.norm, self.head = blocks, norm, head
+        self.patch = int(patch_embed.proj.stride[0])  # the token grid's stride (feature maps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._channel_first(x) if self.channel_first else self._token_first(x)
+
+    def forward_intermediates(self, x: torch.Tensor, indices) -> list[torch.Tensor]:
+        """The last block's patch tokens as an NCHW map (models/slab_deit.py DeiTBase.feature_info)."""
+        hw = x.shape[-2:]
+        if self.channel_first:
+            x = self.patch_embed(x)
+            if self.pool == "cls":
+                x = F.pad(x, (0, 0, 1, 0))
+            x = self.blocks(x if self.pos_embed is None else x + self.pos_embed)
+        else:
+            x = self.patch_embed(x) if self.pos_embed is None else self.patch_embed(x) + self.pos_embed
+            if self.cls_token is not None:
+                x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)
+            x = self.blocks(x)
+        return [token_map(x, hw, self.patch)]
 
     def _token_first(self, x: torch.Tensor) -> torch.Tensor:
         x = self.patch_embed(x) if self.pos_embed is None else self.patch_embed(x) + self.pos_embed

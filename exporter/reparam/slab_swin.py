@@ -24,7 +24,7 @@ from ...models.layers import Mlp, SimplifiedLinearAttention
 from ...models.layers.attention import order_reason, order_record, resolve_order, sla_rule
 from ...models.slab_swin import (PatchMerging, SlabSwinTransformer, SwinTransformer, SwinTransformerBlock,
                                  WindowAttention, merge_heads, patch_merge_gather, split_qkv,
-                                 padded_size, window_softmax_attention, windowed)
+                                 padded_size, swin_intermediates, window_softmax_attention, windowed)
 from .engine import FoldContext, register_plan
 from .primitives import (ChannelAffine, PatchEmbedDeploy, affine_after, affine_before, require_repbn_affine,
                          scale_output)
@@ -139,6 +139,9 @@ class SwinDeploy(nn.Module):
         for layer in self.layers:
             x = layer(x)
         return self.head(x.mean(dim=1))
+
+    def forward_intermediates(self, x: torch.Tensor, indices) -> list[torch.Tensor]:
+        return swin_intermediates(self, x, indices)
 
 
 # ---------------------------------------------------------------- folds

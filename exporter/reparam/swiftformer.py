@@ -27,7 +27,8 @@ import torch.nn.functional as F
 
 from ...models.layers import EfficientAdditiveAttention
 from ...models.layers.normalize import l2_normalize_reduce_l2, l2_normalize_rsqrt
-from ...models.swiftformer import ConvEncoder, Embedding, SwiftFormer, SwiftFormerEncoder
+from ...models.swiftformer import (ConvEncoder, Embedding, SwiftFormer, SwiftFormerEncoder,
+                                   swiftformer_intermediates)
 from .engine import FoldContext, register_plan
 from .primitives import (ChannelAffine, ErfGELU, affine_before, bn_affine, fuse_conv_bn, linear_to_conv1x1,
                          scale_output)
@@ -161,6 +162,9 @@ class SwiftFormerDeploy(nn.Module):
         for block in self.network:
             x = block(x)
         return self.head(x.mean(dim=(2, 3)))
+
+    def forward_intermediates(self, x: torch.Tensor, indices) -> list[torch.Tensor]:
+        return swiftformer_intermediates(self.patch_embed, self.network, x, indices)
 
 
 def _conv_bn(conv: nn.Conv2d, norm: nn.Module, ctx: FoldContext) -> nn.Conv2d:

@@ -110,6 +110,9 @@ class GroundTruth:
     y16: np.ndarray | None = None        # (n, classes) the deploy-form rounded to fp16 (the fp16 rule), where needed
     y32_alt: np.ndarray | None = None    # (n, classes) a second float32 computation (channels-last layout)
     yq: np.ndarray | None = None         # (n, classes) the compressed kind's emulation (the compressed rule)
+    # several outputs (feature maps, a user's heads) packed side by side per sample (models/features.py pack):
+    # (name, values per sample) of each, in column order; None for one output
+    outputs: tuple | None = None
 
     def __post_init__(self):
         if np.shape(self.y64) != np.shape(self.y32) or len(self.sets) != len(self.y64):
@@ -139,6 +142,30 @@ class GroundTruth:
             raise ValueError("the compressed rule needs the kind's emulation (GroundTruth.yq): none was computed")
         return sample_errors(self.y64, self.yq)
 
+    def parts(self) -> list[tuple[str | None, "GroundTruth"]]:
+        """(output name, the truth restricted to that output's columns) per output, the one output as (None,
+        self): each output is judged as its own set of rows."""
+        if not self.outputs or len(self.outputs) < 2:
+            return [(None, self)]
+        out, start = [], 0
+        for name, n in self.outputs:
+            cols = slice(start, start + int(n))
+            start += int(n)
+            cut = {k: None if getattr(self, k) is None else getattr(self, k)[:, cols]
+                   for k in ("y64", "y32", "y16", "y32_alt", "yq")}
+            out.append((name, GroundTruth(sets=self.sets, labels=self.labels, float32_threads=self.float32_threads,
+                                          **cut)))
+        return out
+
+    def columns(self, name: str | None) -> slice:
+        """The columns of output `name` (all of them for None)."""
+        start = 0
+        for n, k in self.outputs or ():
+            if n == name:
+                return slice(start, start + int(k))
+            start += int(k)
+        return slice(None)
+
     def present(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(self.sets))
 
@@ -156,7 +183,7 @@ class GroundTruth:
                            None if self.labels is None else self.labels[idx], self.float32_threads,
                            None if self.y16 is None else self.y16[idx],
                            None if self.y32_alt is None else self.y32_alt[idx],
-                           None if self.yq is None else self.yq[idx])
+                           None if self.yq is None else self.yq[idx], self.outputs)
 
 
 def accuracy(logits: np.ndarray, labels: np.ndarray | None, k: int) -> float | None:

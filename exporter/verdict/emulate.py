@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from ...models.features import pack
 from ...precisions import TABLE, Emulation, compressed_names
 
 # each compressed kind's facts (what it stores, fp16 compute or not) are its precision row's `emulation`
@@ -172,7 +173,7 @@ def _forward(m: nn.Module, x: np.ndarray, batch: int, output=None, input_fp16: b
     torch.set_num_threads(1)  # the reference's rounding must not depend on the machine
     try:
         with torch.no_grad():
-            return np.concatenate([m(xt[i:i + batch]).double().numpy() for i in range(0, len(xt), batch)])
+            return np.concatenate([pack(m(xt[i:i + batch])).double().numpy() for i in range(0, len(xt), batch)])
     finally:
         torch.set_num_threads(before)
         for h in hooks:

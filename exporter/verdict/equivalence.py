@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
+from ...models.features import as_outputs, output_names, pack
 from ...models.registry import default_imgsz, sized
 from .inputs import parity_inputs
 
@@ -104,25 +105,29 @@ def verify_equivalence(train_model: nn.Module, deploy_model: nn.Module, imgsz: i
     t32_store, t32h = _capture(t32, [c.train_path for c in checks])
     d_store, dh = _capture(d, [c.deploy_path for c in checks])
     try:
-        y_t, y_d, y_32 = t(x), d(x), t32(x.float())
+        y_t, y_d, y_32 = as_outputs(t(x)), as_outputs(d(x)), as_outputs(t32(x.float()))
     finally:
         for h in th + dh + t32h:
             h.remove()
     blocks, first_bad = [], None
-    for c in checks:
-        a = t_store[c.train_path]
-        b = d_store[c.deploy_path]
-        if c.to_train is not None:
-            b = c.to_train(b)
+    pairs = [(c.name, t_store[c.train_path], d_store[c.deploy_path], t32_store[c.train_path], c.to_train)
+             for c in checks]
+    if len(y_t) > 1:  # several outputs (feature maps, a user's heads): each is checked on its own scale
+        names = output_names(train_model, len(y_t))
+        pairs += [(f"(output {n})", a, b, c, None) for n, a, b, c in zip(names, y_t, y_d, y_32)]
+    for name, a, b, a32, to_train in pairs:
+        if to_train is not None:
+            b = to_train(b)
         scale = float(a.abs().max())
         err = _max_abs_diff(a, b)
-        noise = _max_abs_diff(a, t32_store[c.train_path])
+        noise = _max_abs_diff(a, a32)
         allowed = allowance(scale, noise if noise != float("inf") else 0.0, rtol, k64)
         ok = err <= allowed
-        blocks.append({"name": c.name, "max_abs": err, "scale": scale, "fp32_noise": noise, "allowed": allowed,
+        blocks.append({"name": name, "max_abs": err, "scale": scale, "fp32_noise": noise, "allowed": allowed,
                        "passed": ok})
         if not ok and first_bad is None:
-            first_bad = c.name
+            first_bad = name
+    y_t, y_d, y_32 = pack(y_t), pack(y_d), pack(y_32)
     scale = float(y_t.abs().max())
     err = _max_abs_diff(y_t, y_d)
     noise = _max_abs_diff(y_t, y_32)

@@ -20,6 +20,8 @@ import numpy as np
 import onnx
 import torch.nn as nn
 
+from ...models.features import output_specs
+from ...models.outputs import output_columns
 from ...precisions import HALF, names
 from ...models.registry import recipe_of
 from ...targets import target_for_file
@@ -94,6 +96,15 @@ class Ladder:
     _truths: dict = field(default_factory=dict)  # ground truth on the inputs a runner really sees, by content
     _probe_refs: dict = field(default_factory=dict)  # (module, samples) -> (float64, float32) probe outputs
     _fp16_refs: dict = field(default_factory=dict)   # the fp16 rule's reference outputs, by input content
+    outputs: tuple = ()                 # the deploy-form's outputs (models/features.py OutputSpec), in order
+
+    def __post_init__(self):
+        self.outputs = output_specs(self.deploy, tuple(self.inputs.x.shape[2:]))
+        self.truth = self.with_outputs(self.truth)
+
+    def with_outputs(self, truth: GroundTruth) -> GroundTruth:
+        """`truth` knowing which of its columns belong to which output (several outputs: each judged alone)."""
+        return replace(truth, outputs=output_columns(self.outputs)) if len(self.outputs) > 1 else truth
 
     @classmethod
     def build(cls, train: nn.Module, deploy: nn.Module, inputs: ParitySet, progress: Progress,
@@ -128,9 +139,9 @@ class Ladder:
                     self.train = self.build_train()
             n, labels = len(seen), self.inputs.labels_array()
             with self.progress.step(f"train-form ground truth on the inputs {runner.backend} sees"):
-                self._truths[key] = cached_ground_truth(self.train, seen, self.inputs.sets[:n],
-                                                        None if labels is None else labels[:n],
-                                                        use_cache=self.use_cache)[0]
+                self._truths[key] = self.with_outputs(cached_ground_truth(
+                    self.train, seen, self.inputs.sets[:n], None if labels is None else labels[:n],
+                    use_cache=self.use_cache)[0])
         return self._truths[key]
 
     def judge(self, hop_name: str, runner: Runner, tol: Tolerance | None, step: str | None = None,
@@ -197,6 +208,11 @@ class Ladder:
         """The feature probe of an ONNX hop under the noise rule; a broken probe fails the hop."""
         rule = noise_rule(hop.tolerance)
         if rule is None:
+            return
+        if len(self.outputs) > 1 or any(len(o.shape) > 1 for o in self.outputs):
+            # the probe looks at a map before a classifier pools it; here every output is judged itself
+            hop.probe = {"status": "not applicable",
+                         "why": "the outputs are maps or several, each judged by the noise rule"}
             return
         x = self.x[:min(PROBE_SAMPLES, hop.samples or len(self.x))]
         with self.progress.step(f"{hop.hop} feature probe"):

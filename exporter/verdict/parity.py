@@ -17,6 +17,7 @@ from dataclasses import asdict, replace
 import numpy as np
 
 from ...errors import VitedgeError
+from ...models.features import as_outputs, output_names, pack
 from ...precisions import (EMULATED, FP16_ERROR, MEDIAN_MIN_SAMPLES, NOISE, Profile, profile_for,  # noqa: F401
                            profiles)  # profile_for: the precision table's, re-exported
 from ...targets.base import Runner, pad_batch
@@ -181,7 +182,10 @@ def judge(truth: GroundTruth, out: np.ndarray, tolerance: Tolerance,
     per_sample = sample_rule(tolerance, truth)
     rule, noise, what = per_sample if per_sample is not None else (None, truth.noise, "noise")
     metrics = compute_metrics(truth.y64, out)
-    errors = sample_errors(truth.y64, out)
+    # each output is its own set of rows (a feature map's error is judged on its own scale and noise)
+    per_output = [(name, sample_errors(part.y64, out[:, truth.columns(name)]),
+                   sample_rule(tolerance, part)[1] if per_sample is not None else part.noise)
+                  for name, part in truth.parts()]
     sets, problems = {}, []
     for s in truth.present():
         idx = truth.indices(s)
@@ -189,23 +193,28 @@ def judge(truth: GroundTruth, out: np.ndarray, tolerance: Tolerance,
         bounds, basis = set_bounds(tolerance, truth, idx, what, FLOAT64_TOLERANCES.get(tolerance.profile))
         found = [f"{s}: {v}{basis.get(v.split()[0], '')}" for v in bounds.violations(m)]
         ratio = worst = None
+        by_output = {}
         if rule is not None:
-            r, allowed, eff = rule.judge_set(errors[idx], noise[idx])
-            w = int(np.argmax(r))
-            ratio = float(r[w])
-            i = int(idx[w])
-            worst = {"index": i, "name": names[i] if names is not None else None, "error": float(errors[i]),
-                     "allowance": float(allowed[w])}
+            for name, errors, noise in per_output:  # the worst output decides
+                r, allowed, eff = rule.judge_set(errors[idx], noise[idx])
+                w = int(np.argmax(r))
+                by_output[name] = float(r[w])
+                if ratio is None or not float(r[w]) <= ratio:
+                    ratio, i, err_w, allow_w, eff_w, out_w = float(r[w]), int(idx[w]), errors, allowed[w], eff[w], name
+            worst = {"index": i, "name": names[i] if names is not None else None, "error": float(err_w[i]),
+                     "allowance": float(allow_w), **({"output": out_w} if out_w is not None else {})}
             if not ratio <= 1.0:
-                who = names[i] if names is not None else f"sample {i}"
-                found.append(f"{s}: noise_ratio {ratio:.3g} > 1 ({who}: error {errors[i]:.3g} vs allowance "
-                             f"max({rule.floor:.3g}, {rule.k:.3g} x {what} {eff[w]:.3g}))")
+                who = (names[i] if names is not None else f"sample {i}") + (f", output {out_w}" if out_w else "")
+                found.append(f"{s}: noise_ratio {ratio:.3g} > 1 ({who}: error {err_w[i]:.3g} vs allowance "
+                             f"max({rule.floor:.3g}, {rule.k:.3g} x {what} {eff_w:.3g}))")
         median = None
         bound_key, median_key, ref_key, ref_name = MEDIANS.get(what, (None,) * 4)
         bound = getattr(tolerance, bound_key) if bound_key else None
         if bound is not None and len(idx) >= MEDIAN_MIN_SAMPLES:
-            # each sample's error over its (floored) reference error: the rule's allowance at K = 1
-            median = float(np.median(errors[idx] / replace(rule, k=1.0).allowance(noise[idx])))
+            # each sample's error over its (floored) reference error: the rule's allowance at K = 1; the worst
+            # output's median
+            median = max(float(np.median(errors[idx] / replace(rule, k=1.0).allowance(noise[idx])))
+                         for _, errors, noise in per_output)
             if not median <= bound:
                 found.append(f"{s}: {median_key.removesuffix('_ratio').replace('_', ' ')} ratio {median:.3g} > "
                              f"{bound:.3g} (the typical sample's error over the {ref_name}'s: a systematic error)")
@@ -226,7 +235,9 @@ def judge(truth: GroundTruth, out: np.ndarray, tolerance: Tolerance,
         if acc is not None:  # the reference on exactly these samples: accuracies are compared on the same images
             sets[s]["reference_top5_accuracy"] = accuracy(truth.y64[idx], lab, 5)
         if ref_key:
-            sets[s][ref_key] = float(noise[idx].max())
+            sets[s][ref_key] = max(float(noise[idx].max()) for _, _, noise in per_output)
+        if None not in by_output:  # several outputs: each one's noise_ratio
+            sets[s]["outputs"] = by_output
         if basis:
             sets[s]["metric_bounds"] = {k: getattr(bounds, k) for k in basis}
         problems += found
@@ -257,9 +268,15 @@ def check_hop(hop: str, runner: Runner, inputs: np.ndarray, reference: np.ndarra
     nonfinite = int((~np.isfinite(out)).any(axis=1).sum())
     if nonfinite:
         problems.insert(0, f"non-finite outputs (NaN/Inf) in {nonfinite} of {len(out)} samples")
+    outputs = None
+    if sets and any(d.get("outputs") for d in sets.values()):  # each output's worst noise_ratio over the sets
+        outputs = {}
+        for d in sets.values():
+            for name, r in (d.get("outputs") or {}).items():
+                outputs[name] = max(outputs.get(name, r), r)
     return Hop(hop=hop, backend=runner.backend, status="failed" if problems else "passed", mode=runner.mode,
                reason="; ".join(problems) or None, samples=int(len(inputs)), metrics=metrics, tolerance=tolerance,
-               seconds=round(time.perf_counter() - t0, 3), sets=sets)
+               seconds=round(time.perf_counter() - t0, 3), sets=sets, outputs=outputs)
 
 
 def unverified(hop: str, backend: str, reason: str, tolerance: Tolerance | None = None) -> Hop:
@@ -282,8 +299,15 @@ def ground_truth(model, x, sets: tuple[str, ...], labels=None, batch: int = GROU
     import torch
 
     xt = torch.as_tensor(np.asarray(x))
-    outs = {}
+    outs, columns = {}, []
     before = torch.get_num_threads()
+
+    def packed(y):  # several outputs side by side per sample; which columns are which, from the first chunk
+        ys = as_outputs(y)
+        if not columns and len(ys) > 1:
+            columns.extend(zip(output_names(model, len(ys)), (int(np.prod(o.shape[1:])) for o in ys)))
+        return pack(ys)
+
     try:
         with torch.no_grad():
             for run, dtype, n in (("64", torch.float64, threads64 or before), ("32", torch.float32, threads),
@@ -294,14 +318,14 @@ def ground_truth(model, x, sets: tuple[str, ...], labels=None, batch: int = GROU
                     m = copy.deepcopy(m).to(memory_format=torch.channels_last)  # and rounding drawn at every depth
                     rounding_draw(m, torch.Generator().manual_seed(ROUNDING_SEED))
                 outs[run] = np.concatenate([
-                    m(_layout(xt[i:i + batch].to(dtype), run == "32cl")).double().numpy()
+                    packed(m(_layout(xt[i:i + batch].to(dtype), run == "32cl"))).double().numpy()
                     for i in range(0, len(xt), batch)])
                 del m
     finally:
         torch.set_num_threads(before)
     return GroundTruth(outs["64"], outs["32"], tuple(sets),
                        None if labels is None else np.asarray(labels, dtype=np.int64), float32_threads=int(threads),
-                       y32_alt=outs["32cl"])
+                       y32_alt=outs["32cl"], outputs=tuple(columns) or None)
 
 
 def rounding_draw(model, generator) -> None:

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from ...models.layers.normalize import l1_normalize_div, l2_normalize_rsqrt
 from ...models.preprocess import Recipe
+from ...models.outputs import LOGITS, pack_arrays
 from ...models.registry import IMAGENET_MEAN, IMAGENET_STD
 from ..base import LowerSpec
 from ..graph.precision import default_policy
@@ -180,7 +181,9 @@ def convert(deploy_model: nn.Module, spec: LowerSpec, opts: CoreMLOptions, path:
                                color_layout=ct.colorlayout.RGB)]
     else:
         inputs = [ct.TensorType(name="image", shape=shape, dtype=np.float32)]
-    outputs = [ct.TensorType(name="logits", dtype=np.float32)]
+    # one output `logits`, or each of several (feature maps) under its own name, in order (models/outputs.py)
+    names = [o["name"] for o in meta.get("outputs") or ()] or [LOGITS]
+    outputs = [ct.TensorType(name=n, dtype=np.float32) for n in names]
     kwargs = {}
     if opts.labels:
         outputs.append(ct.TensorType(name="probabilities", dtype=np.float32))
@@ -251,6 +254,10 @@ def _set_metadata(ml, spec: LowerSpec, opts: CoreMLOptions, mean, std, fold_note
     }
     if opts.labels_path:
         user["labels"] = str(len(opts.labels))
+    if meta.get("outputs"):  # several outputs: each one's name, shape per sample and stride
+        user["outputs"] = json.dumps(meta["outputs"], sort_keys=True)
+    if meta.get("features") is not None:  # --features as exported (what `vitedge parity` rebuilds)
+        user["features"] = json.dumps(meta["features"])
     for k, v in user.items():
         ml.user_defined_metadata[k] = v
     spec_pb = ml._spec  # MLModel.save writes this very spec
@@ -263,9 +270,12 @@ def _set_metadata(ml, spec: LowerSpec, opts: CoreMLOptions, mean, std, fold_note
         f"RGB image, pixels 0-255 ({resize}; normalized inside the model)" if opts.input == "image"
         else f"float32 NCHW RGB ({resize}), normalized: (pixel / 255 - mean) / std, mean {_fmt3(mean)}, "
              f"std {_fmt3(std)}")
+    strides = {o["name"]: o.get("stride") for o in meta.get("outputs") or ()}
     for o in spec_pb.description.output:
         o.shortDescription = {"logits": "class scores before softmax", "classLabel": "most likely class",
                               "classLabel_probs": "probability of every class"}.get(o.name, "")
+        if strides.get(o.name):
+            o.shortDescription = f"feature map, NCHW, stride {strides[o.name]}"
 
 
 def _fmt3(v) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...models.outputs import pack_arrays
 from ...models.registry import IMAGENET_MEAN, IMAGENET_STD
 from ..base import Runner, UnavailableError, pad_batch
 from .framework import ComputePlanUnavailable, ane_residency
@@ -35,13 +36,14 @@ def quantized_pixels(x: np.ndarray, mean, std) -> np.ndarray:
     return np.clip(np.round(_pixels(x, mean, std)), 0, 255).astype(np.float32)
 
 
-def _logits_output(outputs) -> str:
+def _judged_outputs(outputs) -> list[str]:
+    """The outputs a hop compares, in order: `logits`, else every tensor output (feature maps: each judged)."""
     if "logits" in outputs:
-        return "logits"
-    tensors = [n for n in outputs if n not in ("classLabel", "classLabel_probs")]
+        return ["logits"]
+    tensors = [n for n in outputs if n not in ("classLabel", "classLabel_probs", "probabilities")]
     if not tensors:
         raise UnavailableError("the CoreML model has no logits output to compare")
-    return tensors[0]
+    return tensors
 
 
 class EmulatedCoreMLRunner(Runner):
@@ -57,7 +59,7 @@ class EmulatedCoreMLRunner(Runner):
             raise UnsupportedOpError(f"the MIL emulator has no kernel for op(s) {', '.join(unknown)}; add them to "
                                      "vitedge/targets/coreml/mil_ops.py or run the CoreML hop on macOS")
         self.input_name, (_, self.input_shape) = next(iter(self.program.inputs.items()))
-        self.output = _logits_output(self.program.outputs)
+        self.outputs = _judged_outputs(list(self.program.outputs))
         meta = dict(self.program.spec.description.metadata.userDefined)
         pre = json.loads(meta.get("preprocessing", "{}") or "{}")
         self.mean = pre.get("mean", list(IMAGENET_MEAN))
@@ -92,8 +94,8 @@ class EmulatedCoreMLRunner(Runner):
         outs = []
         for i in range(0, len(feed), b):
             chunk = feed[i:i + b]
-            y = self.program.run({self.input_name: pad_batch(chunk, b)})[self.output]
-            outs.append(np.asarray(y, np.float32)[:len(chunk)])
+            y = self.program.run({self.input_name: pad_batch(chunk, b)})
+            outs.append(pack_arrays([np.asarray(y[n], np.float32)[:len(chunk)] for n in self.outputs]))
         return np.concatenate(outs)
 
     def close(self) -> None:
@@ -114,7 +116,7 @@ class DeviceCoreMLRunner(Runner):
         inp = desc.input[0]
         self.input_name = inp.name
         self.image = inp.type.WhichOneof("Type") == "imageType"
-        self.output = _logits_output([o.name for o in desc.output])
+        self.outputs = _judged_outputs([o.name for o in desc.output])
         pre = json.loads(dict(spec.description.metadata.userDefined).get("preprocessing", "{}") or "{}")
         self.mean, self.std = pre.get("mean", list(IMAGENET_MEAN)), pre.get("std", list(IMAGENET_STD))
         shape = tuple(inp.type.multiArrayType.shape) if not self.image else (1, 3, inp.type.imageType.height,
@@ -156,9 +158,11 @@ class DeviceCoreMLRunner(Runner):
             feed = self._feed(chunk)
             for u, m in self.models.items():
                 y = m.predict(feed)
-                if self.output not in y:
-                    raise RuntimeError(f"CoreML prediction ({u}) returned {sorted(y)} without {self.output!r}")
-                outs[u].append(np.asarray(y[self.output], np.float32).reshape(len(chunk), -1))
+                missing = [n for n in self.outputs if n not in y]
+                if missing:
+                    raise RuntimeError(f"CoreML prediction ({u}) returned {sorted(y)} without {missing}")
+                outs[u].append(pack_arrays([np.asarray(y[n], np.float32).reshape(len(chunk), -1)
+                                            for n in self.outputs]))
         res = {u: np.concatenate(v) for u, v in outs.items()}
         first = res[self.compute_units[0]]
         for u in self.compute_units[1:]:

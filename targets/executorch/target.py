@@ -25,6 +25,7 @@ import torch
 import torch.nn as nn
 
 from ...errors import VitedgeError
+from ...models.outputs import pack_arrays
 from ..graph.weights import StoredBias
 from ..base import (Artifact, LowerSpec, Runner, StoredWeights, Target, UnavailableError, pad_batch,
                     reraise_interrupt)
@@ -158,8 +159,9 @@ class ExecuTorchRunner(Runner):
         out = []
         for i in range(0, len(x), self.batch):
             chunk = np.ascontiguousarray(x[i:i + self.batch], np.float32)
-            y = self.method.execute([torch.from_numpy(pad_batch(chunk, self.batch))])[0]
-            out.append(y.detach().numpy()[:len(chunk)])
+            ys = self.method.execute([torch.from_numpy(pad_batch(chunk, self.batch))])
+            # several outputs (feature maps): the method returns each, in order; side by side per sample
+            out.append(pack_arrays([y.detach().numpy()[:len(chunk)] for y in ys]))
         return np.concatenate(out).astype(np.float32, copy=False)
 
     def max_batch(self) -> int | None:

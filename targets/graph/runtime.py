@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from ...models.outputs import pack_arrays
 from ..base import Runner, UnavailableError, reraise_interrupt
 
 THREADS_ENV = "VITEDGE_THREADS"  # default intra-op threads of sessions not given `threads` (set by matrix workers)
@@ -53,7 +54,8 @@ class OnnxRuntimeRunner(Runner):
             self.backend += ", no spinning"
 
     def run(self, x: np.ndarray) -> np.ndarray:
-        y = self.session.run(None, {self.input.name: x.astype(self.in_dtype, copy=False)})[0]
+        # several graph outputs (feature maps): side by side per sample, in graph order (models/outputs.py)
+        y = pack_arrays(self.session.run(None, {self.input.name: x.astype(self.in_dtype, copy=False)}))
         return y.astype(np.float32, copy=False)
 
     def run_all(self, x: np.ndarray) -> dict[str, np.ndarray]:

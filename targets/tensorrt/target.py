@@ -37,6 +37,7 @@ import numpy as np
 import onnx
 import torch.nn as nn
 
+from ...models.outputs import pack_arrays
 from ..base import Artifact, LowerSpec, Runner, Target, UnavailableError, pad_batch, reraise_interrupt, sha256_file
 from ..rows import TENSORRT_ROW
 from ...models.input_size import as_hw
@@ -552,10 +553,10 @@ class TensorRTRunner(Runner):
     def _run_one(self, x: np.ndarray) -> np.ndarray:
         b, n = self._stage(x)
         self._execute()
-        out = b["host"][self.outputs[0]]
-        self.mem.download(b["outputs"][self.outputs[0]], out)
+        for name in self.outputs:  # every output binding (feature maps: several), in the engine's order
+            self.mem.download(b["outputs"][name], b["host"][name])
         self.mem.sync()
-        return out[:n].astype(np.float32, copy=True)
+        return pack_arrays([b["host"][name][:n].astype(np.float32, copy=True) for name in self.outputs])
 
     def run(self, x: np.ndarray) -> np.ndarray:
         """End to end: host -> device, execute, device -> host (trtexec's "Latency")."""
