@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ...errors import VitedgeError
-from ...models.input_size import canonical
+from ...models.input_size import canonical as canonical_size
 from ..core.settings import as_size, size_text
 from ..onnx.onnx_choice import DEFAULT_EXPORTER, DEFAULT_OPSET
 
@@ -54,7 +54,7 @@ class Cell:
     @property
     def size(self):
         """S for a square cell, (H, W) otherwise: what its records and cache keys hold (square ones unchanged)."""
-        return canonical(self.imgsz)
+        return canonical_size(self.imgsz)
 
     @property
     def id(self) -> str:
