@@ -13,6 +13,8 @@ Keys: `cls_token`, `pos_embed`, `patch_embed.proj`, `blocks.i.{norm1, attn, norm
 SLAB releases both norm layouts (LinearNorm `X.norm1.*`/`X.norm2.*` and plain RepBN `X.*`); the two remaps at
 the end load either into a model built with the other, registered with the family (for every model whose keys
 show the other layout).
+
+Length: one family, two official models over one shared base (its size resampling and feature maps included).
 """
 from __future__ import annotations
 
