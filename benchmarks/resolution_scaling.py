@@ -32,7 +32,8 @@ import _script
 import _stats
 from _tables import load
 import _timing
-from vitedge.exporter.core.settings import as_size, parse_sizes, size_side, size_value, written
+from vitedge.exporter.core.settings import as_size, parse_sizes, size_side, written
+from vitedge.models.input_size import canonical
 from vitedge.exporter.reparam import reparameterize
 from vitedge.models import create_model, get_spec, list_models, make_trained_like
 from vitedge.models.flops import model_macs
@@ -263,7 +264,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-s-per-size", type=float, default=60.0, help="time budget per size cell (default 60)")
     args = ap.parse_args(argv)
     started, info = _script.begin("resolution_scaling", args.quick)
-    sizes = ([size_value(z) for z in parse_sizes(args.sizes, "--sizes")] if args.sizes
+    sizes = ([canonical(z) for z in parse_sizes(args.sizes, "--sizes")] if args.sizes
              else list(QUICK_SIZES if args.quick else SIZES))  # S, or (H, W): a non-square size
     timing = ({"min_rounds": 3, "min_s": 0.0, "max_s": 0.05, "ci_width": CI_WIDTH} if args.quick else
               {"min_rounds": 5, "min_s": 3.0, "max_s": args.max_s_per_size, "ci_width": CI_WIDTH})

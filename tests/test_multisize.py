@@ -42,7 +42,7 @@ def planted(tmp_path_factory):
         return done
 
     def exported_planted(model, spec, backend):
-        if et_target.hw(spec.imgsz) == tuple(map(int, PLANTED_PTE.split("x"))):
+        if et_target.as_hw(spec.imgsz) == tuple(map(int, PLANTED_PTE.split("x"))):
             model = copy.deepcopy(model)
             conv = [m for m in model.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
             w = conv[len(conv) // 2].weight
