@@ -59,7 +59,8 @@ def model_classes(model, imgsz: int) -> int:
 
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     with torch.no_grad():
-        return int(model.eval()(torch.zeros(1, 3, *as_hw(imgsz), dtype=dtype)).shape[-1])
+        out = model.eval()(torch.zeros(1, 3, *as_hw(imgsz), dtype=dtype))
+    return int((out[0] if isinstance(out, (tuple, list)) else out).shape[-1])  # a classifier's first output
 
 
 def class_names(labels: str | Path | CarriedLabels | None, model, imgsz: int) -> list[str] | None:

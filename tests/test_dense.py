@@ -224,14 +224,14 @@ def test_a_module_embedding_no_backbone_is_refused():
 def test_compressed_kinds_judge_each_output_against_their_emulation(forms):
     """The compressed hops' samples keep the outputs' columns, the kind's emulation is packed alike, and a w8
     candidate (here: the emulation itself, perturbed in the stride-8 map) is judged output by output."""
-    from vitedge.exporter.quantize.compressed import Judged, judge_compressed
+    from vitedge.exporter.quantize.compressed import JudgedSamples, judge_compressed
     from vitedge.exporter.verdict.hops import parity_inputs_for
     from vitedge.exporter.verdict.parity import COMPRESSED_TOLERANCES
     from vitedge.targets.base import Runner
 
     train, deploy = forms
     pset = parity_inputs_for(train, IMGSZ, 8)
-    judged = Judged.build(train, pset, deploy=deploy)
+    judged = JudgedSamples.build(train, pset, deploy=deploy)
     assert [n for n, _ in judged.truth.outputs] == list(train.names())
     emulated = judged.with_emulation(judged.truth, judged.x, "w8").yq
     cols = judged.truth.columns("feat_s8")
