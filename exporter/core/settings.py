@@ -8,7 +8,7 @@ which fields they read (`only`), so a setting they would silently ignore is an e
 
 `imgsz` holds input sizes as (height, width) pairs, ready for several sizes per run; what the pipeline runs today
 (one square size, or several square sizes for bench) is checked here, in one place (`square_size`,
-`square_sizes`). Dense outputs (the backbone's feature maps) are the next field to join.
+`square_sizes`). `features` asks for the backbone's feature maps instead of the logits (models/features.py).
 
 Torch-free: the command line builds it before any heavy import.
 """
