@@ -479,3 +479,13 @@ def test_a_planted_error_in_one_stage_of_the_onnx_graph_fails_and_is_localized(f
     assert good.status == "passed" and hop.status == "failed"
     assert max(hop.outputs.values()) > 1 and hop.outputs["feat_s4"] <= 1  # (a mid-network weight: not stride 4)
     assert hop.diverging_module == planted_module(graph, where, deploy)
+
+
+def test_a_family_without_feature_maps_is_exit_2_before_any_work(tmp_path, capsys):
+    from vitedge.cli import main
+
+    name, kw, imgsz = case("slab_pvt")
+    sets = [a for k, v in kw.items() for a in ("--set", f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}")]
+    code = main(["export", "--model", name, *sets, "--imgsz", str(imgsz), "--features", "--out", str(tmp_path / "o")])
+    assert code == 2 and "does not give feature maps yet" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
