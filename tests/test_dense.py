@@ -460,3 +460,32 @@ def test_parity_of_a_feature_map_artifact_rebuilds_the_same_maps(exported, tmp_p
     checked = parity(artifact=out / f"{NAME}.onnx", samples=8, report_path=tmp_path / "parity.json")
     assert checked.exit_code == 0
     assert [list(h.outputs) for h in checked.parity] == [[o["name"] for o in report.outputs]] * len(checked.parity)
+
+
+def test_a_planted_error_in_one_stage_of_the_onnx_graph_fails_and_is_localized(forms):
+    """An ONNX graph of the feature maps with one stage's weight channel scaled: its hop fails on the maps that
+    stage feeds and localization names the module holding the weight, as for a classifier."""
+    from vitedge.exporter.core.progress import QUIET
+    from vitedge.exporter.onnx.onnx_export import export_onnx
+    from vitedge.exporter.verdict.hops import Ladder, parity_inputs_for
+    from vitedge.targets.plants import plant_channel_scale, planted_module
+
+    train, deploy = forms
+    graph = export_onnx(copy.deepcopy(deploy), IMGSZ, batch=None)
+    planted, where = plant_channel_scale(graph, 1.5, position=0.5)
+    ladder = Ladder.build(train, deploy, parity_inputs_for(train, IMGSZ, 8), QUIET, use_cache=False)
+    good = ladder.onnx_hop("onnx", graph, FLOAT64_TOLERANCES["fp32"])
+    hop = ladder.onnx_hop("onnx", planted, FLOAT64_TOLERANCES["fp32"])
+    assert good.status == "passed" and hop.status == "failed"
+    assert max(hop.outputs.values()) > 1 and hop.outputs["feat_s4"] <= 1  # (a mid-network weight: not stride 4)
+    assert hop.diverging_module == planted_module(graph, where, deploy)
+
+
+def test_a_family_without_feature_maps_is_exit_2_before_any_work(tmp_path, capsys):
+    from vitedge.cli import main
+
+    name, kw, imgsz = case("slab_pvt")
+    sets = [a for k, v in kw.items() for a in ("--set", f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}")]
+    code = main(["export", "--model", name, *sets, "--imgsz", str(imgsz), "--features", "--out", str(tmp_path / "o")])
+    assert code == 2 and "does not give feature maps yet" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

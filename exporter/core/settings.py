@@ -8,7 +8,8 @@ which fields they read (`only`), so a setting they would silently ignore is an e
 
 `imgsz` holds input sizes as (height, width) pairs, square or not. Several sizes in one export run the single-size
 pipeline once per size (`per_size`: one settings object per size, exporter/flow/sizes.py); the commands that
-read one size refuse several (`one_size`). Dense outputs are `features`.
+read one size refuse several (`one_size`). `features` asks for the backbone's feature maps
+instead of the logits (models/features.py).
 
 Torch-free: the command line builds it before any heavy import.
 """

@@ -196,6 +196,10 @@ def _resolve_scope(components: list[str], modules: set[str]) -> str | None:
     for comp in components:
         options = [f"{cur}.{comp}" if cur else comp, comp, f"{cur}.{comp.rsplit('.', 1)[-1]}" if cur else None]
         nxt = next((o for o in options if o and o in modules), None)
+        if nxt is None and not cur:  # called outside its parent's forward (a backbone's forward_intermediates
+            # under a FeatureMaps or a user's head): the one module path ending with this component
+            ends = [m for m in modules if m.endswith("." + comp)]
+            nxt = ends[0] if len(ends) == 1 else None
         if nxt is None:
             break
         cur = nxt

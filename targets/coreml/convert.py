@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from ...models.layers.normalize import l1_normalize_div, l2_normalize_rsqrt
 from ...models.preprocess import Recipe
-from ...models.outputs import LOGITS, pack_arrays
+from ...models.outputs import LOGITS
 from ...models.registry import IMAGENET_MEAN, IMAGENET_STD
 from ..base import LowerSpec
 from ..graph.precision import default_policy
