@@ -220,12 +220,22 @@ def set_input_size(model: nn.Module, imgsz) -> list[dict]:
     a model with position tables resamples them, a windowed one pads; the model's `set_input_size((H, W))` does it
     in place and returns what it changed, per tensor ({"tensor", "how", "from", "to"}). The result, also kept on
     the model as `vitedge_resized`, is what report.json's `resized` holds: [] at the model's own size, or for a
-    model with nothing tied to its size (convolutions only). Idempotent at the size it is already at."""
+    model with nothing tied to its size (convolutions only). A module without the hook (the feature-map wrapper, a
+    user's head) resizes the backbones it embeds, their tensors named by their path in it. Idempotent at the size
+    it is already at."""
     hook = getattr(model, "set_input_size", None)
-    if hook is None:
-        return []
-    model.vitedge_resized = hook(as_hw(imgsz))
-    return model.vitedge_resized
+    if hook is not None:
+        model.vitedge_resized = hook(as_hw(imgsz))
+        return model.vitedge_resized
+    # a wrapper (feature maps, a user's head on a backbone): the outermost modules that resize, each fed the input
+    records, done = [], []
+    for name, sub in model.named_modules():
+        if name and hasattr(sub, "set_input_size") and not any(name.startswith(f"{d}.") for d in done):
+            done.append(name)
+            records += [{**r, "tensor": f"{name}.{r['tensor']}"} for r in sub.set_input_size(as_hw(imgsz))]
+    if done:
+        model.vitedge_resized = records
+    return records
 
 
 def sized(model: nn.Module, imgsz) -> nn.Module:

@@ -489,3 +489,28 @@ def test_a_family_without_feature_maps_is_exit_2_before_any_work(tmp_path, capsy
     code = main(["export", "--model", name, *sets, "--imgsz", str(imgsz), "--features", "--out", str(tmp_path / "o")])
     assert code == 2 and "does not give feature maps yet" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("family", ["swiftformer", "slab_swin", "prepbn_deit"])
+def test_features_at_a_non_square_size_pass_with_the_documented_outputs(tmp_path, family):
+    """A non-square input through the whole ladder: the backbone inside the feature-map wrapper is resized by its
+    family's convention (tables resampled, windows padded; report.json `resized` names each tensor by its path in
+    the wrapper), every map has its stride's name and shape (ceil(H / stride)), and the graph keeps 0
+    normalization nodes where the detection norms fold (Swin's LayerNorms stay, as the official backbone's)."""
+    from vitedge import export
+
+    name, kw, imgsz = case(family)
+    h, w = imgsz, imgsz + 32
+    report = export(name, targets="onnx", overrides=copy.deepcopy(kw), imgsz=f"{h}x{w}", features=True,
+                    out=tmp_path / "o", samples=16)
+    assert report.exit_code == 0, [(p.hop, p.status, p.reason) for p in report.parity]
+    assert report.input_size == [h, w]
+    strides = [o["stride"] for o in report.outputs]
+    assert [o["name"] for o in report.outputs] == [f"feat_s{s}" for s in strides]
+    assert [o["shape"][1:] for o in report.outputs] == [[-(-h // s), -(-w // s)] for s in strides]
+    graph = onnx.load(tmp_path / "o" / report.artifacts["onnx"].path)
+    assert [o.name for o in graph.graph.output] == [o["name"] for o in report.outputs]
+    norms = sum(node_counts(graph).get(op, 0) for op in NORM_OPS)
+    assert norms == (len(strides) if family == "slab_swin" else 0)
+    if family != "swiftformer":  # the convs-only SwiftFormer has nothing tied to its size
+        assert report.resized and all(r["tensor"].startswith("backbone.") for r in report.resized)
