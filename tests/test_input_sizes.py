@@ -68,9 +68,11 @@ def test_slab_deit_at_256x320(tmp_path):
                                                   ("sima", 224, 196, "kv_first"), ("sima", WIDE, 24, "qk_first")])
 def test_the_order_is_decided_per_block_on_the_real_token_count(family, size, n, order):
     from vitedge.exporter.reparam import reparameterize
+    from vitedge.models import make_trained_like
 
     name, overrides, _ = case(family)
-    summary = reparameterize(create_model(name, **overrides).eval(), imgsz=size).reparam_summary
+    model = make_trained_like(create_model(name, **overrides)).eval()  # (its LN->RepBN schedules finished)
+    summary = reparameterize(model, imgsz=size).reparam_summary
     blocks = summary.attention_blocks
     assert blocks and all(b["n"] == n and b["d"] == 32 and b["order"] == order for b in blocks.values()), blocks
 
