@@ -283,3 +283,18 @@ def test_docs_list_every_familys_size_convention_and_its_source():
         # the source: the official repo's file and function (or timm's), where there is anything to follow
         assert key == "swiftformer" or (".py" in row and "`" in row), (name, row)
         assert " only" not in get_spec(name).accepted_sizes()  # every model takes other sizes
+
+
+def test_a_deploy_checkpoint_keeps_a_non_square_size(tmp_path):
+    from vitedge.exporter.flow.deploy_checkpoint import load_deploy_checkpoint, save_deploy_checkpoint
+    from vitedge.exporter.reparam import reparameterize
+    from vitedge.models import make_trained_like
+
+    name, overrides, _ = case("slab_deit")
+    deploy = reparameterize(make_trained_like(create_model(name, **overrides)).eval(), imgsz=WIDE)
+    path = save_deploy_checkpoint(deploy, tmp_path / "d.pth", imgsz=WIDE)
+    back = load_deploy_checkpoint(path)
+    assert back.deploy_checkpoint_meta["imgsz"] == WIDE
+    x = torch.randn(1, 3, *WIDE)
+    with torch.no_grad():
+        torch.testing.assert_close(back(x), deploy(x))
