@@ -298,3 +298,12 @@ def test_a_deploy_checkpoint_keeps_a_non_square_size(tmp_path):
     x = torch.randn(1, 3, *WIDE)
     with torch.no_grad():
         torch.testing.assert_close(back(x), deploy(x))
+
+
+def test_bench_sets_the_reference_to_every_size_it_times():
+    from vitedge.exporter.timing.bench_api import bench
+
+    name, overrides, _ = case("slab_deit")  # pretrained at 224: both sizes resample its tables
+    r = bench(name, backends=["torch-deploy"], imgsz=[64, 96], overrides=overrides, min_iters=3, max_s=0.2,
+              warmup_s=0.01)
+    assert [(x.imgsz, x.status) for x in r.results] == [(64, "ok"), (96, "ok")], [x.reason for x in r.results]
