@@ -307,3 +307,14 @@ def test_bench_sets_the_reference_to_every_size_it_times():
     r = bench(name, backends=["torch-deploy"], imgsz=[64, 96], overrides=overrides, min_iters=3, max_s=0.2,
               warmup_s=0.01)
     assert [(x.imgsz, x.status) for x in r.results] == [(64, "ok"), (96, "ok")], [x.reason for x in r.results]
+
+
+def test_the_committed_benchmark_has_the_chosen_order_faster_at_640_for_slab_deit():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "attention_order.json"
+    points = json.loads(path.read_text())["at_sizes"]["points"]
+    p = next(p for p in points if (p["model"], p["imgsz"]) == ("slab_deit_tiny", "640x640"))
+    assert p["orders_chosen"] == ["kv_first"] and not p["parity_problems"]
+    for backend in ("onnxruntime", "executorch"):  # the bar: the chosen order at least 1.5x faster
+        assert p[backend]["other_over_chosen"]["ci"][0] >= 1.5, (backend, p[backend]["other_over_chosen"])
