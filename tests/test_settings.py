@@ -61,6 +61,7 @@ def test_bad_sizes_name_the_flag(value):
 def test_what_the_pipeline_does_not_run_yet_is_refused_in_one_place():
     assert ExportSettings(imgsz=64).one_size() == 64 and ExportSettings().one_size() is None
     assert ExportSettings(imgsz="256x320").one_size() == (256, 320)  # a non-square size runs (one per export)
+    assert ExportSettings(imgsz=64).square_size() == 64  # (the older reader, kept for the Python API)
     assert ExportSettings(imgsz="64,96").square_sizes() == [64, 96]
     with pytest.raises(VitedgeError, match="non-square input sizes are not supported yet"):
         ExportSettings(imgsz="256x320").square_sizes()  # (bench's several sizes: square ones)
