@@ -180,11 +180,8 @@ class ExportSettings:
     def square_size(self) -> int | None:
         """The one square size (None: the model's default), refusing a non-square one: what the pipeline read
         before `one_size`; kept for callers of the Python API."""
-        sides = self.square_sizes()
-        if sides is not None and len(sides) > 1:
-            raise VitedgeError(f"--imgsz {','.join(map(str, sides))}: one size per export for now; run one export "
-                               "per size (`vitedge matrix` plans several; `vitedge bench` times several)")
-        return None if sides is None else sides[0]
+        self.square_sizes()  # (refuses a non-square size)
+        return self.one_size()
 
     def imgsz_or(self, default):
         """The run's size (S or (H, W)), else `default` (e.g. the size an artifact records)."""
