@@ -318,3 +318,25 @@ def test_the_committed_benchmark_has_the_chosen_order_faster_at_640_for_slab_dei
     assert p["orders_chosen"] == ["kv_first"] and not p["parity_problems"]
     for backend in ("onnxruntime", "executorch"):  # the bar: the chosen order at least 1.5x faster
         assert p[backend]["other_over_chosen"]["ci"][0] >= 1.5, (backend, p[backend]["other_over_chosen"])
+
+
+def test_a_reused_hub_reports_what_its_train_form_changed(tmp_path):
+    import dataclasses
+    import shutil
+
+    class Store:  # exporter/flow/hub.py HubStore: get() / put(hub), the hub's files copied during put
+        hub = None
+
+        def get(self):
+            return self.hub
+
+        def put(self, hub):
+            kept = tmp_path / "kept.onnx"
+            shutil.copyfile(hub.onnx_path, kept)
+            self.hub = dataclasses.replace(hub, onnx_path=kept)
+
+    store = Store()
+    name, overrides, _ = case("slab_deit")
+    first = export(name, targets="onnx", imgsz=WIDE, overrides=overrides, out=tmp_path / "a", samples=8, hub=store)
+    again = export(name, targets="onnx", imgsz=WIDE, overrides=overrides, out=tmp_path / "b", samples=8, hub=store)
+    assert store.hub is not None and first.resized and again.resized == first.resized
