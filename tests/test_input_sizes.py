@@ -68,9 +68,11 @@ def test_slab_deit_at_256x320(tmp_path):
                                                   ("sima", 224, 196, "kv_first"), ("sima", WIDE, 24, "qk_first")])
 def test_the_order_is_decided_per_block_on_the_real_token_count(family, size, n, order):
     from vitedge.exporter.reparam import reparameterize
+    from vitedge.models import make_trained_like
 
     name, overrides, _ = case(family)
-    summary = reparameterize(create_model(name, **overrides).eval(), imgsz=size).reparam_summary
+    model = make_trained_like(create_model(name, **overrides)).eval()  # (its LN->RepBN schedules finished)
+    summary = reparameterize(model, imgsz=size).reparam_summary
     blocks = summary.attention_blocks
     assert blocks and all(b["n"] == n and b["d"] == 32 and b["order"] == order for b in blocks.values()), blocks
 
@@ -281,3 +283,60 @@ def test_docs_list_every_familys_size_convention_and_its_source():
         # the source: the official repo's file and function (or timm's), where there is anything to follow
         assert key == "swiftformer" or (".py" in row and "`" in row), (name, row)
         assert " only" not in get_spec(name).accepted_sizes()  # every model takes other sizes
+
+
+def test_a_deploy_checkpoint_keeps_a_non_square_size(tmp_path):
+    from vitedge.exporter.flow.deploy_checkpoint import load_deploy_checkpoint, save_deploy_checkpoint
+    from vitedge.exporter.reparam import reparameterize
+    from vitedge.models import make_trained_like
+
+    name, overrides, _ = case("slab_deit")
+    deploy = reparameterize(make_trained_like(create_model(name, **overrides)).eval(), imgsz=WIDE)
+    path = save_deploy_checkpoint(deploy, tmp_path / "d.pth", imgsz=WIDE)
+    back = load_deploy_checkpoint(path)
+    assert back.deploy_checkpoint_meta["imgsz"] == WIDE
+    x = torch.randn(1, 3, *WIDE)
+    with torch.no_grad():
+        torch.testing.assert_close(back(x), deploy(x))
+
+
+def test_bench_sets_the_reference_to_every_size_it_times():
+    from vitedge.exporter.timing.bench_api import bench
+
+    name, overrides, _ = case("slab_deit")  # pretrained at 224: both sizes resample its tables
+    r = bench(name, backends=["torch-deploy"], imgsz=[64, 96], overrides=overrides, min_iters=3, max_s=0.2,
+              warmup_s=0.01)
+    assert [(x.imgsz, x.status) for x in r.results] == [(64, "ok"), (96, "ok")], [x.reason for x in r.results]
+
+
+def test_the_committed_benchmark_has_the_chosen_order_faster_at_640_for_slab_deit():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "attention_order.json"
+    points = json.loads(path.read_text())["at_sizes"]["points"]
+    p = next(p for p in points if (p["model"], p["imgsz"]) == ("slab_deit_tiny", "640x640"))
+    assert p["orders_chosen"] == ["kv_first"] and not p["parity_problems"]
+    for backend in ("onnxruntime", "executorch"):  # the bar: the chosen order at least 1.5x faster
+        assert p[backend]["other_over_chosen"]["ci"][0] >= 1.5, (backend, p[backend]["other_over_chosen"])
+
+
+def test_a_reused_hub_reports_what_its_train_form_changed(tmp_path):
+    import dataclasses
+    import shutil
+
+    class Store:  # exporter/flow/hub.py HubStore: get() / put(hub), the hub's files copied during put
+        hub = None
+
+        def get(self):
+            return self.hub
+
+        def put(self, hub):
+            kept = tmp_path / "kept.onnx"
+            shutil.copyfile(hub.onnx_path, kept)
+            self.hub = dataclasses.replace(hub, onnx_path=kept)
+
+    store = Store()
+    name, overrides, _ = case("slab_deit")
+    first = export(name, targets="onnx", imgsz=WIDE, overrides=overrides, out=tmp_path / "a", samples=8, hub=store)
+    again = export(name, targets="onnx", imgsz=WIDE, overrides=overrides, out=tmp_path / "b", samples=8, hub=store)
+    assert store.hub is not None and first.resized and again.resized == first.resized

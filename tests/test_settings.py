@@ -62,6 +62,10 @@ def test_sizes_are_read_in_one_place():
     assert ExportSettings(imgsz=64).one_size() == 64 and ExportSettings().one_size() is None
     assert ExportSettings(imgsz="256x320").one_size() == (256, 320)  # a non-square size runs
     assert ExportSettings(imgsz="64,256x320").sizes() == [64, (256, 320)] and ExportSettings().sizes() is None
+    assert ExportSettings(imgsz=64).square_size() == 64  # (the older readers, kept for the Python API)
+    assert ExportSettings(imgsz="64,96").square_sizes() == [64, 96]
+    with pytest.raises(VitedgeError, match="a non-square size has no side length"):
+        ExportSettings(imgsz="256x320").square_sizes()
     with pytest.raises(VitedgeError, match="this command takes one size"):
         ExportSettings(imgsz="64,96").one_size()
     several = ExportSettings(model="m", imgsz="64,96")

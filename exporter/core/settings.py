@@ -239,3 +239,20 @@ class ExportSettings:
         """The run's size (S or (H, W)), else `default` (e.g. the size an artifact records)."""
         size = self.one_size()
         return default if size is None else size
+
+    # -- the side-length readers of the previous release, kept for callers of the Python API ----------------
+
+    def square_sizes(self) -> list[int] | None:
+        """The sizes as side lengths (None: the model's default), refusing a non-square one (read `sizes()`)."""
+        if self.imgsz is None:
+            return None
+        wide = [z for z in self.imgsz if z[0] != z[1]]
+        if wide:
+            raise VitedgeError(f"--imgsz {size_text(wide[0])}: a non-square size has no side length; read "
+                               "ExportSettings.sizes() (S or (H, W)) instead of square_sizes()")
+        return [h for h, _ in self.imgsz]
+
+    def square_size(self) -> int | None:
+        """The one square size (None: the model's default), refusing a non-square one (read `one_size()`)."""
+        self.square_sizes()
+        return self.one_size()

@@ -19,6 +19,7 @@ import torch.nn as nn
 
 from ...errors import CheckpointError, VitedgeError
 from ...models.layers.norms import LinearNorm
+from ...models.input_size import canonical, size_json, size_text
 from ...models.registry import create_model, default_imgsz
 from ...targets.base import umask_modes
 from ..core import outdir
@@ -70,7 +71,7 @@ def save_deploy_checkpoint(deploy_model: nn.Module, path: str | Path, *, imgsz: 
         "format": FORMAT,
         "model": name,
         "overrides": _plain(dict(getattr(deploy_model, "vitedge_overrides", {})), "override"),
-        "imgsz": int(imgsz),
+        "imgsz": size_json(imgsz),  # S, or "HxW" for a non-square size (plain data for the safe loader)
         "attn_order": attn_order,
         "rewrites": list(summary.rewrites),  # the rewrites applied: re-applying exactly these rebuilds the tree
         "attention_order": dict(summary.attention_order),
@@ -162,11 +163,13 @@ def load_deploy_checkpoint(path: str | Path) -> nn.Module:
         if unknown:
             raise CheckpointError(f"{path} was written with deploy-form rewrites this vitedge does not know "
                                   f"({', '.join(unknown)}); re-create it with `vitedge reparam`")
+    payload["imgsz"] = canonical(payload["imgsz"])  # S or (H, W), as every size below the settings
     deploy = reparameterize(model, imgsz=payload["imgsz"], attn_order=payload.get("attn_order", "auto"),
                             rewrites=rewrites)
     if dict(deploy.reparam_summary.attention_order) != dict(payload.get("attention_order", {})):
         raise CheckpointError(f"{path}: attention orders differ from a fresh re-parameterization at imgsz "
-                              f"{payload['imgsz']}; re-create it with this vitedge version (`vitedge reparam`)")
+                              f"{size_text(payload['imgsz'])}; re-create it with this vitedge version "
+                              "(`vitedge reparam`)")
     state = payload["state_dict"]
     own = deploy.state_dict()
     missing = [k for k in own if k not in state]
@@ -192,7 +195,7 @@ def load_deploy_checkpoint(path: str | Path) -> nn.Module:
 class ReparamResult:
     path: Path | None          # None when the equivalence gate failed (nothing written)
     model: str
-    imgsz: int
+    imgsz: int | tuple         # S, or (H, W) for a non-square size
     weights: str
     summary: object            # ReparamSummary
     equivalence: object        # EquivalenceResult

@@ -45,12 +45,13 @@ class Hub:
     # How the hub ONNX was made (onnx_export.OnnxExport.info(): exporter, exporter_requested, opset, fallback)
     export: dict = field(default_factory=lambda: {"exporter": None, "exporter_requested": None, "opset": None,
                                                   "exporter_fallback": None})
+    resized: list = field(default_factory=list)  # what the train-form changed to run at `imgsz` (report.resized)
 
     def loaded(self, name: str) -> Loaded:
         """The train-form facts of the export, with the deploy-form standing in for the train-form module (whose
         input statistics it carries; its default size is the hub's); the train-form is not built."""
         return Loaded(self.deploy, name, self.weights, self.checkpoint_sha256, dict(self.overrides),
-                      checkpoint_imgsz=self.imgsz)
+                      checkpoint_imgsz=self.imgsz, resized=list(self.resized))
 
     def check_fits(self, imgsz: int, inputs: ParitySet, exporter: str | None = None) -> None:
         """A store keyed wrongly would pass off another export's verdicts: refuse it loudly."""

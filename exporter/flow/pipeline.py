@@ -327,7 +327,7 @@ class _Build(ExportRun):
             self.store.put(Hub(self.deploy, imgsz, hub, self.raw, ladder.truth, self.inputs.note, copy.deepcopy(r.parity),
                                copy.deepcopy(r.reparam), run.attn_order, self.loaded.weights,
                                self.loaded.checkpoint_sha256, dict(self.loaded.overrides),
-                               {**made.info(), "simplify": simp_info}))
+                               {**made.info(), "simplify": simp_info}, list(r.resized)))
         return hub, meta, ladder
 
     def save_raw(self, folder: Path) -> None:

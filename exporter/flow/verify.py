@@ -18,6 +18,7 @@ import onnx
 import torch.nn as nn
 
 from ...errors import VitedgeError
+from ...models.input_size import size_text
 from ...precisions import compressed_names
 from ...models.preprocess import Recipe
 from ...targets import row_for_suffix, row_of
@@ -129,8 +130,8 @@ def parity(model=None, artifact: str | Path | None = None, *, deploy_checkpoint:
         pset = parity_inputs_for(loaded.model, imgsz, samples, images, labels)
     folded_for = deploy.deploy_checkpoint_meta["imgsz"] if deploy is not None else imgsz  # (the file's metadata)
     if folded_for != imgsz:
-        raise VitedgeError(f"{deploy_checkpoint} was folded for imgsz {folded_for}, the check runs at {imgsz}; pass "
-                           f"--imgsz {folded_for}")
+        raise VitedgeError(f"{deploy_checkpoint} was folded for imgsz {size_text(folded_for)}, the check runs at "
+                           f"{size_text(imgsz)}; pass --imgsz {size_text(folded_for)}")
     with progress.step("re-parameterizing"):
         # the same rewrites as the deploy checkpoint, so that localization compares like module trees
         same = deploy.deploy_checkpoint_meta.get("rewrites", True) if deploy is not None else True

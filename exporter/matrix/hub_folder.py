@@ -53,7 +53,7 @@ class FolderHub:
                        hops=[Hop.from_dict(h) for h in meta["hops"]], reparam=ReparamInfo(**meta["reparam"]),
                        attn_order=meta["attn_order"], weights=meta["weights"],
                        checkpoint_sha256=meta["checkpoint_sha256"], overrides=meta["overrides"],
-                       export=meta["export"])
+                       export=meta["export"], resized=meta.get("resized", []))
         except Exception:  # noqa: BLE001  (a damaged hub is rebuilt, never trusted)
             shutil.rmtree(self.path, ignore_errors=True)
             return None
@@ -79,7 +79,7 @@ class FolderHub:
                     "float32_threads": hub.truth.float32_threads, "inputs": hub.inputs,
                     "reparam": _plain(hub.reparam), "attn_order": hub.attn_order, "weights": hub.weights,
                     "checkpoint_sha256": hub.checkpoint_sha256, "overrides": hub.overrides, "export": hub.export,
-                    "files": hub_files(tmp)}
+                    "resized": hub.resized, "files": hub_files(tmp)}
             (tmp / META).write_text(json.dumps(meta, indent=1, default=_json) + "\n")
             try:
                 os.rename(tmp, self.path)

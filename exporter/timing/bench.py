@@ -293,7 +293,8 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
 
     loaded = build_train_form(model, checkpoint=checkpoint, overrides=overrides)
     sizes = [loaded.resolve_imgsz(s) for s in (sizes or [None])]
-    class_names(labels, loaded.model, sizes[0])  # --labels against the model's class count, before any work
+    # --labels against the model's class count, before any work (the train-form at that size)
+    class_names(labels, loaded.sized(sizes[0]), sizes[0])
     torch.set_num_threads(threads or os.cpu_count() or 1)
     train = loaded.model.eval()
 
@@ -312,6 +313,7 @@ def run_bench(model: str, *, checkpoint: str | None = None, backends="torch,torc
     with tempfile.TemporaryDirectory(dir=tmp_dir) as tmp:
         for s in sizes:
             log(f"imgsz {s}: building and checking {', '.join(backends_l)}")
+            loaded.at_size(s)  # the reference at this size: its tables resampled, its maps padded (docs/models.md)
             pset = parity_inputs_for(train, s, PARITY_SAMPLES, images, labels)
             report.settings["parity_inputs"] = pset.note
             results, ratios, ref = measure_size(loaded.name, train, make_deploy, s, backends_l, batch, threads,
