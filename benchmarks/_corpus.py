@@ -28,6 +28,14 @@ TRAINED_FULL = ("swiftformer_xs_digits64", "slab_deit_tiny_digits64", "slab_deit
                 "prepbn_pvt_digits64")
 
 
+def cached_names() -> list[str]:
+    """The corpus models cached here: a checkpoint and its manifest entry (the training script writes the manifest
+    once it has trained every model it was asked for)."""
+    path = TRAINED_CACHE / "manifest.json"
+    listed = json.loads(path.read_text())["models"] if path.is_file() else {}
+    return [n for n in TRAINED_FULL if n in listed and (TRAINED_CACHE / f"{n}.pth").is_file()]
+
+
 def cached_trained(name: str) -> tuple[nn.Module, int] | None:
     """(the trained train-form model, its image size) of a full-size reference cached by scripts/train_reference.py,
     or None when it is not cached here."""

@@ -11,12 +11,17 @@
    (demo weights, parity inputs, torch.jit.trace, CoreML conversion, MIL program load and interpreter run,
    report write, commit), found by identity in every loaded vitedge/coremltools module so that a module
    reorganisation moves nothing; what no phase covers (imports, the CLI summary) is listed as the remainder.
+   Interleaved with them, **plain**: the same conversions without vitedge, in one fresh process (`torch.onnx.export`
+   (dynamo) + onnxsim + `coremltools.convert` of the exported program at fp16, no re-parameterization, no
+   verification: child_plain), the baseline of the ratios printed last (cold / plain and warm / plain, wall time
+   and CPU seconds, paired bootstrap CIs) and of the targets: cold <= 1.5x plain with its CI, cold <= 20 s.
+   `--main-only` measures this part (without the allocator series) and keeps the committed per-target results.
 2. **`vitedge models`**, as a user starts it (a fresh process), median of 3.
 3. **Per target** for one small model per family: onnx (fp32), onnx fp16, coreml (off macOS its hop runs on
    the numpy MIL interpreter, "emulated"), tensorrt (timed only where it can run), interleaved round by
    round with `--samples` (4) parity inputs; ratios: each target's wall time over the onnx fp32 pipeline's.
 
-    python benchmarks/export_time.py [--quick] [--main-repeats N] [--samples N] [--repeats N] [--out FILE]
+    python benchmarks/export_time.py [--quick] [--main-only] [--main-repeats N] [--samples N] [--repeats N] [--out FILE]
 
 Length: one study (the main job, `vitedge models` and every target timed, each in fresh processes) and the tables
 that render its JSON.
@@ -47,6 +52,10 @@ RUNS = (("onnx", "onnx", "fp32"), ("onnx-fp16", "onnx", "fp16"), ("coreml", "cor
         ("tensorrt", "tensorrt", None))
 QUICK_IMGSZ = {"swiftformer_xs": 64, "sima_nano_12_p16": 64}  # reduced configs at small sizes (SLAB: 224 only)
 MAIN_JOB = ["export", "--model", "swiftformer_xs", "--target", "onnx,coreml"]  # + --out DIR (the README's job)
+TARGET_RATIO, TARGET_COLD_S = 1.5, 20.0  # the main job cold: within 1.5x the plain conversions, and 20 s here
+PLAIN = "plain"  # the same conversions without vitedge: the baseline of the main job's ratios (child_plain)
+PLAIN_COMMAND = ("torch.onnx.export (dynamo) + onnxsim + coremltools.convert(exported program, fp16), one process, "
+                 "no verification")
 MAIN_JOB_QUICK = ["--imgsz", "64", "--samples", "8", "--set", "layers=[1,1,2,1]", "--set", "embed_dims=[16,24,32,48]",
                   "--set", "num_classes=10"]  # _corpus.REDUCED's swiftformer_xs
 # Sub-phases: (label, module, attribute path), wrapped wherever the function object is referenced.
@@ -155,8 +164,54 @@ def child_main_job(out_json: str, argv: list[str]) -> int:
     return 0
 
 
+def child_plain(out_json: str, out_dir: str, quick: bool) -> int:
+    """The same conversions done plainly, as a user without vitedge would (no re-parameterization, no verification):
+    `torch.onnx.export` (dynamo, the default) + onnxsim, and `coremltools.convert` of the exported program at fp16
+    (the deployment target vitedge picks), each artifact saved; the model with its registry weights."""
+    t0 = time.perf_counter()
+    import coremltools as ct
+    import onnx
+    import onnxsim
+    import torch
+    from vitedge.models.registry import create_model
+
+    imports_s = time.perf_counter() - t0
+    out = Path(out_dir)
+    out.mkdir(parents=True)
+    overrides = dict(_plain_overrides()) if quick else {}
+    imgsz = int(MAIN_JOB_QUICK[1]) if quick else 224
+    model = create_model("swiftformer_xs", **overrides).eval()
+    x = torch.randn(1, 3, imgsz, imgsz)
+    phases = {}
+    t = time.perf_counter()
+    torch.onnx.export(model, (x,), str(out / "model.onnx"), dynamo=True)
+    phases["torch.onnx.export"] = time.perf_counter() - t
+    t = time.perf_counter()
+    simplified, ok = onnxsim.simplify(onnx.load(str(out / "model.onnx")))
+    onnx.save(simplified, str(out / "model.sim.onnx"))
+    phases["onnxsim"] = time.perf_counter() - t
+    t = time.perf_counter()
+    program = torch.export.export(model, (x,)).run_decompositions({})
+    ml = ct.convert(program, convert_to="mlprogram", compute_precision=ct.precision.FLOAT16,
+                    minimum_deployment_target=ct.target.iOS16, skip_model_load=True)
+    ml.save(str(out / "model.mlpackage"))
+    phases["coremltools.convert (exported program, fp16)"] = time.perf_counter() - t
+    Path(out_json).write_text(json.dumps({"rc": 0 if ok else 1, "in_process_s": time.perf_counter() - t0,
+                                          "imports_s": imports_s, "steps": list(phases.items()), "sub_phases": {},
+                                          "not_wrapped": []}))
+    return 0
+
+
+def _plain_overrides():
+    """MAIN_JOB_QUICK's --set overrides as keyword arguments (the --quick plain run builds the same reduced model)."""
+    sets = [MAIN_JOB_QUICK[i + 1] for i, a in enumerate(MAIN_JOB_QUICK) if a == "--set"]
+    return [(k, json.loads(v)) for k, v in (a.split("=", 1) for a in sets)]
+
+
 if __name__ == "__main__" and sys.argv[1:2] == ["--child"]:  # before the heavy imports: the child times them
     raise SystemExit(child_main_job(sys.argv[2], sys.argv[4:] if sys.argv[3:4] == ["--"] else sys.argv[3:]))
+if __name__ == "__main__" and sys.argv[1:2] == ["--plain-child"]:
+    raise SystemExit(child_plain(sys.argv[2], sys.argv[3], sys.argv[4:5] == ["--quick"]))
 
 import _corpus  # noqa: E402
 import _script  # noqa: E402
@@ -174,22 +229,29 @@ def _main_job_run(label: str, i: int, quick: bool, tmp: Path, cache_dir: Path, e
     argv = MAIN_JOB + ["--out", str(out_dir)] + (MAIN_JOB_QUICK if quick else [])
     env = {k: v for k, v in os.environ.items() if k not in ("VITEDGE_TRUTH_CACHE", KEEP_FREED_ENV)}  # defaults
     env.update({"VITEDGE_CACHE_DIR": str(cache_dir), **(env_extra or {})})
+    child = (["--plain-child", str(rec), str(out_dir)] + (["--quick"] if quick else []) if label == PLAIN
+             else ["--child", str(rec), "--", *argv])
     load_before = _script.load_average()  # the 1-min load average, beside every run
+    cpu0 = os.times()
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", str(rec), "--", *argv],
+    p = subprocess.run([sys.executable, str(Path(__file__).resolve()), *child],
                        capture_output=True, text=True, cwd=str(tmp), env=env)
     wall = time.perf_counter() - t0
+    cpu1 = os.times()
     if p.returncode != 0 or not rec.exists():
         raise RuntimeError(f"main job run {label} {i} failed (rc {p.returncode}): {p.stderr[-2000:]}")
     r = json.loads(rec.read_text())
-    cache = json.loads((out_dir / "report.json").read_text())["reference"].get("cache") or {}
-    r.update(wall_s=wall, load_before=load_before, load_after=_script.load_average(), cache=cache.get("status"))
-    print(f"  main job, {label} run {i + 1}: {wall:.1f} s (exit {r['rc']}; ground truth cache: {r['cache']}; "
-          f"1-min load {load_before[:1]} -> {r['load_after'][:1]})", flush=True)
+    cache = {} if label == PLAIN else json.loads((out_dir / "report.json").read_text())["reference"].get("cache") or {}
+    # the child's CPU seconds (all its threads): less sensitive than the wall time to other processes on the cores
+    cpu = (cpu1.children_user - cpu0.children_user) + (cpu1.children_system - cpu0.children_system)
+    r.update(wall_s=wall, cpu_s=cpu, load_before=load_before, load_after=_script.load_average(),
+             cache=cache.get("status"))
+    print(f"  main job, {label} run {i + 1}: {wall:.1f} s, {cpu:.1f} CPU s (exit {r['rc']}; ground truth cache: "
+          f"{r['cache']}; 1-min load {load_before[:1]} -> {r['load_after'][:1]})", flush=True)
     return r
 
 
-def run_main_job(quick: bool, repeats: int, tmp: Path) -> tuple[dict, dict, dict]:
+def run_main_job(quick: bool, repeats: int, tmp: Path, allocator: bool = True) -> tuple[dict, dict, dict | None, dict]:
     """The README's main job in fresh processes, `repeats` cold runs (an empty ground-truth cache: a first export)
     interleaved with `repeats` warm ones (the cache primed by one uncounted run: a re-export of the same weights,
     the CI case) and `repeats` cold ones with glibc's default allocator ($VITEDGE_KEEP_FREED_MEMORY=0: what
@@ -198,18 +260,19 @@ def run_main_job(quick: bool, repeats: int, tmp: Path) -> tuple[dict, dict, dict
     warm_dir = tmp / "cache-warm"
     print("  priming the warm runs' ground-truth cache (not counted)", flush=True)
     _main_job_run("priming", 0, quick, tmp, warm_dir)
-    series = {"cold": [], "warm": [], "cold-default-malloc": []}
+    series = {"cold": [], "warm": [], **({"cold-default-malloc": []} if allocator else {}), PLAIN: []}
     order = random.Random(0)
     for i in range(repeats):
         for label in order.sample(list(series), len(series)):
             cache = warm_dir if label == "warm" else tmp / f"cache-{label}{i}"
             extra = {KEEP_FREED_ENV: "0"} if label == "cold-default-malloc" else None
             series[label].append(_main_job_run(label, i, quick, tmp, cache, extra))
-    return tuple({**_summary(runs, quick, "warm" if k == "warm" else "cold"),
-                  "allocator": "glibc default" if k == "cold-default-malloc" else "vitedge"} for k, runs in series.items())
+    out = {k: {**_summary(runs, quick, "warm" if k == "warm" else "cold", k == PLAIN),
+               "allocator": "glibc default" if k == "cold-default-malloc" else "vitedge"} for k, runs in series.items()}
+    return out["cold"], out["warm"], out.get("cold-default-malloc"), out[PLAIN]
 
 
-def _summary(runs: list[dict], quick: bool, cache: str) -> dict:
+def _summary(runs: list[dict], quick: bool, cache: str, plain: bool = False) -> dict:
     steps = list(dict.fromkeys(lbl for r in runs for lbl, _ in r["steps"]))
     subs = list(dict.fromkeys(lbl for r in runs for lbl in r["sub_phases"]))
 
@@ -222,9 +285,12 @@ def _summary(runs: list[dict], quick: bool, cache: str) -> dict:
                for s in subs]
     walls = [r["wall_s"] for r in runs]
     rest = [r["wall_s"] - sum(t for _, t in r["steps"]) for r in runs]
-    return {"command": "vitedge " + " ".join(MAIN_JOB + ["--out", "DIR"] + (MAIN_JOB_QUICK if quick else [])),
-            "truth_cache": cache,
-            "runs": [{"wall_s": round(r["wall_s"], 3), "exit_code": r["rc"], "load_before": r["load_before"],
+    command = PLAIN_COMMAND if plain else "vitedge " + " ".join(MAIN_JOB + ["--out", "DIR"] +
+                                                                (MAIN_JOB_QUICK if quick else []))
+    return {"command": command, "truth_cache": None if plain else cache,
+            "cpu_median_s": med([r["cpu_s"] for r in runs]),
+            "runs": [{"wall_s": round(r["wall_s"], 3), "cpu_s": round(r["cpu_s"], 3), "exit_code": r["rc"],
+                      "load_before": r["load_before"],
                       "load_after": r["load_after"], "imports_s": round(r["imports_s"], 3), "cache": r["cache"]}
                      for r in runs],
             "wall_median_s": med(walls), "phases": phases,
@@ -343,6 +409,9 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=None, help="parity inputs per hop, per-target part (default 4; "
                                                               "--quick 2)")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds per model (default 3, at least 2)")
+    ap.add_argument("--main-only", action="store_true",
+                    help="measure the main job (cold, warm, plain) and `vitedge models` only; keep the committed "
+                         "per-target results and allocator study")
     ap.add_argument("--threads", type=int, default=1, help="torch threads, per-target part (default 1: this box is "
                                                            "shared)")
     args = ap.parse_args(argv)
@@ -356,37 +425,61 @@ def main(argv=None) -> int:
     info = _script.machine()
     _script.banner("export_time", info, args.quick)
     with tempfile.TemporaryDirectory(prefix="vitedge-export-time-") as tmp:
-        main_job, main_job_warm, main_job_default_malloc = jobs = run_main_job(args.quick, main_repeats, Path(tmp))
+        main_job, main_job_warm, main_job_default_malloc, plain = jobs = run_main_job(
+            args.quick, main_repeats, Path(tmp), allocator=not args.main_only)
         for m in jobs:
-            print_main_job(m)
-        allocator = latency.paired_ratio(*([r["wall_s"] for r in m["runs"]] for m in (jobs[2], jobs[0])))
+            if m is not None:
+                print_main_job(m)
+        if main_job_default_malloc is None:  # --main-only: the committed allocator study is kept
+            kept = load("export_time.json")
+            main_job_default_malloc, allocator = kept["main_job_default_malloc"], kept["allocator_ratio"]
+        else:
+            allocator = latency.paired_ratio(*([r["wall_s"] for r in m["runs"]] for m in (jobs[2], jobs[0])))
+        against_plain = {f"{k}/plain{' (cpu)' if cpu else ''}": latency.paired_ratio(
+            [r["cpu_s" if cpu else "wall_s"] for r in m["runs"]], [r["cpu_s" if cpu else "wall_s"] for r in plain["runs"]])
+            for k, m in (("cold", main_job), ("warm", main_job_warm)) for cpu in (False, True)}
         models_cmd = time_models_command()
         print(f"\nvitedge models: median {models_cmd['median_s']:.2f} s over 3 fresh processes "
               f"({', '.join(f'{w:.2f}' for w in models_cmd['walls_s'])} s; {models_cmd['rows']} models)", flush=True)
 
-        torch.set_num_threads(args.threads)
-        runs, unavailable = [], {}
-        for label, target, precision in RUNS:
-            why = availability(target)
-            if why is None:
-                runs.append((label, target, precision))
-            else:
-                unavailable[label] = why
-                print(f"  {label}: unavailable here: {why}")
-        wanted = QUICK_MODELS if args.quick else MODELS
-        models = [m for m in wanted if m in list_models()]
-        missing = {m: "not registered" for m in wanted if m not in models}
-        print(f"\nper target ({samples} parity samples, {args.repeats} interleaved rounds):", flush=True)
-        if not args.quick:
-            # Pay the process-wide imports (coremltools, onnxsim, the MIL interpreter) once, on a tiny model
-            # (--quick skips this: its first round includes them).
-            for label, t, p in runs:
-                pipeline_call("swiftformer_xs", t, p, _corpus.REDUCED["swiftformer_xs"], 64, 1, Path(tmp), [])()
-        results = [measure_model(m, runs, args.quick, samples, args.repeats, Path(tmp)) for m in models]
+        if args.main_only:  # the per-target part of the committed results, kept with its own provenance
+            kept = load("export_time.json")
+            runs = [tuple(r) for r in RUNS if r[0] in kept["settings"]["runs"]]
+            unavailable, missing, results = kept["unavailable"], kept["missing"], kept["models"]
+            per_target_measured = kept.get("per_target_measured") or {
+                "date": kept["machine"]["date"], "command": kept["command"], "load_note": kept["machine"]["load_note"]}
+            samples, args.repeats, args.threads = (kept["settings"][k] for k in ("samples", "repeats", "torch_threads"))
+    if not args.main_only:
+        per_target_measured = None
+        with tempfile.TemporaryDirectory(prefix="vitedge-export-time-") as tmp:
+            torch.set_num_threads(args.threads)
+            runs, unavailable = [], {}
+            for label, target, precision in RUNS:
+                why = availability(target)
+                if why is None:
+                    runs.append((label, target, precision))
+                else:
+                    unavailable[label] = why
+                    print(f"  {label}: unavailable here: {why}")
+            wanted = QUICK_MODELS if args.quick else MODELS
+            models = [m for m in wanted if m in list_models()]
+            missing = {m: "not registered" for m in wanted if m not in models}
+            print(f"\nper target ({samples} parity samples, {args.repeats} interleaved rounds):", flush=True)
+            if not args.quick:
+                # Pay the process-wide imports (coremltools, onnxsim, the MIL interpreter) once, on a tiny model
+                # (--quick skips this: its first round includes them).
+                for label, t, p in runs:
+                    pipeline_call("swiftformer_xs", t, p, _corpus.REDUCED["swiftformer_xs"], 64, 1, Path(tmp), [])()
+            results = [measure_model(m, runs, args.quick, samples, args.repeats, Path(tmp)) for m in models]
     body = {"settings": {"samples": samples, "pipeline_default_samples": 256, "repeats": args.repeats,
                          "main_repeats": main_repeats, "torch_threads": args.threads, "runs": [r[0] for r in runs]},
             "main_job": main_job, "main_job_warm": main_job_warm,
             "main_job_default_malloc": main_job_default_malloc, "allocator_ratio": allocator,
+            "main_job_plain": plain, "against_plain": against_plain,
+            "targets": {"ratio_at_most": TARGET_RATIO, "cold_at_most_s": TARGET_COLD_S,
+                        "ratio_met": against_plain["cold/plain"]["ci"][1] <= TARGET_RATIO,
+                        "cold_s": main_job["wall_median_s"], "cold_met": main_job["wall_median_s"] <= TARGET_COLD_S},
+            "per_target_measured": per_target_measured,
             "models_command": models_cmd,
             "unavailable": unavailable, "missing": missing, "models": results}
     path = _script.write_results(_script.out_path("export_time", args), "export_time", info, args, body, started)
@@ -397,6 +490,14 @@ def main(argv=None) -> int:
     for label, why in unavailable.items():
         print(f"  {label}: unavailable ({why})")
     _stats.print_ratios(results, "ratios")
+    t = body["targets"]
+    print(f"\nthe main job against the plain conversions ({PLAIN_COMMAND}; plain median {plain['wall_median_s']:.1f} s, "
+          f"{plain['cpu_median_s']:.1f} CPU s):")
+    for key, q in against_plain.items():
+        print(f"  {key}: {_stats.fmt_ratio(q)}")
+    print(f"target: cold/plain <= {TARGET_RATIO} with its CI: {'met' if t['ratio_met'] else 'NOT met'}; cold "
+          f"{main_job['wall_median_s']:.1f} s <= {TARGET_COLD_S:g} s: {'met' if t['cold_met'] else 'NOT met'} "
+          f"({info['load_note']})")
     return 0
 
 
@@ -473,7 +574,29 @@ def export_allocator() -> str:
     return f"**{ratio(d['allocator_ratio'])}** as long ({d['main_job_default_malloc']['wall_median_s']:.1f} s)"
 
 
+def export_time_headline() -> str:
+    """The README's headline: the main job, cold and warm, against the plain conversions, with the targets."""
+    d = load("export_time.json")
+    if "against_plain" not in d:
+        return "The main job against the plain conversions: not measured in `export_time.json` yet."
+    cold, warm, plain, q, t = d["main_job"], d["main_job_warm"], d["main_job_plain"], d["against_plain"], d["targets"]
+    loads = [x for job in (cold, warm, plain) for r in job["runs"] for x in (r["load_before"] or [])[:1]]
+
+    def met(ok: bool) -> str:
+        return "met" if ok else "**missed**"
+    return (f"The README's main job (`{cold['command']}`) against the same conversions done plainly "
+            f"({plain['command']}: {plain['wall_median_s']:.1f} s), interleaved in fresh processes "
+            f"(`benchmarks/export_time.py`, {d['machine']['date'][:16].replace('T', ' ')} UTC, "
+            f"{d['machine']['cpu']}, {d['machine']['cores']} cores, 1-min load {min(loads):.1f}–{max(loads):.1f} "
+            f"during the runs): cold {cold['wall_median_s']:.1f} s, **{ratio(q['cold/plain'])}** the plain time "
+            f"(target ≤ {t['ratio_at_most']:g} with its CI: {met(t['ratio_met'])}; ≤ {t['cold_at_most_s']:g} s: "
+            f"{met(t['cold_met'])}); re-exporting the same weights {warm['wall_median_s']:.1f} s, "
+            f"{ratio(q['warm/plain'])}. In CPU seconds (less sensitive to other processes): cold "
+            f"{ratio(q['cold/plain (cpu)'])}, warm {ratio(q['warm/plain (cpu)'])}.")
+
+
 TABLES = {
+    "export_time_headline": export_time_headline,
     "export_time_targets": export_time_targets,
     "export_time_stages": export_time_stages,
     "export_time_summary": export_time_summary,

@@ -162,7 +162,7 @@ def models(quick: bool) -> list[tuple[str, str, Callable[[], torch.nn.Module], i
         entry = tf.manifest()["models"][name]
         out.append((name, entry["model"], lambda n=name: tf.load_reference(n), entry["imgsz"],
                     "trained (small fixture)"))
-    cached = [n for n in _corpus.TRAINED_FULL if (_corpus.TRAINED_CACHE / f"{n}.pth").is_file()]
+    cached = _corpus.cached_names()
     if quick or not cached:
         return out
     manifest = json.loads((_corpus.TRAINED_CACHE / "manifest.json").read_text())["models"]
@@ -243,6 +243,8 @@ def main(argv=None) -> int:
         measured = None
         rows, missing = _corpus.measured_per_model({m[0]: (lambda m=m: one(m)) for m in models(args.quick)},
                                                    partial, args.models)
+        if not args.quick:  # a corpus model not trained here yet is not measured: say so, and keep the partial rows
+            missing += [n for n in _corpus.TRAINED_FULL if n not in _corpus.cached_names()]
     arts = [a for r in rows for a in r["artifacts"].values()]
     by_k = {k: max(a["by_k"][k]["p_fail_at_n"] for a in arts) for k in arts[0]["by_k"]}
     by_k_upper = {k: max(a["by_k"][k]["p_fail_at_n_upper"] for a in arts) for k in arts[0]["by_k"]}
