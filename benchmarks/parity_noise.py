@@ -15,12 +15,13 @@ L2) and noise estimates (own, raised to the set median) by how far the planted e
 hops. `--from FILE` re-evaluates stored measurements without measuring again. docs/parity_criteria.md quotes the
 full run. Timing is irrelevant here (correctness numbers only).
 
-    python benchmarks/parity_noise.py [--quick] [--out FILE] [--from FILE]
+    python benchmarks/parity_noise.py [--quick] [--configs A,B] [--out FILE] [--from FILE]
 """
 from __future__ import annotations
 
 import copy
 import json
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -28,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import _corpus
 import _script
 from _tables import load, sci, table
 from vitedge.exporter.verdict.criteria import FLOAT32_RULE, allowances, effective_noise, rows, sample_errors
@@ -147,6 +149,7 @@ def forms(results: list[dict]) -> dict:
 
 def main() -> None:
     p = _script.parser("parity_noise", __doc__)
+    p.add_argument("--configs", default=None, help="comma-separated config labels to measure now (default: all)")
     p.add_argument("--from", dest="source", type=Path, default=None,
                    help="re-evaluate the measurements stored in this results file instead of measuring")
     args = p.parse_args()
@@ -164,7 +167,12 @@ def main() -> None:
             configs = configs[:2]
         else:
             configs += [(f"{n} (full)", n, None, 8, 6) for n in FULL]
-        results = [measure(*c) for c in configs]
+        # each config's row kept as it is measured (a stopped run resumes; `--configs` measures a subset now)
+        results, missing = _corpus.measured_per_model({c[0]: (lambda c=c: [measure(*c)]) for c in configs},
+                                                      _script.out_path("parity_noise", args).with_suffix(".partial"),
+                                                      args.configs)
+        if missing:
+            print(f"not measured yet: {', '.join(missing)} (--configs)", flush=True)
     for r in results:
         sets = np.asarray(r["sets"])
         line = [f"{r['label']:24s} max|y| {r['max_abs_y']:7.3g}"]
@@ -179,12 +187,14 @@ def main() -> None:
     chosen = next(t for t in table if t["floor"] == FLOAT32_RULE.floor and t["k"] == FLOAT32_RULE.k) \
         if FLOAT32_RULE.floor in FLOORS and FLOAT32_RULE.k in KS else None
     body = {"margin": MARGIN, "chosen": {"floor": FLOAT32_RULE.floor, "k": FLOAT32_RULE.k, "evaluation": chosen},
-            "grid": table, "forms": compared, "configs": results}
+            "grid": table, "forms": compared, "configs": results, "not_measured": [] if args.source else missing}
     if args.source:  # the measurements' own provenance, beside this evaluation's
         body["measured"] = {k: stored.get(k) for k in ("command", "wall_s", "machine")}
         body["measured"]["command"] = stored.get("measured", {}).get("command") or stored.get("command")
     path = _script.write_results(_script.out_path("parity_noise", args), "parity_noise",
                                  dict(info), args, body, started)
+    if not args.source and not missing:  # complete: nothing left to resume
+        shutil.rmtree(_script.out_path("parity_noise", args).with_suffix(".partial"), ignore_errors=True)
     print("\nerror/noise ratios, floor-free (worst correct hop | planted x1.01 | x1.001) per error form / noise:")
     for name, f in compared.items():
         print(f"  {name:16s} discrimination (min x1.01 / max correct) {f['discrimination']:.2f}")

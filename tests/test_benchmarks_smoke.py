@@ -110,6 +110,15 @@ def test_export_time_quick(runs):
     assert data["allocator_ratio"]["pairs"] == len(job["runs"])
     assert any(ln.startswith("main job, cold: glibc's default allocator") and CI_RE.search(ln) for ln in lines)
     assert len(job["runs"]) >= 1 and all(r["exit_code"] == 0 and r["load_before"] for r in job["runs"])
+    # against the same conversions done plainly, interleaved: wall and CPU ratios with CIs, the last lines printed
+    plain = data["main_job_plain"]
+    assert all(r["exit_code"] == 0 and r["cpu_s"] > 0 for r in plain["runs"]) and len(plain["runs"]) == len(job["runs"])
+    assert {p["phase"] for p in plain["phases"]} == {
+        "torch.onnx.export", "onnxsim", "coremltools.convert (exported program, fp16)"}
+    assert set(data["against_plain"]) == {"cold/plain", "cold/plain (cpu)", "warm/plain", "warm/plain (cpu)"}
+    assert data["targets"]["ratio_met"] == (data["against_plain"]["cold/plain"]["ci"][1] <= 1.5)
+    plain_tail = _tail_after(lines, "the main job against the plain conversions")
+    assert sum(bool(CI_RE.search(ln)) for ln in plain_tail) == 4 and plain_tail[-1].startswith("target: cold/plain")
     phases = {p["phase"]: p for p in job["phases"]}
     assert {"equivalence gate (float64)", "exporting ONNX", "simplifying ONNX (onnxsim)"} <= set(phases)
     assert any(p.startswith("coreml hop") for p in phases) and any(p.startswith("lowering to coreml") for p in phases)
