@@ -35,7 +35,7 @@ def summarize(noise: np.ndarray) -> dict:
 def measure(name: str, samples: int, overrides: dict | None = None) -> dict:
     spec = get_spec(name)
     model = make_trained_like(create_model(name, **(overrides or {})), seed=0).eval()
-    imgsz = spec.fixed_size(overrides or {}) or spec.default_imgsz
+    imgsz = spec.default_size(overrides)
     ps = parity_set(samples, imgsz, seed=0, mean=spec.mean, std=spec.std)
     t0 = time.perf_counter()
     truth = ground_truth(model, ps.x, ps.sets, batch=BATCH)

@@ -72,7 +72,7 @@ def rel_l2(truth: np.ndarray, cand: np.ndarray) -> np.ndarray:
 def measure(label: str, name: str, overrides: dict | None, n_nat: int, n_stress: int) -> dict:
     spec = get_spec(name)
     model = make_trained_like(create_model(name, **(overrides or {})), seed=0).eval()
-    imgsz = spec.fixed_size(overrides or {}) or spec.default_imgsz
+    imgsz = spec.default_size(overrides)
     nat, _ = natural_inputs(n_nat, imgsz, 0, spec.mean, spec.std)
     x = torch.cat([nat, parity_inputs(n_stress, imgsz, 0, spec.mean, spec.std)]).numpy()
     sets = ("natural",) * n_nat + ("stress",) * n_stress

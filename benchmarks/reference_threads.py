@@ -42,7 +42,7 @@ def _run(model, x: torch.Tensor, dtype=None) -> np.ndarray:
 def measure(name: str, samples: int, overrides: dict | None, imgsz: int | None = None) -> dict:
     spec = get_spec(name)
     model = make_trained_like(create_model(name, **(overrides or {})), seed=0).eval()
-    imgsz = imgsz or spec.fixed_size(overrides or {}) or spec.default_imgsz
+    imgsz = imgsz or spec.default_size(overrides)
     ps = parity_set(samples, imgsz, mean=spec.mean, std=spec.std)
     sets = np.asarray(ps.sets)
     torch.set_num_threads(max(THREADS))

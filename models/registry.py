@@ -77,6 +77,12 @@ class ModelSpec:
             return None
         return int(overrides.get("img_size", self.fixed_imgsz))
 
+    def default_size(self, overrides: dict | None = None) -> int:
+        """The size a model built with `overrides` runs at when none is asked for, without building it: its fixed
+        size, else the `img_size` it is built for (its position tables' grid), else the spec's default."""
+        overrides = overrides or {}
+        return self.fixed_size(overrides) or int(overrides.get("img_size") or self.default_imgsz)
+
 
 @dataclass(frozen=True)
 class Remap:

@@ -44,10 +44,11 @@ CASES = [
     Case("unknown-rewrite", (*SWIFT, "--rewrites", "sla_everything"), ("sla_everything", "tokens_channels_first")),
     Case("rewrites-with-no-reparam", (*SWIFT, "--rewrites", "none", "--no-reparam"), ("--rewrites", "--no-reparam")),
     Case("empty-rewrites", (*SWIFT, "--rewrites", ","), ("--rewrites", "comma list")),
-    Case("size-not-multiple-of-stride", (*SWIFT, "--imgsz", "100"), ("100", "32", "try 96")),
+    Case("size-not-multiple-of-stride", (*SWIFT, "--imgsz", "100"), ("100", "32", "--imgsz 96 or 128")),
     Case("sima-size-not-multiple-of-patch", ("--model", "sima_nano_12_p16", "--set", "depth=1", "--imgsz", "40"),
          ("40", "16")),
-    Case("slab-deit-fixed-size", ("--model", "slab_deit_tiny", *SLAB_TINY, "--imgsz", "256"), ("224", "256")),
+    Case("slab-deit-size-not-multiple-of-patch", ("--model", "slab_deit_tiny", *SLAB_TINY, "--imgsz", "250"),
+         ("250", "16", "--imgsz 240 or 256")),
     Case("imgsz-zero", (*SWIFT, "--imgsz", "0"), ("--imgsz", "0")),
     Case("bad-override", (*SWIFT, "--set", "bogus_width=3"), ("bogus_width",)),
     # overrides with valid names whose values no model can be built from: usage errors too, not internal errors
@@ -188,7 +189,7 @@ def test_bad_argument(case, tmp_path, capsys):
 
 # One case per kind of check (argparse, before any model is built, after it is built, checkpoint, target
 # flags), as real processes: the exit status and stderr of `python cli.py` itself.
-PROCESS_CASES = ["unknown-model", "batch-zero", "slab-deit-fixed-size", "directory-as-checkpoint",
+PROCESS_CASES = ["unknown-model", "batch-zero", "slab-deit-size-not-multiple-of-patch", "directory-as-checkpoint",
                  "dynamic-batch-with-coreml"]
 
 

@@ -317,7 +317,7 @@ class _Resolver:
         sizes = m.get("imgsz", defaults.get("imgsz"))
         src = f"{where}.imgsz" if "imgsz" in m else "defaults.imgsz"
         if sizes is None:
-            sizes = [spec.fixed_size(overrides) or spec.default_imgsz]
+            sizes = [spec.default_size(overrides)]
         sizes = [sizes] if _is_int(sizes) or isinstance(sizes, str) else sizes
         if not isinstance(sizes, list) or not sizes:
             raise PlanError(f"{src} must be a size (S or \"HxW\") or a list of sizes; got {sizes!r}")
