@@ -340,3 +340,12 @@ def test_a_reused_hub_reports_what_its_train_form_changed(tmp_path):
     first = export(name, targets="onnx", imgsz=WIDE, overrides=overrides, out=tmp_path / "a", samples=8, hub=store)
     again = export(name, targets="onnx", imgsz=WIDE, overrides=overrides, out=tmp_path / "b", samples=8, hub=store)
     assert store.hub is not None and first.resized and again.resized == first.resized
+
+
+def test_a_specs_default_size_is_the_img_size_it_is_built_for():
+    """What the matrix and the benchmarks run a model at when no size is asked for, without building it: the
+    img_size of its overrides (its position tables' grid), else the spec's default."""
+    from vitedge.models.registry import get_spec
+
+    assert get_spec("slab_deit_tiny").default_size({"img_size": 64}) == 64
+    assert get_spec("slab_deit_tiny").default_size() == 224 and get_spec("swiftformer_xs").default_size({}) == 224
