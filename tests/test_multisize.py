@@ -145,6 +145,7 @@ def test_a_single_size_keeps_its_file_names(tmp_path):
 @pytest.mark.parametrize("args,words", [
     (["--target", "coreml", "--ios", "17"], ["--ios 17", "iOS 18", "--ios 18"]),
     (["--target", "coreml", "--precision", "w8"], ["--precision w8", "several --imgsz sizes"]),
+    (["--target", "onnx", "--features"], ["--features", "several --imgsz sizes", "one size per run"]),
 ])
 def test_what_one_artifact_of_several_sizes_cannot_take_is_exit_2_before_any_work(tmp_path, capsys, args, words):
     out = tmp_path / "out"
