@@ -43,3 +43,13 @@ def pack_arrays(outs: Sequence[np.ndarray]) -> np.ndarray:
 def output_columns(specs: Sequence[OutputSpec]) -> tuple[tuple[str, int], ...]:
     """(name, number of values per sample) of each output, in the packed order (`pack`)."""
     return tuple((s.name, int(np.prod(s.shape))) for s in specs)
+
+
+def column_slices(columns) -> tuple[tuple[str, slice], ...]:
+    """(name, the slice of a packed row it occupies) of each output, from (name, values per sample) pairs in the
+    packed order (`output_columns`)."""
+    out, start = [], 0
+    for name, n in columns:
+        out.append((name, slice(start, start + int(n))))
+        start += int(n)
+    return tuple(out)

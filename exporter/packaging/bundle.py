@@ -21,6 +21,7 @@ from ...models.features import pack
 from ...targets.threads import one_thread
 from ..core import outdir
 from ...models.input_size import canonical
+from ...models.outputs import column_slices
 from ..quantize.calibrate import calibration_photos
 from ..quantize.compressed import resolution_bounds
 from ..verdict.inputs import natural_inputs, parity_inputs
@@ -278,17 +279,20 @@ This bundle serves {len(sizes)} input sizes (height x width), one {entry_kind} e
 """
 
 
+def _columns(outputs: list) -> tuple[tuple[str, slice], ...]:
+    """(name, columns) of report.json's `outputs` in a packed row."""
+    return column_slices((o["name"], np.prod(o["shape"])) for o in outputs)
+
+
 def golden_outputs(outputs: list | None, expected: np.ndarray, root: str,
                    folder: str = "golden") -> tuple[dict[str, bytes], object]:
     """The golden output files and their golden.json entry: one output, `FOLDER/outputs.npy` (the logits); several
     (feature maps), `FOLDER/outputs_NAME.npy` each in its own shape (N, C, H, W) with its name and stride."""
     if not outputs or len(outputs) < 2:
         return {f"{root}/{folder}/outputs.npy": _npy_bytes(expected)}, None
-    files, entries, start = {}, [], 0
-    for o in outputs:
-        n = int(np.prod(o["shape"]))
-        part = np.ascontiguousarray(expected[:, start:start + n].reshape(len(expected), *o["shape"]))
-        start += n
+    files, entries = {}, []
+    for o, (_, cols) in zip(outputs, _columns(outputs)):
+        part = np.ascontiguousarray(expected[:, cols].reshape(len(expected), *o["shape"]))
         files[f"{root}/{folder}/outputs_{o['name']}.npy"] = _npy_bytes(part)
         entries.append({"file": f"{folder}/outputs_{o['name']}.npy", "name": o["name"], "dtype": "float32",
                         "shape": list(part.shape), "layout": "NCHW" if part.ndim == 4 else None,
@@ -312,11 +316,8 @@ def golden_verdict(runner, y: np.ndarray, expected: np.ndarray, tolerance, outpu
     (one disagreeing image tolerated, as the compressed hops' resolution bound); several `outputs` (report.json's)
     are checked one by one, each on its own columns."""
     if outputs and len(outputs) > 1:
-        parts, start = {}, 0
-        for o in outputs:
-            n = int(np.prod(o["shape"]))
-            parts[o["name"]] = golden_verdict(runner, y[:, start:start + n], expected[:, start:start + n], tolerance)
-            start += n
+        parts = {name: golden_verdict(runner, y[:, cols], expected[:, cols], tolerance)
+                 for name, cols in _columns(outputs)}
         problems = [f"{k}: {p}" for k, v in parts.items() for p in v["problems"]]
         return {"mode": runner.mode, "backend": runner.backend, "passed": not problems, "problems": problems,
                 "outputs": {k: v["metrics"] for k, v in parts.items()}, "samples": int(len(y))}

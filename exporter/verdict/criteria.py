@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...models.outputs import column_slices
 from ...precisions import TABLE
 
 # Each precision's floor, K and median bound, with the measurements that chose them, are its row of precisions.py.
@@ -147,10 +148,8 @@ class GroundTruth:
         self): each output is judged as its own set of rows."""
         if not self.outputs or len(self.outputs) < 2:
             return [(None, self)]
-        out, start = [], 0
-        for name, n in self.outputs:
-            cols = slice(start, start + int(n))
-            start += int(n)
+        out = []
+        for name, cols in column_slices(self.outputs):
             cut = {k: None if getattr(self, k) is None else getattr(self, k)[:, cols]
                    for k in ("y64", "y32", "y16", "y32_alt", "yq")}
             out.append((name, GroundTruth(sets=self.sets, labels=self.labels, float32_threads=self.float32_threads,
@@ -159,12 +158,7 @@ class GroundTruth:
 
     def columns(self, name: str | None) -> slice:
         """The columns of output `name` (all of them for None)."""
-        start = 0
-        for n, k in self.outputs or ():
-            if n == name:
-                return slice(start, start + int(k))
-            start += int(k)
-        return slice(None)
+        return dict(column_slices(self.outputs or ())).get(name, slice(None))
 
     def present(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(self.sets))
