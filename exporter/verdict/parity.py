@@ -9,6 +9,7 @@ the metrics alone), against the float32 train-form.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from collections.abc import Mapping
@@ -23,6 +24,9 @@ from ...precisions import (EMULATED, FP16_ERROR, MEDIAN_MIN_SAMPLES, NOISE, Prof
 from ...targets.base import Runner, pad_batch
 from .criteria import GroundTruth, NoiseRule, accuracy, accuracy_delta, effective_noise, sample_errors
 from .emulate import fp16_reference
+# The second float32 computation draws a random rounding of ROUNDING_ULPS float32 ulps at every module output,
+# seeded (rounding.py): see docs/parity_criteria.md for how it was measured against other implementations.
+from .rounding import ROUNDING_SEED, ROUNDING_ULPS, rounding_draw  # noqa: F401  (re-exported)
 from .metrics import COMPRESSED_ERROR, PSNR_CAP_DB, compute_metrics, set_bounds  # noqa: F401  (re-exported)
 from ..core.report import Hop, Metrics, Tolerance, allowed_count
 
@@ -82,10 +86,6 @@ REFERENCE_BATCH = 32
 # does not depend on the machine's core count; reported as report.json `reference.float32_threads`.
 REFERENCE_THREADS = 2
 GROUND_TRUTH_BATCH = 8   # float64 chunk: bounds the float64 run's memory on big models
-# The second float32 computation draws a random rounding of this many float32 ulps at every module output
-# (rounding_draw), seeded: see docs/parity_criteria.md for how it was measured against other implementations.
-ROUNDING_ULPS = 1.0
-ROUNDING_SEED = 0
 
 
 def parse_tol(spec: str) -> tuple[str, str, float | None]:
@@ -314,38 +314,22 @@ def ground_truth(model, x, sets: tuple[str, ...], labels=None, batch: int = GROU
                                   ("32cl", torch.float32, threads)):
                 torch.set_num_threads(max(1, int(n)))
                 m = _in_dtype(model, dtype)
+                draw = None
                 if run == "32cl":  # the second float32 computation: channels-last layout, other conv kernels,
                     m = copy.deepcopy(m).to(memory_format=torch.channels_last)  # and rounding drawn at every depth
-                    rounding_draw(m, torch.Generator().manual_seed(ROUNDING_SEED))
-                outs[run] = np.concatenate([
-                    packed(m(_layout(xt[i:i + batch].to(dtype), run == "32cl"))).double().numpy()
-                    for i in range(0, len(xt), batch)])
-                del m
+                    draw = rounding_draw(m, ROUNDING_SEED)
+                chunks = []
+                for i in range(0, len(xt), batch):
+                    xi = _layout(xt[i:i + batch].to(dtype), run == "32cl")
+                    with draw.chunk(i, len(xi)) if draw else contextlib.nullcontext():
+                        chunks.append(packed(m(xi)).double().numpy())
+                outs[run] = np.concatenate(chunks)
+                del m, draw
     finally:
         torch.set_num_threads(before)
     return GroundTruth(outs["64"], outs["32"], tuple(sets),
                        None if labels is None else np.asarray(labels, dtype=np.int64), float32_threads=int(threads),
                        y32_alt=outs["32cl"], outputs=tuple(columns) or None)
-
-
-def rounding_draw(model, generator) -> None:
-    """Forward hooks on every leaf module of `model` (a float32 copy, changed in place) that multiply its output by
-    (1 + ROUNDING_ULPS * eps32 * u), u uniform in [-1, 1] from `generator`: a random float32 rounding at every
-    depth of the model (Monte Carlo arithmetic). Its effect on the logits grows with the depth and conditioning of
-    the computation on that sample, as another implementation's rounding (more or fused ops, other accumulation
-    orders) does, where torch's own kernels may happen to land close to float64."""
-    import torch
-
-    scale = ROUNDING_ULPS * float(torch.finfo(torch.float32).eps)
-
-    def hook(_module, _inputs, out):
-        if isinstance(out, torch.Tensor) and out.dtype == torch.float32:
-            return out * (1 + scale * (2 * torch.rand(out.shape, generator=generator) - 1))
-        return None
-
-    for m in model.modules():
-        if next(m.children(), None) is None:
-            m.register_forward_hook(hook)
 
 
 def _layout(x, channels_last: bool):
