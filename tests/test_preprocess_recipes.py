@@ -15,7 +15,7 @@ from PIL import Image
 from vitedge.errors import VitedgeError
 from vitedge.exporter.quantize import calibrate
 from vitedge.exporter.verdict import images, inputs
-from vitedge.exporter.reparam.forms import build_train_form, preprocess_recipe
+from vitedge.exporter.reparam.build_forms import build_train_form, preprocess_recipe
 from vitedge.exporter.verdict.hops import parity_inputs_for
 from vitedge.models import create_model
 from vitedge.models.checkpoints.keys import head_classes

@@ -192,7 +192,7 @@ def test_a_matrix_cell_builds_its_settings_once():
 
 def test_the_size_travels_as_an_argument_not_on_the_model(tmp_path):
     from vitedge.exporter.flow.deploy_checkpoint import load_deploy_checkpoint, save_deploy_checkpoint
-    from vitedge.exporter.reparam.forms import Loaded, build_deploy_form, build_train_form
+    from vitedge.exporter.reparam.build_forms import Loaded, build_deploy_form, build_train_form
     from vitedge.exporter.verdict.equivalence import verify_equivalence
 
     loaded = build_train_form("swiftformer_xs", overrides=SWIFT)

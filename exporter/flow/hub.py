@@ -20,7 +20,7 @@ import onnx
 import torch.nn as nn
 
 from ..verdict.criteria import GroundTruth
-from ..reparam.forms import Loaded
+from ..reparam.build_forms import Loaded
 from ..verdict.inputs import ParitySet
 from ..core.report import Hop, ReparamInfo
 

@@ -29,7 +29,7 @@ from ..core.settings import ExportSettings
 from ..quantize.calibrate import check_flags
 from ..verdict.criteria import reference_block
 from ..verdict.equivalence import verify_equivalence
-from ..reparam.forms import Loaded, build_deploy_form, build_train_form, hold_checkpoint, model_name, reparam_info
+from ..reparam.build_forms import Loaded, build_deploy_form, build_train_form, hold_checkpoint, model_name, reparam_info
 from ...targets.labels import class_names
 from ..verdict.hops import (DEPLOY_SUBSET, PRE_HUB_SAMPLES, RAW_SUBSET, Ladder, check_images, parity_inputs_for,
                             record_artifact)

@@ -41,7 +41,7 @@ from .bundle import (GOLDEN_SAMPLES, GOLDEN_SEED, METRIC_DIGITS, ZIP_DATE, Golde
                      _json_bytes, _npy_bytes, _tree_files, add_golden, build_bundle, bundle_sizes, check_bundle_out, size_golden,
                      finish_bundle, golden_outputs, golden_vectors, golden_verdict, outputs_readme, size_entries, sizes_readme,
                      write_deterministic_zip)
-from ..reparam.forms import build_train_form
+from ..reparam.build_forms import build_train_form
 from ..core.settings import ExportSettings
 from ..verdict.parity import profile_for, tolerances as make_tolerances
 from ..flow.pipeline import export

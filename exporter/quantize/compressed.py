@@ -44,7 +44,7 @@ from ...targets.graph.qdq import quantize_qdq
 from .calibrate import evaluation_indices
 from ..verdict.criteria import GroundTruth
 from ..verdict.emulate import compressed_reference
-from ..reparam.forms import build_deploy_form
+from ..reparam.build_forms import build_deploy_form
 from ..verdict.hops import open_runner
 from ..verdict.inputs import ParitySet
 from ..verdict.localize import localize_onnx, localize_torch
