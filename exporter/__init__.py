@@ -6,7 +6,7 @@ reparam/    checkpoint -> train-form -> deploy-form (build_forms.py) and the exa
 onnx/       ONNX export of the deploy-form
 verdict/    the parity ladder's verdicts: criteria, parity, hops, inputs and photos, probe, localization, ...
 quantize/   calibration sets and the compressed hops
-flow/       the runs: export() (pipeline.py), parity() (verify.py), the verified hub, deploy checkpoints
+flow/       the runs: export() (pipeline.py), parity() (verify.py), the verified base, deploy checkpoints
 timing/     `vitedge bench`
 packaging/  `vitedge package`
 matrix/     `vitedge matrix`

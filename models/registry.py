@@ -205,10 +205,10 @@ def create_model(name: str, **overrides) -> nn.Module:
 # ---- what a built model says about its input ---------------------------------------------------------
 
 def default_imgsz(model: nn.Module, checkpoint_imgsz=None):
-    """The size `model` runs at when none is asked for (S, or (H, W) where a deploy-form or hub records one): its
-    spec's fixed size, else `checkpoint_imgsz` (the size its checkpoint's preprocessing crops to: a transformers
-    preprocessor_config.json), else the model's own `img_size` (its pretraining size), else its spec's default,
-    else 224."""
+    """The size `model` runs at when none is asked for (S, or (H, W) where a deploy-form or verified base records
+    one): its spec's fixed size, else `checkpoint_imgsz` (the size its checkpoint's preprocessing crops to: a
+    transformers preprocessor_config.json), else the model's own `img_size` (its pretraining size), else its spec's
+    default, else 224."""
     spec = getattr(model, "vitedge_spec", None)
     fixed = spec.fixed_size(getattr(model, "vitedge_overrides", {})) if spec is not None else None
     own = getattr(model, "img_size", None)

@@ -179,7 +179,7 @@ def package(model=None, out: str | Path | None = None, *, ios: int | str | None 
     input (nothing written); a failed parity hop gives exit_code 1, no zip, and the export folder kept at `out` +
     '.failed/' for inspection. `ios` None: 16, or what the precision needs (w8a8: 17, recorded in the manifest).
     `labels` (class names in index order) make the model a classifier; `images`, `preprocess` and `model` None are
-    as for `export`. `exporter`: the ONNX exporter of the ladder's hub graph (the CoreML package itself is
+    as for `export`. `exporter`: the ONNX exporter of the ladder's base graph (the CoreML package itself is
     converted from the deploy-form). `target`: the target whose bundle is built (its row's `bundle`: coreml, the
     default, for iOS; executorch for Android, exporter/packaging/package_android.py). `ios` and
     `executorch_rewrites` are the bundle's own target options (as export's --ios / --executorch-rewrites), refused

@@ -53,7 +53,7 @@ class Loaded:
         tables resampled, its windows padded: models/registry.py `set_input_size`); that train-form is the
         reference of every hop. Returns the size; `resized` says what changed."""
         imgsz = self.resolve_imgsz(imgsz)
-        if hasattr(self.model, "set_input_size") or self.resized is None:  # (a hub's deploy-form: its record kept)
+        if hasattr(self.model, "set_input_size") or self.resized is None:  # (a verified base's deploy-form: its record kept)
             self.resized = set_input_size(self.model, imgsz)
         return imgsz
 
