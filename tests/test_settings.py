@@ -204,8 +204,8 @@ def test_the_size_travels_as_an_argument_not_on_the_model(tmp_path):
     path = save_deploy_checkpoint(deploy, tmp_path / "d.pth", imgsz=32)  # the file records the size it is given
     assert load_deploy_checkpoint(path).deploy_checkpoint_meta["imgsz"] == 32
     # a checkpoint's own size (a transformers preprocessor's crop) is the default, carried beside the model
-    held = Loaded(loaded.model, "swiftformer_xs", "checkpoint", None, SWIFT, checkpoint_imgsz=64)
-    assert (held.resolve_imgsz(), held.resolve_imgsz(32), loaded.resolve_imgsz()) == (64, 32, 224)
+    recorded = Loaded(loaded.model, "swiftformer_xs", "checkpoint", None, SWIFT, checkpoint_imgsz=64)
+    assert (recorded.resolve_imgsz(), recorded.resolve_imgsz(32), loaded.resolve_imgsz()) == (64, 32, 224)
 
 
 def test_the_reparam_handler_passes_the_settings_whole(monkeypatch):

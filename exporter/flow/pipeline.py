@@ -30,7 +30,8 @@ from ..core.settings import ExportSettings
 from ..quantize.calibrate import check_flags
 from ..verdict.criteria import reference_block
 from ..verdict.equivalence import verify_equivalence
-from ..reparam.build_forms import Loaded, build_deploy_form, build_train_form, hold_checkpoint, model_name, reparam_info
+from ..reparam.build_forms import (Loaded, build_deploy_form, build_train_form, identify_checkpoint, model_name,
+                                   reparam_info)
 from ...targets.labels import class_names
 from ..verdict.hops import (DEPLOY_SUBSET, PRE_BASE_SAMPLES, RAW_SUBSET, Ladder, check_images, parity_inputs_for,
                             record_artifact)
@@ -118,7 +119,7 @@ class Request:
     run: ExportSettings     # the settings as the run resolved them (what the targets' loop and the report read)
     plans: list             # the requested targets' plans
     labels: object
-    made: dict              # how build_train_form makes the train-form
+    train_form_args: dict   # build_train_form's own keywords: identified (the checkpoint), preprocess, features
     n_calib: int | None
     tols: dict
     name: str
@@ -128,9 +129,9 @@ class Request:
 def prepare(s: ExportSettings, progress: Progress, base_store: BaseStore | None = None) -> Request:
     """Validate everything that can be validated without work (VitedgeError, nothing written)."""
     options = dict(s.options or {})
-    held, labels = hold_checkpoint(s.model, s.checkpoint, s.overrides, s.labels, options.pop("labels", None),
-                                   dense=s.features is not None)
-    made = {"held": held, "preprocess": s.preprocess, "features": s.features}  # how build_train_form makes it
+    identified, labels = identify_checkpoint(s.model, s.checkpoint, s.overrides, s.labels, options.pop("labels", None),
+                                             dense=s.features is not None)
+    train_form_args = {"identified": identified, "preprocess": s.preprocess, "features": s.features}
     if s.features is not None and labels is not None:
         raise VitedgeError("--labels names the classes of logits; --features exports feature maps: drop one")
     plans = resolve_targets(s.targets or "onnx", s.precision, s.dynamic_batch, options, labels=labels, batch=s.batch)
@@ -152,14 +153,14 @@ def prepare(s: ExportSettings, progress: Progress, base_store: BaseStore | None 
         raise VitedgeError("--rewrites shapes the re-parameterized deploy-form; drop it or drop --no-reparam")
     if base_store is not None and not s.reparam:
         raise VitedgeError("a shared verified base holds the re-parameterized deploy-form; drop --no-reparam")
-    name = held.name if held else s.model if isinstance(s.model, str) else model_name(s.model)
+    name = identified.name if identified else s.model if isinstance(s.model, str) else model_name(s.model)
     out = Path(s.out) if s.out is not None else Path("runs") / name
     for line in outdir.recover(out):  # before the check: a killed --force run may have left DIR aside
         progress.note(line)
     outdir.check_out(out, s.force, s.clean)
     run = s.replace(batch=None if s.dynamic_batch else (s.batch or 1), opset=opset, exporter=exporter,
                     attn_order=s.attn_order or "auto", out=out, labels=labels, options=options)
-    return Request(run, plans, labels, made, n_calib, tols, name, out)
+    return Request(run, plans, labels, train_form_args, n_calib, tols, name, out)
 
 
 @dataclass
@@ -174,16 +175,16 @@ class Started:
     classes: list | None
     progress: Progress
     base_store: BaseStore | None
-    reused: VerifiedBase | None
+    reused_base: VerifiedBase | None  # the verified base the store held (None: this run builds one)
 
     def build(self, tmp: Path, checkpoint, plans: list) -> "_Build":
         """The run of `plans` building into `tmp` (call `run()`)."""
         req, s = self.req, self.req.run
         return _Build(s, self.report, self.deploy, tmp, req.tols, self.progress, checkpoint, self.pset,
-                      lambda: build_train_form(s.model, s.checkpoint, s.overrides, s.seed, **req.made).sized(
+                      lambda: build_train_form(s.model, s.checkpoint, s.overrides, s.seed, **req.train_form_args).sized(
                           self.report.imgsz),
                       req.n_calib, plans=plans, loaded=self.loaded, deploy64=self.deploy64, classes=self.classes,
-                      store=self.base_store, reused=self.reused)
+                      store=self.base_store, reused_base=self.reused_base)
 
 
 def start(req: Request, one: ExportSettings, progress: Progress, base_store: BaseStore | None = None,
@@ -192,22 +193,22 @@ def start(req: Request, one: ExportSettings, progress: Progress, base_store: Bas
     `loaded`: a train-form built for another size of the same export (the size is an argument, never set on it)."""
     s, run = one, req.run
     asked = s.one_size()  # the one size of this run (settings.py says what the pipeline runs)
-    reused = base_store.get() if base_store is not None else None
-    if reused is not None:  # verified earlier for these inputs: no train-form, fold, gate or ONNX export here
-        loaded, deploy, deploy64 = reused.loaded(req.name), reused.deploy, None
+    reused_base = base_store.get() if base_store is not None else None
+    if reused_base is not None:  # verified earlier for these inputs: no train-form, fold, gate or ONNX export here
+        loaded, deploy, deploy64 = reused_base.loaded(req.name), reused_base.deploy, None
         imgsz = loaded.at_size(asked)
-        info = copy.deepcopy(reused.reparam)  # the report adds to it (fp16 analysis)
+        info = copy.deepcopy(reused_base.reparam)  # the report adds to it (fp16 analysis)
     else:
         if loaded is None:
             with progress.step("building the train-form model"):
-                loaded = build_train_form(s.model, s.checkpoint, s.overrides, s.seed, **req.made)
+                loaded = build_train_form(s.model, s.checkpoint, s.overrides, s.seed, **req.train_form_args)
         imgsz = loaded.at_size(asked)
     classes = class_names(req.labels, loaded.model, imgsz)
     samples, rule = choose_samples(s.samples, s.model, imgsz, loaded.overrides, loaded.model, s.images)
     with progress.step("reading the parity inputs"):
         pset = parity_inputs_for(loaded.model, imgsz, samples, s.images, req.labels)
-    if reused is not None:
-        reused.check_fits(imgsz, pset, run.exporter)
+    if reused_base is not None:
+        reused_base.check_fits(imgsz, pset, run.exporter)
     else:
         with progress.step("re-parameterizing"):
             deploy, deploy64 = build_deploy_form(loaded.model, imgsz, s.reparam, run.attn_order,
@@ -222,7 +223,7 @@ def start(req: Request, one: ExportSettings, progress: Progress, base_store: Bas
                     labels=None if req.labels is None else str(req.labels),
                     require_verified=s.require_verified, require_ane=s.require_ane, exporter=run.exporter,
                     opset=run.opset)
-    return Started(req, loaded, deploy, deploy64, pset, report, classes, progress, base_store, reused)
+    return Started(req, loaded, deploy, deploy64, pset, report, classes, progress, base_store, reused_base)
 
 
 def finish(report: Report, folder: outdir.OutputFolder, save_raw, out: Path) -> None:
@@ -270,13 +271,13 @@ class _Build(ExportRun):
     deploy64: nn.Module | None          # the float64 deploy-form of the gate (None: a reused base's)
     classes: list | None = None         # --labels: class names in index order
     store: BaseStore | None = None      # where the base this run verifies is put (export(base_store=...))
-    reused: VerifiedBase | None = None  # a verified base: the steps up to the base graph are not run again
+    reused_base: VerifiedBase | None = None  # a verified base: the steps up to its graph are not run again
     raw: onnx.ModelProto | None = None  # the unsimplified graph, kept for the quarantine
     ready: tuple | None = None          # (base graph path, metadata, ladder) once it passed its steps
     targets: TargetHops | None = None   # the targets' loop (its shared analyses: a multi-size export reuses them)
 
     def run(self) -> None:
-        self.ready = self._reuse_base() if self.reused is not None else self._build_base()
+        self.ready = self._reuse_base() if self.reused_base is not None else self._build_base()
         if self.ready is None:
             return self._skip_rest()
         self.targets = TargetHops(**self.shared())
@@ -284,7 +285,7 @@ class _Build(ExportRun):
 
     def _reuse_base(self) -> tuple[Path, dict, Ladder]:
         """The reused base's hop records, its graph copied into the build folder, and its reference."""
-        r, h = self.report, self.reused
+        r, h = self.report, self.reused_base
         r.parity += h.hop_records()
         r.exporter, r.exporter_fallback = h.export["exporter"], h.export["exporter_fallback"]
         self.raw = h.raw
@@ -316,15 +317,15 @@ class _Build(ExportRun):
         # ONNX: the raw export, then the simplified base graph every target builds from
         try:
             with self.progress.step("exporting ONNX"):  # (benchmarks/export_time.py reads the step names)
-                made = export_onnx_info(self.deploy, imgsz, run.batch, run.opset, run.exporter)
-                self.raw = check_onnx(made.model)
+                exported = export_onnx_info(self.deploy, imgsz, run.batch, run.opset, run.exporter)
+                self.raw = check_onnx(exported.model)
             del self.raw.graph.value_info[:]  # inferred shapes were for checking; saved graphs stay lean
         except OnnxExportError as e:
             r.parity.append(failed("onnx", exporter_label(run.exporter), str(e)))
             return None
-        r.exporter, r.exporter_fallback = made.exporter, made.fallback_reason
-        if made.fallback_reason:
-            self.progress.note(f"dynamo could not export {r.model}; TorchScript did ({made.fallback_reason})")
+        r.exporter, r.exporter_fallback = exported.exporter, exported.fallback_reason
+        if exported.fallback_reason:
+            self.progress.note(f"dynamo could not export {r.model}; TorchScript did ({exported.fallback_reason})")
         r.parity.append(ladder.onnx_hop("onnx", self.raw, fp32, (PRE_BASE_SAMPLES, RAW_SUBSET)))
         try:
             with self.progress.step("simplifying ONNX (onnxsim)"):
@@ -342,7 +343,7 @@ class _Build(ExportRun):
             self.store.put(VerifiedBase(self.deploy, imgsz, graph, self.raw, ladder.truth, self.inputs.note,
                                         copy.deepcopy(r.parity), copy.deepcopy(r.reparam), run.attn_order,
                                         self.loaded.weights, self.loaded.checkpoint_sha256,
-                                        dict(self.loaded.overrides), {**made.info(), "simplify": simp_info},
+                                        dict(self.loaded.overrides), {**exported.info(), "simplify": simp_info},
                                         list(r.resized)))
         return graph, meta, ladder
 

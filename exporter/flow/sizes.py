@@ -49,7 +49,7 @@ def one_file_plans(plans: list) -> list:
 def check_sizes(req, sizes: int, progress: Progress) -> None:
     """What one artifact of several sizes cannot take, before any work; the options each such target needs
     (CoreML: iOS 18) noted and set on its plan."""
-    if req.made.get("features") is not None:  # each size's maps have their own shapes: one size per export for now
+    if req.train_form_args.get("features") is not None:  # each size's maps have their own shapes: one size per run
         raise VitedgeError("--features with several --imgsz sizes: export the feature maps one size per run for now "
                            "(drop all but one size)")
     for plan in one_file_plans(req.plans):
@@ -87,9 +87,9 @@ def export_sizes(s: ExportSettings, progress: Progress, stages, base_store: Base
                 build = started.build(sub, folder.checkpoint, each)
                 build.run()
                 done.append(_Size(label, size_entry(size), started, build, sub))
-            made = [(plan, *_one_file_hops(plan, done, folder.tmp, progress, stages.SKIPPED)) for plan in several]
+            one_file = [(plan, *_one_file_hops(plan, done, folder.tmp, progress, stages.SKIPPED)) for plan in several]
             report = _merge(done, folder.tmp)  # (after those hops: they add to each size's analyses)
-            for plan, hops, art in made:
+            for plan, hops, art in one_file:
                 if art is not None:
                     record_artifact(report, plan.hop(), art.path, art.precision, art.info, root=folder.tmp)
                 report.parity += hops
