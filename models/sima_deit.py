@@ -18,7 +18,7 @@ from ..errors import VitedgeError
 from .layers import ORDERS, DropPath, Mlp, SimAAttention, init_vit_weights
 from .preprocess import SIMA_RECIPE
 from .layers.resample import Resized
-from .registry import register_family, register_model
+from .registry import register_model, register_model_module
 
 __all__ = ["SimADeiT", "SimADeiTBlock", "PatchEmbed16"]
 
@@ -124,4 +124,4 @@ register_model("sima_deit_small", "sima_deit", stride=16, sizes_note=_NOTE, patc
                embed_dim=384, depth=12, num_heads=6, mlp_ratio=4, qkv_bias=True, drop_path_rate=0.1)(SimADeiT)
 
 
-register_family(__name__, plan="sima_deit", recipe=SIMA_RECIPE)
+register_model_module(__name__, plan="sima_deit", recipe=SIMA_RECIPE)

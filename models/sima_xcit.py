@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from ..errors import VitedgeError
 from .layers import ORDERS, DropPath, Mlp, SimAAttention, init_vit_weights
 from .preprocess import SIMA_RECIPE
-from .registry import register_family, register_model
+from .registry import register_model, register_model_module
 
 __all__ = ["SimAVisionTransformer", "ConvPatchEmbed", "PositionalEncodingFourier", "LPI", "SimABlock",
            "ClassAttention", "ClassAttentionBlock", "fourier_features", "patch_grid", "l1_normalize_tokens"]
@@ -291,4 +291,4 @@ for _name, (_dim, _depth, _heads, _eta, _tn) in _VARIANTS.items():
                        tokens_norm=_tn)(SimAVisionTransformer)
 
 
-register_family(__name__, plan="sima", recipe=SIMA_RECIPE)
+register_model_module(__name__, plan="sima", recipe=SIMA_RECIPE)

@@ -28,7 +28,7 @@ from .layers import (ORDERS, DropPath, LinearNorm, Mlp, RepBN, init_vit_weights,
                      sla_rule)
 from .preprocess import SLAB_RECIPE
 from .layers.resample import Resized
-from .registry import register_family, register_model
+from .registry import register_model, register_model_module
 from .slab_pvt import merge_heads, split_heads
 
 __all__ = ["CSWinTransformer", "CSWinBlock", "CSWinLinearAttention", "LePEAttention", "MergeBlock",
@@ -389,4 +389,4 @@ def slab_cswin_small(**kwargs) -> CSWinTransformer:
     return CSWinTransformer(**kwargs)
 
 
-register_family(__name__, plan="slab_cswin", recipe=SLAB_RECIPE)
+register_model_module(__name__, plan="slab_cswin", recipe=SLAB_RECIPE)

@@ -31,7 +31,7 @@ from .layers import DropPath, LinearNorm, Mlp, RepBN, SimplifiedLinearAttention,
 from .layers.resample import Resized
 from .preprocess import SLAB_RECIPE
 from .features import Tap
-from .registry import Remap, register_family, register_model
+from .registry import Remap, register_model, register_model_module
 
 NormFactory = Callable[[int], nn.Module]
 
@@ -404,4 +404,4 @@ NORM_LAYOUT_REMAPS = (
     Remap("slab_linearnorm_to_repbn", lambda ck, m: bool(_linearnorm_prefixes(ck, m)), _linearnorm_to_repbn),
     Remap("slab_repbn_to_linearnorm", lambda ck, m: bool(_repbn_prefixes(ck, m)), _repbn_to_linearnorm),
 )
-register_family(__name__, plan="slab_deit", remaps=NORM_LAYOUT_REMAPS, recipe=SLAB_RECIPE)
+register_model_module(__name__, plan="slab_deit", remaps=NORM_LAYOUT_REMAPS, recipe=SLAB_RECIPE)

@@ -29,7 +29,7 @@ from .layers import (ORDERS, DropPath, LinearNorm, Mlp, RepBN, init_vit_weights,
                      sla_rule)
 from .preprocess import SLAB_RECIPE
 from .layers.resample import Resized
-from .registry import register_family, register_model
+from .registry import register_model, register_model_module
 
 __all__ = ["PyramidVisionTransformer", "PVTPatchEmbed", "PVTBlock", "PVTAttention", "PVTLinearAttention",
            "pvt_linear_norm", "split_heads", "merge_heads", "tokens_to_map", "interpolate_tokens"]
@@ -315,4 +315,4 @@ for _size, (_depths, _dpr) in _DEPTHS.items():
                    drop_path_rate=_dpr, attn_type="SSSS")(PyramidVisionTransformer)
 
 
-register_family(__name__, plan="slab_pvt", recipe=SLAB_RECIPE)
+register_model_module(__name__, plan="slab_pvt", recipe=SLAB_RECIPE)

@@ -273,7 +273,7 @@ def _mmdet_checkpoint(forms, path, drop=None):
 
 
 def test_an_mmdet_checkpoint_loads_its_backbone_and_reports_the_rest(forms, tmp_path):
-    from vitedge.exporter.reparam.forms import build_train_form
+    from vitedge.exporter.reparam.build_forms import build_train_form
 
     train, _ = forms
     ck = _mmdet_checkpoint(forms, tmp_path / "mask_rcnn.pth")
@@ -299,7 +299,7 @@ def test_an_mmdet_checkpoint_missing_a_backbone_key_is_exit_2_naming_it(forms, t
 
 def test_a_timm_features_only_state_dict_loads_as_timms_maps():
     timm = import_timm()
-    from vitedge.exporter.reparam.forms import build_train_form
+    from vitedge.exporter.reparam.build_forms import build_train_form
 
     ref = timm.create_model("swiftformer_xs", features_only=True, layers=KW["layers"], embed_dims=WIDTHS)
     ref = make_trained_like(ref, seed=5, imgsz=IMGSZ).eval()
@@ -406,7 +406,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "dense"
                                             ("slab_swin", "slab_swin_det_tiny")])
 def test_feature_maps_equal_the_official_dense_backbones(family, fixture):
     """fixtures/dense/: built with the official fork_feat and SLAB detection constructors (README there)."""
-    from vitedge.exporter.reparam.forms import build_train_form
+    from vitedge.exporter.reparam.build_forms import build_train_form
 
     name, kw, _ = case(family)
     io = torch.load(FIXTURES / f"{fixture}_io.pt", weights_only=True)

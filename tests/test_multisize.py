@@ -159,7 +159,7 @@ def test_what_one_artifact_of_several_sizes_cannot_take_is_exit_2_before_any_wor
 
 def test_the_matrix_plans_sizes_as_hxw_and_square_cells_keep_their_folders_and_keys(tmp_path):
     from tests._matrix import TINY as MTINY, plan_of
-    from vitedge.exporter.matrix.cache import Env, cell_key, hub_key
+    from vitedge.exporter.matrix.cache import Env, base_key, cell_key
     from vitedge.exporter.matrix.plan import Cell
     from vitedge.exporter.matrix.resolve import resolve_plan
 
@@ -169,7 +169,7 @@ def test_the_matrix_plans_sizes_as_hxw_and_square_cells_keep_their_folders_and_k
     assert [c.id for c in cells] == ["swiftformer_xs/32/onnx-fp32", "swiftformer_xs/64/onnx-fp32"]
     # a square cell's cache keys hold the side length, as when Cell.imgsz was an int (the same digest as then)
     env = Env()
-    assert cell_key(cells[0], env)[1]["imgsz"] == 32 and hub_key(cells[0], env)[1]["imgsz"] == 32
+    assert cell_key(cells[0], env)[1]["imgsz"] == 32 and base_key(cells[0], env)[1]["imgsz"] == 32
     assert cells[0].to_dict()["imgsz"] == 32 and Cell.from_dict(cells[0].to_dict()).imgsz == (32, 32)
     wide = Cell(**{**cells[0].to_dict(), "imgsz": "32x64"})
     assert wide.id == "swiftformer_xs/32x64/onnx-fp32" and wide.to_dict()["imgsz"] == (32, 64)

@@ -28,7 +28,7 @@ from ...targets.graph.metadata import read_metadata
 from .deploy_checkpoint import load_deploy_checkpoint
 from ..verdict.equivalence import verify_equivalence
 from ..quantize.compressed import JudgedSamples, compressed_hop
-from ..reparam.forms import build_deploy_form, build_train_form, model_name, reparam_info
+from ..reparam.build_forms import build_deploy_form, build_train_form, model_name, reparam_info
 from ...targets.labels import class_names, labels_of
 from ..verdict.predictions import predictions
 from ..verdict.hops import Ladder, check_images, hop_checks, parity_inputs_for, record_artifact

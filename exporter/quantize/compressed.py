@@ -1,7 +1,7 @@
 """Compressed artifacts in the parity ladder (--precision int8 | w8 | palette4 | palette6 | w8a8): the QDQ graphs a
 run writes, the samples compressed hops are judged on, the hops, and the localization of a failed one.
 
-- The int8 QDQ graphs are built from the verified hub graph, once per encoding the requested targets need
+- The int8 QDQ graphs are built from the verified base graph, once per encoding the requested targets need
   (targets/graph/qdq.py): `NAME.int8.onnx` (onnx: uint8 activations, ONNX Runtime's fast path) and
   `NAME.int8.tensorrt.onnx` (tensorrt: int8 symmetric activations, what TensorRT's parser takes), with the same
   calibration and the same islands. The tensorrt graph is checked on ONNX Runtime CPU as hop `tensorrt-qdq` (the
@@ -44,7 +44,7 @@ from ...targets.graph.qdq import quantize_qdq
 from .calibrate import evaluation_indices
 from ..verdict.criteria import GroundTruth
 from ..verdict.emulate import compressed_reference
-from ..reparam.forms import build_deploy_form
+from ..reparam.build_forms import build_deploy_form
 from ..verdict.hops import open_runner
 from ..verdict.inputs import ParitySet
 from ..verdict.localize import localize_onnx, localize_torch
@@ -59,10 +59,10 @@ ORDER_SEED = 0
 LOCALIZE_SAMPLES = 4
 
 
-def write_qdq(hub: Path, calibration: Calibration, encoding: str, out_dir: Path, name: str) -> tuple[Path, dict]:
-    """The QDQ int8 graph of the hub in `encoding`, saved with the hub's metadata (precision int8, the
+def write_qdq(graph: Path, calibration: Calibration, encoding: str, out_dir: Path, name: str) -> tuple[Path, dict]:
+    """The QDQ int8 graph of the base graph in `encoding`, saved with its metadata (precision int8, the
     calibration record): (path, info)."""
-    fp32 = onnx.load(str(hub))
+    fp32 = onnx.load(str(graph))
     q = quantize_qdq(fp32, calibration.x, calibration_ids=calibration.ids, encoding=encoding)
     info = dict(q.info, calibration={**q.info["calibration"], **calibration.record()})
     meta = {**read_metadata(fp32), **read_metadata(q.model), "precision": "int8", "qdq_encoding": encoding}

@@ -1,4 +1,4 @@
-"""The re-parameterization engine: per-family fold plans, a summary of what was folded, the schedule check."""
+"""The re-parameterization engine: fold plans (one per model module), a summary of what was folded, schedule check."""
 from __future__ import annotations
 
 import copy
@@ -15,7 +15,7 @@ from ...errors import VitedgeError
 from ...models.layers.attention import ORDERS
 from ...models.layers.norms import LinearNorm
 from ...models.features import FeatureMaps
-from ...models.registry import create_model, families, resolve_imgsz, sized
+from ...models.registry import create_model, model_modules, resolve_imgsz, sized
 from .primitives import ChannelAffine, bn_affine, require_repbn_affine
 
 
@@ -197,10 +197,10 @@ def resolve_rewrites(model: nn.Module, rewrites) -> frozenset:
 
 
 def _ensure_plans() -> None:
-    # The family list is the models registry's: each family names its fold plan module here, whose
+    # The module list is the models registry's: each model module names its fold plan module here, whose
     # @register_plan runs on import.
-    for family in families():
-        importlib.import_module(f"{__package__}.{family.plan}")
+    for module in model_modules():
+        importlib.import_module(f"{__package__}.{module.plan}")
 
 
 def schedule_state(model: nn.Module) -> list[dict]:

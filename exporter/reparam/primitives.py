@@ -1,6 +1,6 @@
 """Fold primitives: pure functions on modules, each exact in real arithmetic.
 
-Per-family fold plans (one file per family beside this one) are short lists of calls to these.
+The fold plans (one file per model module beside this one) are short lists of calls to these.
 """
 from __future__ import annotations
 
