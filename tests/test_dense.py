@@ -22,7 +22,7 @@ from vitedge.exporter.verdict.parity import FLOAT64_TOLERANCES, check_hop, groun
 from vitedge.models.features import FeatureMaps, make_trained_like_norms
 from vitedge.models.outputs import output_columns
 from vitedge.models.reduced import case
-from vitedge.models.registry import create_model
+from vitedge.models.registry import create_model, sized
 from vitedge.models.trained_like import make_trained_like
 from vitedge.targets.graph.metadata import read_metadata
 from vitedge.targets.pytorch import TorchRunner
@@ -481,17 +481,13 @@ def test_a_planted_error_in_one_stage_of_the_onnx_graph_fails_and_is_localized(f
     assert hop.diverging_module == planted_module(graph, where, deploy)
 
 
-def test_a_family_without_feature_maps_is_exit_2_before_any_work(tmp_path, capsys):
-    from vitedge.cli import main
-
-    name, kw, imgsz = case("slab_pvt")
-    sets = [a for k, v in kw.items() for a in ("--set", f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}")]
-    code = main(["export", "--model", name, *sets, "--imgsz", str(imgsz), "--features", "--out", str(tmp_path / "o")])
-    assert code == 2 and "does not give feature maps yet" in capsys.readouterr().err
-    assert not (tmp_path / "o").exists()
+def test_a_backbone_without_feature_maps_is_refused_naming_the_reason():
+    with pytest.raises(VitedgeError, match="does not give feature maps .* vitedge.create_model"):
+        FeatureMaps(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)))
 
 
-@pytest.mark.parametrize("family", ["swiftformer", "slab_swin", "prepbn_deit"])
+@pytest.mark.parametrize("family", ["swiftformer", "slab_swin", "prepbn_deit", "slab_pvt", "slab_cswin", "sima",
+                                    "sima_deit"])
 def test_features_at_a_non_square_size_pass_with_the_documented_outputs(tmp_path, family):
     """A non-square input through the whole ladder: the backbone inside the feature-map wrapper is resized by its
     family's convention (tables resampled, windows padded; report.json `resized` names each tensor by its path in
@@ -502,7 +498,7 @@ def test_features_at_a_non_square_size_pass_with_the_documented_outputs(tmp_path
     name, kw, imgsz = case(family)
     h, w = imgsz, imgsz + 32
     report = export(name, targets="onnx", overrides=copy.deepcopy(kw), imgsz=f"{h}x{w}", features=True,
-                    out=tmp_path / "o", samples=16)
+                    out=tmp_path / "o", samples=8)  # (plumbing: names, shapes, norms)
     assert report.exit_code == 0, [(p.hop, p.status, p.reason) for p in report.parity]
     assert report.input_size == [h, w]
     strides = [o["stride"] for o in report.outputs]
@@ -510,7 +506,123 @@ def test_features_at_a_non_square_size_pass_with_the_documented_outputs(tmp_path
     assert [o["shape"][1:] for o in report.outputs] == [[-(-h // s), -(-w // s)] for s in strides]
     graph = onnx.load(tmp_path / "o" / report.artifacts["onnx"].path)
     assert [o.name for o in graph.graph.output] == [o["name"] for o in report.outputs]
-    norms = sum(node_counts(graph).get(op, 0) for op in NORM_OPS)
-    assert norms == (len(strides) if family == "slab_swin" else 0)
-    if family != "swiftformer":  # the convs-only SwiftFormer has nothing tied to its size
+    counts = node_counts(graph)
+    assert counts.get("BatchNormalization", 0) == 0  # every BatchNorm-type norm folds, the detection ones too
+    # LayerNorms stay: the official Swin and CSWin detection norms (one per map), and SimA's block norms, which
+    # the classifier's graph keeps too (a LayerNorm has no constant form)
+    kept = len(strides) if family in ("slab_swin", "slab_cswin") else 0
+    if family.startswith("sima"):
+        kept = sum(isinstance(m, torch.nn.LayerNorm) for m in create_model(name, **kw).blocks.modules())
+    assert sum(counts.get(op, 0) for op in NORM_OPS) == kept
+    if family not in ("swiftformer", "sima"):  # convs only, or a Fourier encoding computed for the grid
         assert report.resized and all(r["tensor"].startswith("backbone.") for r in report.resized)
+
+
+def _official_pvt(m, x):
+    """whai362/PVT detection/pvt.py forward_features, written out on vitedge's modules (no per-output norm)."""
+    outs = []
+    for i in range(4):
+        x, (h, w) = getattr(m, f"patch_embed{i + 1}")(x)
+        x = x + m.stage_pos_embed(i, (h, w))  # the official _get_pos_embed
+        for blk in getattr(m, f"block{i + 1}"):
+            x = blk(x, (h, w))
+        x = x.reshape(x.shape[0], h, w, -1).permute(0, 3, 1, 2)
+        outs.append(x)
+    return outs
+
+
+def _official_cswin(m, norms, x):
+    """microsoft/CSWin-Transformer segmentation/backbone/cswin_transformer.py forward_features: each stage
+    through its norm{i} (save_out), then NCHW."""
+    def save_out(t, norm, h, w):  # (the official norm is an nn.LayerNorm over the tokens' channels)
+        t = torch.nn.functional.layer_norm(t, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+        return t.reshape(t.shape[0], h, w, -1).permute(0, 3, 1, 2)
+
+    h, w = x.shape[2] // 4, x.shape[3] // 4
+    x = m.stage1_conv_embed(x)
+    for blk in m.stage1:
+        x = blk(x)
+    out = [save_out(x, norms[0], h, w)]
+    for i in range(1, 4):
+        x = getattr(m, f"merge{i}")(x)
+        h, w = h // 2, w // 2
+        for blk in getattr(m, f"stage{i + 1}"):
+            x = blk(x)
+        out.append(save_out(x, norms[i], h, w))
+    return out
+
+
+def _official_xcit(m, fpns, out_indices, x):
+    """facebookresearch/xcit detection/backbone/xcit.py forward_features: the tokens after the blocks in
+    out_indices as maps, each through fpn1..fpn4."""
+    b = x.shape[0]
+    x, (hp, wp) = m.patch_embed(x)
+    x = x + m.pos_embeder(b, hp, wp).reshape(b, -1, x.shape[1]).permute(0, 2, 1)
+    features = []
+    for i, blk in enumerate(m.blocks):
+        x = blk(x, hp, wp)
+        if i in out_indices:
+            features.append(x.permute(0, 2, 1).reshape(b, -1, hp, wp))
+    return [op(f) for op, f in zip(fpns, features)]
+
+
+@pytest.mark.parametrize("family", ["slab_pvt", "prepbn_pvt", "slab_cswin", "sima", "sima_deit"])
+def test_feature_maps_follow_the_official_dense_conventions(family):
+    """Each family's maps against the official dense-prediction forward written out above (the SimA-DeiT map: the
+    last block's patch tokens, timm's ViT convention); the detection norms and XCiT's fpn layers are perturbed so
+    none is an identity; the deploy-form passes the float64 gate on every map."""
+    name, kw, imgsz = case(family)
+    if family == "sima":  # depth 6: four distinct tapped blocks (1, 2, 3, 5), as the official configs' rule
+        kw["depth"] = 6
+    train = make_trained_like_norms(FeatureMaps(make_trained_like(create_model(name, **kw), 0)), 0).eval()
+    h, w = imgsz, imgsz + 32
+    sized_train = sized(copy.deepcopy(train), (h, w))
+    m = sized_train.backbone
+    x = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got = sized_train(x)
+        if family.endswith("pvt"):
+            want = _official_pvt(m, x)
+        elif family == "slab_cswin":
+            want = _official_cswin(m, [getattr(sized_train, f"norm{i}") for i in range(1, 5)], x)
+        elif family == "sima":
+            from vitedge.models.sima_xcit import xcit_out_indices
+
+            assert xcit_out_indices(12) == [3, 5, 7, 11] and xcit_out_indices(24) == [7, 11, 15, 23]  # the configs
+            want = _official_xcit(m, [getattr(sized_train, f"fpn{i}") for i in range(1, 5)], [1, 2, 3, 5], x)
+        else:
+            tokens = m.blocks(torch.cat((m.cls_token.expand(2, -1, -1), m.patch_embed(x)), 1) + m.pos_embed)
+            want = [tokens[:, 1:].transpose(1, 2).reshape(2, -1, h // 16, w // 16)]
+    assert len(got) == len(want) == len(train.names())
+    for g, wnt, spec in zip(got, want, sized_train.specs((h, w))):
+        assert tuple(g.shape[1:]) == spec.shape, spec.name
+        assert float((g - wnt).abs().max()) <= 1e-6 * float(wnt.abs().max()), spec.name
+    deploy = reparameterize(train, (h, w))
+    assert verify_equivalence(train, deploy, (h, w), samples=2).passed
+
+
+@pytest.mark.parametrize("family", ["slab_pvt", "slab_cswin", "sima"])
+def test_an_mmdet_checkpoint_of_each_detection_layout_loads(family, tmp_path):
+    """The official dense backbones' layouts under `backbone.`: PVT's last position embedding with its class-token
+    slot (one more token, dropped as its forward does), CSWin's norm1..norm4, XCiT's fpn1..fpn4 (no class token,
+    class-attention blocks, final norm or head); the neck's keys are reported as ignored, the maps are the same."""
+    from vitedge.exporter.reparam.forms import build_train_form
+    from vitedge.models.checkpoints.dense import classifier_keys
+
+    name, kw, imgsz = case(family)
+    train = make_trained_like_norms(FeatureMaps(make_trained_like(create_model(name, **kw), 0)), 0).eval()
+    skip = classifier_keys(train.backbone)
+    sd = {f"backbone.{k}": v for k, v in train.backbone.state_dict().items() if k not in skip}
+    sd.update({f"backbone.{k}": v for k, v in train.state_dict().items() if not k.startswith("backbone.")})
+    if family == "slab_pvt":
+        pos = sd["backbone.pos_embed4"]
+        sd["backbone.pos_embed4"] = torch.cat((torch.full_like(pos[:, :1], 7.0), pos), dim=1)
+    assert family != "sima" or {"backbone.fpn1.0.weight", "backbone.fpn1.1.running_var"} <= set(sd)
+    sd["neck.lateral_convs.0.conv.weight"] = torch.zeros(8, 4, 1, 1)
+    torch.save({"state_dict": sd}, tmp_path / "det.pth")
+    loaded = build_train_form(name, tmp_path / "det.pth", kw, features="default")
+    assert loaded.from_checkpoint["ignored"] == ["neck.lateral_convs.0.conv.weight"]
+    assert (family == "slab_pvt") == any("class-token slot" in r for r in loaded.from_checkpoint["remaps"])
+    x = torch.randn(1, 3, imgsz, imgsz, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert all(torch.equal(a, b) for a, b in zip(loaded.model(x), train(x)))
