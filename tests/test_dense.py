@@ -196,7 +196,7 @@ def _example():
     return module
 
 
-def test_the_custom_head_example_runs_and_every_output_is_judged(tmp_path, capsys):
+def test_the_custom_head_example_runs_and_every_output_is_judged_and_parity_and_bench_take_it(tmp_path, capsys):
     """examples/dense_head.py: a user's FPN + segmentation head on a vitedge backbone, two outputs; the backbone
     is folded in place, the float64 gate covers the whole module, every hop judges both outputs."""
     example = _example()
@@ -212,6 +212,28 @@ def test_the_custom_head_example_runs_and_every_output_is_judged(tmp_path, capsy
     graph = onnx.load(str(tmp_path / "run" / "segmentationmodel.onnx"))
     assert [o.name for o in graph.graph.output] == ["seg_logits", "fpn_s4"]
     assert "seg_logits" in capsys.readouterr().out
+    _parity_and_bench_take_the_users_module(example, tmp_path)
+
+
+def _parity_and_bench_take_the_users_module(example, tmp_path):
+    """`vitedge.parity` and `vitedge.bench` from Python with the same user module (the example's, built again with
+    its seed): the artifact judged output by output against that module's train-form, and each bench backend
+    parity-checked per output before it is timed (few samples, short timing: plumbing)."""
+    from vitedge import bench, parity
+
+    model, imgsz = example.build()
+    checked = parity(model=model, artifact=tmp_path / "run" / "segmentationmodel.onnx", samples=4,
+                     report_path=tmp_path / "parity.json")
+    assert checked.exit_code == 0 and checked.model == "segmentationmodel" and checked.weights == "module"
+    assert [o["name"] for o in checked.outputs] == ["seg_logits", "fpn_s4"]
+    for hop in checked.parity:
+        assert hop.status == "passed" and set(hop.outputs) == {"seg_logits", "fpn_s4"}, hop.hop
+    timed = bench(model=model, imgsz=imgsz, backends="torch-deploy,onnxruntime", min_iters=3, max_s=0.2,
+                  warmup_s=0.02)
+    assert timed.exit_code == 0 and [r.backend for r in timed.results] == ["torch-deploy", "onnxruntime"]
+    for r in timed.results:
+        assert r.status == "ok" and r.valid and r.latency["iters"] >= 3, r.backend
+        assert all(set(d["outputs"]) == {"seg_logits", "fpn_s4"} for d in r.parity_sets.values()), r.backend
 
 
 def test_a_module_embedding_no_backbone_is_refused():
@@ -460,6 +482,7 @@ def test_parity_of_a_feature_map_artifact_rebuilds_the_same_maps(exported, tmp_p
     checked = parity(artifact=out / f"{NAME}.onnx", samples=8, report_path=tmp_path / "parity.json")
     assert checked.exit_code == 0
     assert [list(h.outputs) for h in checked.parity] == [[o["name"] for o in report.outputs]] * len(checked.parity)
+    assert checked.outputs == report.outputs and checked.features == "default"  # (report.json says what it judged)
 
 
 def test_a_planted_error_in_one_stage_of_the_onnx_graph_fails_and_is_localized(forms):
