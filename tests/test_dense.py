@@ -236,6 +236,28 @@ def _parity_and_bench_take_the_users_module(example, tmp_path):
         assert all(set(d["outputs"]) == {"seg_logits", "fpn_s4"} for d in r.parity_sets.values()), r.backend
 
 
+def test_the_summary_shows_each_hops_worst_output_for_feature_maps_not_top_1(exported):
+    """top-1 / top-5 agreement of packed feature maps says nothing: the table shows each hop's worst output and
+    its ratio instead (report.json keeps the fields); a classifier's table keeps its top-1 / top-5 columns."""
+    from vitedge.exporter.command_line.summary import format_summary
+    from vitedge.exporter.core.report import Report
+
+    report, _ = exported
+    text = format_summary(report)
+    header = next(line for line in text.splitlines() if line.startswith("hop "))
+    assert "worst output" in header and "top-1" not in header and "top-5" not in header
+    onnx_row = next(line for line in text.splitlines() if line.startswith("onnx "))
+    worst = max(report.hop("onnx").outputs, key=report.hop("onnx").outputs.get)
+    assert f"{worst} {report.hop('onnx').outputs[worst]:.2f}" in onnx_row
+    assert report.hop("onnx").metrics.top1_agreement is not None  # (the report.json field stays)
+    one_map = Report.from_dict({**report.to_dict(), "outputs": report.outputs[2:3]})
+    header = next(line for line in format_summary(one_map).splitlines() if line.startswith("hop "))
+    assert "top-1" not in header and "worst output" not in header
+    logits = Report.from_dict({**report.to_dict(), "outputs": [{"name": "logits", "shape": [10], "stride": None}]})
+    header = next(line for line in format_summary(logits).splitlines() if line.startswith("hop "))
+    assert "top-1" in header and "top-5" in header and "worst output" not in header
+
+
 def test_a_module_embedding_no_backbone_is_refused():
     from vitedge.exporter.reparam import reparameterize as fold
 
