@@ -671,3 +671,17 @@ def test_an_mmdet_checkpoint_of_each_detection_layout_loads(family, tmp_path):
     x = torch.randn(1, 3, imgsz, imgsz, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert all(torch.equal(a, b) for a, b in zip(loaded.model(x), train(x)))
+
+
+def test_xcits_fpn_folds_its_batchnorm_and_a_broken_fold_fails_the_gate_there():
+    """SimA-XCiT's fpn1 (p16): ConvTranspose2d, BatchNorm2d, GELU, ConvTranspose2d; the BatchNorm folds into the
+    transposed conv before it (its output channels are the weight's dim 1), checked on its own by the gate."""
+    name, kw, imgsz = case("sima")
+    train = make_trained_like_norms(FeatureMaps(make_trained_like(create_model(name, **kw), 0)), 0).eval()
+    deploy = reparameterize(train, imgsz)
+    assert not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in deploy.fpn1.modules())
+    bad = copy.deepcopy(deploy)
+    with torch.no_grad():
+        bad.reparam_fp64.fpn1[0].weight[:, 3] *= 1.01  # one output channel of the folded transposed conv
+    res = verify_equivalence(train, bad, imgsz, samples=2, raise_on_fail=False)
+    assert not res.passed and res.diverging_module == "fpn1"
