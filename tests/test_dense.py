@@ -611,14 +611,16 @@ def _official_xcit(m, fpns, out_indices, x):
     return [op(f) for op, f in zip(fpns, features)]
 
 
-@pytest.mark.parametrize("family", ["slab_pvt", "prepbn_pvt", "slab_cswin", "sima", "sima_deit"])
+@pytest.mark.parametrize("family", ["slab_pvt", "prepbn_pvt", "slab_cswin", "sima", "sima_p8", "sima_deit"])
 def test_feature_maps_follow_the_official_dense_conventions(family):
     """Each family's maps against the official dense-prediction forward written out above (the SimA-DeiT map: the
     last block's patch tokens, timm's ViT convention); the detection norms and XCiT's fpn layers are perturbed so
     none is an identity; the deploy-form passes the float64 gate on every map."""
-    name, kw, imgsz = case(family)
-    if family == "sima":  # depth 6: four distinct tapped blocks (1, 2, 3, 5), as the official configs' rule
+    xcit = family in ("sima", "sima_p8")  # (p8: its own fpn layers)
+    name, kw, imgsz = case("sima" if xcit else family)
+    if xcit:  # depth 6: four distinct tapped blocks (1, 2, 3, 5), by the official configs' rule
         kw["depth"] = 6
+        name = name.replace("_p16", "_p8") if family == "sima_p8" else name
     train = make_trained_like_norms(FeatureMaps(make_trained_like(create_model(name, **kw), 0)), 0).eval()
     h, w = imgsz, imgsz + 32
     sized_train = sized(copy.deepcopy(train), (h, w))
@@ -630,11 +632,17 @@ def test_feature_maps_follow_the_official_dense_conventions(family):
             want = _official_pvt(m, x)
         elif family == "slab_cswin":
             want = _official_cswin(m, [getattr(sized_train, f"norm{i}") for i in range(1, 5)], x)
-        elif family == "sima":
+        elif xcit:
             from vitedge.models.sima_xcit import xcit_out_indices
 
             assert xcit_out_indices(12) == [3, 5, 7, 11] and xcit_out_indices(24) == [7, 11, 15, 23]  # the configs
-            want = _official_xcit(m, [getattr(sized_train, f"fpn{i}") for i in range(1, 5)], [1, 2, 3, 5], x)
+            fpns = [getattr(sized_train, f"fpn{i}") for i in range(1, 5)]
+            official = {16: ["ConvTranspose2d BatchNorm2d GELU ConvTranspose2d", "ConvTranspose2d", "Identity",
+                             "MaxPool2d(2)"],
+                        8: ["ConvTranspose2d", "Identity", "MaxPool2d(2)", "MaxPool2d(4)"]}[m.patch_size]
+            assert [" ".join(type(l).__name__ + (f"({l.kernel_size})" if isinstance(l, torch.nn.MaxPool2d) else "")
+                             for l in (f if isinstance(f, torch.nn.Sequential) else [f])) for f in fpns] == official
+            want = _official_xcit(m, fpns, [1, 2, 3, 5], x)
         else:
             tokens = m.blocks(torch.cat((m.cls_token.expand(2, -1, -1), m.patch_embed(x)), 1) + m.pos_embed)
             want = [tokens[:, 1:].transpose(1, 2).reshape(2, -1, h // 16, w // 16)]
