@@ -559,6 +559,8 @@ def test_features_at_a_non_square_size_pass_with_the_documented_outputs(tmp_path
     if family.startswith("sima"):
         kept = sum(isinstance(m, torch.nn.LayerNorm) for m in create_model(name, **kw).blocks.modules())
     assert sum(counts.get(op, 0) for op in NORM_OPS) == kept
+    if family in ("slab_swin", "slab_cswin"):  # the detection LayerNorms are listed as unfolded
+        assert sum(u["module"].startswith("norm") for u in report.reparam.unfolded) == len(strides)
     if family not in ("swiftformer", "sima"):  # convs only, or a Fourier encoding computed for the grid
         assert report.resized and all(r["tensor"].startswith("backbone.") for r in report.resized)
 
