@@ -135,8 +135,8 @@ def embedded_backbones(model: nn.Module) -> list[tuple[str, nn.Module]]:
 def plan_embedded(model: nn.Module, ctx: FoldContext) -> nn.Module:
     """The fold plan of a module without its own (a FeatureMaps, a user's head on a backbone): every embedded
     backbone folded by its family's plan and put back in place (its gate checks under its path), and a
-    FeatureMaps' detection norms folded into per-channel affines. The rest of the module (a user's neck and
-    heads) is kept as it is; the float64 gate covers the whole module."""
+    FeatureMaps' per-output modules folded (`fold_tap_module`). The rest of the module (a user's neck and heads)
+    is kept as it is; the float64 gate covers the whole module."""
     for path, backbone in embedded_backbones(model):
         first = len(ctx.blocks)
         folded = _PLANS[type(backbone)](backbone, ctx)
