@@ -30,7 +30,7 @@ from ..errors import VitedgeError
 from .layers import DropPath, LinearNorm, Mlp, RepBN, SimplifiedLinearAttention, init_vit_weights
 from .layers.resample import Resized
 from .preprocess import SLAB_RECIPE
-from .features import Tap
+from .features import Tap, token_map
 from .registry import Remap, register_model, register_model_module
 
 NormFactory = Callable[[int], nn.Module]
@@ -252,18 +252,6 @@ class DeiTBase(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.pool(self.norm(self.forward_features(x))))
-
-
-def token_map(tokens: torch.Tensor, hw, patch: int) -> torch.Tensor:
-    """The patch tokens of `tokens` as an NCHW map: (B, [1+]N, C) token-first, or (B, C, [1+]N, 1) / (B, C, H, W)
-    channel-first (the deploy-form's layouts); a leading class token (one more than the grid) is dropped."""
-    gh, gw = int(hw[0]) // patch, int(hw[1]) // patch
-    if tokens.dim() == 3:  # (B, N, C)
-        tokens = tokens[:, tokens.shape[1] - gh * gw:].transpose(1, 2)
-    else:  # (B, C, N, 1) or (B, C, H, W)
-        tokens = tokens.flatten(2)
-        tokens = tokens[:, :, tokens.shape[2] - gh * gw:]
-    return tokens.reshape(tokens.shape[0], -1, gh, gw)
 
 
 class SlabDeiT(DeiTBase):

@@ -18,7 +18,8 @@ import onnx
 import torch.nn as nn
 
 from ...errors import VitedgeError
-from ...models.input_size import size_text
+from ...models.features import output_specs
+from ...models.input_size import as_hw, size_text
 from ...precisions import compressed_names
 from ...models.preprocess import Recipe
 from ...targets import row_for_suffix, row_of
@@ -147,7 +148,8 @@ def parity(model=None, artifact: str | Path | None = None, *, deploy_checkpoint:
                     images=None if images is None else str(images), labels=None if labels is None else str(labels),
                     require_verified=s.require_verified, require_ane=s.require_ane, exporter=made_with,
                     exporter_fallback=meta.get("exporter_fallback") if made_with else None,
-                    opset=graph_opset(art_model) if art_model is not None else None)
+                    opset=graph_opset(art_model) if art_model is not None else None,
+                    outputs=[o.as_dict() for o in output_specs(deploy, as_hw(imgsz))], features=meta.get("features"))
 
     ladder = Ladder.build(loaded.model, deploy, pset, progress, s.truth_cache)
     report.reference = ladder.reference()
