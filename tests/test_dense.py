@@ -661,7 +661,7 @@ def test_an_mmdet_checkpoint_of_each_detection_layout_loads(family, tmp_path):
     """The official dense backbones' layouts under `backbone.`: PVT's last position embedding with its class-token
     slot (one more token, dropped as its forward does), CSWin's norm1..norm4, XCiT's fpn1..fpn4 (no class token,
     class-attention blocks, final norm or head); the neck's keys are reported as ignored, the maps are the same."""
-    from vitedge.exporter.reparam.forms import build_train_form
+    from vitedge.exporter.reparam.build_forms import build_train_form
     from vitedge.models.checkpoints.dense import classifier_keys
 
     name, kw, imgsz = case(family)
