@@ -122,10 +122,14 @@ def _merge(done: list[_Size], tmp: Path) -> Report:
         for h in parity:
             h.size = d.label
         report.parity += parity
-        report.sizes.append({"size": d.label, "imgsz": [int(v) for v in d.label.split("x")], "entry": d.entry,
-                             "files": {k: a.path for k, a in files.items()}, "samples": r.samples,
-                             "reparam": asdict(r.reparam), "reference": r.reference})
+        report.sizes.append(size_row(d.label, d.entry, r, {k: a.path for k, a in files.items()}))
     return report
+
+
+def size_row(label: str, entry: str | None, report: Report, files: dict) -> dict:
+    """report.json's `sizes` entry of one size (`report`: that size's own run; `files`: {artifact key: path})."""
+    return {"size": label, "imgsz": [int(v) for v in label.split("x")], "entry": entry, "files": files,
+            "samples": report.samples, "reparam": asdict(report.reparam), "reference": report.reference}
 
 
 def _one_file_hops(plan, done: list[_Size], tmp: Path, progress: Progress, skipped: str) -> tuple[list[Hop], object]:
