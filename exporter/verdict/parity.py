@@ -82,6 +82,10 @@ REFERENCE_BATCH = 32
 # does not depend on the machine's core count; reported as report.json `reference.float32_threads`.
 REFERENCE_THREADS = 2
 GROUND_TRUTH_BATCH = 8   # float64 chunk: bounds the float64 run's memory on big models
+# The chunk sizes above hold for inputs of up to this many pixels; a larger input gets proportionally fewer samples
+# per chunk (at least one), so a chunk's activations stay the size they are at 224 x 224: at 800 x 1344, 32
+# SwiftFormer-XS samples in float32 held ~5 GB of activations (8 in float64 ~3 GB) for no speedup (chunk_size).
+CHUNK_PIXELS = 224 * 224
 # The second float32 computation draws a random rounding of this many float32 ulps at every module output
 # (rounding_draw), seeded: see docs/parity_criteria.md for how it was measured against other implementations.
 ROUNDING_ULPS = 1.0
@@ -128,10 +132,18 @@ def tolerances(overrides: dict | list | None = None,
     return out
 
 
+def chunk_size(batch: int, shape) -> int:
+    """Samples per chunk for inputs of `shape` (N, C, H, W...): `batch` up to CHUNK_PIXELS pixels per sample,
+    proportionally fewer above (at least one)."""
+    pixels = int(np.prod(shape[2:])) if len(shape) > 2 else 0
+    return max(1, min(batch, batch * CHUNK_PIXELS // pixels)) if pixels else batch
+
+
 def run_batched(runner: Runner, x: np.ndarray, batch: int = REFERENCE_BATCH) -> np.ndarray:
-    """Run `x` through `runner` in chunks; a static-batch artifact gets exactly its batch (last chunk padded)."""
+    """Run `x` through `runner` in chunks (`batch` samples, fewer for large inputs: chunk_size); a static-batch
+    artifact gets exactly its batch (last chunk padded)."""
     static = runner.max_batch()
-    step = static or batch
+    step = static or chunk_size(batch, np.shape(x))
     outs = []
     for i in range(0, len(x), step):
         chunk = x[i:i + step]
@@ -292,13 +304,15 @@ def failed(hop: str, backend: str, reason: str, mode: str | None = None, toleran
 def ground_truth(model, x, sets: tuple[str, ...], labels=None, batch: int = GROUND_TRUTH_BATCH,
                  threads: int = REFERENCE_THREADS, threads64: int | None = None) -> GroundTruth:
     """The train-form `model` run on `x` in float64 (the truth) and in float32, in the default and the channels-last
-    layout (each sample's noise: their envelope, criteria.GroundTruth.noise), in chunks of `batch`. The float32
+    layout (each sample's noise: their envelope, criteria.GroundTruth.noise), in chunks of `batch` (fewer samples
+    for large inputs: chunk_size). The float32
     runs use exactly `threads` intra-op threads (their rounding depends on them: REFERENCE_THREADS); the float64 run, which dominates the cost and whose rounding is negligible, `threads64`
     (default: torch's setting, every core unless the caller lowered it; tiny models run faster on one). The model
     is not changed; torch's thread setting is restored."""
     import torch
 
     xt = torch.as_tensor(np.asarray(x))
+    batch = chunk_size(batch, tuple(xt.shape))
     outs, columns = {}, []
     before = torch.get_num_threads()
 
