@@ -252,7 +252,6 @@ def test_one_non_square_size_runs_coreml_and_executorch_and_keeps_its_file_names
 
 @pytest.mark.parametrize("args,words", [
     (["--target", "coreml", "--ios", "17"], ["--ios 17", "iOS 18", "--ios 18"]),
-    (["--target", "coreml", "--precision", "w8"], ["--precision w8", "several --imgsz sizes"]),
     (["--target", "onnx", "--features"], ["--features", "several --imgsz sizes", "one size per run"]),
 ])
 def test_what_one_artifact_of_several_sizes_cannot_take_is_exit_2_before_any_work(tmp_path, capsys, args, words):
@@ -261,6 +260,53 @@ def test_what_one_artifact_of_several_sizes_cannot_take_is_exit_2_before_any_wor
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and all(w in err for w in words), err
     assert not out.exists()
+
+
+def test_a_compressed_package_of_two_sizes_judges_each_function_against_its_own_emulation(tmp_path, monkeypatch):
+    """w8a8 (calibrated weights and activations) at two sizes: each size calibrated and compressed on its own and
+    each function judged by the compressed rule against its size's emulation of the kind, its weights check
+    reading that function: a weight planted in one function fails that function's hop alone."""
+    from vitedge.targets import plants
+    from vitedge.targets.coreml import target as coreml_target
+
+    real_merge = coreml_target.merge_functions
+
+    def merge_then_plant(parts, sizes, path):
+        done = real_merge(parts, sizes, path)
+        plants.plant_function_weights(path, "size_32x64", "x10", 0.5)
+        return done
+
+    monkeypatch.setattr(coreml_target, "merge_functions", merge_then_plant)
+    report = export("swiftformer_xs", targets="coreml", precision="w8a8", imgsz="32,32x64", overrides=SWIFT,
+                    out=tmp_path / "out", samples=16, calib=8)
+    hops = {h.size: h for h in report.parity if h.entry}
+    assert {s: (h.entry, h.mode) for s, h in hops.items()} == {"32x32": ("size_32x32", "emulated"),
+                                                              "32x64": ("size_32x64", "emulated")}
+    for h in hops.values():  # the compressed rule: each sample's allowance from the kind's emulation at its size
+        assert h.tolerance.compressed_rule() and h.sets["natural"]["reference_compressed_error"] > 0, h.sets
+    assert hops["32x32"].status == "passed" and hops["32x32"].weights["status"] == "passed", hops["32x32"].reason
+    assert hops["32x64"].status == "failed" and hops["32x64"].weights["status"] == "failed", hops["32x64"]
+    info = report.artifacts["coreml"].info
+    assert info["compression"]["kind"] == "w8a8" and set(info["function_info"]) == {"size_32x32", "size_32x64"}
+    ids = [f["compression"]["calibration"]["ids"] for f in info["function_info"].values()]
+    assert ids[0] == ids[1] and len(ids[0]) == 8  # the same images calibrated every size: the package records them
+
+
+def test_the_kinds_emulation_is_built_at_the_judged_samples_own_non_square_size(monkeypatch):
+    """Where no deploy-form is handed over (`vitedge bench --artifact`), the emulation's deploy-form is folded at
+    the samples' H x W, not at a square of their width."""
+    import numpy as np
+
+    from vitedge.exporter.quantize import compressed
+    from vitedge.exporter.verdict.criteria import GroundTruth
+
+    folded_at = []
+    monkeypatch.setattr(compressed, "build_deploy_form", lambda model, imgsz: (folded_at.append(imgsz), None))
+    monkeypatch.setattr(compressed, "compressed_reference", lambda deploy, x, kind: np.zeros((len(x), 2)))
+    truth = GroundTruth(np.zeros((3, 2)), np.zeros((3, 2)), ("natural",) * 3)
+    judged = compressed.JudgedSamples(torch.nn.Identity(), np.zeros((3, 3, 32, 64), np.float32), truth, ("a", "b", "c"))
+    judged.with_emulation(truth, judged.x, "w8")
+    assert folded_at == [(32, 64)]
 
 
 # ---- the matrix and bench read sizes as HxW --------------------------------------------------------------------

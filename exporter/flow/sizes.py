@@ -17,7 +17,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ...errors import VitedgeError
-from ...precisions import compressed_names
 from ...targets import row_of
 from ..core import outdir
 from ..core.progress import Progress
@@ -48,15 +47,12 @@ def one_file_plans(plans: list) -> list:
 
 def check_sizes(req, sizes: int, progress: Progress) -> None:
     """What one artifact of several sizes cannot take, before any work; the options each such target needs
-    (CoreML: iOS 18) noted and set on its plan."""
+    (CoreML: iOS 18) noted and set on its plan. A compressed precision needs nothing more: each size is compressed
+    (and calibrated) on its own and its entry judged against that size's emulation of the kind."""
     if req.made.get("features") is not None:  # each size's maps have their own shapes: one size per export for now
         raise VitedgeError("--features with several --imgsz sizes: export the feature maps one size per run for now "
                            "(drop all but one size)")
     for plan in one_file_plans(req.plans):
-        if plan.precision in compressed_names():
-            raise VitedgeError(f"--precision {plan.precision} with several --imgsz sizes: a {plan.name} artifact of "
-                               f"several sizes is fp32 or fp16 for now; export {plan.name} at {plan.precision} one "
-                               "size per run")
         if plan.target is not None:
             plan.options = plan.target.plan_sizes(sizes, plan.options)
             if plan.options.get("ios_raised"):
