@@ -184,6 +184,23 @@ def test_parity_imgsz_picks_the_sizes_it_checks_and_names_those_held(planted, tm
     assert not (tmp_path / "no.json").exists()
 
 
+def test_parity_with_a_deploy_checkpoint_checks_the_size_it_was_folded_for(planted, tmp_path, capsys):
+    """A deploy checkpoint holds one size: with a program of two, the other size is exit 2 before any work, naming
+    the --imgsz that picks the checkpoint's."""
+    pte, ckpt = _artifact(planted, "executorch"), tmp_path / "deploy.pth"
+    assert cli.main(["reparam", *TINY, "--imgsz", "32", "--out", str(ckpt), "-q"]) == 0
+    capsys.readouterr()
+    assert cli.main(["parity", "--artifact", str(pte), "--deploy-checkpoint", str(ckpt), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "folded for imgsz 32" in err and "--imgsz 32" in err, err
+    where = tmp_path / "report.json"
+    assert cli.main(["parity", "--artifact", str(pte), "--deploy-checkpoint", str(ckpt), "--imgsz", "32",
+                     "--samples", "8", "--report", str(where), "-q"]) == 1  # (its 32x32 method is the planted one)
+    d = json.loads(where.read_text())
+    assert [(h["hop"], h["size"], h["status"]) for h in d["parity"]] == [("deploy-form", "32x32", "passed"),
+                                                                        ("executorch", "32x32", "failed")]
+
+
 def test_parity_takes_the_per_size_onnx_files_each_judged_at_its_size(planted, tmp_path):
     """Both per-size ONNX files in one run, one of them with a planted channel: that file's hop fails, the other
     passes, and the report keys each file by its size."""
@@ -278,7 +295,7 @@ def test_a_compressed_package_of_two_sizes_judges_each_function_against_its_own_
 
     monkeypatch.setattr(coreml_target, "merge_functions", merge_then_plant)
     report = export("swiftformer_xs", targets="coreml", precision="w8a8", imgsz="32,32x64", overrides=SWIFT,
-                    out=tmp_path / "out", samples=16, calib=8)
+                    out=tmp_path / "out", samples=8, calib=4)
     hops = {h.size: h for h in report.parity if h.entry}
     assert {s: (h.entry, h.mode) for s, h in hops.items()} == {"32x32": ("size_32x32", "emulated"),
                                                               "32x64": ("size_32x64", "emulated")}
@@ -289,7 +306,7 @@ def test_a_compressed_package_of_two_sizes_judges_each_function_against_its_own_
     info = report.artifacts["coreml"].info
     assert info["compression"]["kind"] == "w8a8" and set(info["function_info"]) == {"size_32x32", "size_32x64"}
     ids = [f["compression"]["calibration"]["ids"] for f in info["function_info"].values()]
-    assert ids[0] == ids[1] and len(ids[0]) == 8  # the same images calibrated every size: the package records them
+    assert ids[0] == ids[1] and len(ids[0]) == 4  # the same images calibrated every size: the package records them
 
 
 def test_the_kinds_emulation_is_built_at_the_judged_samples_own_non_square_size(monkeypatch):

@@ -118,6 +118,7 @@ def parity(model=None, artifact: str | Path | list | None = None, *, deploy_chec
             raise VitedgeError(f"{where} holds {held}, not {name}; pass --model {held}")
     check_checkpoint(source, meta, checkpoint)
     jobs = sizes_to_check(files, s, meta.get("imgsz"))
+    _check_folded_for(deploy, deploy_checkpoint, [z for z in jobs if z is not None])  # (None: the model's default)
     if overrides is None and isinstance(model_or_name, str):
         overrides = meta.get("overrides") or {}
 
@@ -173,10 +174,7 @@ class _Run:
         with progress.step("reading the parity inputs"):
             pset = parity_inputs_for(loaded.model, imgsz, samples, images, labels)
         deploy = self.deploy
-        folded_for = deploy.deploy_checkpoint_meta["imgsz"] if deploy is not None else imgsz  # (the file's metadata)
-        if canonical(folded_for) != imgsz:
-            raise VitedgeError(f"{self.deploy_checkpoint} was folded for imgsz {size_text(folded_for)}, the check runs "
-                               f"at {size_text(imgsz)}; pass --imgsz {size_text(folded_for)}")
+        _check_folded_for(deploy, self.deploy_checkpoint, [imgsz])
         with progress.step("re-parameterizing"):
             # the same rewrites as the deploy checkpoint, so that localization compares like module trees
             same = deploy.deploy_checkpoint_meta.get("rewrites", True) if deploy is not None else True
@@ -212,6 +210,18 @@ class _Run:
             hop.entry = entry
             report.parity.append(hop)
         return report
+
+
+def _check_folded_for(deploy, deploy_checkpoint, sizes: list) -> None:
+    """A deploy checkpoint is checked at the size it was folded for (its file's metadata): every size the run
+    checks must be that one."""
+    if deploy is None:
+        return
+    folded_for = deploy.deploy_checkpoint_meta["imgsz"]
+    other = next((z for z in sizes if z != canonical(folded_for)), None)
+    if other is not None:
+        raise VitedgeError(f"{deploy_checkpoint} was folded for imgsz {size_text(folded_for)}, the check runs at "
+                           f"{size_text(other)}; pass --imgsz {size_text(folded_for)}")
 
 
 def _merge_sizes(report: Report, reports: list[Report], jobs: dict) -> None:
