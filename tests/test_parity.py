@@ -115,7 +115,7 @@ class _AnyBatchRunner(_StaticRunner):
 @pytest.mark.parametrize("hw,chunks", [((224, 224), [32, 8]), ((448, 448), [8, 2]), ((800, 1344), [1, 1, 1])])
 def test_a_large_input_runs_in_proportionally_smaller_chunks(hw, chunks):
     """A runner gets 32 samples of 224 x 224 per call, and as many pixels (at least one sample) of a larger input:
-    36 samples at 800 x 1344 are not held in one 32-sample chunk (~5 GB of activations for SwiftFormer-XS)."""
+    36 samples at 800 x 1344 are not held in one 32-sample chunk (~4 GB of activations for SwiftFormer-XS)."""
     x = np.zeros((sum(chunks), 1, *hw), dtype=np.float32)
     r = _AnyBatchRunner(None)
     assert run_batched(r, x).shape == (len(x), 3) and r.calls == chunks

@@ -84,7 +84,7 @@ REFERENCE_THREADS = 2
 GROUND_TRUTH_BATCH = 8   # float64 chunk: bounds the float64 run's memory on big models
 # The chunk sizes above hold for inputs of up to this many pixels; a larger input gets proportionally fewer samples
 # per chunk (at least one), so a chunk's activations stay the size they are at 224 x 224: at 800 x 1344, 32
-# SwiftFormer-XS samples in float32 held ~5 GB of activations (8 in float64 ~3 GB) for no speedup (chunk_size).
+# SwiftFormer-XS samples in float32 held ~4 GB of activations (8 in float64 ~3 GB) for no speedup (chunk_size).
 CHUNK_PIXELS = 224 * 224
 # The second float32 computation draws a random rounding of this many float32 ulps at every module output
 # (rounding_draw), seeded: see docs/parity_criteria.md for how it was measured against other implementations.
