@@ -203,6 +203,11 @@ class Target(ABC):
         why). Only targets whose row has `entries` are asked."""
         return options
 
+    def file_name(self, name: str, precision: str) -> str:
+        """The artifact's file name for model `name` at `precision` (NAME.mlpackage; a target whose compressed
+        artifacts are named apart overrides it), as `lower` writes it and a multi-size export names its one file."""
+        return f"{name}{self.suffix}"
+
     def lower_sizes(self, parts: dict, path: Path) -> Artifact:
         """One artifact at `path` of several sizes: `parts` maps each entry name (settings.size_entry) to its
         (deploy-form, LowerSpec) at that size, in order; the first entry is the default. Targets whose row has

@@ -309,6 +309,17 @@ def test_a_compressed_package_of_two_sizes_judges_each_function_against_its_own_
     assert ids[0] == ids[1] and len(ids[0]) == 4  # the same images calibrated every size: the package records them
 
 
+@pytest.mark.parametrize("target,precision,name", [("executorch", "int8", "m.int8.pte"), ("executorch", "fp32", "m.pte"),
+                                                   ("coreml", "w8a8", "m.mlpackage")])
+def test_the_one_file_of_every_size_is_named_as_one_size_names_it(target, precision, name):
+    """A compressed ExecuTorch program of several sizes is NAME.int8.pte, as a single size's is (the multi-size
+    export names its one file by the target's `file_name`)."""
+    from vitedge.exporter.core.target_plans import resolve_targets
+
+    plan = resolve_targets(target, precision)[0]
+    assert plan.target.file_name("m", plan.precision) == name
+
+
 def test_the_kinds_emulation_is_built_at_the_judged_samples_own_non_square_size(monkeypatch):
     """Where no deploy-form is handed over (`vitedge bench --artifact`), the emulation's deploy-form is folded at
     the samples' H x W, not at a square of their width."""

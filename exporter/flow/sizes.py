@@ -146,7 +146,7 @@ def _one_file_hops(plan, done: list[_Size], tmp: Path, progress: Progress, skipp
         bad = next(iter(hops))
         why = f"not made: the {plan.name} artifact holds every size, and size {bad} was not lowered"
         return _tagged({d.label: hops.get(d.label) or unverified(hop_name, plan.name, why) for d in done}, done), None
-    path = tmp / f"{done[0].started.report.model}{t.suffix}"
+    path = tmp / t.file_name(done[0].started.report.model, plan.precision)  # (NAME.int8.pte, as one size names it)
     tol = done[0].build.targets.tolerance(plan)
     try:
         with progress.step(f"lowering {len(parts)} sizes to one {t.name} artifact ({plan.precision})"):

@@ -164,7 +164,7 @@ class CoreMLTarget(Target):
         deploy_model = copy.deepcopy(deploy_model).float().eval()
         check_input(given, spec.batch, input_channels(deploy_model, spec.imgsz))
         opts = parse_options(spec.options, model_classes(deploy_model, spec.imgsz))
-        path = Path(spec.out_dir) / f"{spec.name}{self.suffix}"
+        path = Path(spec.out_dir) / self.file_name(spec.name, spec.precision)
         if spec.precision not in KINDS:
             return Artifact(self.name, path, spec.precision, info=convert(deploy_model, spec, opts, path))
         # compressed: the fp16 program (policy islands in fp32) first, beside the artifact, then its compression
