@@ -20,9 +20,10 @@ from ...errors import VitedgeError
 from ...models.features import as_outputs, output_names, pack
 from ...precisions import (EMULATED, FP16_ERROR, MEDIAN_MIN_SAMPLES, NOISE, Profile, profile_for,  # noqa: F401
                            profiles)  # profile_for: the precision table's, re-exported
-from ...targets.base import Runner, pad_batch
+from ...targets.base import Runner, chunk_size, pad_batch
 from .criteria import GroundTruth, NoiseRule, accuracy, accuracy_delta, effective_noise, sample_errors
 from .emulate import fp16_reference
+from .float64_kernels import float64_depthwise  # (also importable from here, as before)
 from .metrics import COMPRESSED_ERROR, PSNR_CAP_DB, compute_metrics, set_bounds  # noqa: F401  (re-exported)
 from ..core.report import Hop, Metrics, Tolerance, allowed_count
 
@@ -81,11 +82,7 @@ REFERENCE_BATCH = 32
 # threads gave identical noise, and the rule was calibrated at 2 (docs/parity_criteria.md). Fixed, so the verdict
 # does not depend on the machine's core count; reported as report.json `reference.float32_threads`.
 REFERENCE_THREADS = 2
-GROUND_TRUTH_BATCH = 8   # float64 chunk: bounds the float64 run's memory on big models
-# The chunk sizes above hold for inputs of up to this many pixels; a larger input gets proportionally fewer samples
-# per chunk (at least one), so a chunk's activations stay the size they are at 224 x 224: at 800 x 1344, 32
-# SwiftFormer-XS samples in float32 held ~4 GB of activations (8 in float64 ~3 GB) for no speedup (chunk_size).
-CHUNK_PIXELS = 224 * 224
+GROUND_TRUTH_BATCH = 8   # float64 chunk: bounds the float64 run's memory on big models (fewer on large inputs)
 # The second float32 computation draws a random rounding of this many float32 ulps at every module output
 # (rounding_draw), seeded: see docs/parity_criteria.md for how it was measured against other implementations.
 ROUNDING_ULPS = 1.0
@@ -130,13 +127,6 @@ def tolerances(overrides: dict | list | None = None,
             raise VitedgeError(f"unknown tolerance key(s) {sorted(bad)}; use {', '.join(TOL_KEYS)}")
         out[profile] = replace(out[profile], **values)
     return out
-
-
-def chunk_size(batch: int, shape) -> int:
-    """Samples per chunk for inputs of `shape` (N, C, H, W...): `batch` up to CHUNK_PIXELS pixels per sample,
-    proportionally fewer above (at least one)."""
-    pixels = int(np.prod(shape[2:])) if len(shape) > 2 else 0
-    return max(1, min(batch, batch * CHUNK_PIXELS // pixels)) if pixels else batch
 
 
 def run_batched(runner: Runner, x: np.ndarray, batch: int = REFERENCE_BATCH) -> np.ndarray:
@@ -380,35 +370,3 @@ def _in_dtype(model, dtype):
         return model
     m = copy.deepcopy(model).to(dtype).eval()
     return float64_depthwise(m) if dtype == torch.float64 else m
-
-
-def float64_depthwise(model):
-    """`model` (float64, modified in place) with each depthwise Conv2d run as k*k shifted multiply-adds: torch's
-    float64 convolution has no fast kernel and loops over groups (a third of SLAB-DeiT-T's and SimA-Nano's float64
-    forward). Same sums in another order: the outputs move by float64 rounding (~1e-16 relative), a billion times
-    below the float32 noise they measure."""
-    import torch.nn as nn
-
-    for m in model.modules():
-        if (type(m) is nn.Conv2d and m.groups > 1 and m.groups == m.in_channels == m.out_channels
-                and m.padding_mode == "zeros" and not isinstance(m.padding, str)):
-            m._conv_forward = _depthwise_forward.__get__(m)
-    return model
-
-
-def _depthwise_forward(self, x, weight, bias):
-    import torch
-    import torch.nn.functional as F
-
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = weight.shape[-2:], self.stride, self.padding, self.dilation
-    xp = F.pad(x, (pw, pw, ph, ph))
-    h = (x.shape[2] + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-    w = (x.shape[3] + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-    out = None
-    for i in range(kh):
-        for j in range(kw):
-            tap = xp[:, :, i * dh: i * dh + sh * (h - 1) + 1: sh, j * dw: j * dw + sw * (w - 1) + 1: sw]
-            wij = weight[:, 0, i, j].view(1, -1, 1, 1)
-            # in place after the first tap: a fresh product per tap cost more than the multiply-add (1.8-3x)
-            out = torch.mul(tap, wij) if out is None else out.addcmul_(tap, wij)
-    return out if bias is None else out.add_(bias.view(1, -1, 1, 1))

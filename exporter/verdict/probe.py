@@ -31,7 +31,8 @@ import torch.nn as nn
 
 from .criteria import NoiseRule
 from .localize import _first_tensor, _with_outputs, capture_modules, module_outputs, param_owners
-from .parity import chunk_size, run_batched
+from ...targets.base import chunk_size
+from .parity import run_batched
 
 PROBE_SAMPLES = 16
 
