@@ -43,6 +43,17 @@ def test_rounding_draw_is_seeded_of_float32_size_and_leaves_the_model_alone():
     assert np.isfinite(moved).all()
 
 
+def test_the_drawn_factor_is_one_plus_ulps_times_a_uniform_in_minus_one_one():
+    """Each module output is multiplied by exactly 1 + ROUNDING_ULPS * eps32 * (2u - 1), u the seeded generator's
+    uniform draw, whatever the draw is computed with."""
+    module = nn.Identity()
+    parity.rounding_draw(module, torch.Generator().manual_seed(3))
+    x = torch.from_numpy(_x(2))
+    u = torch.rand(x.shape, generator=torch.Generator().manual_seed(3))
+    expected = x * (1 + parity.ROUNDING_ULPS * EPS32 * (2 * u - 1))
+    assert torch.equal(module(x), expected) and not torch.equal(module(x), x)
+
+
 def test_a_model_whose_kernels_are_exact_still_gets_a_rounding_level_noise():
     """A model that float32 computes exactly (integer weights and inputs: every float32 run equals float64) has
     zero torch noise; the drawn rounding still gives each sample a float32-sized noise, growing with depth."""

@@ -68,7 +68,10 @@ def add_parity(sub) -> argparse.ArgumentParser:
                                    "train-form on the parity input set. The artifact's metadata names the model, "
                                    "size, overrides, checkpoint hash and ONNX exporter it was made with.")
     add_model_flags(p, required=False)
-    p.add_argument("--artifact", help=f"artifact to check ({', '.join(r.suffix for r in rows() if r.suffix)})")
+    p.add_argument("--artifact", action="append",
+                   help=f"artifact to check ({', '.join(r.suffix for r in rows() if r.suffix)}); every function / "
+                        "method of a multi-size one is checked at its own size; repeat it for a multi-size export's "
+                        "per-size files (NAME_HxW.onnx), each checked at its size")
     p.add_argument("--deploy-checkpoint", help="deploy-form checkpoint from `vitedge reparam` to check as the "
                                                "deploy-form hop")
     p.add_argument("--target", help="the artifact's target when its suffix does not tell")

@@ -17,7 +17,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ...errors import VitedgeError
-from ...precisions import compressed_names
 from ...targets import row_of
 from ..core import outdir
 from ..core.progress import Progress
@@ -48,15 +47,12 @@ def one_file_plans(plans: list) -> list:
 
 def check_sizes(req, sizes: int, progress: Progress) -> None:
     """What one artifact of several sizes cannot take, before any work; the options each such target needs
-    (CoreML: iOS 18) noted and set on its plan."""
+    (CoreML: iOS 18) noted and set on its plan. A compressed precision needs nothing more: each size is compressed
+    (and calibrated) on its own and its entry judged against that size's emulation of the kind."""
     if req.train_form_args.get("features") is not None:  # each size's maps have their own shapes: one size per run
         raise VitedgeError("--features with several --imgsz sizes: export the feature maps one size per run for now "
                            "(drop all but one size)")
     for plan in one_file_plans(req.plans):
-        if plan.precision in compressed_names():
-            raise VitedgeError(f"--precision {plan.precision} with several --imgsz sizes: a {plan.name} artifact of "
-                               f"several sizes is fp32 or fp16 for now; export {plan.name} at {plan.precision} one "
-                               "size per run")
         if plan.target is not None:
             plan.options = plan.target.plan_sizes(sizes, plan.options)
             if plan.options.get("ios_raised"):
@@ -122,10 +118,14 @@ def _merge(done: list[_Size], tmp: Path) -> Report:
         for h in parity:
             h.size = d.label
         report.parity += parity
-        report.sizes.append({"size": d.label, "imgsz": [int(v) for v in d.label.split("x")], "entry": d.entry,
-                             "files": {k: a.path for k, a in files.items()}, "samples": r.samples,
-                             "reparam": asdict(r.reparam), "reference": r.reference})
+        report.sizes.append(size_row(d.label, d.entry, r, {k: a.path for k, a in files.items()}))
     return report
+
+
+def size_row(label: str, entry: str | None, report: Report, files: dict) -> dict:
+    """report.json's `sizes` entry of one size (`report`: that size's own run; `files`: {artifact key: path})."""
+    return {"size": label, "imgsz": [int(v) for v in label.split("x")], "entry": entry, "files": files,
+            "samples": report.samples, "reparam": asdict(report.reparam), "reference": report.reference}
 
 
 def _one_file_hops(plan, done: list[_Size], tmp: Path, progress: Progress, skipped: str) -> tuple[list[Hop], object]:
@@ -146,7 +146,7 @@ def _one_file_hops(plan, done: list[_Size], tmp: Path, progress: Progress, skipp
         bad = next(iter(hops))
         why = f"not made: the {plan.name} artifact holds every size, and size {bad} was not lowered"
         return _tagged({d.label: hops.get(d.label) or unverified(hop_name, plan.name, why) for d in done}, done), None
-    path = tmp / f"{done[0].started.report.model}{t.suffix}"
+    path = tmp / t.file_name(done[0].started.report.model, plan.precision)  # (NAME.int8.pte, as one size names it)
     tol = done[0].build.targets.tolerance(plan)
     try:
         with progress.step(f"lowering {len(parts)} sizes to one {t.name} artifact ({plan.precision})"):

@@ -36,6 +36,7 @@ import torch
 import torch.nn as nn
 
 from ...errors import VitedgeError
+from ...models.input_size import canonical
 from ...precisions import TABLE
 from ...targets.base import Artifact, Runner, StoredWeights, Target
 from ...targets.calibration import Calibration
@@ -115,7 +116,7 @@ class JudgedSamples:
     def with_emulation(self, truth: GroundTruth, seen: np.ndarray, kind: str) -> GroundTruth:
         """`truth` with the compressed rule's reference: the deploy-form compressed as `kind`, on `seen`."""
         if self.deploy is None:
-            self.deploy = build_deploy_form(copy.deepcopy(self.train), int(np.shape(seen)[-1]))[0]
+            self.deploy = build_deploy_form(copy.deepcopy(self.train), canonical(np.shape(seen)[-2:]))[0]
         return replace(truth, yq=compressed_reference(self.deploy, np.asarray(seen, np.float32), kind))
 
 
@@ -161,7 +162,7 @@ def compressed_hop(hop_name: str, target: Target, artifact: Artifact, tol: Toler
         return unverified(hop_name, hop.backend, f"--mode {mode} requested, but {target.name} runs here in "
                                                  f"{hop.mode} mode only", tol)
     with progress.step(f"{hop_name} weights check"):
-        judge_weights(hop, deploy, artifact.path, artifact.precision, target)
+        judge_weights(hop, deploy, artifact.path, artifact.precision, target, artifact.entry)
     if hop.status == "failed":
         with progress.step(f"localizing the {hop_name} divergence"):
             localize(hop, artifact, deploy, judged.x[:LOCALIZE_SAMPLES], target)
@@ -178,7 +179,8 @@ def localize(hop: Hop, artifact: Artifact, deploy: nn.Module, x: np.ndarray, tar
     try:
         graph = target.graph(artifact.path)
         # a target that says why it is not localized is not read for weights to localize with
-        stored = None if graph is not None or target.localization else target.read_weights(artifact.path)
+        stored = (None if graph is not None or target.localization else
+                  target.read_weights(artifact.path, **({"entry": artifact.entry} if artifact.entry else {})))
         if graph is not None:
             div = localize_onnx(graph, deploy, x, hop.tolerance)
             how = "ONNX Runtime per module"
