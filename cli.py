@@ -74,7 +74,9 @@ def cmd_export(args) -> int:
 def cmd_parity(args) -> int:
     from vitedge.exporter.flow.verify import parity
 
-    report = parity(settings_of(args), args.artifact, deploy_checkpoint=args.deploy_checkpoint,
+    given = args.artifact or []  # (--artifact repeats: a multi-size export's per-size files)
+    report = parity(settings_of(args), given[0] if len(given) == 1 else given or None,
+                    deploy_checkpoint=args.deploy_checkpoint,
                     report_path=args.report, mode=args.mode, progress=args.progress)
     print(format_summary(report, args.report))
     return report.exit_code

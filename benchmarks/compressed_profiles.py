@@ -6,7 +6,7 @@ CoreML w8 / palette4 / palette6 on iOS 16 and 18, w8a8 on iOS 17 and 18) and pla
 int8 weight scales sign-flipped; int8 calibrated on blank images or on one image; a w8 scale vector sign-flipped;
 a palette4 lookup table reversed; w8a8 calibrated on blank images), and one subtle change that shows the
 detection limit (one output channel's int8 stem scale doubled: an error of the size of quantization noise, which
-the profiles are not meant to catch; the fp32 hops before quantization catch such errors in the hub graph), are
+the profiles are not meant to catch; the fp32 hops before quantization catch such errors in the base graph), are
 run on
   - natural: the parity set's natural samples from photos that do not calibrate (exporter/quantize/calibrate.py), as the
     compressed hops see them; for CoreML also the first 16 (the emulated hop's prefix);

@@ -41,7 +41,7 @@ import vitedge
 from vitedge.exporter.quantize.compressed import JudgedSamples, judge_compressed
 from vitedge.exporter.verdict.criteria import effective_noise, sample_errors
 from vitedge.precisions import EMULATED, PROFILES, TABLE
-from vitedge.exporter.reparam.forms import build_deploy_form
+from vitedge.exporter.reparam.build_forms import build_deploy_form
 from vitedge.exporter.verdict.hops import parity_inputs_for
 from vitedge.exporter.verdict.parity import FLOAT64_TOLERANCES, compute_metrics, profile_for, run_batched
 from vitedge.exporter.verdict.weight_check import judge_weights

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import _script
-from vitedge.exporter.reparam.forms import build_deploy_form, build_train_form
+from vitedge.exporter.reparam.build_forms import build_deploy_form, build_train_form
 from vitedge.exporter.verdict.inputs import natural_inputs
 from vitedge.models.registry import input_stats
 from vitedge.targets import get_target

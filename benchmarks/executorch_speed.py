@@ -31,7 +31,7 @@ import _script
 import _stats
 from _tables import load, table
 import _timing
-from vitedge.exporter.reparam.forms import build_deploy_form, build_train_form
+from vitedge.exporter.reparam.build_forms import build_deploy_form, build_train_form
 from vitedge.exporter.verdict.inputs import natural_inputs
 from vitedge.exporter.verdict.parity import COMPRESSED_TOLERANCES
 from vitedge.models.registry import input_stats

@@ -33,7 +33,7 @@ from _tables import load, sci
 import vitedge
 from vitedge.exporter.verdict.criteria import effective_noise, sample_errors
 from vitedge.precisions import TABLE
-from vitedge.exporter.reparam.forms import build_deploy_form
+from vitedge.exporter.reparam.build_forms import build_deploy_form
 from vitedge.exporter.verdict.hops import parity_inputs_for
 from vitedge.exporter.verdict.parity import FLOAT64_TOLERANCES, ground_truth, judge, run_batched, with_fp16_reference
 from vitedge.exporter.verdict.weight_check import check_weights

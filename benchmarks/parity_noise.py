@@ -37,7 +37,7 @@ from vitedge.exporter.verdict.criteria import NoiseRule
 from vitedge.exporter.verdict.inputs import natural_inputs, parity_inputs
 from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, simplify_onnx
 from vitedge.exporter.verdict.parity import ground_truth, run_batched
-from vitedge.exporter.reparam.forms import build_deploy_form
+from vitedge.exporter.reparam.build_forms import build_deploy_form
 from vitedge.models import create_model, get_spec, make_trained_like
 from vitedge.models.reduced import reduced
 from vitedge.targets.onnx.target import OnnxRuntimeRunner

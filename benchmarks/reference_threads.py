@@ -21,7 +21,7 @@ import _corpus
 import _script
 from _tables import load, table
 from vitedge.exporter.verdict.criteria import FLOAT32_RULE, NoiseRule, sample_errors
-from vitedge.exporter.reparam.forms import build_deploy_form
+from vitedge.exporter.reparam.build_forms import build_deploy_form
 from vitedge.exporter.verdict.inputs import parity_set
 from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, simplify_onnx
 from vitedge.exporter.verdict.parity import REFERENCE_THREADS, run_batched

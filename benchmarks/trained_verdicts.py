@@ -1,8 +1,8 @@
 """Verdicts on really trained weights (no timing): full-size models trained to convergence on scikit-learn's digits,
 exported with their labelled held-out images as the parity set (`--images DIR --labels FILE`).
 
-For each model: `vitedge export --target onnx,coreml --precision fp16` (the fp32 ONNX hub, its fp16 graph on ONNX
-Runtime, fp16 CoreML run by the MIL interpreter) on the held-out digits written as PNG files, every hop's status,
+For each model: `vitedge export --target onnx,coreml --precision fp16` (the fp32 ONNX base graph, its fp16 graph on
+ONNX Runtime, fp16 CoreML run by the MIL interpreter) on the held-out digits written as PNG files, every hop's status,
 worst noise ratio per set and accuracy beside the float64 train-form's on the same images; then errors planted in
 the saved fp32 ONNX (a zeroed layer, one output channel sign-flipped, one channel x1.01, at the middle weight)
 judged by `vitedge parity`. Correct artifacts must

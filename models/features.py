@@ -1,10 +1,11 @@
 """Dense prediction: a backbone's multi-scale feature maps as the model's outputs (`--features`), the timm way.
 
 A family's model class says where its feature maps are (`feature_info()`: one `Tap` per output it can give, in
-stage order, with the stride, the channels and the detection norm its official dense-prediction code puts there)
-and computes them (`forward_intermediates(x, indices)`: NCHW maps, in order). `FeatureMaps` wraps such a backbone:
-its outputs are the chosen taps' maps, each through its own detection norm (`norm{i}`, as the official code names
-them), named for their stride (`feat_s4`, ...). The fold plan of the wrapper (exporter/reparam/features.py) folds
+stage order, with the stride, the channels and the per-output module its official dense-prediction code puts there:
+a detection norm, or XCiT's resampling `fpn{i}`) and computes them (`forward_intermediates(x, indices)`: NCHW maps,
+in order). `FeatureMaps` wraps such a backbone: its outputs are the chosen taps' maps, each through its own
+per-output module (named as the official code names it: `norm{i}`, `fpn{i}`), named for their stride (`feat_s4`,
+...). The fold plan of the wrapper (exporter/reparam/features.py) folds
 the backbone with its family's plan and each detection norm into a per-channel affine.
 
 Every module with several outputs (a FeatureMaps, or a user's own head on a backbone) is judged output by output:
@@ -24,11 +25,33 @@ from .outputs import LOGITS, OutputSpec, feature_name
 
 @dataclass(frozen=True)
 class Tap:
-    """One feature map a backbone can give: its stride, channels and the detection norm of its official code."""
+    """One feature map a backbone can give: its stride, channels and the per-output module of its official code."""
     index: int                        # the official out index (SwiftFormer: the `network` index 0, 2, 4, 6)
     stride: int
     channels: int
-    norm: Callable[[int], nn.Module] | None = None   # builds the detection norm (None: the map as is)
+    norm: Callable[[int], nn.Module] | None = None   # builds the per-output module (None: the map as is)
+    module: str | None = None         # its attribute (and checkpoint key) name; None: `norm{index}`
+    side: Callable[[int], int] | None = None  # input side -> map side, where not ceil(side / stride)
+
+    @property
+    def attr(self) -> str:
+        return self.module or f"norm{self.index}"
+
+    def map_side(self, n: int) -> int:
+        return self.side(n) if self.side is not None else -(-n // self.stride)
+
+
+def token_map(tokens: torch.Tensor, hw, patch: int) -> torch.Tensor:
+    """The patch tokens of `tokens` as an NCHW map: (B, [1+]N, C) token-first, or (B, C, [1+]N, 1) / (B, C, H, W)
+    channel-first (the deploy-forms' layouts); a leading class token (one more than the grid) is dropped. `hw` is
+    the input size, `patch` the token grid's stride (the grid: ceil(H / patch) x ceil(W / patch))."""
+    gh, gw = -(-int(hw[0]) // patch), -(-int(hw[1]) // patch)
+    if tokens.dim() == 3:  # (B, N, C)
+        tokens = tokens[:, tokens.shape[1] - gh * gw:].transpose(1, 2)
+    else:  # (B, C, N, 1) or (B, C, H, W)
+        tokens = tokens.flatten(2)
+        tokens = tokens[:, :, tokens.shape[2] - gh * gw:]
+    return tokens.reshape(tokens.shape[0], -1, gh, gw)
 
 
 class ChannelsLayerNorm(nn.LayerNorm):
@@ -59,7 +82,7 @@ class FeatureMaps(nn.Module):
         self.taps = tuple(taps[i] for i in self.indices)
         for t in self.taps:
             if t.norm is not None:
-                self.add_module(f"norm{t.index}", t.norm(t.channels))
+                self.add_module(t.attr, t.norm(t.channels))
         for attr in ("vitedge_name", "vitedge_spec", "vitedge_overrides", "vitedge_recipe"):
             if hasattr(backbone, attr):
                 setattr(self, attr, getattr(backbone, attr))
@@ -68,21 +91,22 @@ class FeatureMaps(nn.Module):
         return tuple(feature_name(t.stride) for t in self.taps)
 
     def specs(self, hw: tuple[int, int]) -> tuple[OutputSpec, ...]:
-        """The outputs at input size `hw` (H, W): channels, the map's size (ceil(H / stride)) and stride."""
-        return tuple(OutputSpec(feature_name(t.stride), (t.channels, -(-hw[0] // t.stride), -(-hw[1] // t.stride)),
+        """The outputs at input size `hw` (H, W): channels, the map's size (ceil(H / stride) unless the tap says
+        otherwise) and stride."""
+        return tuple(OutputSpec(feature_name(t.stride), (t.channels, t.map_side(hw[0]), t.map_side(hw[1])),
                                 t.stride) for t in self.taps)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         maps = self.backbone.forward_intermediates(x, self.indices)
-        return tuple(getattr(self, f"norm{t.index}", nn.Identity())(m) for t, m in zip(self.taps, maps))
+        return tuple(getattr(self, t.attr, nn.Identity())(m) for t, m in zip(self.taps, maps))
 
 
 @torch.no_grad()
 def make_trained_like_norms(model: FeatureMaps, seed: int = 0, imgsz: int | None = None) -> FeatureMaps:
-    """Seeded trained-like detection norms (the demo weights' recipe, models/trained_like.py): each BatchNorm's
-    statistics set from the maps it sees on the calibration batch of synthetic images, then perturbed (mean +
-    N(0, 0.1) std, var x U(0.5, 1.5)) so they are no batch's; weights 1 + N(0, 0.1), biases N(0, 0.05) (a
-    LayerNorm's too)."""
+    """Seeded trained-like per-output modules (the demo weights' recipe, models/trained_like.py): each BatchNorm's
+    statistics set from what it sees on the calibration batch of synthetic images (the tap's map, or inside an
+    `fpn{i}` the map its layers before it give), then perturbed (mean + N(0, 0.1) std, var x U(0.5, 1.5)) so they
+    are no batch's; weights 1 + N(0, 0.1), biases N(0, 0.05) (a LayerNorm's too)."""
     from .registry import default_imgsz
     from .synthetic import synthetic_batch
     from .trained_like import CALIBRATION_KINDS, CALIBRATION_SEED
@@ -91,26 +115,33 @@ def make_trained_like_norms(model: FeatureMaps, seed: int = 0, imgsz: int | None
     x = synthetic_batch(CALIBRATION_KINDS, imgsz or default_imgsz(model.backbone), CALIBRATION_SEED)
     maps = model.backbone.eval().forward_intermediates(x.to(next(model.parameters()).dtype), model.indices)
     for t, m in zip(model.taps, maps):
-        norm = getattr(model, f"norm{t.index}", None)
-        if isinstance(norm, nn.LayerNorm):  # no statistics to set: its affine only
-            norm.weight.copy_(1 + 0.1 * torch.randn(norm.weight.shape, generator=g))
-            norm.bias.copy_(0.05 * torch.randn(norm.bias.shape, generator=g))
-        if not isinstance(norm, nn.modules.batchnorm._BatchNorm):
+        module = getattr(model, t.attr, None)
+        if module is None:
             continue
-        mean, std = m.mean(dim=(0, 2, 3)), m.std(dim=(0, 2, 3)).clamp_min(1e-3)
-        n = mean.numel()
-        norm.running_mean.copy_(mean + 0.1 * std * torch.randn(n, generator=g))
-        norm.running_var.copy_(std ** 2 * (0.5 + torch.rand(n, generator=g)))
-        norm.weight.copy_(1 + 0.1 * torch.randn(n, generator=g))
-        norm.bias.copy_(0.05 * torch.randn(n, generator=g))
+        for norm in module.modules():
+            if isinstance(norm, nn.LayerNorm):  # no statistics to set: its affine only
+                norm.weight.copy_(1 + 0.1 * torch.randn(norm.weight.shape, generator=g))
+                norm.bias.copy_(0.05 * torch.randn(norm.bias.shape, generator=g))
+            if not isinstance(norm, nn.modules.batchnorm._BatchNorm):
+                continue
+            seen = []
+            hook = norm.register_forward_pre_hook(lambda _, args: seen.append(args[0]))
+            module.eval()(m)
+            hook.remove()
+            mean, std = seen[0].mean(dim=(0, 2, 3)), seen[0].std(dim=(0, 2, 3)).clamp_min(1e-3)
+            n = mean.numel()
+            norm.running_mean.copy_(mean + 0.1 * std * torch.randn(n, generator=g))
+            norm.running_var.copy_(std ** 2 * (0.5 + torch.rand(n, generator=g)))
+            norm.weight.copy_(1 + 0.1 * torch.randn(n, generator=g))
+            norm.bias.copy_(0.05 * torch.randn(n, generator=g))
     return model
 
 
 def feature_taps(backbone: nn.Module) -> list[Tap]:
     info = getattr(backbone, "feature_info", None)
     if info is None or not hasattr(backbone, "forward_intermediates"):
-        raise VitedgeError(f"--features: {type(backbone).__name__} does not give feature maps yet; the families "
-                           "that do are listed on the dense prediction page of the docs")
+        raise VitedgeError(f"--features: {type(backbone).__name__} does not give feature maps (no feature_info and "
+                           "forward_intermediates): build the backbone with vitedge.create_model")
     return list(info())
 
 

@@ -1,8 +1,9 @@
 """A model's eval preprocessing (its "recipe"): mean, std, crop_pct, interpolation and crop mode.
 
-Every registered family carries the recipe its official evaluation used (`registry.register_family(recipe=...)`);
-a Hugging Face transformers folder's `preprocessor_config.json` replaces it (`from_preprocessor_config`), and the
-user's `--crop-pct`, `--interpolation`, `--mean`, `--std` replace single fields of either (`Recipe.replace`).
+Every registered model module carries the recipe its official evaluation used
+(`registry.register_model_module(recipe=...)`); a Hugging Face transformers folder's `preprocessor_config.json`
+replaces it (`from_preprocessor_config`), and the user's `--crop-pct`, `--interpolation`, `--mean`, `--std`
+replace single fields of either (`Recipe.replace`).
 
 The transform a recipe stands for (exporter/verdict/images.py `eval_transform`), on 8-bit RGB pixels p:
 - crop_mode "center" (timm, torchvision): the shorter side resized to floor(imgsz / crop_pct), the aspect ratio
@@ -164,7 +165,7 @@ def from_preprocessor_config(pp: dict, where: str) -> tuple[Recipe, int | None]:
     return Recipe(mean, std, 1.0, interpolation, "squash", source), h
 
 
-# The official evaluations' preprocessing (each family module registers its own: registry.register_family).
+# The official evaluations' preprocessing (each model module registers its own: registry.register_model_module).
 SWIFTFORMER_RECIPE = Recipe(crop_pct=0.95, interpolation="bicubic",
                             source="timm's swiftformer pretrained_cfg (crop_pct 0.95, bicubic, ImageNet mean/std)")
 SLAB_RECIPE = Recipe(crop_pct=0.875, interpolation="bicubic",

@@ -1,8 +1,11 @@
 """Model registry: name -> constructor, default size, accepted sizes, family (timm-style decorator).
 
-The one family list is `FAMILY_MODULES`: importing `models/<module>.py` registers its models (`register_model`)
-and its family (`register_family`), which names the family's fold plan (a module of `vitedge.exporter.reparam`,
-loaded by the reparam engine) and the checkpoint key remaps that live beside the models.
+A model's `family` (`ModelSpec.family`: "swiftformer", "slab", "sima", ...) is the paper family users see in
+`vitedge models`. The code is organised by model module instead: the one list of them is `MODEL_MODULES`, and
+importing `models/<module>.py` registers its models (`register_model`) and its `ModelModule` record
+(`register_model_module`), which names the module's fold plan (a module of `vitedge.exporter.reparam`, loaded by
+the reparam engine), the checkpoint key remaps that live beside the models, its eval recipe and transformers ports.
+One family may span several modules (slab: slab_deit, slab_swin, slab_pvt, slab_cswin).
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from .size_limit import MAX_IMGSZ, check_size_limit  # noqa: F401  (MAX_IMGSZ: t
 FALLBACK_IMGSZ = 224  # a module that is neither registered nor says its own size
 
 # Loaded in this order; it is also the order in which checkpoint remaps are tried.
-FAMILY_MODULES = ("swiftformer", "slab_deit", "slab_swin", "sima_xcit", "slab_pvt", "slab_cswin", "sima_deit")
+MODEL_MODULES = ("swiftformer", "slab_deit", "slab_swin", "sima_xcit", "slab_pvt", "slab_cswin", "sima_deit")
 
 
 @dataclass(frozen=True)
@@ -40,9 +43,9 @@ class ModelSpec:
 
     @property
     def recipe(self) -> Recipe:
-        """The eval preprocessing of the model's official evaluation (its family's, `register_family`)."""
-        family = _FAMILIES.get(self.builder.__module__.rsplit(".", 1)[-1])
-        return family.recipe if family is not None and family.recipe is not None else Recipe()
+        """The eval preprocessing of the model's official evaluation (its module's, `register_model_module`)."""
+        module = _MODEL_MODULES.get(self.builder.__module__.rsplit(".", 1)[-1])
+        return module.recipe if module is not None and module.recipe is not None else Recipe()
 
     @property
     def mean(self) -> tuple:
@@ -86,7 +89,7 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class Remap:
-    """A checkpoint key layout a family accepts: `detect(ckpt_keys, model_keys)` -> whether it applies (always
+    """A checkpoint key layout a model module accepts: `detect(ckpt_keys, model_keys)` -> whether it applies (always
     decided against the target model's keys); `apply(sd, model_sd)` -> (new state_dict, description)."""
     name: str
     detect: Callable[[set, set], bool]
@@ -95,7 +98,7 @@ class Remap:
 
 @dataclass(frozen=True)
 class TransformersPort:
-    """A Hugging Face transformers model_type a family loads (`save_pretrained` folders, hf-hub: repos):
+    """A Hugging Face transformers model_type a model module loads (`save_pretrained` folders, hf-hub: repos):
     `from_config(config, where)` -> (registered model name, constructor overrides) from its config.json;
     `layout`: the Remap of its key names to the official ones; `semantics`: constructor overrides its forward
     needs wherever its key layout is loaded (with or without config.json)."""
@@ -107,7 +110,8 @@ class TransformersPort:
 
 
 @dataclass(frozen=True)
-class Family:
+class ModelModule:
+    """What one models/<module>.py registers beside its models (`register_model_module`)."""
     module: str                 # models/<module>.py: the models and their checkpoint remaps
     plan: str                   # exporter/reparam/<plan>.py: the fold plan
     remaps: tuple = ()          # (Remap, ...)
@@ -116,7 +120,7 @@ class Family:
 
 
 _REGISTRY: dict[str, ModelSpec] = {}
-_FAMILIES: dict[str, Family] = {}
+_MODEL_MODULES: dict[str, ModelModule] = {}
 
 
 def register_model(name: str, family: str, *, default_imgsz: int = 224, stride: int | None = 32,
@@ -133,32 +137,33 @@ def register_model(name: str, family: str, *, default_imgsz: int = 224, stride: 
     return deco
 
 
-def register_family(module: str, *, plan: str, remaps: tuple = (), recipe: Recipe | None = None,
-                    ports: tuple = ()) -> Family:
-    """Called once by each module of FAMILY_MODULES (`register_family(__name__, plan=...)`)."""
+def register_model_module(module: str, *, plan: str, remaps: tuple = (), recipe: Recipe | None = None,
+                          ports: tuple = ()) -> ModelModule:
+    """Called once by each module of MODEL_MODULES (`register_model_module(__name__, plan=...)`)."""
     short = module.rsplit(".", 1)[-1]
-    if short not in FAMILY_MODULES:
-        raise ValueError(f"family module {short!r} is not in registry.FAMILY_MODULES")
-    _FAMILIES[short] = Family(short, plan, tuple(remaps), recipe, tuple(ports))
-    return _FAMILIES[short]
+    if short not in MODEL_MODULES:
+        raise ValueError(f"model module {short!r} is not in registry.MODEL_MODULES")
+    _MODEL_MODULES[short] = ModelModule(short, plan, tuple(remaps), recipe, tuple(ports))
+    return _MODEL_MODULES[short]
 
 
 def _ensure_loaded() -> None:
-    # Importing a family module runs its register_model / register_family calls.
-    for module in FAMILY_MODULES:
-        if module not in _FAMILIES:
+    # Importing a model module runs its register_model / register_model_module calls.
+    for module in MODEL_MODULES:
+        if module not in _MODEL_MODULES:
             importlib.import_module(f"{__package__}.{module}")
 
 
-def families() -> list[Family]:
-    """Every family, in FAMILY_MODULES order."""
+def model_modules() -> list[ModelModule]:
+    """Every model module's record, in MODEL_MODULES order."""
     _ensure_loaded()
-    return [_FAMILIES[m] for m in FAMILY_MODULES]
+    return [_MODEL_MODULES[m] for m in MODEL_MODULES]
 
 
 def checkpoint_remaps() -> tuple[Remap, ...]:
-    """Every family's checkpoint key remaps, in family order (each applies only where it detects its layout)."""
-    return tuple(r for f in families() for r in f.remaps)
+    """Every model module's checkpoint key remaps, in MODEL_MODULES order (each applies only where it detects its
+    layout)."""
+    return tuple(r for f in model_modules() for r in f.remaps)
 
 
 def get_spec(name: str) -> ModelSpec:
@@ -200,10 +205,10 @@ def create_model(name: str, **overrides) -> nn.Module:
 # ---- what a built model says about its input ---------------------------------------------------------
 
 def default_imgsz(model: nn.Module, checkpoint_imgsz=None):
-    """The size `model` runs at when none is asked for (S, or (H, W) where a deploy-form or hub records one): its
-    spec's fixed size, else `checkpoint_imgsz` (the size its checkpoint's preprocessing crops to: a transformers
-    preprocessor_config.json), else the model's own `img_size` (its pretraining size), else its spec's default,
-    else 224."""
+    """The size `model` runs at when none is asked for (S, or (H, W) where a deploy-form or verified base records
+    one): its spec's fixed size, else `checkpoint_imgsz` (the size its checkpoint's preprocessing crops to: a
+    transformers preprocessor_config.json), else the model's own `img_size` (its pretraining size), else its spec's
+    default, else 224."""
     spec = getattr(model, "vitedge_spec", None)
     fixed = spec.fixed_size(getattr(model, "vitedge_overrides", {})) if spec is not None else None
     own = getattr(model, "img_size", None)
@@ -254,14 +259,14 @@ def sized(model: nn.Module, imgsz) -> nn.Module:
 
 
 def transformers_ports() -> dict:
-    """{transformers model_type: TransformersPort} over every family (the model_types a transformers folder of
+    """{transformers model_type: TransformersPort} over every model module (the model_types a transformers folder of
     `save_pretrained` may hold)."""
-    return {p.model_type: p for f in families() for p in f.ports}
+    return {p.model_type: p for f in model_modules() for p in f.ports}
 
 
 def recipe_of(model: nn.Module | ModelSpec | None) -> Recipe:
     """The eval preprocessing `model` is fed with: the one set on it (`vitedge_recipe`: a checkpoint's
-    preprocessor_config.json, the user's overrides), else its registered family's, else ImageNet defaults."""
+    preprocessor_config.json, the user's overrides), else its model module's, else ImageNet defaults."""
     if isinstance(model, ModelSpec):
         return model.recipe
     own = getattr(model, "vitedge_recipe", None)

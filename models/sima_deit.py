@@ -15,10 +15,11 @@ import torch
 import torch.nn as nn
 
 from ..errors import VitedgeError
+from .features import Tap, token_map
 from .layers import ORDERS, DropPath, Mlp, SimAAttention, init_vit_weights
 from .preprocess import SIMA_RECIPE
 from .layers.resample import Resized
-from .registry import register_family, register_model
+from .registry import register_model, register_model_module
 
 __all__ = ["SimADeiT", "SimADeiTBlock", "PatchEmbed16"]
 
@@ -106,11 +107,24 @@ class SimADeiT(nn.Module):
         self.patch_embed.num_patches, self.patch_embed.input_hw = grid[0] * grid[1], tuple(hw)
         return r.records
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """The last block's tokens (B, 1+N, C), the CLS token first."""
         x = self.patch_embed(x)
         x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)
-        x = self.blocks(self.pos_drop(x + self.pos_embed))
-        return self.norm(x)[:, 0]
+        return self.blocks(self.pos_drop(x + self.pos_embed))
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.forward_tokens(x))[:, 0]
+
+    classifier_modules = ("norm", "head")   # what a backbone checkpoint does not need
+
+    def feature_info(self) -> list[Tap]:
+        """One map: the last block's patch tokens (stride 16), the CLS token dropped, before the classifier's final
+        norm, as timm's forward_intermediates gives a ViT's (SimA has no DeiT dense-prediction code)."""
+        return [Tap(0, self.patch_embed.patch_size, self.embed_dim)]
+
+    def forward_intermediates(self, x: torch.Tensor, indices) -> list[torch.Tensor]:
+        return [token_map(self.forward_tokens(x), x.shape[-2:], self.patch_embed.patch_size)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.forward_features(x))
@@ -124,4 +138,4 @@ register_model("sima_deit_small", "sima_deit", stride=16, sizes_note=_NOTE, patc
                embed_dim=384, depth=12, num_heads=6, mlp_ratio=4, qkv_bias=True, drop_path_rate=0.1)(SimADeiT)
 
 
-register_family(__name__, plan="sima_deit", recipe=SIMA_RECIPE)
+register_model_module(__name__, plan="sima_deit", recipe=SIMA_RECIPE)

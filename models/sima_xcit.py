@@ -21,12 +21,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import VitedgeError
+from .features import Tap
 from .layers import ORDERS, DropPath, Mlp, SimAAttention, init_vit_weights
 from .preprocess import SIMA_RECIPE
-from .registry import register_family, register_model
+from .registry import register_model, register_model_module
 
 __all__ = ["SimAVisionTransformer", "ConvPatchEmbed", "PositionalEncodingFourier", "LPI", "SimABlock",
-           "ClassAttention", "ClassAttentionBlock", "fourier_features", "patch_grid", "l1_normalize_tokens"]
+           "ClassAttention", "ClassAttentionBlock", "fourier_features", "patch_grid", "l1_normalize_tokens",
+           "xcit_out_indices", "xcit_fpn", "xcit_intermediates"]
 
 CLS_ATTN_EPS = 1e-6  # ClassAttention's l1-normalize eps (SimA blocks use F.normalize's default 1e-12)
 
@@ -254,12 +256,17 @@ class SimAVisionTransformer(nn.Module):
     def _init_weights(self) -> None:
         init_vit_weights(self, self.cls_token)  # official: convs and BNs keep PyTorch's defaults
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+    def tokens_and_grid(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """The patch tokens with their positional encoding, and the grid."""
         b = x.shape[0]
         x, (hp, wp) = self.patch_embed(x)
         if self.use_pos:
             x = x + self.pos_embeder(b, hp, wp).reshape(b, -1, x.shape[1]).permute(0, 2, 1)
-        x = self.pos_drop(x)
+        return self.pos_drop(x), (hp, wp)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        b = x.shape[0]
+        x, (hp, wp) = self.tokens_and_grid(x)
         for blk in self.blocks:
             x = blk(x, hp, wp)
         x = torch.cat((self.cls_token.expand(b, -1, -1), x), dim=1)
@@ -270,6 +277,58 @@ class SimAVisionTransformer(nn.Module):
     def forward(self, x: torch.Tensor):
         x = self.head(self.forward_features(x))
         return (x, x) if self.training else x
+
+    classifier_modules = ("norm", "head", "cls_attn_blocks", "cls_token")   # what a detection backbone lacks
+
+    def feature_info(self) -> list[Tap]:
+        """The official XCiT detection backbone's outputs (facebookresearch/xcit `detection/backbone/xcit.py`; the
+        SimA repository has no dense-prediction code): the tokens after the blocks `out_indices` as maps at the
+        patch stride, each resampled by its `fpn{i}` to stride 4, 8, 16 and 32."""
+        p, c = self.patch_size, self.embed_dim
+        blocks = xcit_out_indices(len(self.blocks))
+        return [Tap(b, 4 * 2 ** i, c, partial(xcit_fpn, i, p), module=f"fpn{i + 1}",
+                    side=partial(_fpn_side, i, p)) for i, b in enumerate(blocks)]
+
+    def forward_intermediates(self, x: torch.Tensor, indices) -> list[torch.Tensor]:
+        return xcit_intermediates(self, x, indices, xcit_out_indices(len(self.blocks)))
+
+
+def xcit_out_indices(depth: int) -> list[int]:
+    """The blocks the official XCiT detection configs tap: [3, 5, 7, 11] at depth 12, [7, 11, 15, 23] at depth 24,
+    i.e. the blocks ending the first 1/3, 1/2, 2/3 and all of the depth (so other depths, the tests' reduced ones,
+    follow the same rule; a shallow model may tap one block twice)."""
+    return [max(depth * k // 12 - 1, 0) for k in (4, 6, 8, 12)]
+
+
+def xcit_fpn(i: int, patch: int, dim: int) -> nn.Module:
+    """The official `fpn{i + 1}` that takes the patch-stride map to stride 4 * 2^i: transposed convs (with a
+    BatchNorm and GELU between two of them, p16's stride 4), the map as is, or max-pooling."""
+    up = partial(nn.ConvTranspose2d, dim, dim, kernel_size=2, stride=2)
+    if patch == 16:
+        return [nn.Sequential(up(), nn.BatchNorm2d(dim), nn.GELU(), up()), nn.Sequential(up()), nn.Identity(),
+                nn.MaxPool2d(kernel_size=2, stride=2)][i]
+    return [nn.Sequential(up()), nn.Identity(), nn.Sequential(nn.MaxPool2d(kernel_size=2, stride=2)),
+            nn.Sequential(nn.MaxPool2d(kernel_size=4, stride=4))][i]
+
+
+def _fpn_side(i: int, patch: int, n: int) -> int:
+    """A side of `fpn{i + 1}`'s map for an input side `n` (the grid ceil(n / patch), up-sampled or floor-pooled)."""
+    g = patch_grid(n, patch)
+    scale = (4 * 2 ** i) / patch
+    return g * int(1 / scale) if scale < 1 else g // int(scale)
+
+
+def xcit_intermediates(model: nn.Module, x: torch.Tensor, indices, blocks: list[int]) -> list[torch.Tensor]:
+    """The token maps after the blocks of the taps at `indices` (NCHW, at the patch stride), before their `fpn`;
+    the train-form and the deploy-form (`tokens_and_grid`, `blocks`) share it."""
+    x, (hp, wp) = model.tokens_and_grid(x)
+    want = [blocks[i] for i in indices]
+    maps = {}
+    for i, blk in enumerate(model.blocks[:max(want) + 1]):
+        x = blk(x, hp, wp) if isinstance(blk, SimABlock) else blk(x)
+        if i in want:
+            maps[i] = x.transpose(1, 2).reshape(x.shape[0], -1, hp, wp)
+    return [maps[b] for b in want]
 
 
 # MODELS.md §3.1: name -> (embed_dim, depth, num_heads, eta, tokens_norm)
@@ -291,4 +350,4 @@ for _name, (_dim, _depth, _heads, _eta, _tn) in _VARIANTS.items():
                        tokens_norm=_tn)(SimAVisionTransformer)
 
 
-register_family(__name__, plan="sima", recipe=SIMA_RECIPE)
+register_model_module(__name__, plan="sima", recipe=SIMA_RECIPE)

@@ -13,6 +13,8 @@ heads each: horizontal stripes (H x split) and vertical ones (split x W).
 Quirks kept on purpose: the SLA branch has an unused `scale` parameter (1, 1, dim); its output is
 `o + dwc(v) + lepe` with lepe = get_v(v) (a 3x3 depth-wise conv over the full branch width, zero-padded per
 window); the SLA runs in the input dtype (no fp32 guard here).
+
+Length: one official model file (both attention kinds, the window rules at any size, the segmentation feature maps).
 """
 from __future__ import annotations
 
@@ -26,14 +28,15 @@ import torch.nn.functional as F
 from ..errors import VitedgeError
 from .layers import (ORDERS, DropPath, LinearNorm, Mlp, RepBN, init_vit_weights, linear_attention, resolve_order,
                      sla_rule)
+from .features import ChannelsLayerNorm, Tap
 from .preprocess import SLAB_RECIPE
 from .layers.resample import Resized
-from .registry import register_family, register_model
+from .registry import register_model, register_model_module
 from .slab_pvt import merge_heads, split_heads
 
 __all__ = ["CSWinTransformer", "CSWinBlock", "CSWinLinearAttention", "LePEAttention", "MergeBlock",
            "img2windows", "windows2img", "window_shape", "stripe_padding", "to_windows", "from_windows",
-           "cswin_linear_norm"]
+           "cswin_linear_norm", "cswin_intermediates"]
 
 # The SLAB-CSWin norm: LN (eps 1e-5) blended into RepBN over 120000 training forwards.
 cswin_linear_norm = partial(LinearNorm, norm1=nn.LayerNorm, norm2=RepBN, step=120000)
@@ -364,8 +367,37 @@ class CSWinTransformer(nn.Module):
                 x = blk(x)
         return self.norm(x).mean(dim=1)
 
+    classifier_modules = ("norm", "head")   # what a segmentation checkpoint does not hold
+
+    def feature_info(self) -> list[Tap]:
+        """The official CSWin segmentation backbone's outputs (microsoft/CSWin-Transformer
+        `segmentation/backbone/cswin_transformer.py`; SLAB has no CSWin dense-prediction code): every stage after
+        its last block, through an nn.LayerNorm `norm1`..`norm4`, as an NCHW map."""
+        return [Tap(i, 4 * 2 ** i, self.embed_dim * 2 ** i, ChannelsLayerNorm, module=f"norm{i + 1}")
+                for i in range(4)]
+
+    def forward_intermediates(self, x: torch.Tensor, indices) -> list[torch.Tensor]:
+        return cswin_intermediates(self, x, indices)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.forward_features(x))
+
+
+def cswin_intermediates(model: nn.Module, x: torch.Tensor, indices) -> list[torch.Tensor]:
+    """The stages at `indices` after their last block, as NCHW maps (tokens are row-major); the train-form and the
+    deploy-form share it (`stage1_conv_embed`, `mergeK`, `stageK`)."""
+    h, w = x.shape[-2:]
+    x = model.stage1_conv_embed(x)
+    outs = []
+    for i in range(max(indices) + 1):
+        if i:
+            x = getattr(model, f"merge{i}")(x)
+        for blk in getattr(model, f"stage{i + 1}"):
+            x = blk(x)
+        if i in indices:
+            s = 4 * 2 ** i
+            outs.append(x.transpose(1, 2).reshape(x.shape[0], -1, h // s, w // s))
+    return outs
 
 
 # ---------------------------------------------------------------- registry (MODELS.md §2.3, cfgs/slab_cswin_*.yaml)
@@ -389,4 +421,4 @@ def slab_cswin_small(**kwargs) -> CSWinTransformer:
     return CSWinTransformer(**kwargs)
 
 
-register_family(__name__, plan="slab_cswin", recipe=SLAB_RECIPE)
+register_model_module(__name__, plan="slab_cswin", recipe=SLAB_RECIPE)

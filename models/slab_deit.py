@@ -30,8 +30,8 @@ from ..errors import VitedgeError
 from .layers import DropPath, LinearNorm, Mlp, RepBN, SimplifiedLinearAttention, init_vit_weights
 from .layers.resample import Resized
 from .preprocess import SLAB_RECIPE
-from .features import Tap
-from .registry import Remap, register_family, register_model
+from .features import Tap, token_map
+from .registry import Remap, register_model, register_model_module
 
 NormFactory = Callable[[int], nn.Module]
 
@@ -254,18 +254,6 @@ class DeiTBase(nn.Module):
         return self.head(self.pool(self.norm(self.forward_features(x))))
 
 
-def token_map(tokens: torch.Tensor, hw, patch: int) -> torch.Tensor:
-    """The patch tokens of `tokens` as an NCHW map: (B, [1+]N, C) token-first, or (B, C, [1+]N, 1) / (B, C, H, W)
-    channel-first (the deploy-form's layouts); a leading class token (one more than the grid) is dropped."""
-    gh, gw = int(hw[0]) // patch, int(hw[1]) // patch
-    if tokens.dim() == 3:  # (B, N, C)
-        tokens = tokens[:, tokens.shape[1] - gh * gw:].transpose(1, 2)
-    else:  # (B, C, N, 1) or (B, C, H, W)
-        tokens = tokens.flatten(2)
-        tokens = tokens[:, :, tokens.shape[2] - gh * gw:]
-    return tokens.reshape(tokens.shape[0], -1, gh, gw)
-
-
 class SlabDeiT(DeiTBase):
     """SLAB-DeiT: SLA blocks over the patch tokens only, mean pooling; `cls_token` is kept (unused) for the keys.
 
@@ -404,4 +392,4 @@ NORM_LAYOUT_REMAPS = (
     Remap("slab_linearnorm_to_repbn", lambda ck, m: bool(_linearnorm_prefixes(ck, m)), _linearnorm_to_repbn),
     Remap("slab_repbn_to_linearnorm", lambda ck, m: bool(_repbn_prefixes(ck, m)), _repbn_to_linearnorm),
 )
-register_family(__name__, plan="slab_deit", remaps=NORM_LAYOUT_REMAPS, recipe=SLAB_RECIPE)
+register_model_module(__name__, plan="slab_deit", remaps=NORM_LAYOUT_REMAPS, recipe=SLAB_RECIPE)

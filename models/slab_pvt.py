@@ -27,9 +27,10 @@ import torch.nn.functional as F
 from ..errors import VitedgeError
 from .layers import (ORDERS, DropPath, LinearNorm, Mlp, RepBN, init_vit_weights, linear_attention, resolve_order,
                      sla_rule)
+from .features import Tap
 from .preprocess import SLAB_RECIPE
 from .layers.resample import Resized
-from .registry import register_family, register_model
+from .registry import register_model, register_model_module
 
 __all__ = ["PyramidVisionTransformer", "PVTPatchEmbed", "PVTBlock", "PVTAttention", "PVTLinearAttention",
            "pvt_linear_norm", "split_heads", "merge_heads", "tokens_to_map", "interpolate_tokens"]
@@ -294,6 +295,37 @@ class PyramidVisionTransformer(nn.Module):
                 x = x.reshape(b, *hw, -1).permute(0, 3, 1, 2)
         return x.mean(dim=1)
 
+    classifier_modules = ("head",)   # (no final norm) what a detection checkpoint does not hold
+
+    def feature_info(self) -> list[Tap]:
+        """The official PVT detection backbone's outputs (whai362/PVT `detection/pvt.py`, whose `pvt_tiny`...
+        SLAB's PVT detection configs name): every stage's tokens after its last block as an NCHW map, with no
+        per-output norm."""
+        patch = self.patch_embed1.patch_size
+        return [Tap(i, patch * 2 ** i, self.embed_dims[i]) for i in range(self.num_stages)]
+
+    def dense_checkpoint_remap(self, sd: dict) -> list[str]:
+        """The official PVT detection backbone keeps a class-token slot in its last stage's position embedding
+        (`pos_embed4`, one token more) and drops it in forward (`pos_embed[:, 1:]`): dropped here, in place."""
+        key = f"pos_embed{self.num_stages}"
+        own = getattr(self, key)
+        if key in sd and sd[key].dim() == 3 and sd[key].shape[1] == own.shape[1] + 1:
+            sd[key] = sd[key][:, 1:]
+            return [f"{key}: the official detection layout's class-token slot dropped (its forward drops it)"]
+        return []
+
+    def forward_intermediates(self, x: torch.Tensor, indices) -> list[torch.Tensor]:
+        outs = []
+        for i in range(max(indices) + 1):
+            x, hw = getattr(self, f"patch_embed{i + 1}")(x)
+            x = getattr(self, f"pos_drop{i + 1}")(x + self.stage_pos_embed(i, hw))
+            for blk in getattr(self, f"block{i + 1}"):
+                x = blk(x, hw)
+            x = x.reshape(x.shape[0], *hw, -1).permute(0, 3, 1, 2)
+            if i in indices:
+                outs.append(x)
+        return outs
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.forward_features(x))
 
@@ -315,4 +347,4 @@ for _size, (_depths, _dpr) in _DEPTHS.items():
                    drop_path_rate=_dpr, attn_type="SSSS")(PyramidVisionTransformer)
 
 
-register_family(__name__, plan="slab_pvt", recipe=SLAB_RECIPE)
+register_model_module(__name__, plan="slab_pvt", recipe=SLAB_RECIPE)

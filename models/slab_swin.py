@@ -25,7 +25,7 @@ from .layers import DropPath, LinearNorm, Mlp, RepBN, SimplifiedLinearAttention,
 from .layers.resample import Resized
 from .preprocess import SLAB_RECIPE
 from .features import ChannelsLayerNorm, Tap
-from .registry import register_family, register_model
+from .registry import register_model, register_model_module
 
 __all__ = ["SlabSwinTransformer", "SwinTransformer", "SwinTransformerBlock", "WindowAttention", "PatchMerging",
            "PatchEmbed", "window_partition", "window_reverse", "windowed", "padded_size", "relative_position_index",
@@ -496,7 +496,7 @@ def prepbn_swin_tiny(**kwargs) -> SwinTransformer:
     return SwinTransformer(**kwargs)
 
 
-register_family(__name__, plan="slab_swin", recipe=SLAB_RECIPE)
+register_model_module(__name__, plan="slab_swin", recipe=SLAB_RECIPE)
 
 
 def swin_intermediates(model: nn.Module, x: torch.Tensor, indices) -> list[torch.Tensor]:

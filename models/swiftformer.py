@@ -21,7 +21,7 @@ from ..errors import VitedgeError
 from .features import Tap
 from .layers import DropPath, EfficientAdditiveAttention, init_trunc_normal
 from .preprocess import SWIFTFORMER_RECIPE
-from .registry import Remap, register_family, register_model
+from .registry import Remap, register_model, register_model_module
 from .swiftformer_hf import TRANSFORMERS_NAMES, TRANSFORMERS_PORT
 
 __all__ = ["SwiftFormer", "ConvEncoder", "SwiftFormerLocalRepresentation", "SwiftFormerEncoder", "Mlp", "Embedding"]
@@ -294,5 +294,5 @@ def _from_timm(sd: Mapping, model_sd: Mapping) -> tuple[OrderedDict, str]:
 
 
 TIMM_NAMES = Remap("timm_swiftformer", _is_timm_layout, _from_timm)
-register_family(__name__, plan="swiftformer", remaps=(TIMM_NAMES, TRANSFORMERS_NAMES), recipe=SWIFTFORMER_RECIPE,
-                ports=(TRANSFORMERS_PORT,))
+register_model_module(__name__, plan="swiftformer", remaps=(TIMM_NAMES, TRANSFORMERS_NAMES),
+                      recipe=SWIFTFORMER_RECIPE, ports=(TRANSFORMERS_PORT,))

@@ -203,6 +203,11 @@ class Target(ABC):
         why). Only targets whose row has `entries` are asked."""
         return options
 
+    def file_name(self, name: str, precision: str) -> str:
+        """The artifact's file name for model `name` at `precision` (NAME.mlpackage; a target whose compressed
+        artifacts are named apart overrides it), as `lower` writes it and a multi-size export names its one file."""
+        return f"{name}{self.suffix}"
+
     def lower_sizes(self, parts: dict, path: Path) -> Artifact:
         """One artifact at `path` of several sizes: `parts` maps each entry name (settings.size_entry) to its
         (deploy-form, LowerSpec) at that size, in order; the first entry is the default. Targets whose row has
@@ -274,6 +279,19 @@ def reraise_interrupt(e: BaseException) -> None:
             raise KeyboardInterrupt from e
         seen.add(id(cause))
         cause = cause.__cause__ or cause.__context__
+
+
+# A chunk of `batch` samples holds inputs of up to this many pixels; a larger input gets proportionally fewer
+# samples per chunk (at least one), so a chunk's activations stay the size they are at 224 x 224: at 800 x 1344, 32
+# SwiftFormer-XS samples in float32 held ~4 GB of activations (8 in float64 ~3 GB) for no speedup.
+CHUNK_PIXELS = 224 * 224
+
+
+def chunk_size(batch: int, shape) -> int:
+    """Samples per chunk for inputs of `shape` (N, C, H, W...): `batch` up to CHUNK_PIXELS pixels per sample,
+    proportionally fewer above (at least one)."""
+    pixels = int(np.prod(shape[2:])) if len(shape) > 2 else 0
+    return max(1, min(batch, batch * CHUNK_PIXELS // pixels)) if pixels else batch
 
 
 def pad_batch(x: np.ndarray, batch: int) -> np.ndarray:

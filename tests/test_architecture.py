@@ -300,7 +300,7 @@ def test_no_import_cycles():
 def test_the_layers_are_all_there():
     graph = package_graph()
     assert {layer(m) for m in graph} == {None, *range(len(ORDER))}
-    assert "vitedge.targets.graph.precision" in graph and "vitedge.exporter.reparam.forms" in graph
+    assert "vitedge.targets.graph.precision" in graph and "vitedge.exporter.reparam.build_forms" in graph
 
 
 def test_no_target_name_is_compared_outside_its_own_home():
@@ -403,7 +403,7 @@ def test_a_cycle_is_caught_also_through_a_function_level_import(tmp_path):
     graph = import_graph(_tree(tmp_path, {
         "exporter/pipeline.py": "from .deploy_checkpoint import save\n",
         "exporter/deploy_checkpoint.py": "def save():\n    from .pipeline import build\n",
-        "exporter/forms.py": "",
+        "exporter/build_forms.py": "",
     }))
     assert cycles(graph) == [["vitedge.exporter.deploy_checkpoint", "vitedge.exporter.pipeline"]]
     assert upward_imports(graph) == []  # same layer: allowed, but not in a circle

@@ -9,7 +9,7 @@ is removed, an abandoned moved-aside output is put back if DIR is missing). SIGI
 DIR as it was and exits 130, even where a library swallowed the KeyboardInterrupt.
 
 Kills are of two kinds: real signals sent from outside while the run waits at a named point (the test hook
-VITEDGE_TEST_PAUSE_AT: build folder created, hub graph written, just before the commit), so a busy machine cannot
+VITEDGE_TEST_PAUSE_AT: build folder created, base graph written, just before the commit), so a busy machine cannot
 make the signal race the end of the run; and deterministic kills from inside the process at the commit's renames
 and halfway through writing the .onnx (a driver wraps `os.rename` / `onnx.save` and SIGKILLs itself).
 """
@@ -41,7 +41,7 @@ TIMEOUT = 240
 
 # Runs the CLI with a kill point: VITEDGE_TEST_KILL_AT = "rename:before|after:N" (the Nth rename whose source
 # or target is the --out folder), "save-half" (write half of the first .onnx, then die) or "swallow-sigint" (a
-# Ctrl-C while the hub graph is saved, caught and dropped the way a library's broad except would).
+# Ctrl-C while the base graph is saved, caught and dropped the way a library's broad except would).
 _DRIVER = r"""
 import os, signal, sys, time
 from pathlib import Path
@@ -133,7 +133,7 @@ def snapshot(folder: Path) -> dict[str, str]:
 
 
 def assert_complete(folder: Path) -> dict[str, str]:
-    """A complete export: report.json parses, every artifact it lists exists with its sha256 and size, the hub
+    """A complete export: report.json parses, every artifact it lists exists with its sha256 and size, the base
     graph loads and passes onnx.checker, and no file is there that the report does not account for."""
     report = json.loads((folder / "report.json").read_text())
     listed = {"report.json"}
@@ -225,8 +225,8 @@ def marker(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("at, written", [
     ("build-folder", lambda build: True),  # the new build folder exists, nothing in it yet
-    # the hub .onnx lands in the build folder before its own parity hop and the report: kill in that window
-    ("hub-graph", lambda build: any(p.suffix == ".onnx" for p in build.iterdir())),
+    # the base .onnx lands in the build folder before its own parity hop and the report: kill in that window
+    ("base-graph", lambda build: any(p.suffix == ".onnx" for p in build.iterdir())),
 ])
 def test_sigkill_at_a_named_point_keeps_the_old_artifacts(previous, marker, at, written):
     out, old = previous
@@ -252,7 +252,7 @@ def test_sigkill_of_a_first_export_leaves_no_folder(tmp_path, marker):
     assert_only_hidden_siblings(out)
 
 
-@pytest.mark.parametrize("at", ["build-folder", "hub-graph", "commit"])
+@pytest.mark.parametrize("at", ["build-folder", "base-graph", "commit"])
 def test_sigint_exits_nonzero_and_leaves_nothing_partial(previous, marker, at):
     out, old = previous
     proc = start_paused(out, at, marker, "--force")
@@ -267,7 +267,7 @@ def test_sigint_exits_nonzero_and_leaves_nothing_partial(previous, marker, at):
 
 
 def test_a_swallowed_sigint_still_ends_the_run_with_130(previous):
-    """A Ctrl-C that a library catches (here: while the hub graph is saved) must not let the run commit: the next
+    """A Ctrl-C that a library catches (here: while the base graph is saved) must not let the run commit: the next
     named point re-raises it. Without that the run went on and exited 0 with the new artifacts in place."""
     out, old = previous
     r = run_driver(out, "swallow-sigint", "--force")
@@ -303,7 +303,7 @@ def test_sigkill_inside_the_commit(previous, kill_at, allowed):
 
 
 def test_sigkill_halfway_through_writing_the_graph_then_rerun(previous):
-    """Killed halfway through writing the hub .onnx: the half graph exists only in a hidden build folder and DIR
+    """Killed halfway through writing the base .onnx: the half graph exists only in a hidden build folder and DIR
     keeps the old artifacts. The next --force run ignores the stale folder, succeeds, and nothing from it
     reaches DIR, and the abandoned build folder is removed by that run."""
     out, old = previous

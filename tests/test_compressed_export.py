@@ -3,7 +3,7 @@ reference fixtures (tests/fixtures/trained/), both families: the artifact's ops,
 emulated CoreML hop executing the compressed program, calibration kept apart from the judged samples, the kind's
 profile against float64 on natural images, corruption failing with the module named, and --tol both ways.
 
-One export per (family, precision), sharing the verified hub (export(hub=...)), 64 parity samples at 32 px.
+One export per (family, precision), sharing the verified base (export(base_store=...)), 64 parity samples at 32 px.
 Accuracy against the digits labels with Wilson CIs: tests/test_qdq.py, tests/test_coreml_compress.py (364
 held-out images), and the labelled-folder test below (accuracy delta through the hop).
 """
@@ -31,7 +31,7 @@ from vitedge.targets.base import Artifact
 from vitedge.targets.coreml.mil_interpreter import load_program
 from vitedge.exporter.verdict import trained_reference as tf
 from vitedge.targets.plants import corrupt_package
-from vitedge.tests.test_interfaces import _MemoryHub  # one verified hub per family, reused by every precision
+from vitedge.tests.test_interfaces import _MemoryBaseStore  # one verified base per family, reused by every precision
 
 NAMES = ("swiftformer_digits", "slab_deit_digits")
 PRECISIONS = ("int8", "w8", "palette4", "palette6", "w8a8")
@@ -41,7 +41,7 @@ COMPRESSION_OPS = {  # iOS 16 (w8 / palette) and 17 (w8a8, raised from the defau
     "palette6": {"constexpr_lut_to_dense"}, "w8a8": {"constexpr_affine_dequantize", "quantize", "dequantize"},
 }
 _RUNS: dict = {}
-_HUBS: dict = {}
+_BASES: dict = {}
 
 
 def fixture_args(name: str) -> dict:
@@ -61,10 +61,10 @@ def work(tmp_path_factory) -> Path:
 def exported(work: Path, name: str, precision: str):
     key = (name, precision)
     if key not in _RUNS:
-        store = _HUBS.setdefault(name, _MemoryHub(work / f"hub-{name}"))
+        store = _BASES.setdefault(name, _MemoryBaseStore(work / f"base-{name}"))
         targets = "onnx,tensorrt" if precision == "int8" else "coreml"
         out = work / f"{name}-{precision}"
-        report = export(model_of(name), targets, precision=precision, out=out, samples=SAMPLES, hub=store,
+        report = export(model_of(name), targets, precision=precision, out=out, samples=SAMPLES, base_store=store,
                         **fixture_args(name))
         _RUNS[key] = report, out
     return _RUNS[key]
@@ -250,14 +250,14 @@ def test_labelled_images_split_calibration_and_give_the_accuracy_delta(work):
     ratio = f"{(judged.truth.y64.argmax(1) == judged.truth.labels).mean():.3f}"
     print(f"float64 accuracy on the judged digits: {ratio}")
 
-    hub = work / "labelled" / "hub.onnx"
-    onnx.save(tf.onnx_fp32(name), str(hub))
+    graph = work / "labelled" / "base.onnx"
+    onnx.save(tf.onnx_fp32(name), str(graph))
     onnx_t = get_target("onnx")
     tol = COMPRESSED_TOLERANCES["int8"]
     for calibration, ok in ((calib, True), (dataclasses.replace(calib, x=np.zeros_like(calib.x)), False)):
         folder_out = work / "labelled" / ("good" if ok else "blank")
         folder_out.mkdir()
-        path, _ = write_qdq(hub, calibration, "onnxruntime", folder_out, name)
+        path, _ = write_qdq(graph, calibration, "onnxruntime", folder_out, name)
         hop = compressed_hop("onnx-int8", onnx_t, Artifact("onnx", path, "int8"), tol, judged, deploy, QUIET)
         user = hop.sets["user"]
         lo, hi = user["top1_accuracy_ci95"]

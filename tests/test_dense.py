@@ -22,7 +22,7 @@ from vitedge.exporter.verdict.parity import FLOAT64_TOLERANCES, check_hop, groun
 from vitedge.models.features import FeatureMaps, make_trained_like_norms
 from vitedge.models.outputs import output_columns
 from vitedge.models.reduced import case
-from vitedge.models.registry import create_model
+from vitedge.models.registry import create_model, sized
 from vitedge.models.trained_like import make_trained_like
 from vitedge.targets.graph.metadata import read_metadata
 from vitedge.targets.pytorch import TorchRunner
@@ -196,7 +196,7 @@ def _example():
     return module
 
 
-def test_the_custom_head_example_runs_and_every_output_is_judged(tmp_path, capsys):
+def test_the_custom_head_example_runs_and_every_output_is_judged_and_parity_and_bench_take_it(tmp_path, capsys):
     """examples/dense_head.py: a user's FPN + segmentation head on a vitedge backbone, two outputs; the backbone
     is folded in place, the float64 gate covers the whole module, every hop judges both outputs."""
     example = _example()
@@ -212,6 +212,50 @@ def test_the_custom_head_example_runs_and_every_output_is_judged(tmp_path, capsy
     graph = onnx.load(str(tmp_path / "run" / "segmentationmodel.onnx"))
     assert [o.name for o in graph.graph.output] == ["seg_logits", "fpn_s4"]
     assert "seg_logits" in capsys.readouterr().out
+    _parity_and_bench_take_the_users_module(example, tmp_path)
+
+
+def _parity_and_bench_take_the_users_module(example, tmp_path):
+    """`vitedge.parity` and `vitedge.bench` from Python with the same user module (the example's, built again with
+    its seed): the artifact judged output by output against that module's train-form, and each bench backend
+    parity-checked per output before it is timed (few samples, short timing: plumbing)."""
+    from vitedge import bench, parity
+
+    model, imgsz = example.build()
+    checked = parity(model=model, artifact=tmp_path / "run" / "segmentationmodel.onnx", samples=4,
+                     report_path=tmp_path / "parity.json")
+    assert checked.exit_code == 0 and checked.model == "segmentationmodel" and checked.weights == "module"
+    assert [o["name"] for o in checked.outputs] == ["seg_logits", "fpn_s4"]
+    for hop in checked.parity:
+        assert hop.status == "passed" and set(hop.outputs) == {"seg_logits", "fpn_s4"}, hop.hop
+    timed = bench(model=model, imgsz=imgsz, backends="torch-deploy,onnxruntime", min_iters=3, max_s=0.2,
+                  warmup_s=0.02)
+    assert timed.exit_code == 0 and [r.backend for r in timed.results] == ["torch-deploy", "onnxruntime"]
+    for r in timed.results:
+        assert r.status == "ok" and r.valid and r.latency["iters"] >= 3, r.backend
+        assert all(set(d["outputs"]) == {"seg_logits", "fpn_s4"} for d in r.parity_sets.values()), r.backend
+
+
+def test_the_summary_shows_each_hops_worst_output_for_feature_maps_not_top_1(exported):
+    """top-1 / top-5 agreement of packed feature maps says nothing: the table shows each hop's worst output and
+    its ratio instead (report.json keeps the fields); a classifier's table keeps its top-1 / top-5 columns."""
+    from vitedge.exporter.command_line.summary import format_summary
+    from vitedge.exporter.core.report import Report
+
+    report, _ = exported
+    text = format_summary(report)
+    header = next(line for line in text.splitlines() if line.startswith("hop "))
+    assert "worst output" in header and "top-1" not in header and "top-5" not in header
+    onnx_row = next(line for line in text.splitlines() if line.startswith("onnx "))
+    worst = max(report.hop("onnx").outputs, key=report.hop("onnx").outputs.get)
+    assert f"{worst} {report.hop('onnx').outputs[worst]:.2f}" in onnx_row
+    assert report.hop("onnx").metrics.top1_agreement is not None  # (the report.json field stays)
+    one_map = Report.from_dict({**report.to_dict(), "outputs": report.outputs[2:3]})
+    header = next(line for line in format_summary(one_map).splitlines() if line.startswith("hop "))
+    assert "top-1" not in header and "worst output" not in header
+    logits = Report.from_dict({**report.to_dict(), "outputs": [{"name": "logits", "shape": [10], "stride": None}]})
+    header = next(line for line in format_summary(logits).splitlines() if line.startswith("hop "))
+    assert "top-1" in header and "top-5" in header and "worst output" not in header
 
 
 def test_a_module_embedding_no_backbone_is_refused():
@@ -273,7 +317,7 @@ def _mmdet_checkpoint(forms, path, drop=None):
 
 
 def test_an_mmdet_checkpoint_loads_its_backbone_and_reports_the_rest(forms, tmp_path):
-    from vitedge.exporter.reparam.forms import build_train_form
+    from vitedge.exporter.reparam.build_forms import build_train_form
 
     train, _ = forms
     ck = _mmdet_checkpoint(forms, tmp_path / "mask_rcnn.pth")
@@ -299,7 +343,7 @@ def test_an_mmdet_checkpoint_missing_a_backbone_key_is_exit_2_naming_it(forms, t
 
 def test_a_timm_features_only_state_dict_loads_as_timms_maps():
     timm = import_timm()
-    from vitedge.exporter.reparam.forms import build_train_form
+    from vitedge.exporter.reparam.build_forms import build_train_form
 
     ref = timm.create_model("swiftformer_xs", features_only=True, layers=KW["layers"], embed_dims=WIDTHS)
     ref = make_trained_like(ref, seed=5, imgsz=IMGSZ).eval()
@@ -406,7 +450,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "dense"
                                             ("slab_swin", "slab_swin_det_tiny")])
 def test_feature_maps_equal_the_official_dense_backbones(family, fixture):
     """fixtures/dense/: built with the official fork_feat and SLAB detection constructors (README there)."""
-    from vitedge.exporter.reparam.forms import build_train_form
+    from vitedge.exporter.reparam.build_forms import build_train_form
 
     name, kw, _ = case(family)
     io = torch.load(FIXTURES / f"{fixture}_io.pt", weights_only=True)
@@ -460,6 +504,7 @@ def test_parity_of_a_feature_map_artifact_rebuilds_the_same_maps(exported, tmp_p
     checked = parity(artifact=out / f"{NAME}.onnx", samples=8, report_path=tmp_path / "parity.json")
     assert checked.exit_code == 0
     assert [list(h.outputs) for h in checked.parity] == [[o["name"] for o in report.outputs]] * len(checked.parity)
+    assert checked.outputs == report.outputs and checked.features == "default"  # (report.json says what it judged)
 
 
 def test_a_planted_error_in_one_stage_of_the_onnx_graph_fails_and_is_localized(forms):
@@ -481,17 +526,13 @@ def test_a_planted_error_in_one_stage_of_the_onnx_graph_fails_and_is_localized(f
     assert hop.diverging_module == planted_module(graph, where, deploy)
 
 
-def test_a_family_without_feature_maps_is_exit_2_before_any_work(tmp_path, capsys):
-    from vitedge.cli import main
-
-    name, kw, imgsz = case("slab_pvt")
-    sets = [a for k, v in kw.items() for a in ("--set", f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}")]
-    code = main(["export", "--model", name, *sets, "--imgsz", str(imgsz), "--features", "--out", str(tmp_path / "o")])
-    assert code == 2 and "does not give feature maps yet" in capsys.readouterr().err
-    assert not (tmp_path / "o").exists()
+def test_a_backbone_without_feature_maps_is_refused_naming_the_reason():
+    with pytest.raises(VitedgeError, match="does not give feature maps .* vitedge.create_model"):
+        FeatureMaps(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)))
 
 
-@pytest.mark.parametrize("family", ["swiftformer", "slab_swin", "prepbn_deit"])
+@pytest.mark.parametrize("family", ["swiftformer", "slab_swin", "prepbn_deit", "slab_pvt", "slab_cswin", "sima",
+                                    "sima_deit"])
 def test_features_at_a_non_square_size_pass_with_the_documented_outputs(tmp_path, family):
     """A non-square input through the whole ladder: the backbone inside the feature-map wrapper is resized by its
     family's convention (tables resampled, windows padded; report.json `resized` names each tensor by its path in
@@ -502,7 +543,7 @@ def test_features_at_a_non_square_size_pass_with_the_documented_outputs(tmp_path
     name, kw, imgsz = case(family)
     h, w = imgsz, imgsz + 32
     report = export(name, targets="onnx", overrides=copy.deepcopy(kw), imgsz=f"{h}x{w}", features=True,
-                    out=tmp_path / "o", samples=16)
+                    out=tmp_path / "o", samples=8)  # (plumbing: names, shapes, norms)
     assert report.exit_code == 0, [(p.hop, p.status, p.reason) for p in report.parity]
     assert report.input_size == [h, w]
     strides = [o["stride"] for o in report.outputs]
@@ -510,7 +551,147 @@ def test_features_at_a_non_square_size_pass_with_the_documented_outputs(tmp_path
     assert [o["shape"][1:] for o in report.outputs] == [[-(-h // s), -(-w // s)] for s in strides]
     graph = onnx.load(tmp_path / "o" / report.artifacts["onnx"].path)
     assert [o.name for o in graph.graph.output] == [o["name"] for o in report.outputs]
-    norms = sum(node_counts(graph).get(op, 0) for op in NORM_OPS)
-    assert norms == (len(strides) if family == "slab_swin" else 0)
-    if family != "swiftformer":  # the convs-only SwiftFormer has nothing tied to its size
+    counts = node_counts(graph)
+    assert counts.get("BatchNormalization", 0) == 0  # every BatchNorm-type norm folds, the detection ones too
+    # LayerNorms stay: the official Swin and CSWin detection norms (one per map), and SimA's block norms, which
+    # the classifier's graph keeps too (a LayerNorm has no constant form)
+    kept = len(strides) if family in ("slab_swin", "slab_cswin") else 0
+    if family.startswith("sima"):
+        kept = sum(isinstance(m, torch.nn.LayerNorm) for m in create_model(name, **kw).blocks.modules())
+    assert sum(counts.get(op, 0) for op in NORM_OPS) == kept
+    if family in ("slab_swin", "slab_cswin"):  # the detection LayerNorms are listed as unfolded
+        assert sum(u["module"].startswith("norm") for u in report.reparam.unfolded) == len(strides)
+    if family not in ("swiftformer", "sima"):  # convs only, or a Fourier encoding computed for the grid
         assert report.resized and all(r["tensor"].startswith("backbone.") for r in report.resized)
+
+
+def _official_pvt(m, x):
+    """whai362/PVT detection/pvt.py forward_features, written out on vitedge's modules (no per-output norm)."""
+    outs = []
+    for i in range(4):
+        x, (h, w) = getattr(m, f"patch_embed{i + 1}")(x)
+        x = x + m.stage_pos_embed(i, (h, w))  # the official _get_pos_embed
+        for blk in getattr(m, f"block{i + 1}"):
+            x = blk(x, (h, w))
+        x = x.reshape(x.shape[0], h, w, -1).permute(0, 3, 1, 2)
+        outs.append(x)
+    return outs
+
+
+def _official_cswin(m, norms, x):
+    """microsoft/CSWin-Transformer segmentation/backbone/cswin_transformer.py forward_features: each stage
+    through its norm{i} (save_out), then NCHW."""
+    def save_out(t, norm, h, w):  # (the official norm is an nn.LayerNorm over the tokens' channels)
+        t = torch.nn.functional.layer_norm(t, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+        return t.reshape(t.shape[0], h, w, -1).permute(0, 3, 1, 2)
+
+    h, w = x.shape[2] // 4, x.shape[3] // 4
+    x = m.stage1_conv_embed(x)
+    for blk in m.stage1:
+        x = blk(x)
+    out = [save_out(x, norms[0], h, w)]
+    for i in range(1, 4):
+        x = getattr(m, f"merge{i}")(x)
+        h, w = h // 2, w // 2
+        for blk in getattr(m, f"stage{i + 1}"):
+            x = blk(x)
+        out.append(save_out(x, norms[i], h, w))
+    return out
+
+
+def _official_xcit(m, fpns, out_indices, x):
+    """facebookresearch/xcit detection/backbone/xcit.py forward_features: the tokens after the blocks in
+    out_indices as maps, each through fpn1..fpn4."""
+    b = x.shape[0]
+    x, (hp, wp) = m.patch_embed(x)
+    x = x + m.pos_embeder(b, hp, wp).reshape(b, -1, x.shape[1]).permute(0, 2, 1)
+    features = []
+    for i, blk in enumerate(m.blocks):
+        x = blk(x, hp, wp)
+        if i in out_indices:
+            features.append(x.permute(0, 2, 1).reshape(b, -1, hp, wp))
+    return [op(f) for op, f in zip(fpns, features)]
+
+
+@pytest.mark.parametrize("family", ["slab_pvt", "prepbn_pvt", "slab_cswin", "sima", "sima_p8", "sima_deit"])
+def test_feature_maps_follow_the_official_dense_conventions(family):
+    """Each family's maps against the official dense-prediction forward written out above (the SimA-DeiT map: the
+    last block's patch tokens, timm's ViT convention); the detection norms and XCiT's fpn layers are perturbed so
+    none is an identity; the deploy-form passes the float64 gate on every map."""
+    xcit = family in ("sima", "sima_p8")  # (p8: its own fpn layers)
+    name, kw, imgsz = case("sima" if xcit else family)
+    if xcit:  # depth 6: four distinct tapped blocks (1, 2, 3, 5), by the official configs' rule
+        kw["depth"] = 6
+        name = name.replace("_p16", "_p8") if family == "sima_p8" else name
+    train = make_trained_like_norms(FeatureMaps(make_trained_like(create_model(name, **kw), 0)), 0).eval()
+    h, w = imgsz, imgsz + 32
+    sized_train = sized(copy.deepcopy(train), (h, w))
+    m = sized_train.backbone
+    x = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got = sized_train(x)
+        if family.endswith("pvt"):
+            want = _official_pvt(m, x)
+        elif family == "slab_cswin":
+            want = _official_cswin(m, [getattr(sized_train, f"norm{i}") for i in range(1, 5)], x)
+        elif xcit:
+            from vitedge.models.sima_xcit import xcit_out_indices
+
+            assert xcit_out_indices(12) == [3, 5, 7, 11] and xcit_out_indices(24) == [7, 11, 15, 23]  # the configs
+            fpns = [getattr(sized_train, f"fpn{i}") for i in range(1, 5)]
+            official = {16: ["ConvTranspose2d BatchNorm2d GELU ConvTranspose2d", "ConvTranspose2d", "Identity",
+                             "MaxPool2d(2)"],
+                        8: ["ConvTranspose2d", "Identity", "MaxPool2d(2)", "MaxPool2d(4)"]}[m.patch_size]
+            assert [" ".join(type(l).__name__ + (f"({l.kernel_size})" if isinstance(l, torch.nn.MaxPool2d) else "")
+                             for l in (f if isinstance(f, torch.nn.Sequential) else [f])) for f in fpns] == official
+            want = _official_xcit(m, fpns, [1, 2, 3, 5], x)
+        else:
+            tokens = m.blocks(torch.cat((m.cls_token.expand(2, -1, -1), m.patch_embed(x)), 1) + m.pos_embed)
+            want = [tokens[:, 1:].transpose(1, 2).reshape(2, -1, h // 16, w // 16)]
+    assert len(got) == len(want) == len(train.names())
+    for g, wnt, spec in zip(got, want, sized_train.specs((h, w))):
+        assert tuple(g.shape[1:]) == spec.shape, spec.name
+        assert float((g - wnt).abs().max()) <= 1e-6 * float(wnt.abs().max()), spec.name
+    deploy = reparameterize(train, (h, w))
+    assert verify_equivalence(train, deploy, (h, w), samples=2).passed
+
+
+@pytest.mark.parametrize("family", ["slab_pvt", "slab_cswin", "sima"])
+def test_an_mmdet_checkpoint_of_each_detection_layout_loads(family, tmp_path):
+    """The official dense backbones' layouts under `backbone.`: PVT's last position embedding with its class-token
+    slot (one more token, dropped as its forward does), CSWin's norm1..norm4, XCiT's fpn1..fpn4 (no class token,
+    class-attention blocks, final norm or head); the neck's keys are reported as ignored, the maps are the same."""
+    from vitedge.exporter.reparam.build_forms import build_train_form
+    from vitedge.models.checkpoints.dense import classifier_keys
+
+    name, kw, imgsz = case(family)
+    train = make_trained_like_norms(FeatureMaps(make_trained_like(create_model(name, **kw), 0)), 0).eval()
+    skip = classifier_keys(train.backbone)
+    sd = {f"backbone.{k}": v for k, v in train.backbone.state_dict().items() if k not in skip}
+    sd.update({f"backbone.{k}": v for k, v in train.state_dict().items() if not k.startswith("backbone.")})
+    if family == "slab_pvt":
+        pos = sd["backbone.pos_embed4"]
+        sd["backbone.pos_embed4"] = torch.cat((torch.full_like(pos[:, :1], 7.0), pos), dim=1)
+    assert family != "sima" or {"backbone.fpn1.0.weight", "backbone.fpn1.1.running_var"} <= set(sd)
+    sd["neck.lateral_convs.0.conv.weight"] = torch.zeros(8, 4, 1, 1)
+    torch.save({"state_dict": sd}, tmp_path / "det.pth")
+    loaded = build_train_form(name, tmp_path / "det.pth", kw, features="default")
+    assert loaded.from_checkpoint["ignored"] == ["neck.lateral_convs.0.conv.weight"]
+    assert (family == "slab_pvt") == any("class-token slot" in r for r in loaded.from_checkpoint["remaps"])
+    x = torch.randn(1, 3, imgsz, imgsz, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert all(torch.equal(a, b) for a, b in zip(loaded.model(x), train(x)))
+
+
+def test_xcits_fpn_folds_its_batchnorm_and_a_broken_fold_fails_the_gate_there():
+    """SimA-XCiT's fpn1 (p16): ConvTranspose2d, BatchNorm2d, GELU, ConvTranspose2d; the BatchNorm folds into the
+    transposed conv before it (its output channels are the weight's dim 1), checked on its own by the gate."""
+    name, kw, imgsz = case("sima")
+    train = make_trained_like_norms(FeatureMaps(make_trained_like(create_model(name, **kw), 0)), 0).eval()
+    deploy = reparameterize(train, imgsz)
+    assert not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in deploy.fpn1.modules())
+    bad = copy.deepcopy(deploy)
+    with torch.no_grad():
+        bad.reparam_fp64.fpn1[0].weight[:, 3] *= 1.01  # one output channel of the folded transposed conv
+    res = verify_equivalence(train, bad, imgsz, samples=2, raise_on_fail=False)
+    assert not res.passed and res.diverging_module == "fpn1"

@@ -11,7 +11,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from vitedge import cli
-from vitedge.exporter.reparam import forms
+from vitedge.exporter.reparam import build_forms
 from vitedge.exporter.flow.deploy_checkpoint import FORMAT, load_deploy_checkpoint, reparam_checkpoint
 from vitedge.exporter.verdict.hops import parity_set_for
 from vitedge.exporter.flow.verify import parity
@@ -57,8 +57,8 @@ def test_round_trip_computes_what_a_fresh_fold_computes(written):
     loaded = load_deploy_checkpoint(st.path)
     assert loaded.deploy_checkpoint_meta["model"] == "swiftformer_xs"
     assert loaded.deploy_checkpoint_meta["checkpoint_sha256"] is None
-    train = forms.build_train_form("swiftformer_xs", overrides=SWIFT).model
-    fresh, _ = forms.build_deploy_form(train, IMGSZ)
+    train = build_forms.build_train_form("swiftformer_xs", overrides=SWIFT).model
+    fresh, _ = build_forms.build_deploy_form(train, IMGSZ)
     x = torch.from_numpy(parity_set_for(train, 3, IMGSZ))
     with torch.no_grad():
         assert torch.equal(loaded(x), fresh(x))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vitedge.exporter.verdict.equivalence import DEFAULT_K64, EPS_RATIO, allowance, verify_equivalence
-from vitedge.exporter.reparam.forms import build_deploy_form
+from vitedge.exporter.reparam.build_forms import build_deploy_form
 from vitedge.models.trained_like import ill_conditioned_prepbn_deit
 
 

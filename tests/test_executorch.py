@@ -12,7 +12,7 @@ import pytest
 import executorch  # noqa: F401 - a missing package fails here, loudly (CI installs it)
 
 from vitedge import cli
-from vitedge.exporter.reparam.forms import build_deploy_form, build_train_form
+from vitedge.exporter.reparam.build_forms import build_deploy_form, build_train_form
 from vitedge.exporter.flow.pipeline import export
 from vitedge.targets import get_target
 from vitedge.targets.base import LowerSpec

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from vitedge.exporter.reparam.forms import build_deploy_form, build_train_form
+from vitedge.exporter.reparam.build_forms import build_deploy_form, build_train_form
 from vitedge.targets import get_target
 from vitedge.targets.base import LowerSpec
 from vitedge.targets.calibration import Calibration

@@ -63,7 +63,7 @@ def package_fakeq(s, out, *, progress=None):
     from vitedge.exporter.flow.pipeline import export
     from vitedge.exporter.packaging.bundle import (_npy_bytes, build_bundle, check_bundle_out, finish_bundle,
                                                    golden_vectors, golden_verdict, normalize_pixels)
-    from vitedge.exporter.reparam.forms import DEMO_SEED, build_train_form
+    from vitedge.exporter.reparam.build_forms import DEMO_SEED, build_train_form
     from vitedge.exporter.verdict.parity import DEFAULT_TOLERANCES, profile_for, run_batched
     from vitedge.models.registry import input_stats, recipe_of
 

@@ -36,7 +36,7 @@ FAKE = Precision("fp16s", HALF, Profile("fp16s", Rule(FP16_ERROR, floor=HALF_ULP
 
 class HalfTarget(FakeQTarget):
     """The fake compressed target's artifact handling (save under its suffix, run on ONNX Runtime, read its own
-    weights), lowering the hub graph (fp32) or its fp16 conversion (the fake precision) as NAME[.fp16s].half."""
+    weights), lowering the base graph (fp32) or its fp16 conversion (the fake precision) as NAME[.fp16s].half."""
 
     def lower(self, deploy_model, spec: LowerSpec) -> Artifact:
         model = onnx.load(str(spec.onnx_path))

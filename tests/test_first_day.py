@@ -231,7 +231,7 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_the_workers_of_a_killed_matrix_driver_stop(tmp_path):
-    """A SIGKILLed driver's workers stop within seconds (they kept exporting, and storing hubs, for about 20 s):
+    """A SIGKILLed driver's workers stop within seconds (they kept exporting, and storing verified bases, for about 20 s):
     the worker is paused inside its export at a known point, the driver killed, the worker must be gone well
     before the pause would have ended."""
     import signal
@@ -241,7 +241,7 @@ def test_the_workers_of_a_killed_matrix_driver_stop(tmp_path):
 
     plan = write_plan(tmp_path / "plan", plan_of([XS]))
     marker = tmp_path / "paused"
-    env = {**os.environ, "VITEDGE_TEST_PAUSE_AT": "hub-graph", "VITEDGE_TEST_PAUSE_FILE": str(marker)}
+    env = {**os.environ, "VITEDGE_TEST_PAUSE_AT": "base-graph", "VITEDGE_TEST_PAUSE_FILE": str(marker)}
     worker = None
     driver = subprocess.Popen([sys.executable, str(REPO / "cli.py"), "-q", "matrix", str(plan), "--out",
                                str(tmp_path / "out"), "--workers", "1"], env=env, stdout=subprocess.DEVNULL,

@@ -18,7 +18,7 @@ def test_fp16_overflow_fails_the_hop_and_names_the_module(tmp_path):
     assert hop.status == "failed" and "fp16 is unsafe" in hop.reason and "65504" in hop.reason
     assert hop.diverging_module == "head"
     assert rep.exit_code == 1
-    assert rep.hop("onnx-simplified").status == "passed"  # the fp32 hub graph itself is fine
+    assert rep.hop("onnx-simplified").status == "passed"  # the fp32 base graph itself is fine
     assert rep.reparam.fp16["overflowing_modules"]
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from vitedge.exporter.flow.pipeline import export
-from vitedge.exporter.reparam.forms import build_deploy_form, build_train_form
+from vitedge.exporter.reparam.build_forms import build_deploy_form, build_train_form
 from vitedge.exporter.verdict.criteria import FLOAT32_RULE
 from vitedge.models import get_spec, list_models
 

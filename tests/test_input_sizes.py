@@ -320,26 +320,26 @@ def test_the_committed_benchmark_has_the_chosen_order_faster_at_640_for_slab_dei
         assert p[backend]["other_over_chosen"]["ci"][0] >= 1.5, (backend, p[backend]["other_over_chosen"])
 
 
-def test_a_reused_hub_reports_what_its_train_form_changed(tmp_path):
+def test_a_reused_verified_base_reports_what_its_train_form_changed(tmp_path):
     import dataclasses
     import shutil
 
-    class Store:  # exporter/flow/hub.py HubStore: get() / put(hub), the hub's files copied during put
-        hub = None
+    class Store:  # exporter/flow/verified_base.py BaseStore: get() / put(base), its files copied during put
+        base = None
 
         def get(self):
-            return self.hub
+            return self.base
 
-        def put(self, hub):
+        def put(self, base):
             kept = tmp_path / "kept.onnx"
-            shutil.copyfile(hub.onnx_path, kept)
-            self.hub = dataclasses.replace(hub, onnx_path=kept)
+            shutil.copyfile(base.onnx_path, kept)
+            self.base = dataclasses.replace(base, onnx_path=kept)
 
     store = Store()
     name, overrides, _ = case("slab_deit")
-    first = export(name, targets="onnx", imgsz=WIDE, overrides=overrides, out=tmp_path / "a", samples=8, hub=store)
-    again = export(name, targets="onnx", imgsz=WIDE, overrides=overrides, out=tmp_path / "b", samples=8, hub=store)
-    assert store.hub is not None and first.resized and again.resized == first.resized
+    first = export(name, targets="onnx", imgsz=WIDE, overrides=overrides, out=tmp_path / "a", samples=8, base_store=store)
+    again = export(name, targets="onnx", imgsz=WIDE, overrides=overrides, out=tmp_path / "b", samples=8, base_store=store)
+    assert store.base is not None and first.resized and again.resized == first.resized
 
 
 def test_a_specs_default_size_is_the_img_size_it_is_built_for():

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from vitedge.errors import VitedgeError
 from vitedge.exporter.flow import pipeline
 from vitedge.exporter.flow.pipeline import export
 from vitedge.exporter.flow.verify import parity
@@ -181,50 +182,68 @@ def test_a_device_runner_that_knows_its_mode_only_after_running_satisfies_mode_d
     assert CLOSED == ["quantizing fake"]  # released on the unverified path too
 
 
-class _MemoryHub:
-    """The smallest HubStore: one Hub in memory, its graph copied out of the build folder on `put`."""
+class _MemoryBaseStore:
+    """The smallest BaseStore: one VerifiedBase in memory, its graph copied out of the build folder on `put`."""
 
     def __init__(self, folder: Path):
-        self.folder, self.hub = folder, None
+        self.folder, self.base = folder, None
 
     def get(self):
-        return self.hub
+        return self.base
 
-    def put(self, hub):
+    def put(self, base):
         self.folder.mkdir()
-        self.hub = dataclasses.replace(hub, onnx_path=Path(shutil.copy(hub.onnx_path, self.folder / "hub.onnx")))
+        self.base = dataclasses.replace(base, onnx_path=Path(shutil.copy(base.onnx_path, self.folder / "base.onnx")))
 
 
-def test_an_export_reusing_a_hub_builds_the_train_form_only_for_a_runner_that_changes_its_inputs(tmp_path,
-                                                                                                 monkeypatch):
-    store = _MemoryHub(tmp_path / "hub")
-    assert export("swiftformer_xs", "onnx", out=tmp_path / "first", hub=store, **FAST).exit_code == 0
+def test_an_export_reusing_a_verified_base_builds_the_train_form_only_for_a_runner_that_changes_its_inputs(
+        tmp_path, monkeypatch):
+    store = _MemoryBaseStore(tmp_path / "base")
+    assert export("swiftformer_xs", "onnx", out=tmp_path / "first", base_store=store, **FAST).exit_code == 0
     built, real = [], pipeline.build_train_form
     monkeypatch.setattr(pipeline, "build_train_form", lambda *a, **k: built.append(a) or real(*a, **k))
 
-    fp16 = export("swiftformer_xs", "onnx", precision="fp16", out=tmp_path / "fp16", hub=store, **FAST)
-    assert fp16.hop("onnx-fp16").status == "passed" and built == []  # the hub's reference serves the hop
-    quant = export("swiftformer_xs", "quant", out=tmp_path / "quant", hub=store, **FAST)
+    fp16 = export("swiftformer_xs", "onnx", precision="fp16", out=tmp_path / "fp16", base_store=store, **FAST)
+    assert fp16.hop("onnx-fp16").status == "passed" and built == []  # the base's reference serves the hop
+    quant = export("swiftformer_xs", "quant", out=tmp_path / "quant", base_store=store, **FAST)
     told = quant.hop("quant")
     assert told.status == "passed" and told.metrics.max_rel < 1e-4, told.reason  # against the quantized inputs
     assert len(built) == 1
 
 
-def test_a_reused_hub_carries_this_exports_labels_and_refuses_other_inputs(tmp_path):
+def test_a_reused_verified_base_carries_this_exports_labels_and_refuses_other_inputs(tmp_path):
     import onnx
 
     from vitedge.targets.graph.metadata import read_metadata
 
-    store = _MemoryHub(tmp_path / "hub")
-    first = export("swiftformer_xs", "onnx", out=tmp_path / "first", hub=store, **FAST)
-    assert first.exit_code == 0 and store.hub is not None and first.reference["float32_threads"] == 2
+    store = _MemoryBaseStore(tmp_path / "base")
+    first = export("swiftformer_xs", "onnx", out=tmp_path / "first", base_store=store, **FAST)
+    assert first.exit_code == 0 and store.base is not None and first.reference["float32_threads"] == 2
     labels = tmp_path / "labels.txt"
     labels.write_text("".join(f"class{i}\n" for i in range(10)))
-    second = export("swiftformer_xs", "onnx", out=tmp_path / "second", hub=store, labels=labels, **FAST)
-    assert second.exit_code == 0 and second.reference["cache"] is None  # the hub's ground truth, reused
+    second = export("swiftformer_xs", "onnx", out=tmp_path / "second", base_store=store, labels=labels, **FAST)
+    assert second.exit_code == 0 and second.reference["cache"] is None  # the base's ground truth, reused
     assert {**second.reference, "cache": first.reference["cache"]} == first.reference
     graph = onnx.load(str(tmp_path / "second" / "swiftformer_xs.onnx"))
     assert read_metadata(graph)["labels"] == [f"class{i}" for i in range(10)]
-    assert "labels" not in read_metadata(onnx.load(str(store.hub.onnx_path)))  # the shared hub is untouched
+    assert "labels" not in read_metadata(onnx.load(str(store.base.onnx_path)))  # the shared base is untouched
     with pytest.raises(ValueError, match="parity inputs"):  # a store keyed wrongly: another parity set
-        export("swiftformer_xs", "onnx", out=tmp_path / "third", hub=store, **dict(FAST, samples=8))
+        export("swiftformer_xs", "onnx", out=tmp_path / "third", base_store=store, **dict(FAST, samples=8))
+
+
+def test_the_former_hub_keyword_still_reaches_the_store_with_a_deprecation_warning(tmp_path):
+    class Asked(Exception):
+        pass
+
+    class Store:  # the export asks its store first (before any train-form is built): proof the store got there
+        def get(self):
+            raise Asked
+
+        def put(self, base):
+            raise AssertionError("not reached")
+
+    with pytest.warns(DeprecationWarning, match=r"export\(base_store=\.\.\.\)"), pytest.raises(Asked):
+        export("swiftformer_xs", "onnx", out=tmp_path / "old", hub=Store(), **FAST)
+    assert not (tmp_path / "old").exists()
+    with pytest.warns(DeprecationWarning), pytest.raises(VitedgeError, match="drop hub="):
+        export("swiftformer_xs", "onnx", out=tmp_path / "both", hub=Store(), base_store=Store(), **FAST)

@@ -25,7 +25,7 @@ from vitedge.cli import main
 from vitedge.exporter.flow import pipeline
 from vitedge.exporter.matrix import matrix
 from vitedge.exporter.matrix.folders import KEY_FILE, TRACEBACK
-from vitedge.exporter.matrix.hub_folder import FolderHub
+from vitedge.exporter.matrix.base_folder import FolderBaseStore
 from vitedge.targets.base import sha256_file
 from vitedge.targets import TARGETS
 from vitedge.targets.onnx.target import OnnxTarget
@@ -270,54 +270,54 @@ def test_ctrl_c_and_sigkill_leave_no_half_written_cell_and_a_rerun_resumes(tmp_p
     assert _leftovers(out / "swiftformer_xs") == []
 
 
-# ---- one verified deploy-form and hub graph per model and size ----------------------------------------
+# ---- one verified base (deploy-form, base graph, ground truth) per model and size ----------------------
 
-def test_export_reuses_a_stored_hub_and_never_stores_a_failed_one(tmp_path, monkeypatch):
-    store, kw = FolderHub(tmp_path / "hub"), dict(imgsz=32, samples=2, overrides=TINY)
-    first = pipeline.export("swiftformer_xs", "onnx", out=tmp_path / "a", hub=store, **kw)
-    assert first.exit_code == 0 and (tmp_path / "hub" / "hub.json").is_file()
+def test_export_reuses_a_stored_verified_base_and_never_stores_a_failed_one(tmp_path, monkeypatch):
+    store, kw = FolderBaseStore(tmp_path / "base"), dict(imgsz=32, samples=2, overrides=TINY)
+    first = pipeline.export("swiftformer_xs", "onnx", out=tmp_path / "a", base_store=store, **kw)
+    assert first.exit_code == 0 and (tmp_path / "base" / "hub.json").is_file()
 
     def boom(*a, **k):
-        raise AssertionError("rebuilt although the hub holds it")
+        raise AssertionError("rebuilt although the store holds it")
 
     for step in ("build_train_form", "build_deploy_form", "export_onnx_info", "simplify_keeping_fusions"):
         monkeypatch.setattr(pipeline, step, boom)
-    second = pipeline.export("swiftformer_xs", "onnx", precision="fp16", out=tmp_path / "b", hub=store, **kw)
+    second = pipeline.export("swiftformer_xs", "onnx", precision="fp16", out=tmp_path / "b", base_store=store, **kw)
     assert second.exit_code == 0 and second.hop("onnx-fp16").status == "passed"
     assert [h.hop for h in second.parity] == ["deploy-form", "onnx", "onnx-simplified", "onnx-fp16"]
     assert [vars(h) for h in second.parity[:3]] == [vars(h) for h in first.parity]
     assert second.reparam.equivalence == first.reparam.equivalence and second.reparam.fp16 is not None
     assert second.artifacts["onnx"].sha256 == first.artifacts["onnx"].sha256
-    assert second.artifacts["onnx"].info == first.artifacts["onnx"].info  # fused-op counts travel with the hub
+    assert second.artifacts["onnx"].info == first.artifacts["onnx"].info  # fused-op counts travel with the base
     assert first.artifacts["onnx"].info["simplify"]["ort_fused_ops"]["written"]
     assert second.checkpoint_sha256 is None and second.weights == "untrained"
     assert (second.exporter, second.exporter_fallback, second.opset) == (first.exporter, None, first.opset)
     monkeypatch.undo()
 
-    (tmp_path / "hub" / "deploy.pth").write_bytes(b"damaged")  # a damaged hub is dropped, never trusted
-    assert store.get() is None and not (tmp_path / "hub").exists()
+    (tmp_path / "base" / "deploy.pth").write_bytes(b"damaged")  # a damaged base is dropped, never trusted
+    assert store.get() is None and not (tmp_path / "base").exists()
 
-    strict = FolderHub(tmp_path / "strict")  # a hub whose hops failed is not shared
-    bad = pipeline.export("swiftformer_xs", "onnx", out=tmp_path / "c", hub=strict, tolerances=["fp32.max_rel=1e-15"],
+    strict = FolderBaseStore(tmp_path / "strict")  # a base whose hops failed is not shared
+    bad = pipeline.export("swiftformer_xs", "onnx", out=tmp_path / "c", base_store=strict, tolerances=["fp32.max_rel=1e-15"],
                           **kw)
     assert bad.exit_code == 1 and not (tmp_path / "strict").exists()
 
 
-def test_cells_of_one_model_and_size_share_one_hub(tmp_path):
+def test_cells_of_one_model_and_size_share_one_verified_base(tmp_path):
     plan = write_plan(tmp_path / "plan", plan_of([XS], precisions=["fp32", "fp16"]))
     r = matrix(plan, out=tmp_path / "out", workers=2, bench=True, progress=False)
     assert r.exit_code == 0
     for c in r.cells:  # --bench: each artifact timed on its own runtime
         assert c.latency["p50_ms"] > 0 and c.latency["iters"] >= 20 and c.latency["backend"].startswith("onnxruntime")
     assert " ms" in (tmp_path / "out" / "matrix.md").read_text()
-    hubs = list((tmp_path / "out" / ".cache" / "hubs").glob("*/*/hub.json"))
-    assert len(hubs) == 1
+    bases = list((tmp_path / "out" / ".cache" / "hubs").glob("*/*/hub.json"))  # (the folders' former name)
+    assert len(bases) == 1
     fp32, fp16 = (r.cell(f"swiftformer_xs/32/onnx-{p}").report for p in ("fp32", "fp16"))
     assert fp16["parity"][:3] == fp32["parity"] and fp16["artifacts"]["onnx"] == fp32["artifacts"]["onnx"]
 
 
 def test_keys_hold_what_shapes_a_cell_and_foreign_builds_are_not_cached_under_them(tmp_path):
-    from vitedge.exporter.matrix.cache import Env, cell_key, hub_key, toolchain_drift, trt_mismatch
+    from vitedge.exporter.matrix.cache import Env, base_key, cell_key, toolchain_drift, trt_mismatch
     from vitedge.exporter.matrix.plan import Cell
     from vitedge.exporter.verdict.parity_cost import SAMPLES_RULE
 
@@ -334,7 +334,7 @@ def test_keys_hold_what_shapes_a_cell_and_foreign_builds_are_not_cached_under_th
     assert cell_key(onnx32, Env(versions=env.versions, source="edited"))[0] != key
     assert cell_key(onnx32, env, bench=True)[0] != key
     assert inputs["samples"] == SAMPLES_RULE  # no planned count: the key names the rule that picks it (stable)
-    assert hub_key(onnx32, env)[0] == hub_key(Cell(**{**onnx32.to_dict(), "precision": "fp16"}), env)[0]
+    assert base_key(onnx32, env)[0] == base_key(Cell(**{**onnx32.to_dict(), "precision": "fp16"}), env)[0]
 
     trt = Cell("swiftformer_xs", "xs", 224, "tensorrt", "fp16", "tensorrt", trt_arch="sm_80")
     assert "not cached" in cell_key(trt, env)[2]  # no TensorRT version known: never cached

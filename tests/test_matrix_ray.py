@@ -41,7 +41,7 @@ def test_cells_run_as_ray_tasks_and_reuse_the_cache(tmp_path):
     fp32, fp16 = (r.cell(f"swiftformer_xs/32/onnx-{p}").report for p in ("fp32", "fp16"))
     assert fp32["weights"] == "checkpoint" and fp32["checkpoint_sha256"] == sha256_file(ckpt)
     assert fp16["artifacts"]["onnx-fp16"]["path"] == "swiftformer_xs.fp16.onnx"
-    # the first cell's hub came back through the object store into the cache and went out to the second
+    # the first cell's verified base came back through the object store into the cache and went out to the second
     assert len(list((out / ".cache" / "hubs").glob("*/*/hub.json"))) == 1 and fp16["parity"][:3] == fp32["parity"]
 
     again = matrix(plan, out=out, ray=True, progress=False)

@@ -57,6 +57,19 @@ def test_conv_same_padding_and_1x1():
     close(y, F.conv2d(t(x), t(w1)).numpy(), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("stride,pad,dil", [(2, 0, 1), (2, 1, 1), (1, 1, 2), (3, 0, 1)])
+def test_conv_transpose_matches_torch(stride, pad, dil):
+    x = RNG.standard_normal((2, 6, 5, 7)).astype(np.float32)
+    w = RNG.standard_normal((6, 4, 2, 3)).astype(np.float32)  # (C_in, C_out, kh, kw)
+    b = RNG.standard_normal(4).astype(np.float32)
+    ref = F.conv_transpose2d(t(x), t(w), t(b), stride=stride, padding=pad, dilation=dil).numpy()
+    (y,) = run_op("conv_transpose", x=x, weight=w, bias=b, strides=np.array([stride, stride]), pad_type="custom",
+                  pad=np.array([pad] * 4), dilations=np.array([dil, dil]))
+    close(y, ref, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="output_shape"):
+        run_op("conv_transpose", x=x, weight=w, output_shape=np.array([2, 4, 99, 99]))
+
+
 def test_linear_matmul_softmax_layer_norm():
     x = RNG.standard_normal((2, 5, 8)).astype(np.float32)
     w, b = RNG.standard_normal((3, 8)).astype(np.float32), RNG.standard_normal(3).astype(np.float32)

@@ -18,7 +18,7 @@ from onnx import numpy_helper
 from vitedge.exporter.verdict.inputs import parity_inputs
 from vitedge.exporter.verdict.localize import localize_onnx
 from vitedge.exporter.verdict.parity import DEFAULT_TOLERANCES
-from vitedge.exporter.reparam.forms import build_deploy_form
+from vitedge.exporter.reparam.build_forms import build_deploy_form
 from vitedge.exporter.flow.pipeline import export
 from vitedge.exporter.core.report import Report
 from vitedge.models import create_model, make_trained_like

@@ -61,7 +61,7 @@ def test_manifest_says_what_was_packaged(bundle):
     assert coreml["status"] == "passed" and coreml["mode"] == "emulated"
     assert all(h["mode"] != "device" for h in m["parity"] if h["hop"] == "coreml")  # no macOS here
     assert m["versions"]["coremltools"] and m["precision_policy"]["rules"]
-    assert m["onnx_exporter"] == {"exporter": "torchscript", "exporter_fallback": None}  # the ladder's hub graph
+    assert m["onnx_exporter"] == {"exporter": "torchscript", "exporter_fallback": None}  # the ladder's base graph
     readme = (folder / "README.md").read_text()
     assert "import CoreML" in readme and "Demo weights" in readme and f"{MODEL}.mlpackage" in readme
     assert (folder / "labels.txt").read_text().split() == LABELS

@@ -103,6 +103,35 @@ def test_run_batched_pads_the_last_chunk_of_a_static_batch():
     np.testing.assert_array_equal(y, x[:, :3] * 2)
 
 
+class _AnyBatchRunner(_StaticRunner):
+    def run(self, x):
+        self.calls.append(len(x))
+        return x.reshape(len(x), -1)[:, :3] * 2
+
+    def max_batch(self):
+        return None
+
+
+@pytest.mark.parametrize("hw,chunks", [((224, 224), [32, 8]), ((448, 448), [8, 2]), ((800, 1344), [1, 1, 1])])
+def test_a_large_input_runs_in_proportionally_smaller_chunks(hw, chunks):
+    """A runner gets 32 samples of 224 x 224 per call, and as many pixels (at least one sample) of a larger input:
+    36 samples at 800 x 1344 are not held in one 32-sample chunk (~4 GB of activations for SwiftFormer-XS)."""
+    x = np.zeros((sum(chunks), 1, *hw), dtype=np.float32)
+    r = _AnyBatchRunner(None)
+    assert run_batched(r, x).shape == (len(x), 3) and r.calls == chunks
+
+
+def test_the_ground_truth_runs_a_large_input_in_smaller_chunks():
+    """8 samples per float64 chunk at 224 x 224, 2 at 448 x 448 (as many pixels), in each of the three runs."""
+    from vitedge.exporter.verdict.parity import ground_truth
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 1), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten()).eval()
+    seen = []
+    model.register_forward_pre_hook(lambda _m, args: seen.append(len(args[0])))
+    truth = ground_truth(model, np.ones((5, 1, 448, 448), np.float32), ("natural",) * 5)
+    assert truth.y64.shape == (5, 2) and seen == [2, 2, 1] * 3
+
+
 # ---- localization of failed hops ------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

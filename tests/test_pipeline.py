@@ -39,7 +39,7 @@ class _GainRunner(Runner):
 
 
 class FakeTarget(Target):
-    """Lowers to a copy of the hub ONNX; its runner scales the logits by the `gain` option."""
+    """Lowers to a copy of the base ONNX; its runner scales the logits by the `gain` option."""
     name, suffix = "fake", ".fake"
     default_precision, precisions, options, dynamic_batch = "fp16", ("fp32", "fp16"), ("gain",), False
     specs: list = []

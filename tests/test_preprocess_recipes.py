@@ -15,13 +15,13 @@ from PIL import Image
 from vitedge.errors import VitedgeError
 from vitedge.exporter.quantize import calibrate
 from vitedge.exporter.verdict import images, inputs
-from vitedge.exporter.reparam.forms import build_train_form, preprocess_recipe
+from vitedge.exporter.reparam.build_forms import build_train_form, preprocess_recipe
 from vitedge.exporter.verdict.hops import parity_inputs_for
 from vitedge.models import create_model
 from vitedge.models.checkpoints.keys import head_classes
 from vitedge.models.flops import meta_model
 from vitedge.models.preprocess import IMAGENET_MEAN, IMAGENET_STD, Recipe, from_preprocessor_config
-from vitedge.models.registry import families, get_spec, list_models, recipe_of
+from vitedge.models.registry import get_spec, list_models, model_modules, recipe_of
 
 
 def test_every_registered_model_carries_its_official_recipe():
@@ -150,8 +150,8 @@ def test_coreml_image_input_applies_the_recipes_mean_and_std_and_describes_it(tm
     assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
 
 
-def _one_per_family() -> list[str]:
-    modules = {f.module for f in families()}
+def _one_per_model_module() -> list[str]:
+    modules = {f.module for f in model_modules()}
     pick = {}
     for name in list_models():
         module = get_spec(name).builder.__module__.rsplit(".", 1)[-1]
@@ -160,7 +160,7 @@ def _one_per_family() -> list[str]:
     return sorted(pick.values())
 
 
-@pytest.mark.parametrize("name", _one_per_family())
+@pytest.mark.parametrize("name", _one_per_model_module())
 def test_the_class_count_is_read_from_the_head_in_every_family(name):
     ref = meta_model(name).state_dict()
     heads = [k for k in ref if k.split(".")[-2:-1] in (["head"], ["dist_head"], ["head_dist"])]

@@ -15,7 +15,7 @@ import torch
 
 from vitedge.cli import main
 from vitedge.exporter.verdict.criteria import NoiseRule
-from vitedge.exporter.reparam.forms import build_deploy_form, build_train_form
+from vitedge.exporter.reparam.build_forms import build_deploy_form, build_train_form
 from vitedge.exporter.verdict.inputs import parity_set
 from vitedge.exporter.verdict.localize import localize_torch
 from vitedge.exporter.verdict.parity import DEFAULT_TOLERANCES, FLOAT64_TOLERANCES

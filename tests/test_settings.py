@@ -192,7 +192,7 @@ def test_a_matrix_cell_builds_its_settings_once():
 
 def test_the_size_travels_as_an_argument_not_on_the_model(tmp_path):
     from vitedge.exporter.flow.deploy_checkpoint import load_deploy_checkpoint, save_deploy_checkpoint
-    from vitedge.exporter.reparam.forms import Loaded, build_deploy_form, build_train_form
+    from vitedge.exporter.reparam.build_forms import Loaded, build_deploy_form, build_train_form
     from vitedge.exporter.verdict.equivalence import verify_equivalence
 
     loaded = build_train_form("swiftformer_xs", overrides=SWIFT)
@@ -204,8 +204,8 @@ def test_the_size_travels_as_an_argument_not_on_the_model(tmp_path):
     path = save_deploy_checkpoint(deploy, tmp_path / "d.pth", imgsz=32)  # the file records the size it is given
     assert load_deploy_checkpoint(path).deploy_checkpoint_meta["imgsz"] == 32
     # a checkpoint's own size (a transformers preprocessor's crop) is the default, carried beside the model
-    held = Loaded(loaded.model, "swiftformer_xs", "checkpoint", None, SWIFT, checkpoint_imgsz=64)
-    assert (held.resolve_imgsz(), held.resolve_imgsz(32), loaded.resolve_imgsz()) == (64, 32, 224)
+    recorded = Loaded(loaded.model, "swiftformer_xs", "checkpoint", None, SWIFT, checkpoint_imgsz=64)
+    assert (recorded.resolve_imgsz(), recorded.resolve_imgsz(32), loaded.resolve_imgsz()) == (64, 32, 224)
 
 
 def test_the_reparam_handler_passes_the_settings_whole(monkeypatch):

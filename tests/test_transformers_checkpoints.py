@@ -11,7 +11,7 @@ import torch
 
 from vitedge.cli import main
 from vitedge.errors import CheckpointError
-from vitedge.exporter.reparam.forms import build_train_form
+from vitedge.exporter.reparam.build_forms import build_train_form
 from vitedge.models import create_model, make_trained_like
 from vitedge.models.checkpoints import identify
 from vitedge.models.reduced import reduced
@@ -226,7 +226,7 @@ def test_an_hf_hub_repo_of_a_transformers_folder_comes_whole_from_the_cache(save
 
 @pytest.mark.parametrize("rewrites", [True, False, ["l2_normalize_rsqrt"]])
 def test_the_softmax_attention_folds_exactly_in_every_layout(rewrites):
-    from vitedge.exporter.reparam.forms import build_deploy_form
+    from vitedge.exporter.reparam.build_forms import build_deploy_form
 
     model = make_trained_like(create_model("swiftformer_xs", layers=TINY["depths"], embed_dims=TINY["embed_dims"],
                                            num_classes=3, attn_weights="softmax"), 4).eval()
@@ -246,7 +246,7 @@ def test_the_softmax_port_takes_the_executorch_delegation_rewrites_in_every_layo
     """The transformers port's softmax attention (a * reciprocal(sum) in the exported graph) went through the
     delegation rewrites into a sum of a division that carried no shape: `KeyError: 'val'`. Every deploy-form
     layout now rewrites, and the float64 gate holds."""
-    from vitedge.exporter.reparam.forms import build_deploy_form
+    from vitedge.exporter.reparam.build_forms import build_deploy_form
     from vitedge.targets.executorch.delegable import GATE_RTOL, gate, make_delegable
 
     model = make_trained_like(create_model("swiftformer_xs", layers=TINY["depths"], embed_dims=TINY["embed_dims"],

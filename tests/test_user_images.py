@@ -13,7 +13,7 @@ import pytest
 from vitedge.cli import format_summary, main
 from vitedge.exporter.verdict import images
 from vitedge.exporter.timing.bench import run_bench
-from vitedge.exporter.reparam.forms import build_train_form
+from vitedge.exporter.reparam.build_forms import build_train_form
 from vitedge.exporter.verdict.inputs import USER_STRESS, user_set
 from vitedge.exporter.verdict.parity import ground_truth, run_batched
 from vitedge.exporter.core.report import Report

@@ -52,7 +52,8 @@ def add_model_flags(p: argparse.ArgumentParser, required: bool = True, named: bo
                    help="constructor override, official keyword names (e.g. --set depth=2); repeatable")
     p.add_argument("--imgsz", type=image_sizes, metavar="S[,S]",
                    help="input size (default: the model's); export: a comma list (e.g. 224,256) exports every size "
-                        "in one run: an ONNX file per size, one CoreML package / ExecuTorch program of every size")
+                        "in one run: an ONNX file per size, one CoreML package / ExecuTorch program of every size; "
+                        "parity: the sizes of a multi-size artifact to check (default: every one)")
     p.add_argument("--attn-order", choices=ATTN_ORDERS, default=None,
                    help="SLA/SimA attention order for the export size (default auto: the FLOP rule)")
 

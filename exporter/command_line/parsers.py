@@ -25,7 +25,7 @@ def add_export(sub) -> argparse.ArgumentParser:
     from vitedge.targets import TARGETS, rows
 
     p = sub.add_parser("export", help="re-parameterize, export and check parity at every hop",
-                       description="Export a model to ONNX (always: the hub graph) and the requested targets, "
+                       description="Export a model to ONNX (always: the base graph) and the requested targets, "
                                    "with the parity ladder; writes OUT/NAME.onnx, other artifacts and OUT/report.json.")
     add_model_flags(p, named=True)
     p.add_argument("--target", default="onnx", help=f"comma list of {','.join(TARGETS)} (default onnx)")
@@ -68,7 +68,10 @@ def add_parity(sub) -> argparse.ArgumentParser:
                                    "train-form on the parity input set. The artifact's metadata names the model, "
                                    "size, overrides, checkpoint hash and ONNX exporter it was made with.")
     add_model_flags(p, required=False)
-    p.add_argument("--artifact", help=f"artifact to check ({', '.join(r.suffix for r in rows() if r.suffix)})")
+    p.add_argument("--artifact", action="append",
+                   help=f"artifact to check ({', '.join(r.suffix for r in rows() if r.suffix)}); every function / "
+                        "method of a multi-size one is checked at its own size; repeat it for a multi-size export's "
+                        "per-size files (NAME_HxW.onnx), each checked at its size")
     p.add_argument("--deploy-checkpoint", help="deploy-form checkpoint from `vitedge reparam` to check as the "
                                                "deploy-form hop")
     p.add_argument("--target", help="the artifact's target when its suffix does not tell")
@@ -197,7 +200,7 @@ def add_package(sub) -> argparse.ArgumentParser:
     p.add_argument("--tol", action="append", default=[], metavar="PROFILE.KEY=VALUE", help="tolerance override")
     p.add_argument("--out", required=True, help="the bundle to write (BUNDLE.zip)")
     p.add_argument("--force", action="store_true", help="replace an existing --out")
-    add_exporter_flag(p, what="ONNX exporter of the parity ladder's hub graph (the CoreML package itself is "
+    add_exporter_flag(p, what="ONNX exporter of the parity ladder's base graph (the CoreML package itself is "
                                "converted from the deploy-form); default and fallback as for export")
     rewrites = EXECUTORCH_ROW.option("executorch_rewrites")
     p.add_argument(rewrites.flag, choices=rewrites.choices, default=None,
@@ -231,8 +234,8 @@ def add_matrix(sub) -> argparse.ArgumentParser:
     p.add_argument("--require-verified", action="store_true", help="exit 1 if any cell is unverified; a cached "
                    "cell whose artifacts do not match their report is failed instead of rebuilt")
     p.add_argument("--verify-cache", action="store_true",
-                   help="re-hash every cached cell's artifacts against its report (and every shared hub's files against "
-                        "its hub.json) and build nothing: one line per entry, exit 1 if any cannot be trusted (the cache is --cache, default OUT/.cache)")
+                   help="re-hash every cached cell's artifacts against its report (and every shared verified base's "
+                        "files against its hub.json) and build nothing: one line per entry, exit 1 if any cannot be trusted (the cache is --cache, default OUT/.cache)")
     add_exporter_flag(p, what="ONNX exporter of the cells whose plan entry (or defaults) names none (plan key "
                                "`exporter`); default and fallback as for export")
     return p

@@ -40,6 +40,20 @@ def _reference_line(ref: dict) -> str:
     return line
 
 
+def _map_outputs(report) -> bool:
+    """Whether the outputs are feature maps or several (--features, a user's heads): the top-1 / top-5 agreement of
+    their packed values says nothing (report.json keeps the fields; the table shows each hop's worst output)."""
+    outs = report.outputs or []
+    return len(outs) > 1 or any(len(o.get("shape") or ()) > 1 for o in outs)
+
+
+def _worst_output(outputs: dict | None) -> str:
+    if not outputs:
+        return "-"
+    name = max(outputs, key=outputs.get)
+    return f"{name} {outputs[name]:.2f}"
+
+
 def format_summary(report, report_path: str | None = None) -> str:
     from vitedge.exporter.verdict.predictions import describe
     from vitedge.exporter.onnx.onnx_export import norm_nodes
@@ -65,9 +79,11 @@ def format_summary(report, report_path: str | None = None) -> str:
     labelled = bool(ref and ref.get("top1_accuracy") is not None)
     probed = any(h.probe for h in report.parity)
     weighed = any(h.weights for h in report.parity)
+    maps, several = _map_outputs(report), len(report.outputs or []) > 1  # (several outputs are maps here too)
+    agreement = ("worst output",) if several else () if maps else ("top-1", "top-5")
     rows = [("hop", "status", "mode", *(f"ratio {k}" for k in sets), *(("probe",) if probed else ()),
              *(("weights",) if weighed else ()), "max_rel",
-             "cosine", "PSNR dB", "top-1", "top-5", *(("acc@1 hop / ref", "acc@5 hop / ref") if labelled else ()),
+             "cosine", "PSNR dB", *agreement, *(("acc@1 hop / ref", "acc@5 hop / ref") if labelled else ()),
              "backend")]
     for h in report.parity:
         m, hs = h.metrics, h.sets or {}
@@ -76,13 +92,15 @@ def format_summary(report, report_path: str | None = None) -> str:
                      *(((h.probe or {}).get("status", "-"),) if probed else ()),
                      *(((h.weights or {}).get("status", "-"),) if weighed else ()),
                      _fmt(m and m.max_rel, ".2e"), _fmt(m and m.cosine, ".6f"), _fmt(m and m.psnr_db, ".1f"),
-                     _fmt(m and m.top1_agreement, ".1%"), _fmt(m and m.top5_agreement, ".1%"), *acc, h.backend))
+                     *((_worst_output(h.outputs),) if several else () if maps else
+                       (_fmt(m and m.top1_agreement, ".1%"), _fmt(m and m.top5_agreement, ".1%"))), *acc, h.backend))
     lines += ["", table(rows)]
     if sets:
         lines.append("(vs the train-form in float64; ratio = worst sample's error / its allowance max(floor, K x "
                      "float32 noise), <= 1 passes" + ("; probe = the backbone's last feature map, judged alike"
                                                        if probed else "")
                      + ("; weights = the stored weights against the deploy-form's, per channel" if weighed else "")
+                     + ("; worst output = the output with the largest ratio, and that ratio" if several else "")
                      + ("; acc = top-k accuracy on the labelled images the hop ran, beside the float64 train-form's "
                         "on the same images" if labelled else "") + ")")
     notes = [f"  {h.label()}: {h.status}: {h.reason}" for h in report.parity if h.reason]

@@ -10,7 +10,7 @@ from ...precisions import names  # each target lists its own (its row's precisio
 from ...targets import ALIASES, TARGETS, Target, get_target
 from ...targets.labels import CarriedLabels, read_labels
 
-HUB_HOPS = ("onnx", "onnx-simplified")  # the hops of the fp32 hub graph, raw and simplified
+BASE_HOPS = ("onnx", "onnx-simplified")  # the hops of the fp32 base graph, raw and simplified
 
 
 @dataclass
@@ -32,7 +32,7 @@ class TargetPlan:
 
 def artifact_key(hop_name: str) -> str:
     """report.artifacts is keyed by target, with the fp32 ONNX (hops onnx / onnx-simplified) as "onnx"."""
-    return HUB_HOPS[0] if hop_name in HUB_HOPS else hop_name
+    return BASE_HOPS[0] if hop_name in BASE_HOPS else hop_name
 
 
 def flag(key: str) -> str:

@@ -24,7 +24,7 @@ from ...models.registry import create_model, default_imgsz
 from ...targets.base import umask_modes
 from ..core import outdir
 from ..verdict.equivalence import verify_equivalence
-from ..reparam.forms import build_deploy_form, build_train_form
+from ..reparam.build_forms import build_deploy_form, build_train_form
 from ..core.progress import QUIET
 from ..core.settings import ExportSettings
 from ..reparam import available_rewrites, reparameterize

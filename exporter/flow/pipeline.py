@@ -5,14 +5,15 @@ validate everything -> build the train-form (checkpoint, or seeded trained-like 
 every hop against the train-form's float64 ground truth on the parity set (default, or --images) by the
 per-sample noise rule (hops.py). The output folder is one transaction (outdir.py): built in a temporary sibling,
 renamed into place in one step; a failed hop moves the artifacts to DIR/quarantine/. Bad input raises VitedgeError
-before anything is written. `parity()` is verify.py. `hub=`: a verified deploy-form and hub ONNX reused from, or
-left in, a store (hub.py). What the run is asked to do is one ExportSettings (exporter/core/settings.py); the
-targets' own hops are target_hops.py's."""
+before anything is written. `parity()` is verify.py. `base_store=`: the verified base (deploy-form, base ONNX,
+ground truth) reused from, or left in, a store (verified_base.py). What the run is asked to do is one
+ExportSettings (exporter/core/settings.py); the targets' own hops are target_hops.py's."""
 from __future__ import annotations
 
 import copy
 import shutil
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,11 +30,12 @@ from ..core.settings import ExportSettings
 from ..quantize.calibrate import check_flags
 from ..verdict.criteria import reference_block
 from ..verdict.equivalence import verify_equivalence
-from ..reparam.forms import Loaded, build_deploy_form, build_train_form, hold_checkpoint, model_name, reparam_info
+from ..reparam.build_forms import (Loaded, build_deploy_form, build_train_form, identify_checkpoint, model_name,
+                                   reparam_info)
 from ...targets.labels import class_names
-from ..verdict.hops import (DEPLOY_SUBSET, PRE_HUB_SAMPLES, RAW_SUBSET, Ladder, check_images, parity_inputs_for,
+from ..verdict.hops import (DEPLOY_SUBSET, PRE_BASE_SAMPLES, RAW_SUBSET, Ladder, check_images, parity_inputs_for,
                             record_artifact)
-from .hub import Hub, HubStore
+from .verified_base import BaseStore, VerifiedBase
 from .target_hops import ExportRun, TargetHops
 from ..onnx.onnx_export import (DEFAULT_EXPORTER, OnnxExportError, check_onnx, check_opset, default_opset,
                                 export_onnx_info, exporter_label, save_onnx, simplify_keeping_fusions)
@@ -46,7 +48,7 @@ from ..core.target_plans import resolve_targets
 SKIPPED = "not run: an earlier step failed"
 
 
-def export(model=None, targets=None, *, progress: Progress | None = None, hub: HubStore | None = None,
+def export(model=None, targets=None, *, progress: Progress | None = None, base_store: BaseStore | None = None,
            **settings) -> Report:
     """Export a model to `targets` in folder `out` (default runs/NAME) and run the parity ladder.
 
@@ -64,9 +66,9 @@ def export(model=None, targets=None, *, progress: Progress | None = None, hub: H
     `require_ane`: a CoreML device hop fails when the model mostly runs off the Neural Engine (macOS).
     `exporter`: the ONNX exporter, "torchscript" or "dynamo" (where dynamo cannot export the model, TorchScript is
     used and `report.exporter_fallback` says why); `opset` None: the exporter's default (17 / 18).
-    `hub`: a HubStore (hub.py); a Hub it holds replaces the train-form, deploy-form and ONNX steps with their
-    verified results (the caller keys it by everything they depend on: `vitedge matrix`), else the one this run
-    builds is put there once it passed.
+    `base_store`: a BaseStore (verified_base.py); a VerifiedBase it holds replaces the train-form, deploy-form and
+    ONNX steps with their verified results (the caller keys it by everything they depend on: `vitedge matrix`),
+    else the one this run builds is put there once it passed. `hub` is its former name (deprecated).
     `images`: a folder of images (flat, or ImageFolder layout with labels) used as the parity set instead of the
     default one, beside a small stress set. `labels`: class names in index order, one per line (every target: ONNX
     metadata `vitedge.labels`, a CoreML classifier; the class index of an ImageFolder `images`); also accepted
@@ -80,21 +82,35 @@ def export(model=None, targets=None, *, progress: Progress | None = None, hub: H
     passed), 1 (a hop failed: artifacts in OUT/quarantine/). Raises VitedgeError (exit 2) on bad input or --out,
     before anything is written; `force` replaces only files vitedge wrote there (`clean`: any file).
     """
+    base_store = _base_store_keyword(base_store, settings)
     s = ExportSettings.build(model, settings, "export", targets=targets)
     progress = progress or QUIET
     if s.several_sizes():  # one export of every size (sizes.py), each through the pipeline below
         from .sizes import export_sizes
 
-        return export_sizes(s, progress, sys.modules[__name__], hub)
-    req = prepare(s, progress, hub)
+        return export_sizes(s, progress, sys.modules[__name__], base_store)
+    req = prepare(s, progress, base_store)
     # Ctrl-C anywhere from here on ends the run (exit 130, DIR as it was), even where a library swallowed it
     with outdir.InterruptWatch() as interrupts:
-        one = start(req, s, progress, hub)
+        one = start(req, s, progress, base_store)
         with outdir.OutputFolder(req.out, s.force, interrupts) as folder:
             build = one.build(folder.tmp, folder.checkpoint, req.plans)
             build.run()
             finish(one.report, folder, build.save_raw, req.out)
     return one.report
+
+
+def _base_store_keyword(base_store: BaseStore | None, settings: dict) -> BaseStore | None:
+    """`base_store`, or the store given under its former name `hub=` (popped from `settings`, with a
+    DeprecationWarning)."""
+    if "hub" not in settings:
+        return base_store
+    hub = settings.pop("hub")
+    warnings.warn("export(hub=...) is deprecated; pass the store as export(base_store=...)", DeprecationWarning,
+                  stacklevel=3)
+    if base_store is not None and hub is not None:
+        raise VitedgeError("export() got base_store= and hub= (its former name); drop hub=")
+    return base_store if hub is None else hub
 
 
 @dataclass
@@ -103,19 +119,19 @@ class Request:
     run: ExportSettings     # the settings as the run resolved them (what the targets' loop and the report read)
     plans: list             # the requested targets' plans
     labels: object
-    made: dict              # how build_train_form makes the train-form
+    train_form_args: dict   # build_train_form's own keywords: identified (the checkpoint), preprocess, features
     n_calib: int | None
     tols: dict
     name: str
     out: Path
 
 
-def prepare(s: ExportSettings, progress: Progress, hub: HubStore | None = None) -> Request:
+def prepare(s: ExportSettings, progress: Progress, base_store: BaseStore | None = None) -> Request:
     """Validate everything that can be validated without work (VitedgeError, nothing written)."""
     options = dict(s.options or {})
-    held, labels = hold_checkpoint(s.model, s.checkpoint, s.overrides, s.labels, options.pop("labels", None),
-                                   dense=s.features is not None)
-    made = {"held": held, "preprocess": s.preprocess, "features": s.features}  # how build_train_form makes it
+    identified, labels = identify_checkpoint(s.model, s.checkpoint, s.overrides, s.labels, options.pop("labels", None),
+                                             dense=s.features is not None)
+    train_form_args = {"identified": identified, "preprocess": s.preprocess, "features": s.features}
     if s.features is not None and labels is not None:
         raise VitedgeError("--labels names the classes of logits; --features exports feature maps: drop one")
     plans = resolve_targets(s.targets or "onnx", s.precision, s.dynamic_batch, options, labels=labels, batch=s.batch)
@@ -135,16 +151,16 @@ def prepare(s: ExportSettings, progress: Progress, hub: HubStore | None = None) 
     check_images(s.images, labels)
     if not s.reparam and s.rewrites is not True:
         raise VitedgeError("--rewrites shapes the re-parameterized deploy-form; drop it or drop --no-reparam")
-    if hub is not None and not s.reparam:
-        raise VitedgeError("a shared hub holds the re-parameterized deploy-form; drop --no-reparam")
-    name = held.name if held else s.model if isinstance(s.model, str) else model_name(s.model)
+    if base_store is not None and not s.reparam:
+        raise VitedgeError("a shared verified base holds the re-parameterized deploy-form; drop --no-reparam")
+    name = identified.name if identified else s.model if isinstance(s.model, str) else model_name(s.model)
     out = Path(s.out) if s.out is not None else Path("runs") / name
     for line in outdir.recover(out):  # before the check: a killed --force run may have left DIR aside
         progress.note(line)
     outdir.check_out(out, s.force, s.clean)
     run = s.replace(batch=None if s.dynamic_batch else (s.batch or 1), opset=opset, exporter=exporter,
                     attn_order=s.attn_order or "auto", out=out, labels=labels, options=options)
-    return Request(run, plans, labels, made, n_calib, tols, name, out)
+    return Request(run, plans, labels, train_form_args, n_calib, tols, name, out)
 
 
 @dataclass
@@ -158,41 +174,41 @@ class Started:
     report: Report
     classes: list | None
     progress: Progress
-    hub: HubStore | None
-    reused: Hub | None
+    base_store: BaseStore | None
+    reused_base: VerifiedBase | None  # the verified base the store held (None: this run builds one)
 
     def build(self, tmp: Path, checkpoint, plans: list) -> "_Build":
         """The run of `plans` building into `tmp` (call `run()`)."""
         req, s = self.req, self.req.run
         return _Build(s, self.report, self.deploy, tmp, req.tols, self.progress, checkpoint, self.pset,
-                      lambda: build_train_form(s.model, s.checkpoint, s.overrides, s.seed, **req.made).sized(
+                      lambda: build_train_form(s.model, s.checkpoint, s.overrides, s.seed, **req.train_form_args).sized(
                           self.report.imgsz),
                       req.n_calib, plans=plans, loaded=self.loaded, deploy64=self.deploy64, classes=self.classes,
-                      store=self.hub, reused=self.reused)
+                      store=self.base_store, reused_base=self.reused_base)
 
 
-def start(req: Request, one: ExportSettings, progress: Progress, hub: HubStore | None = None,
+def start(req: Request, one: ExportSettings, progress: Progress, base_store: BaseStore | None = None,
           loaded: Loaded | None = None) -> Started:
-    """The train-form (or a reused hub's), the parity set and the deploy-form at `one`'s size (its one imgsz);
+    """The train-form (or a reused verified base's), the parity set and the deploy-form at `one`'s size (its one imgsz);
     `loaded`: a train-form built for another size of the same export (the size is an argument, never set on it)."""
     s, run = one, req.run
     asked = s.one_size()  # the one size of this run (settings.py says what the pipeline runs)
-    reused = hub.get() if hub is not None else None
-    if reused is not None:  # verified earlier for these inputs: no train-form, fold, gate or ONNX export here
-        loaded, deploy, deploy64 = reused.loaded(req.name), reused.deploy, None
+    reused_base = base_store.get() if base_store is not None else None
+    if reused_base is not None:  # verified earlier for these inputs: no train-form, fold, gate or ONNX export here
+        loaded, deploy, deploy64 = reused_base.loaded(req.name), reused_base.deploy, None
         imgsz = loaded.at_size(asked)
-        info = copy.deepcopy(reused.reparam)  # the report adds to it (fp16 analysis)
+        info = copy.deepcopy(reused_base.reparam)  # the report adds to it (fp16 analysis)
     else:
         if loaded is None:
             with progress.step("building the train-form model"):
-                loaded = build_train_form(s.model, s.checkpoint, s.overrides, s.seed, **req.made)
+                loaded = build_train_form(s.model, s.checkpoint, s.overrides, s.seed, **req.train_form_args)
         imgsz = loaded.at_size(asked)
     classes = class_names(req.labels, loaded.model, imgsz)
     samples, rule = choose_samples(s.samples, s.model, imgsz, loaded.overrides, loaded.model, s.images)
     with progress.step("reading the parity inputs"):
         pset = parity_inputs_for(loaded.model, imgsz, samples, s.images, req.labels)
-    if reused is not None:
-        reused.check_fits(imgsz, pset, run.exporter)
+    if reused_base is not None:
+        reused_base.check_fits(imgsz, pset, run.exporter)
     else:
         with progress.step("re-parameterizing"):
             deploy, deploy64 = build_deploy_form(loaded.model, imgsz, s.reparam, run.attn_order,
@@ -207,7 +223,7 @@ def start(req: Request, one: ExportSettings, progress: Progress, hub: HubStore |
                     labels=None if req.labels is None else str(req.labels),
                     require_verified=s.require_verified, require_ane=s.require_ane, exporter=run.exporter,
                     opset=run.opset)
-    return Started(req, loaded, deploy, deploy64, pset, report, classes, progress, hub, reused)
+    return Started(req, loaded, deploy, deploy64, pset, report, classes, progress, base_store, reused_base)
 
 
 def finish(report: Report, folder: outdir.OutputFolder, save_raw, out: Path) -> None:
@@ -248,69 +264,69 @@ def _metadata(loaded: Loaded, imgsz: int, run: ExportSettings, info: ReparamInfo
 
 @dataclass
 class _Build(ExportRun):
-    """One export run building into `tmp`: fills `report` hop by hop up to the hub graph, then hands the targets to
-    target_hops.py."""
+    """One export run building into `tmp`: fills `report` hop by hop up to the base graph, then hands the targets
+    to target_hops.py."""
     plans: list
     loaded: Loaded
-    deploy64: nn.Module | None          # the float64 deploy-form of the gate (None: a reused hub's)
+    deploy64: nn.Module | None          # the float64 deploy-form of the gate (None: a reused base's)
     classes: list | None = None         # --labels: class names in index order
-    store: HubStore | None = None       # where a hub this run verifies is put (export(hub=...))
-    reused: Hub | None = None           # a verified hub: the steps up to the hub graph are not run again
+    store: BaseStore | None = None      # where the base this run verifies is put (export(base_store=...))
+    reused_base: VerifiedBase | None = None  # a verified base: the steps up to its graph are not run again
     raw: onnx.ModelProto | None = None  # the unsimplified graph, kept for the quarantine
-    ready: tuple | None = None          # (hub path, metadata, ladder) once the hub graph passed its steps
+    ready: tuple | None = None          # (base graph path, metadata, ladder) once it passed its steps
     targets: TargetHops | None = None   # the targets' loop (its shared analyses: a multi-size export reuses them)
 
     def run(self) -> None:
-        self.ready = self._reuse_hub() if self.reused is not None else self._build_hub()
+        self.ready = self._reuse_base() if self.reused_base is not None else self._build_base()
         if self.ready is None:
             return self._skip_rest()
         self.targets = TargetHops(**self.shared())
         self.targets.run(self.plans, *self.ready)
 
-    def _reuse_hub(self) -> tuple[Path, dict, Ladder]:
-        """The reused hub's hop records, its graph copied into the build folder, and its reference."""
-        r, h = self.report, self.reused
+    def _reuse_base(self) -> tuple[Path, dict, Ladder]:
+        """The reused base's hop records, its graph copied into the build folder, and its reference."""
+        r, h = self.report, self.reused_base
         r.parity += h.hop_records()
         r.exporter, r.exporter_fallback = h.export["exporter"], h.export["exporter_fallback"]
         self.raw = h.raw
-        hub = self.tmp / f"{r.model}.onnx"
+        graph = self.tmp / f"{r.model}.onnx"
         meta = _metadata(self.loaded, r.imgsz, self.settings, r.reparam, r.versions, self.classes, r)
         if read_metadata(h.onnx_path).get("labels") != self.classes:  # class names belong to this export
-            save_onnx(set_metadata(onnx.load(str(h.onnx_path)), meta), hub)
+            save_onnx(set_metadata(onnx.load(str(h.onnx_path)), meta), graph)
         else:
-            shutil.copyfile(h.onnx_path, hub)
-        self.checkpoint("hub-graph")
-        record_artifact(r, "onnx", hub, "fp32", {"simplify": h.export.get("simplify")}, root=self.tmp)
-        r.reference = {**reference_block(h.truth, self.inputs.classes), "cache": None}  # the hub's own truth
-        return hub, meta, Ladder(None, self.deploy, self.inputs, h.truth, self.progress, self.build_train)
+            shutil.copyfile(h.onnx_path, graph)
+        self.checkpoint("base-graph")
+        record_artifact(r, "onnx", graph, "fp32", {"simplify": h.export.get("simplify")}, root=self.tmp)
+        r.reference = {**reference_block(h.truth, self.inputs.classes), "cache": None}  # the base's own truth
+        return graph, meta, Ladder(None, self.deploy, self.inputs, h.truth, self.progress, self.build_train)
 
-    def _build_hub(self) -> tuple[Path, dict, Ladder] | None:
-        """Gate, reference, deploy-form hop, ONNX export + hop, onnxsim + hop: (hub path, metadata, ladder), or
-        None when a step failed. A hub whose every hop passed is put in the store."""
+    def _build_base(self) -> tuple[Path, dict, Ladder] | None:
+        """Gate, reference, deploy-form hop, ONNX export + hop, onnxsim + hop: (base graph path, metadata, ladder),
+        or None when a step failed. A base whose every hop passed is put in the store."""
         r, fp32, imgsz, run = self.report, self.tols["fp32"], self.report.imgsz, self.settings
         if run.reparam and not self._gate():
             return None
         ladder = Ladder.build(self.loaded.model, self.deploy, self.inputs, self.progress, run.truth_cache)
         r.reference = ladder.reference()
-        hop = ladder.deploy_hop(self.deploy, fp32, (PRE_HUB_SAMPLES, DEPLOY_SUBSET))
+        hop = ladder.deploy_hop(self.deploy, fp32, (PRE_BASE_SAMPLES, DEPLOY_SUBSET))
         if hop.status == "failed" and run.reparam:  # the fp64 gate passed: float32 arithmetic, not a wrong fold
             hop.reason += ("; the float64 equivalence gate passed: float32 rounding in the deploy-form exceeds its "
                            "allowance")
         r.parity.append(hop)
 
-        # ONNX: the raw export, then the simplified hub graph every target builds from
+        # ONNX: the raw export, then the simplified base graph every target builds from
         try:
             with self.progress.step("exporting ONNX"):  # (benchmarks/export_time.py reads the step names)
-                made = export_onnx_info(self.deploy, imgsz, run.batch, run.opset, run.exporter)
-                self.raw = check_onnx(made.model)
+                exported = export_onnx_info(self.deploy, imgsz, run.batch, run.opset, run.exporter)
+                self.raw = check_onnx(exported.model)
             del self.raw.graph.value_info[:]  # inferred shapes were for checking; saved graphs stay lean
         except OnnxExportError as e:
             r.parity.append(failed("onnx", exporter_label(run.exporter), str(e)))
             return None
-        r.exporter, r.exporter_fallback = made.exporter, made.fallback_reason
-        if made.fallback_reason:
-            self.progress.note(f"dynamo could not export {r.model}; TorchScript did ({made.fallback_reason})")
-        r.parity.append(ladder.onnx_hop("onnx", self.raw, fp32, (PRE_HUB_SAMPLES, RAW_SUBSET)))
+        r.exporter, r.exporter_fallback = exported.exporter, exported.fallback_reason
+        if exported.fallback_reason:
+            self.progress.note(f"dynamo could not export {r.model}; TorchScript did ({exported.fallback_reason})")
+        r.parity.append(ladder.onnx_hop("onnx", self.raw, fp32, (PRE_BASE_SAMPLES, RAW_SUBSET)))
         try:
             with self.progress.step("simplifying ONNX (onnxsim)"):
                 simp, simp_info = simplify_keeping_fusions(self.raw)  # fused-op counts: artifact info
@@ -318,17 +334,18 @@ class _Build(ExportRun):
             r.parity.append(failed("onnx-simplified", "onnxsim", str(e)))
             return None
         meta = _metadata(self.loaded, imgsz, self.settings, r.reparam, r.versions, self.classes, r)
-        hub = save_onnx(set_metadata(simp, meta), self.tmp / f"{r.model}.onnx")
-        self.checkpoint("hub-graph")
+        graph = save_onnx(set_metadata(simp, meta), self.tmp / f"{r.model}.onnx")
+        self.checkpoint("base-graph")
         r.parity.append(ladder.onnx_hop("onnx-simplified", simp, fp32))
         ladder.widen_raw_hop(r.parity, self.raw, fp32)
-        record_artifact(r, "onnx", hub, "fp32", {"simplify": simp_info}, root=self.tmp)
-        if self.store is not None and all(h.status == "passed" for h in r.parity):  # never share a failed hub
-            self.store.put(Hub(self.deploy, imgsz, hub, self.raw, ladder.truth, self.inputs.note, copy.deepcopy(r.parity),
-                               copy.deepcopy(r.reparam), run.attn_order, self.loaded.weights,
-                               self.loaded.checkpoint_sha256, dict(self.loaded.overrides),
-                               {**made.info(), "simplify": simp_info}, list(r.resized)))
-        return hub, meta, ladder
+        record_artifact(r, "onnx", graph, "fp32", {"simplify": simp_info}, root=self.tmp)
+        if self.store is not None and all(h.status == "passed" for h in r.parity):  # never share a failed base
+            self.store.put(VerifiedBase(self.deploy, imgsz, graph, self.raw, ladder.truth, self.inputs.note,
+                                        copy.deepcopy(r.parity), copy.deepcopy(r.reparam), run.attn_order,
+                                        self.loaded.weights, self.loaded.checkpoint_sha256,
+                                        dict(self.loaded.overrides), {**exported.info(), "simplify": simp_info},
+                                        list(r.resized)))
+        return graph, meta, ladder
 
     def save_raw(self, folder: Path) -> None:
         """The unsimplified graph, for the quarantine of a failed run."""

@@ -1,7 +1,7 @@
 """Several input sizes in one export (`--imgsz 224,256x320,320x256`): every size through the same ladder.
 
 The train-form is built once; each size then runs the single-size pipeline (pipeline.py: its own deploy-form and
-attention order, float64 gate, parity set, ground truth, ONNX export and hub graph, each target judged by its own
+attention order, float64 gate, parity set, ground truth, ONNX export and base graph, each target judged by its own
 hop) in its own folder inside the build folder. What is one file per size (ONNX, TensorRT, ...) is renamed for its
 size, NAME_256x320.onnx; a target whose row has `entries` (CoreML functions, ExecuTorch methods) makes one
 artifact of every size (`Target.lower_sizes`), with one hop per function or method, each judged against its
@@ -17,7 +17,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ...errors import VitedgeError
-from ...precisions import compressed_names
 from ...targets import row_of
 from ..core import outdir
 from ..core.progress import Progress
@@ -26,7 +25,7 @@ from ..core.settings import ExportSettings, size_entry, size_label
 from ..onnx.onnx_export import save_onnx
 from ..verdict.hops import record_artifact
 from ..verdict.parity import failed, unverified
-from .hub import HubStore
+from .verified_base import BaseStore
 
 SIZE_FOLDER = ".size-"  # each size's build folder inside the export's (gone once its files are renamed)
 
@@ -48,27 +47,24 @@ def one_file_plans(plans: list) -> list:
 
 def check_sizes(req, sizes: int, progress: Progress) -> None:
     """What one artifact of several sizes cannot take, before any work; the options each such target needs
-    (CoreML: iOS 18) noted and set on its plan."""
-    if req.made.get("features") is not None:  # each size's maps have their own shapes: one size per export for now
+    (CoreML: iOS 18) noted and set on its plan. A compressed precision needs nothing more: each size is compressed
+    (and calibrated) on its own and its entry judged against that size's emulation of the kind."""
+    if req.train_form_args.get("features") is not None:  # each size's maps have their own shapes: one size per run
         raise VitedgeError("--features with several --imgsz sizes: export the feature maps one size per run for now "
                            "(drop all but one size)")
     for plan in one_file_plans(req.plans):
-        if plan.precision in compressed_names():
-            raise VitedgeError(f"--precision {plan.precision} with several --imgsz sizes: a {plan.name} artifact of "
-                               f"several sizes is fp32 or fp16 for now; export {plan.name} at {plan.precision} one "
-                               "size per run")
         if plan.target is not None:
             plan.options = plan.target.plan_sizes(sizes, plan.options)
             if plan.options.get("ios_raised"):
                 progress.note(plan.options["ios_raised"])
 
 
-def export_sizes(s: ExportSettings, progress: Progress, stages, hub: HubStore | None = None) -> Report:
+def export_sizes(s: ExportSettings, progress: Progress, stages, base_store: BaseStore | None = None) -> Report:
     """`export()` of several sizes (s.imgsz holds more than one): one output folder, one report. `stages`: the
     single-size pipeline (pipeline.py: prepare, start, finish)."""
-    if hub is not None:
-        raise VitedgeError("a shared hub holds one input size; export several sizes without hub= (a `vitedge "
-                           "matrix` cell is one size)")
+    if base_store is not None:
+        raise VitedgeError("a shared verified base holds one input size; export several sizes without base_store= "
+                           "(a `vitedge matrix` cell is one size)")
     req = stages.prepare(s, progress)
     check_sizes(req, len(s.imgsz), progress)
     several = one_file_plans(req.plans)
@@ -87,9 +83,9 @@ def export_sizes(s: ExportSettings, progress: Progress, stages, hub: HubStore | 
                 build = started.build(sub, folder.checkpoint, each)
                 build.run()
                 done.append(_Size(label, size_entry(size), started, build, sub))
-            made = [(plan, *_one_file_hops(plan, done, folder.tmp, progress, stages.SKIPPED)) for plan in several]
+            one_file = [(plan, *_one_file_hops(plan, done, folder.tmp, progress, stages.SKIPPED)) for plan in several]
             report = _merge(done, folder.tmp)  # (after those hops: they add to each size's analyses)
-            for plan, hops, art in made:
+            for plan, hops, art in one_file:
                 if art is not None:
                     record_artifact(report, plan.hop(), art.path, art.precision, art.info, root=folder.tmp)
                 report.parity += hops
@@ -122,10 +118,14 @@ def _merge(done: list[_Size], tmp: Path) -> Report:
         for h in parity:
             h.size = d.label
         report.parity += parity
-        report.sizes.append({"size": d.label, "imgsz": [int(v) for v in d.label.split("x")], "entry": d.entry,
-                             "files": {k: a.path for k, a in files.items()}, "samples": r.samples,
-                             "reparam": asdict(r.reparam), "reference": r.reference})
+        report.sizes.append(size_row(d.label, d.entry, r, {k: a.path for k, a in files.items()}))
     return report
+
+
+def size_row(label: str, entry: str | None, report: Report, files: dict) -> dict:
+    """report.json's `sizes` entry of one size (`report`: that size's own run; `files`: {artifact key: path})."""
+    return {"size": label, "imgsz": [int(v) for v in label.split("x")], "entry": entry, "files": files,
+            "samples": report.samples, "reparam": asdict(report.reparam), "reference": report.reference}
 
 
 def _one_file_hops(plan, done: list[_Size], tmp: Path, progress: Progress, skipped: str) -> tuple[list[Hop], object]:
@@ -146,7 +146,7 @@ def _one_file_hops(plan, done: list[_Size], tmp: Path, progress: Progress, skipp
         bad = next(iter(hops))
         why = f"not made: the {plan.name} artifact holds every size, and size {bad} was not lowered"
         return _tagged({d.label: hops.get(d.label) or unverified(hop_name, plan.name, why) for d in done}, done), None
-    path = tmp / f"{done[0].started.report.model}{t.suffix}"
+    path = tmp / t.file_name(done[0].started.report.model, plan.precision)  # (NAME.int8.pte, as one size names it)
     tol = done[0].build.targets.tolerance(plan)
     try:
         with progress.step(f"lowering {len(parts)} sizes to one {t.name} artifact ({plan.precision})"):

@@ -1,6 +1,6 @@
-"""The per-target loop of one export: every requested target lowered from the verified hub graph (or, for
+"""The per-target loop of one export: every requested target lowered from the verified base graph (or, for
 CoreML and ExecuTorch, from the deploy-form) and judged by its own parity hop against the train-form's float64
-ground truth. pipeline.py builds the hub graph and hands each target plan here; what the targets share across one
+ground truth. pipeline.py builds the base graph and hands each target plan here; what the targets share across one
 run (the fp16 range analysis, the calibration set, the samples compressed hops are judged on) is computed once,
 on first need.
 """
@@ -33,7 +33,7 @@ FP16_CALIBRATION = 32    # parity inputs used for the fp16 range analysis
 
 @dataclass
 class ExportRun:
-    """What the steps of one export run building into `tmp` share (pipeline.py's up to the hub graph, then this
+    """What the steps of one export run building into `tmp` share (pipeline.py's up to the base graph, then this
     module's)."""
     settings: ExportSettings            # as the run resolved them (batch, opset, exporter, attn_order, labels)
     report: Report                      # filled hop by hop
@@ -43,7 +43,7 @@ class ExportRun:
     progress: Progress
     checkpoint: Callable[[str], None]   # the output folder's named points (Ctrl-C, test pauses)
     inputs: ParitySet                   # the parity set (default or --images)
-    build_train: Callable[[], nn.Module] | None  # the train-form, when a reused hub's hop needs it
+    build_train: Callable[[], nn.Module] | None  # the train-form, when a reused base's hop needs it
     n_calib: int | None                 # --precision int8 | w8a8: calibration images to take
 
     def shared(self) -> dict:
@@ -59,10 +59,10 @@ class TargetHops(ExportRun):
     calibration: object = None          # targets.calibration.Calibration, chosen once per run
     judged: JudgedSamples | None = None        # what compressed hops are judged on, built once per run
 
-    def run(self, plans: list, hub: Path, meta: dict, ladder: Ladder) -> None:
+    def run(self, plans: list, graph: Path, meta: dict, ladder: Ladder) -> None:
         for plan in plans:  # every requested target, generically through the TARGETS table
-            if self.report.hop(plan.hop()) is None:  # (the onnx fp32 artifact is the hub graph, already checked)
-                self.report.parity.append(self.hop(plan, hub, meta, ladder))
+            if self.report.hop(plan.hop()) is None:  # (the onnx fp32 artifact is the base graph, already checked)
+                self.report.parity.append(self.hop(plan, graph, meta, ladder))
 
     def _fp16_safe(self, x: np.ndarray) -> bool:
         """fp16 range analysis of the deploy-form (once per run): a model that would overflow in fp16 outside
@@ -106,26 +106,26 @@ class TargetHops(ExportRun):
             r.compressed_inputs = self.judged.describe(r.inputs, ", none that calibrated" if calib is not None else "")
         return self.judged
 
-    def _int8_graph(self, plan: TargetPlan, hub: Path, ladder: Ladder, tol) -> Path:
-        """The QDQ graph of the hub in the target's encoding, written and recorded; the tensorrt encoding gets
+    def _int8_graph(self, plan: TargetPlan, graph: Path, ladder: Ladder, tol) -> Path:
+        """The QDQ graph of the base graph in the target's encoding, written and recorded; the tensorrt encoding gets
         its own hop on ONNX Runtime CPU (the engine itself needs a GPU)."""
         from ...targets import get_target
 
         encoding = plan.target.qdq_encoding
         with self.progress.step(f"int8 QDQ graph for {plan.name} ({encoding} encoding)"):
-            path, info = write_qdq(hub, self._calibration(), encoding, self.tmp, self.report.model)
+            path, info = write_qdq(graph, self._calibration(), encoding, self.tmp, self.report.model)
         key = plan.hop() if row_of(plan.name).onnx_graph else QDQ_HOP  # (an ONNX target's int8 artifact IS the graph)
         record_artifact(self.report, key, path, "int8", info, root=self.tmp)
         if key == QDQ_HOP:
             onnx_t = get_target("onnx")
             art = onnx_t.lower(self.deploy, LowerSpec(self.report.model, self.report.imgsz, self.settings.batch, "int8",
-                                                      self.tmp, hub, qdq_path=path))
+                                                      self.tmp, graph, qdq_path=path))
             self.report.parity.append(compressed_hop(QDQ_HOP, onnx_t, art, tol, self._judged(ladder), self.deploy,
                                                      self.progress))
         return path
 
-    def hop(self, plan: TargetPlan, hub: Path, meta: dict, ladder: Ladder) -> Hop:
-        spec = self.spec(plan, hub, meta, ladder)
+    def hop(self, plan: TargetPlan, graph: Path, meta: dict, ladder: Ladder) -> Hop:
+        spec = self.spec(plan, graph, meta, ladder)
         if isinstance(spec, Hop):
             return spec
         t, tol = plan.target, self.tolerance(plan)
@@ -143,7 +143,7 @@ class TargetHops(ExportRun):
     def tolerance(self, plan: TargetPlan):
         return self.tols.get(profile_for(plan.precision)) if plan.precision else None
 
-    def spec(self, plan: TargetPlan, hub: Path, meta: dict, ladder: Ladder) -> LowerSpec | Hop:
+    def spec(self, plan: TargetPlan, graph: Path, meta: dict, ladder: Ladder) -> LowerSpec | Hop:
         """What `plan`'s target lowers from at this run's size, or the hop that says why it cannot lower."""
         hop_name, t = plan.hop(), plan.target
         tol = self.tolerance(plan)
@@ -151,7 +151,8 @@ class TargetHops(ExportRun):
             return unverified(hop_name, plan.name, plan.missing, tol)
         p = precision_row(plan.precision)   # looked up now: a registered precision too
         try:
-            qdq_path = self._int8_graph(plan, hub, ladder, tol) if plan.precision == "int8" and t.qdq_encoding else None
+            qdq_path = (self._int8_graph(plan, graph, ladder, tol) if plan.precision == "int8" and t.qdq_encoding
+                        else None)
         except VitedgeError:
             raise  # bad input (e.g. unreadable --calib-images): exit 2, nothing written
         except Exception as e:
@@ -162,7 +163,7 @@ class TargetHops(ExportRun):
         if p is not None and p.kind == HALF and not self._fp16_safe(ladder.x):
             return failed(hop_name, t.name, self.fp16_problem, tolerance=tol, diverging_module=self.fp16_module)
         return LowerSpec(name=self.report.model, imgsz=self.report.imgsz, batch=self.settings.batch,
-                         precision=plan.precision, out_dir=self.tmp, onnx_path=hub,
+                         precision=plan.precision, out_dir=self.tmp, onnx_path=graph,
                          metadata=dict(meta, precision=plan.precision), options=dict(plan.options), qdq_path=qdq_path,
                          calibration=self._calibration() if p is not None and p.calibrates else None)
 

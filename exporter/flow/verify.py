@@ -10,7 +10,7 @@ recorded), as `export` does (exporter/quantize/compressed.py).
 """
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -18,17 +18,18 @@ import onnx
 import torch.nn as nn
 
 from ...errors import VitedgeError
-from ...models.input_size import size_text
+from ...models.features import output_specs
+from ...models.input_size import as_hw, canonical, size_text
 from ...precisions import compressed_names
 from ...models.preprocess import Recipe
-from ...targets import row_for_suffix, row_of
+from ...targets import row_of
 from ...targets.base import Artifact, Runner
 from ...targets.rows import ONNX
-from ...targets.graph.metadata import read_metadata
+from .artifact_files import ArtifactFile, artifact_paths, check_same_export, sizes_to_check
 from .deploy_checkpoint import load_deploy_checkpoint
 from ..verdict.equivalence import verify_equivalence
 from ..quantize.compressed import JudgedSamples, compressed_hop
-from ..reparam.forms import build_deploy_form, build_train_form, model_name, reparam_info
+from ..reparam.build_forms import build_deploy_form, build_train_form, model_name, reparam_info
 from ...targets.labels import class_names, labels_of
 from ..verdict.predictions import predictions
 from ..verdict.hops import Ladder, check_images, hop_checks, parity_inputs_for, record_artifact
@@ -38,10 +39,11 @@ from ..verdict.localize import localize_torch
 from ..verdict.parity_cost import check_samples, choose_samples
 from ..verdict.parity import FLOAT64_TOLERANCES, noise_rule, profile_for, tolerances as make_tolerances, unverified
 from ..core.progress import QUIET, Progress
-from ..core.settings import ExportSettings
+from ..core.settings import ExportSettings, size_label
 from ..core.report import Hop, Report, versions
-from ..core.target_plans import TargetPlan, check_precision, load_target, resolve_targets
+from ..core.target_plans import TargetPlan, artifact_key, check_precision
 from ..core.writable import check_file_path
+from .sizes import size_row
 
 
 # the settings parity reads (the rest shape an export, and are refused rather than ignored)
@@ -50,7 +52,7 @@ PARITY_SETTINGS = ("model", "targets", "checkpoint", "imgsz", "precision", "attn
                    "truth_cache")
 
 
-def parity(model=None, artifact: str | Path | None = None, *, deploy_checkpoint: str | Path | None = None,
+def parity(model=None, artifact: str | Path | list | None = None, *, deploy_checkpoint: str | Path | None = None,
            report_path: str | Path | None = None, mode: str | None = None, progress: Progress | None = None,
            **settings) -> Report:
     """The parity ladder for an existing artifact and/or a deploy-form checkpoint (`vitedge reparam`).
@@ -66,6 +68,12 @@ def parity(model=None, artifact: str | Path | None = None, *, deploy_checkpoint:
     `labels`: the user's image folder as the parity set, class names in index order (as for `export`); labels
     that differ from those the artifact carries are an error.
 
+    Several sizes: a multi-size artifact (a multifunction CoreML package, an ExecuTorch program of several
+    methods) has every function / method judged at its own size, each its own hop with its own deploy-form hop and
+    ground truth; `artifact` may also be a list of files (the per-size ONNX files of a multi-size export), each
+    judged at the size it records. Hops then carry `size` (and `entry`, the function / method) and the report
+    `sizes`, as a multi-size export's do; `imgsz` picks some of the sizes.
+
     `model` None: the model the artifact's (or deploy checkpoint's) metadata names. `exporter`: the ONNX
     exporter the artifact was written with, recorded in the report where its metadata does not say; one that
     contradicts the metadata is an error. An artifact carrying class names (`vitedge.labels`) gets its top-1
@@ -75,24 +83,22 @@ def parity(model=None, artifact: str | Path | None = None, *, deploy_checkpoint:
     s = ExportSettings.build(model, settings, "parity")
     s.only(PARITY_SETTINGS, "parity")
     model_or_name, checkpoint, target, precision = s.model, s.checkpoint, s.targets, s.precision
-    attn_order, samples, overrides, images, labels = s.attn_order, s.samples, s.overrides, s.images, s.labels
+    samples, overrides, images, labels = s.samples, s.overrides, s.images, s.labels
     progress = progress or QUIET
     if mode not in (None, "device", "emulated"):
         raise VitedgeError(f"--mode must be device or emulated; got {mode!r}")
-    if artifact is None and deploy_checkpoint is None:
+    paths = artifact_paths(artifact)
+    if not paths and deploy_checkpoint is None:
         raise VitedgeError("vitedge parity needs --artifact PATH (and/or --deploy-checkpoint PATH)")
     check_precision(precision)
     check_samples(samples)
     check_file_path(report_path, "--report")  # written last: a folder or an unwritable place is known now
-    asked = s.one_size()  # one size per export for now (settings.py says what is not supported yet)
-    tols = make_tolerances(s.tolerances, FLOAT64_TOLERANCES)
     check_images(images, labels)
-    tname, art_model, meta = None, None, {}
-    if artifact is not None:
-        artifact = Path(artifact)
-        tname, art_model, meta = read_artifact(artifact, target)
-        if precision is None:
-            precision = meta.get("precision") or (_onnx_precision(art_model) if art_model is not None else None)
+    tols = make_tolerances(s.tolerances, FLOAT64_TOLERANCES)
+    files = [ArtifactFile.read(path, target, precision) for path in paths]
+    meta = files[0].meta if files else {}
+    for f in files[1:]:
+        check_same_export(files[0], f)
     deploy = None
     if deploy_checkpoint is not None:
         deploy = load_deploy_checkpoint(deploy_checkpoint)
@@ -101,19 +107,21 @@ def parity(model=None, artifact: str | Path | None = None, *, deploy_checkpoint:
                 "overrides": dmeta["overrides"], "checkpoint_sha256": dmeta["checkpoint_sha256"],
                 "weights": "checkpoint" if dmeta["checkpoint_sha256"] else "untrained",
                 **meta}  # an artifact's own metadata wins
-    source = artifact if artifact is not None else deploy_checkpoint
+    source = files[0].path if files else deploy_checkpoint
     if model_or_name is None:
         if not meta.get("model"):
             raise VitedgeError(f"{source} carries no vitedge metadata naming its model; pass --model NAME")
         model_or_name = meta["model"]
     name = model_or_name if isinstance(model_or_name, str) else model_name(model_or_name)
-    made_with = _exporter_of(source, tname, meta, s.exporter)
-    if meta.get("model") and meta["model"] != name:
-        raise VitedgeError(f"{source} holds {meta['model']}, not {name}; pass --model {meta['model']}")
+    made_with = _exporter_of(source, files[0].tname if files else None, meta, s.exporter)
+    for where, held in [(f.path, f.meta.get("model")) for f in files] or [(source, meta.get("model"))]:
+        if held and held != name:
+            raise VitedgeError(f"{where} holds {held}, not {name}; pass --model {held}")
     check_checkpoint(source, meta, checkpoint)
+    jobs = sizes_to_check(files, s, meta.get("imgsz"))
+    _check_folded_for(deploy, deploy_checkpoint, [z for z in jobs if z is not None])  # (None: the model's default)
     if overrides is None and isinstance(model_or_name, str):
         overrides = meta.get("overrides") or {}
-    plan = resolve_targets(tname, precision)[0] if tname else None
 
     with progress.step("building the train-form model"):
         # an artifact of feature maps (its vitedge.features) is judged against the same maps of the train-form
@@ -121,51 +129,121 @@ def parity(model=None, artifact: str | Path | None = None, *, deploy_checkpoint:
     if isinstance(meta.get("preprocess"), dict):  # the artifact's own eval preprocessing (models/preprocess.py)
         loaded.model.vitedge_recipe = Recipe.from_dict(meta["preprocess"])
     check_checkpoint(source, meta, checkpoint, loaded.checkpoint_sha256)
-    _check_class_count(source, art_model, loaded.model, s.checkpoint)
-    imgsz = loaded.at_size(asked or meta.get("imgsz"))
-    classes = class_names(labels, loaded.model, imgsz)
-    _check_carried_labels(classes, meta.get("labels"), labels, source)
-    samples, rule = choose_samples(samples, model_or_name, imgsz, loaded.overrides, loaded.model, images)
-    with progress.step("reading the parity inputs"):
-        pset = parity_inputs_for(loaded.model, imgsz, samples, images, labels)
-    folded_for = deploy.deploy_checkpoint_meta["imgsz"] if deploy is not None else imgsz  # (the file's metadata)
-    if folded_for != imgsz:
-        raise VitedgeError(f"{deploy_checkpoint} was folded for imgsz {size_text(folded_for)}, the check runs at "
-                           f"{size_text(imgsz)}; pass --imgsz {size_text(folded_for)}")
-    with progress.step("re-parameterizing"):
-        # the same rewrites as the deploy checkpoint, so that localization compares like module trees
-        same = deploy.deploy_checkpoint_meta.get("rewrites", True) if deploy is not None else True
-        fresh, fresh64 = build_deploy_form(loaded.model, imgsz, True, attn_order or meta.get("attn_order") or "auto",
-                                           rewrites=same)
-    deploy = deploy or fresh
-
-    batch = meta.get("batch")
-    report = Report(model=loaded.name, imgsz=imgsz, batch=batch if isinstance(batch, int) else None,
-                    weights=loaded.weights, checkpoint_sha256=loaded.checkpoint_sha256, reparam=reparam_info(deploy),
-                    versions=versions(), command="parity", targets=[tname] if tname else [],
-                    overrides=loaded.overrides, samples=len(pset), samples_rule=rule, inputs=pset.note,
-                    images=None if images is None else str(images), labels=None if labels is None else str(labels),
-                    require_verified=s.require_verified, require_ane=s.require_ane, exporter=made_with,
-                    exporter_fallback=meta.get("exporter_fallback") if made_with else None,
-                    opset=graph_opset(art_model) if art_model is not None else None)
-
-    ladder = Ladder.build(loaded.model, deploy, pset, progress, s.truth_cache)
-    report.reference = ladder.reference()
-    hop = ladder.deploy_hop(deploy, tols["fp32"])
-    if hop.status == "failed":
-        _localize_deploy_hop(hop, loaded.model, fresh, fresh64, deploy, ladder, imgsz, progress)
-    report.parity.append(hop)
-
-    if artifact is not None and plan.precision in compressed_names():
-        report.parity.append(_compressed_artifact_hop(report, plan, artifact, art_model, meta, ladder, tols, mode,
-                                                      progress))
-    elif artifact is not None:
-        report.parity.append(_existing_artifact_hop(report, plan, artifact, art_model, ladder, tols, mode,
-                                                    labels_of(meta)))
+    for f in files:
+        _check_class_count(f.path, f.graph, loaded.model, s.checkpoint)
+    several = len(jobs) > 1 or any(entry for judged in jobs.values() for _, entry in judged)
+    run = _Run(s, model_or_name, loaded, meta, deploy, deploy_checkpoint, made_with, mode, tols, progress)
+    reports = []
+    for size, judged in jobs.items():
+        if several:
+            progress.note(f"input size {size_text(size)} ({len(reports) + 1} of {len(jobs)})")
+        reports.append(run.at_size(size, judged))
+    report = reports[0]
+    if several:
+        _merge_sizes(report, reports, jobs)
     report.finalize()
     if report_path is not None:
         report.write(report_path)
     return report
+
+
+@dataclass
+class _Run:
+    """What every size of a `parity` run shares: its settings, train-form, the artifacts' metadata, the deploy
+    checkpoint (if given) and how hops are judged."""
+    s: ExportSettings
+    model_or_name: object
+    loaded: object                  # reparam.build_forms' loaded train-form
+    meta: dict
+    deploy: nn.Module | None        # the deploy checkpoint, if given
+    deploy_checkpoint: Path | None
+    made_with: str | None           # the ONNX exporter that wrote the artifact
+    mode: str | None
+    tols: dict
+    progress: Progress
+
+    def at_size(self, imgsz, judged: list) -> Report:
+        """The single-size parity run at `imgsz` (None: the model's default): the deploy-form hop and each (file,
+        entry) of `judged`, in a report of its own."""
+        s, loaded, meta, progress = self.s, self.loaded, self.meta, self.progress
+        images, labels = s.images, s.labels
+        imgsz = loaded.at_size(imgsz)
+        classes = class_names(labels, loaded.model, imgsz)
+        _check_carried_labels(classes, meta.get("labels"), labels,
+                              judged[0][0].path if judged else self.deploy_checkpoint)
+        samples, rule = choose_samples(s.samples, self.model_or_name, imgsz, loaded.overrides, loaded.model, images)
+        with progress.step("reading the parity inputs"):
+            pset = parity_inputs_for(loaded.model, imgsz, samples, images, labels)
+        deploy = self.deploy
+        _check_folded_for(deploy, self.deploy_checkpoint, [imgsz])
+        with progress.step("re-parameterizing"):
+            # the same rewrites as the deploy checkpoint, so that localization compares like module trees
+            same = deploy.deploy_checkpoint_meta.get("rewrites", True) if deploy is not None else True
+            fresh, fresh64 = build_deploy_form(loaded.model, imgsz, True,
+                                               s.attn_order or meta.get("attn_order") or "auto", rewrites=same)
+        deploy = deploy or fresh
+
+        first = judged[0][0] if judged else None
+        batch = meta.get("batch")
+        report = Report(model=loaded.name, imgsz=imgsz, batch=batch if isinstance(batch, int) else None,
+                        weights=loaded.weights, checkpoint_sha256=loaded.checkpoint_sha256,
+                        reparam=reparam_info(deploy), versions=versions(), command="parity",
+                        targets=list(dict.fromkeys(f.tname for f, _ in judged)), overrides=loaded.overrides,
+                        samples=len(pset), samples_rule=rule, inputs=pset.note,
+                        images=None if images is None else str(images), labels=None if labels is None else str(labels),
+                        require_verified=s.require_verified, require_ane=s.require_ane, exporter=self.made_with,
+                        exporter_fallback=meta.get("exporter_fallback") if self.made_with else None,
+                        opset=graph_opset(first.graph) if first is not None and first.graph is not None else None,
+                        outputs=[o.as_dict() for o in output_specs(deploy, as_hw(imgsz))],
+                        features=meta.get("features"))
+
+        ladder = Ladder.build(loaded.model, deploy, pset, progress, s.truth_cache)
+        report.reference = ladder.reference()
+        hop = ladder.deploy_hop(deploy, self.tols["fp32"])
+        if hop.status == "failed":
+            _localize_deploy_hop(hop, loaded.model, fresh, fresh64, deploy, ladder, imgsz, progress)
+        report.parity.append(hop)
+        for f, entry in judged:
+            if f.plan.precision in compressed_names():
+                hop = _compressed_artifact_hop(report, f.plan, f.path, f.graph, f.meta, ladder, self.tols, self.mode,
+                                               progress, entry)
+            else:
+                hop = _existing_artifact_hop(report, f.plan, f.path, f.graph, ladder, self.tols, self.mode,
+                                             labels_of(f.meta), entry)
+            hop.entry = entry
+            report.parity.append(hop)
+        return report
+
+
+def _check_folded_for(deploy, deploy_checkpoint, sizes: list) -> None:
+    """A deploy checkpoint is checked at the size it was folded for (its file's metadata): every size the run
+    checks must be that one."""
+    if deploy is None:
+        return
+    folded_for = deploy.deploy_checkpoint_meta["imgsz"]
+    other = next((z for z in sizes if z != canonical(folded_for)), None)
+    if other is not None:
+        raise VitedgeError(f"{deploy_checkpoint} was folded for imgsz {size_text(folded_for)}, the check runs at "
+                           f"{size_text(other)}; pass --imgsz {size_text(folded_for)}")
+
+
+def _merge_sizes(report: Report, reports: list[Report], jobs: dict) -> None:
+    """`report` (the first size's) with every size's hops (`size` set) and artifacts, and `sizes`, as a multi-size
+    export's report has them: an artifact of every size keeps its key, a file of one size is keyed KEY@HxW."""
+    own = [(r, r.parity, r.artifacts) for r in reports]  # (the first is `report` itself)
+    report.parity, report.artifacts, report.sizes = [], {}, []
+    for (r, parity, artifacts), judged in zip(own, jobs.values()):
+        label = size_label(as_hw(r.imgsz))
+        for h in parity:
+            h.size = label
+        report.parity += parity
+        files = {}
+        for (_, entry), h in zip(judged, parity[1:]):  # (after the deploy-form hop: one hop per file)
+            key = artifact_key(h.hop)
+            files[key] = artifacts[key].path
+            report.artifacts[key if entry else f"{key}@{label}"] = artifacts[key]
+        report.sizes.append(size_row(label, next((e for _, e in judged if e), None), r, files))
+    report.targets = list(dict.fromkeys(t for r in reports for t in r.targets))
 
 
 def _check_carried_labels(classes: list[str] | None, carried, labels, source) -> None:
@@ -177,15 +255,6 @@ def _check_carried_labels(classes: list[str] | None, carried, labels, source) ->
     if not same:
         raise VitedgeError(f"--labels {labels} differs from the class names {source} carries (vitedge.labels); "
                            "pass the labels file it was exported with")
-
-
-def _artifact_target(path: Path, target: str | None) -> str:
-    if target:
-        return resolve_targets(target)[0].name
-    row = row_for_suffix(path.name)  # each row's own suffix first, then the others it recognizes
-    if row is None:
-        raise VitedgeError(f"cannot tell the target of {path} from its suffix; pass --target")
-    return row.name
 
 
 def check_checkpoint(source: Path, meta: dict, checkpoint, loaded_sha256: str | None = None) -> None:
@@ -210,51 +279,6 @@ def _check_class_count(source: Path, graph, model: nn.Module, checkpoint) -> Non
         given = f"--checkpoint {checkpoint}" if checkpoint is not None else "the model's default (no --checkpoint)"
         raise VitedgeError(f"{source} outputs {got} classes, the model built from {given} has {want}: they are "
                            "not the same model; check the artifact against the checkpoint it was exported from")
-
-
-def read_artifact(path: Path, target: str | None) -> tuple[str, onnx.ModelProto | None, dict]:
-    """(target name, the ONNX model for .onnx artifacts, the metadata the artifact carries)."""
-    if not path.exists():
-        raise VitedgeError(f"artifact {path} not found; check the --artifact path")
-    tname = _artifact_target(path, target)
-    if not row_of(tname).onnx_graph:
-        return tname, None, _artifact_metadata(tname, path)
-    try:
-        model = onnx.load(str(path))
-    except Exception as e:
-        raise VitedgeError(f"{path} is not a readable ONNX file ({type(e).__name__}); re-export it") from None
-    if not model.graph.node or not model.graph.output:  # an empty file parses as an empty model: a bad input too
-        raise VitedgeError(f"{path} is not a readable ONNX file (it holds no graph); re-export it")
-    return tname, model, read_metadata(model)
-
-
-def _artifact_metadata(target: str, path: Path) -> dict:
-    """What a target's `read_metadata(path)` says about an artifact it wrote, decoded: JSON strings become values
-    and "none" becomes None (CoreML user metadata is all strings)."""
-    t, _ = load_target(target)
-    if t is None:
-        return {}
-    try:
-        raw = t.read_metadata(path)
-    except Exception as e:
-        raise VitedgeError(f"cannot read {path} as a {target} artifact ({type(e).__name__}: {e})") from None
-    out = {}
-    for k, v in raw.items():
-        if isinstance(v, str):
-            if v.lower() == "none":
-                v = None
-            else:
-                try:
-                    v = json.loads(v)
-                except json.JSONDecodeError:
-                    pass
-        out[k] = v
-    return out
-
-
-def _onnx_precision(model: onnx.ModelProto) -> str:
-    half = any(i.data_type == onnx.TensorProto.FLOAT16 for i in model.graph.initializer)
-    return "fp16" if half else "fp32"
 
 
 def _localize_deploy_hop(hop: Hop, train: nn.Module, fresh: nn.Module, fresh64: nn.Module, deploy: nn.Module,
@@ -293,10 +317,11 @@ def _exporter_of(source: Path, target: str | None, meta: dict, exporter: str | N
 
 def _existing_artifact_hop(report: Report, plan: TargetPlan, path: Path, art_model: onnx.ModelProto | None,
                            ladder: Ladder, tols: dict, mode: str | None = None,
-                           labels: list[str] | None = None) -> Hop:
+                           labels: list[str] | None = None, entry: str | None = None) -> Hop:
+    """`path`'s hop (of its function / method `entry`, in an artifact of several sizes)."""
     hop_name = plan.existing_hop()
     tol = tols.get(plan.precision) if plan.precision else None
-    art = Artifact(plan.name, path, plan.precision or "fp32")
+    art = Artifact(plan.name, path, plan.precision or "fp32", entry=entry)
     record_artifact(report, hop_name, path, art.precision, model=art_model)
     if plan.target is None:
         return unverified(hop_name, plan.name, plan.missing, tol)
@@ -327,10 +352,10 @@ def recorded_calibration_ids(meta: dict) -> list:
 
 
 def _compressed_artifact_hop(report: Report, plan: TargetPlan, path: Path, art_model, meta: dict, ladder: Ladder,
-                             tols: dict, mode: str | None, progress: Progress) -> Hop:
+                             tols: dict, mode: str | None, progress: Progress, entry: str | None = None) -> Hop:
     hop_name = plan.hop()
     tol = tols[profile_for(plan.precision)]
-    art = Artifact(plan.name, path, plan.precision)
+    art = Artifact(plan.name, path, plan.precision, entry=entry)
     record_artifact(report, hop_name, path, art.precision, model=art_model)
     if plan.target is None:
         return unverified(hop_name, plan.name, plan.missing, tol)

@@ -13,8 +13,9 @@ part of the entry).
 Layout under the cache root (safe to share between drivers and CI runs: every write is a rename):
   plans/<key>.json          a validated plan resolved into cells (so a cached re-run needs no registry)
   cells/<kk>/<key>/cell/    the cell's export output folder;  .../entry.json  its status and key inputs
-  hubs/<kk>/<key>/          a verified deploy-form + hub ONNX shared by the cells of one model and size (its
-                            hub.json records the sha256 of each file, re-hashed before a cell is given it)
+  hubs/<kk>/<key>/          a verified base (deploy-form + base ONNX + ground truth) shared by the cells of one
+                            model and size (its hub.json records the sha256 of each file, re-hashed before a
+                            cell is given it; the folders keep the base's former name)
 Only entries whose status is "passed" are ever looked up: a failed cell is never reused as passed.
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ from ..verdict.parity_cost import SAMPLES_RULE
 from ..core.digests import json_digest, source_digest
 from ...targets.base import sha256_file
 from ..core.report import CORE_PACKAGES, versions
-from .folders import hub_untrusted, untrusted
+from .folders import base_untrusted, untrusted
 from .plan import Cell
 
 SCHEMA = 1
@@ -63,8 +64,9 @@ def _weights(cell: Cell, env: Env) -> dict:
             "weights": "checkpoint" if cell.checkpoint else "untrained", "overrides": cell.overrides}
 
 
-def hub_key(cell: Cell, env: Env) -> tuple[str, dict]:
-    """The shared deploy-form + hub ONNX of a model at one size: everything before the target."""
+def base_key(cell: Cell, env: Env) -> tuple[str, dict]:
+    """The shared verified base (deploy-form + base ONNX) of a model at one size: everything before the target.
+    ("kind" keeps the base's former name: the keys of existing caches stay valid.)"""
     inputs = {"kind": "hub", **env.common(BASE_PACKAGES), **_weights(cell, env), "imgsz": cell.size,
               "batch": cell.batch, "opset": cell.opset, "exporter": cell.exporter, "rewrites": cell.rewrites,
               "attn_order": cell.attn_order, "samples": _samples(cell), "tolerance_fp32": cell.tolerances.get("fp32", {})}
@@ -168,8 +170,8 @@ class Cache:
         return untrusted(self.cell_output(key))
 
     def verify(self) -> list[tuple[str, str | None]]:
-        """Every cell entry and every hub of the cache, re-checked without building: [(key, why it is bad or
-        None)]; a hub's key is given as "hub <key>"."""
+        """Every cell entry and every verified base of the cache, re-checked without building: [(key, why it is bad
+        or None)]; a base's key is given as "hub <key>" (its folder's name, hubs/)."""
         out = []
         for entry_file in sorted(self.root.glob("cells/*/*/entry.json")):
             key = entry_file.parent.name
@@ -185,7 +187,7 @@ class Cache:
             else:
                 out.append((key, self.untrusted(key)))
         for meta in sorted(self.root.glob("hubs/*/*/hub.json")):
-            out.append((f"hub {meta.parent.name}", hub_untrusted(meta.parent)))
+            out.append((f"hub {meta.parent.name}", base_untrusted(meta.parent)))
         return out
 
     def record(self, key: str, entry: dict) -> None:
@@ -198,8 +200,8 @@ class Cache:
         (d / "entry.json").unlink(missing_ok=True)
         shutil.rmtree(d, ignore_errors=True)
 
-    # -- hubs -----------------------------------------------------------------------------------------
-    def hub_dir(self, key: str) -> Path:
+    # -- verified bases (hubs/) ---------------------------------------------------------------------
+    def base_dir(self, key: str) -> Path:
         return self.root / "hubs" / key[:2] / key
 
 

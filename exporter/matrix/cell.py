@@ -12,6 +12,7 @@ import traceback
 from pathlib import Path
 
 from ..core.settings import ExportSettings
+from .folders import BASE_META
 from .plan import Cell
 from .status import cell_status
 
@@ -28,21 +29,21 @@ def configure_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def run_cell(cell: dict, out: str, hub: str | None = None, bench: bool = False) -> dict:
-    """Export `cell` into the folder `out` (atomic, replaced if present). `hub`: a folder holding (or to hold)
-    the verified deploy-form and hub ONNX shared by the cells of this model and size.
+def run_cell(cell: dict, out: str, base: str | None = None, bench: bool = False) -> dict:
+    """Export `cell` into the folder `out` (atomic, replaced if present). `base`: a folder holding (or to hold)
+    the verified base (deploy-form, base ONNX, ground truth) shared by the cells of this model and size.
 
-    Returns {"status", "reason", "report" (dict or None), "traceback", "seconds", "latency", "hub_stored"}.
+    Returns {"status", "reason", "report" (dict or None), "traceback", "seconds", "latency", "base_stored"}.
     """
     t0 = time.perf_counter()
     c = Cell.from_dict(cell)
     result = {"status": "error", "reason": None, "report": None, "traceback": None, "latency": None,
-              "hub_stored": False}
+              "base_stored": False}
     try:
-        report = _export(c, Path(out), Path(hub) if hub else None)
+        report = _export(c, Path(out), Path(base) if base else None)
         result["report"] = report.to_dict()
         result["status"], result["reason"] = cell_status(result["report"], c)
-        result["hub_stored"] = bool(hub) and (Path(hub) / "hub.json").is_file()
+        result["base_stored"] = bool(base) and (Path(base) / BASE_META).is_file()
         if bench and result["status"] == "passed":
             result["latency"] = _latency(c, report, Path(out))
     except KeyboardInterrupt:
@@ -57,11 +58,11 @@ def run_cell(cell: dict, out: str, hub: str | None = None, bench: bool = False) 
     return result
 
 
-def _export(c: Cell, out: Path, hub: Path | None):
+def _export(c: Cell, out: Path, base: Path | None):
     from ..flow.pipeline import export
     from ..core.progress import QUIET
 
-    return export(cell_settings(c, out), progress=QUIET, hub=_hub(hub))
+    return export(cell_settings(c, out), progress=QUIET, base_store=_base_store(base))
 
 
 def cell_settings(c: Cell, out: str | Path) -> ExportSettings:
@@ -72,12 +73,12 @@ def cell_settings(c: Cell, out: str | Path) -> ExportSettings:
                           options=c.options, rewrites=c.rewrites, exporter=c.exporter)
 
 
-def _hub(folder: Path | None):
+def _base_store(folder: Path | None):
     if folder is None:
         return None
-    from .hub_folder import FolderHub
+    from .base_folder import FolderBaseStore
 
-    return FolderHub(folder)
+    return FolderBaseStore(folder)
 
 
 def _latency(c: Cell, report, out: Path) -> dict:

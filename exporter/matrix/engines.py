@@ -48,14 +48,14 @@ class Job:
     cell: Cell
     key: str
     out: str | None = None        # local pool: the cache folder the export writes
-    hub: str | None = None        # local pool: the hub folder (read, or written by the group's first cell)
-    hub_blob: object = None       # Ray: the packed hub (an ObjectRef), or None
-    build_hub: bool = False       # the first cell of its model and size: stores the hub it builds
+    base: str | None = None       # local pool: the verified base's folder (read, or written by its group's first)
+    base_blob: object = None      # Ray: the packed verified base (an ObjectRef), or None
+    build_base: bool = False      # the first cell of its model and size: stores the verified base it builds
     bench: bool = False
     index: int = 0
 
     def payload(self) -> dict:
-        return {"cell": self.cell.to_dict(), "out": self.out, "hub": self.hub, "bench": self.bench}
+        return {"cell": self.cell.to_dict(), "out": self.out, "base": self.base, "bench": self.bench}
 
 
 def crashed(what: str, log: Path | None = None) -> dict:
@@ -63,7 +63,7 @@ def crashed(what: str, log: Path | None = None) -> dict:
     if log is not None and log.is_file():
         tail = "\n--- worker log (tail) ---\n" + log.read_text(errors="replace")[-LOG_TAIL:]
     return {"status": "error", "reason": what, "report": None, "traceback": what + tail, "latency": None,
-            "hub_stored": False, "seconds": None}
+            "base_stored": False, "seconds": None}
 
 
 def _die_with_parent() -> None:
@@ -82,8 +82,9 @@ DRIVER_POLL_S = 0.5  # how often a worker checks that its driver is alive
 
 def _watch_driver(driver: int) -> None:
     """Stop this worker once the driver process `driver` is gone: its kernel parent is the fork server, not the
-    driver, so PR_SET_PDEATHSIG alone let the workers of a SIGKILLed driver export (and store hubs) for about 20 s
-    more. SIGINT first (the export removes its build folder), SIGKILL after STOP_GRACE_S, as the driver's own stop."""
+    driver, so PR_SET_PDEATHSIG alone let the workers of a SIGKILLed driver export (and store verified bases) for
+    about 20 s more. SIGINT first (the export removes its build folder), SIGKILL after STOP_GRACE_S, as the
+    driver's own stop."""
     def watch() -> None:
         while True:
             time.sleep(DRIVER_POLL_S)

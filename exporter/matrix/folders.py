@@ -52,28 +52,30 @@ def untrusted(folder: Path) -> str | None:
     return None
 
 
-HUB_META = "hub.json"
+BASE_META = "hub.json"  # a verified base's record (the base's former name, kept on disk)
 
 
-def hub_files(folder: Path) -> dict:
-    """{file name: sha256} of every file of a hub folder but its hub.json (the record hub.json keeps of them)."""
+def base_files(folder: Path) -> dict:
+    """{file name: sha256} of every file of a verified base's folder but its hub.json (the record hub.json keeps
+    of them)."""
     folder = Path(folder)
-    return {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != HUB_META}
+    return {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != BASE_META}
 
 
-def hub_untrusted(folder: Path) -> str | None:
-    """Why the hub folder `folder` cannot be served to a cell, or None: its hub.json missing or unreadable, or
-    its files not exactly those hub.json recorded when the hub was verified (each re-hashed now, as a cell's
-    artifacts are: a hub's ONNX or ground truth changed in the cache would otherwise pass every cell built on it)."""
+def base_untrusted(folder: Path) -> str | None:
+    """Why the verified base's folder `folder` cannot be served to a cell, or None: its hub.json missing or
+    unreadable, or its files not exactly those hub.json recorded when the base was verified (each re-hashed now, as
+    a cell's artifacts are: a base's ONNX or ground truth changed in the cache would otherwise pass every cell built
+    on it). The messages name it "hub", as its folder (hubs/) and --verify-cache's lines do."""
     folder = Path(folder)
     try:
-        recorded = json.loads((folder / HUB_META).read_text()).get("files")
+        recorded = json.loads((folder / BASE_META).read_text()).get("files")
     except (OSError, ValueError, AttributeError) as e:
-        return f"hub {folder.name[:12]}...: its {HUB_META} is missing or unreadable ({type(e).__name__})"
+        return f"hub {folder.name[:12]}...: its {BASE_META} is missing or unreadable ({type(e).__name__})"
     if not isinstance(recorded, dict):
-        return f"hub {folder.name[:12]}...: its {HUB_META} records no sha256 of its files (an older hub)"
+        return f"hub {folder.name[:12]}...: its {BASE_META} records no sha256 of its files (an older hub)"
     try:
-        found = hub_files(folder)
+        found = base_files(folder)
     except OSError as e:
         return f"hub {folder.name[:12]}...: unreadable ({type(e).__name__})"
     for name in sorted(set(recorded) | set(found)):
@@ -82,7 +84,7 @@ def hub_untrusted(folder: Path) -> str | None:
         if name not in recorded:
             return f"hub {folder.name[:12]}...: {name} was not there when the hub was verified"
         if found[name] != recorded[name]:
-            return (f"hub {folder.name[:12]}...: {name} has sha256 {found[name][:12]}..., its {HUB_META} records "
+            return (f"hub {folder.name[:12]}...: {name} has sha256 {found[name][:12]}..., its {BASE_META} records "
                     f"{recorded[name][:12]}...")
     return None
 

@@ -46,7 +46,7 @@ class Cell:
     options: dict = field(default_factory=dict)     # this target's options only (labels: absolute path)
     coreml_mode: str | None = None  # "device": only a real CoreML prediction (a Mac) verifies the cell
     tensorrt_version: str | None = None             # pins TensorRT cells' cache keys
-    exporter: str = DEFAULT_EXPORTER                # the ONNX exporter of the cell's hub graph
+    exporter: str = DEFAULT_EXPORTER                # the ONNX exporter of the cell's base graph
 
     def __post_init__(self):
         self.imgsz = as_size(self.imgsz)

@@ -9,9 +9,9 @@ on a Mac. Ray keeps a task that no node can take pending for ever, so the engine
 while pending), is cancelled and reported "unverified" with the missing resource named. It never hangs.
 
 Workers need not share a filesystem with the driver: a task receives its checkpoint and labels file as bytes,
-exports into its own temporary folder and returns it packed (with the hub it built, if any) through Ray's
-object store; the driver alone writes the cache and DIR. Hubs go to the group's other cells the same way
-(one `ray.put` per hub, per checkpoint).
+exports into its own temporary folder and returns it packed (with the verified base it built, if any) through Ray's
+object store; the driver alone writes the cache and DIR. Verified bases go to the group's other cells the same
+way (one `ray.put` per base, per checkpoint).
 """
 from __future__ import annotations
 
@@ -50,17 +50,17 @@ def missing_resources(need: dict, nodes: list[dict]) -> str | None:
     return f"no single live node has all of {', '.join(need)}"
 
 
-def ray_cell(cell: dict, hub_blob: bytes | None, build_hub: bool, bench: bool, threads: int,
+def ray_cell(cell: dict, base_blob: bytes | None, build_base: bool, bench: bool, threads: int,
              checkpoint: bytes | None = None, labels: bytes | None = None) -> dict:
     """The Ray task: run the cell in a temporary folder and return the result with the folder packed (and the
-    hub it built when `build_hub`: the first cell of its model and size). The checkpoint and labels files come
-    as bytes (the driver's paths need not exist on this node)."""
+    verified base it built when `build_base`: the first cell of its model and size). The checkpoint and labels
+    files come as bytes (the driver's paths need not exist on this node)."""
     from .cell import configure_threads, run_cell
     from .folders import pack, unpack
 
     configure_threads(threads)
     with tempfile.TemporaryDirectory(prefix="vitedge-cell-") as d:
-        out, hub = Path(d) / "cell", Path(d) / "hub"
+        out, base = Path(d) / "cell", Path(d) / "base"
         if checkpoint is not None:
             path = Path(d) / ("checkpoint" + Path(cell["checkpoint"]).suffix)
             path.write_bytes(checkpoint)
@@ -69,11 +69,11 @@ def ray_cell(cell: dict, hub_blob: bytes | None, build_hub: bool, bench: bool, t
             path = Path(d) / "labels.txt"
             path.write_bytes(labels)
             cell = {**cell, "options": {**cell["options"], "labels": str(path)}}
-        if hub_blob is not None:
-            unpack(hub_blob, hub)
-        result = run_cell(cell, str(out), str(hub) if hub_blob is not None or build_hub else None, bench)
+        if base_blob is not None:
+            unpack(base_blob, base)
+        result = run_cell(cell, str(out), str(base) if base_blob is not None or build_base else None, bench)
         result["cell_blob"] = pack(out) if out.is_dir() else None
-        result["hub_blob"] = pack(hub) if build_hub and result.get("hub_stored") else None
+        result["base_blob"] = pack(base) if build_base and result.get("base_stored") else None
     result["node"] = os.uname().nodename
     return result
 
@@ -137,8 +137,8 @@ class RayEngine:
             if missing_resources(need, self.nodes()) is None:
                 self.waiting.remove(item)
                 custom = {k: v for k, v in need.items() if k not in ("CPU", "GPU")}
-                args = (job.cell.to_dict(), job.hub_blob, job.build_hub, job.bench, 1, self._file(job.cell.checkpoint),
-                        self._file(job.cell.options.get("labels")))
+                args = (job.cell.to_dict(), job.base_blob, job.build_base, job.bench, 1,
+                        self._file(job.cell.checkpoint), self._file(job.cell.options.get("labels")))
                 ref = self.task.options(num_cpus=need["CPU"], num_gpus=need.get("GPU", 0), resources=custom,
                                         max_retries=0).remote(*args)
                 self.inflight[ref] = (job, need)
@@ -153,7 +153,7 @@ class RayEngine:
     def _unverified(self, why: str, waited: float) -> dict:
         return {"status": "unverified", "reason": f"{why} (waited {waited:.0f} s, --resource-timeout "
                                                   f"{self.timeout:g}); the cell did not run",
-                "report": None, "traceback": None, "latency": None, "hub_stored": False, "seconds": None}
+                "report": None, "traceback": None, "latency": None, "base_stored": False, "seconds": None}
 
     def poll(self, timeout: float) -> list[tuple[Job, dict]]:
         ray, done, now = self.ray, [], time.monotonic()

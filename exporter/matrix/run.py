@@ -4,8 +4,9 @@ Order of work (nothing is written before the plan and the arguments are valid: a
 1. read the plan; its resolution into cells comes from the cache's memo when this exact plan (same content,
    folder, vitedge source and toolchain) was resolved before, so a fully cached re-run imports no torch;
 2. key every cell (cache.py); a passed entry is copied into DIR (unless DIR already holds that key);
-3. the other cells are grouped by model and size. When the group's hub (verified deploy-form + ONNX) is not
-   cached, its cheapest cell goes first and stores the hub; the rest of the group then reuse it;
+3. the other cells are grouped by model and size. When the group's verified base (deploy-form + ONNX + ground
+   truth: exporter/flow/verified_base.py) is not cached, its cheapest cell goes first and stores it; the rest of
+   the group then reuse it;
 4. each result is recorded in the cache (a failed or unverified one is dropped again after it is copied
    into DIR: never reused as passed) and its folder committed atomically into DIR/<label>/<imgsz>/<cell>/;
 5. DIR/matrix.json and DIR/matrix.md. Ctrl-C stops the workers (their build folders removed) and raises
@@ -22,9 +23,10 @@ from ...errors import VitedgeError
 from ..core.digests import json_digest
 from ..core.writable import check_folder_path
 from ..onnx.onnx_choice import DEFAULT_EXPORTER, check_exporter
-from .cache import Cache, Env, cell_key, hub_key, toolchain_drift, trt_mismatch
+from .cache import Cache, Env, base_key, cell_key, toolchain_drift, trt_mismatch
 from .engines import Job, LocalPool, size_pool
-from .folders import KEY_FILE, TRACEBACK, current_key, hub_untrusted, materialize, untrusted, unpack, write_error
+from .folders import (BASE_META, KEY_FILE, TRACEBACK, base_untrusted, current_key, materialize, untrusted, unpack,
+                      write_error)
 from .plan import PlanError, ResolvedPlan, canonical, read_plan
 from .ray_engine import resources_for
 from .results import CellResult, MatrixProgress, MatrixResult
@@ -32,7 +34,7 @@ from .status import artifact_bytes, worst_metric
 
 DEFAULT_RESOURCE_TIMEOUT = 300.0
 POLL_S = 0.5
-_COST = {"onnx": 0, "tensorrt": 1, "coreml": 2}  # which cell of a group builds the shared hub first
+_COST = {"onnx": 0, "tensorrt": 1, "coreml": 2}  # which cell of a group builds the shared base first
 
 
 def matrix(plan, *, out, workers: int | None = None, ray=None, rebuild: bool = False, dry_run: bool = False,
@@ -118,10 +120,10 @@ def _result(c, status: str, **kw) -> CellResult:
 class _Driver:
     def __init__(self, resolved, keys, env, store, out, engine, rebuild, bench, result, progress):
         self.cells, self.keys, self.store, self.out = resolved.cells, keys, store, out
-        self.hubs = [hub_key(c, env)[0] for c in self.cells]
+        self.bases = [base_key(c, env)[0] for c in self.cells]
         self.engine, self.rebuild, self.bench, self.result, self.progress = engine, rebuild, bench, result, progress
         self.results: dict[int, CellResult] = {}
-        self.hub_refs: dict = {}
+        self.base_refs: dict = {}
         self.twins: dict[int, list[int]] = {}  # a cell built -> the cells with the same key (other labels)
         self.notes: dict[int, str] = {}          # why a cell is rebuilt or re-copied (said in its result)
         self.ray = engine.name == "ray"
@@ -169,9 +171,9 @@ class _Driver:
                     for i in [job.index, *self.twins[job.index]]:
                         self.results[i] = r = self._done(i, job, res)
                         self.progress.cell(r)
-                    if job.build_hub:
-                        hk = self.hubs[job.index]
-                        ok = self._hub_ready(hk)
+                    if job.build_base:
+                        hk = self.bases[job.index]
+                        ok = self._base_ready(hk)
                         ready += [self._job(i, "use" if ok else None) for i in followers.pop(hk, [])]
         except BaseException:
             self.engine.stop(interrupted=True)
@@ -181,40 +183,40 @@ class _Driver:
         self.result.cells = [self.results[i] for i in range(len(self.cells))]
 
     # -- groups and jobs -------------------------------------------------------------------------------
-    def _hub_ready(self, hk: str) -> bool:
-        """The hub is stored and every file of it re-hashes to what was recorded when it was verified."""
-        return (self.store.hub_dir(hk) / "hub.json").is_file() and hub_untrusted(self.store.hub_dir(hk)) is None
+    def _base_ready(self, hk: str) -> bool:
+        """The verified base is stored and every file of it re-hashes to what was recorded when it was verified."""
+        return (self.store.base_dir(hk) / BASE_META).is_file() and base_untrusted(self.store.base_dir(hk)) is None
 
     def _plan_groups(self, todo: list[int]):
         groups = defaultdict(list)
         for i in todo:
-            groups[self.hubs[i]].append(i)
+            groups[self.bases[i]].append(i)
         ready, followers = [], {}
         for hk, members in groups.items():
-            if self.rebuild or ((self.store.hub_dir(hk) / "hub.json").is_file() and not self._hub_ready(hk)):
-                shutil.rmtree(self.store.hub_dir(hk), ignore_errors=True)  # an untrusted hub is rebuilt
-            if self._hub_ready(hk):
+            if self.rebuild or ((self.store.base_dir(hk) / BASE_META).is_file() and not self._base_ready(hk)):
+                shutil.rmtree(self.store.base_dir(hk), ignore_errors=True)  # an untrusted base is rebuilt
+            if self._base_ready(hk):
                 ready += [self._job(i, "use") for i in members]
                 continue
             members.sort(key=lambda i: (_COST.get(self.cells[i].target, 1), i))
             ready.append(self._job(members[0], "build" if len(members) > 1 else None))
             if len(members) > 1:
                 followers[hk] = members[1:]
-        ready.sort(key=lambda j: not j.build_hub)  # hub builders first: their groups wait on them
+        ready.sort(key=lambda j: not j.build_base)  # base builders first: their groups wait on them
         return ready, followers
 
-    def _job(self, i: int, hub: str | None) -> Job:
-        c, key, hk = self.cells[i], self.keys[i][0], self.hubs[i]
-        job = Job(cell=c, key=key, bench=self.bench, index=i, build_hub=hub == "build")
+    def _job(self, i: int, base: str | None) -> Job:
+        c, key, hk = self.cells[i], self.keys[i][0], self.bases[i]
+        job = Job(cell=c, key=key, bench=self.bench, index=i, build_base=base == "build")
         if not self.ray:
             job.out = str(self.store.cell_output(key))
-            job.hub = str(self.store.hub_dir(hk)) if hub else None
-        elif hub == "use":
-            if hk not in self.hub_refs:
+            job.base = str(self.store.base_dir(hk)) if base else None
+        elif base == "use":
+            if hk not in self.base_refs:
                 from .folders import pack
 
-                self.hub_refs[hk] = self.engine.ray.put(pack(self.store.hub_dir(hk)))
-            job.hub_blob = self.hub_refs[hk]
+                self.base_refs[hk] = self.engine.ray.put(pack(self.store.base_dir(hk)))
+            job.base_blob = self.base_refs[hk]
         return job
 
     # -- results ---------------------------------------------------------------------------------------
@@ -241,8 +243,8 @@ class _Driver:
         dest, staged = self.out / c.id, self.store.cell_output(key)
         last = i == ([job.index, *self.twins[job.index]][-1])  # the cache entry is dropped after the last copy
         if self.ray and i == job.index:
-            if res.get("hub_blob") and not self._hub_ready(self.hubs[i]):
-                unpack(res["hub_blob"], self.store.hub_dir(self.hubs[i]))
+            if res.get("base_blob") and not self._base_ready(self.bases[i]):
+                unpack(res["base_blob"], self.store.base_dir(self.bases[i]))
             if res.get("cell_blob"):
                 unpack(res["cell_blob"], staged)
         extra = {"cache_key": key, "seconds": res.get("seconds"), "latency": res.get("latency"),

@@ -41,7 +41,7 @@ from .bundle import (GOLDEN_SAMPLES, GOLDEN_SEED, METRIC_DIGITS, ZIP_DATE, Golde
                      _json_bytes, _npy_bytes, _tree_files, add_golden, build_bundle, bundle_sizes, check_bundle_out, size_golden,
                      finish_bundle, golden_outputs, golden_vectors, golden_verdict, outputs_readme, size_entries, sizes_readme,
                      write_deterministic_zip)
-from ..reparam.forms import build_train_form
+from ..reparam.build_forms import build_train_form
 from ..core.settings import ExportSettings
 from ..verdict.parity import profile_for, tolerances as make_tolerances
 from ..flow.pipeline import export
@@ -179,7 +179,7 @@ def package(model=None, out: str | Path | None = None, *, ios: int | str | None 
     input (nothing written); a failed parity hop gives exit_code 1, no zip, and the export folder kept at `out` +
     '.failed/' for inspection. `ios` None: 16, or what the precision needs (w8a8: 17, recorded in the manifest).
     `labels` (class names in index order) make the model a classifier; `images`, `preprocess` and `model` None are
-    as for `export`. `exporter`: the ONNX exporter of the ladder's hub graph (the CoreML package itself is
+    as for `export`. `exporter`: the ONNX exporter of the ladder's base graph (the CoreML package itself is
     converted from the deploy-form). `target`: the target whose bundle is built (its row's `bundle`: coreml, the
     default, for iOS; executorch for Android, exporter/packaging/package_android.py). `ios` and
     `executorch_rewrites` are the bundle's own target options (as export's --ios / --executorch-rewrites), refused

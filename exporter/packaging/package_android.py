@@ -30,7 +30,7 @@ from ...models.registry import recipe_of
 from ...targets import get_target
 from ...targets.rows import EXECUTORCH_ROW
 from ...targets.labels import read_labels
-from ..reparam.forms import build_train_form
+from ..reparam.build_forms import build_train_form
 from ..core.settings import ExportSettings
 from .bundle import (GOLDEN_SEED, PackageResult, add_golden, build_bundle, bundle_sizes, check_bundle_out,
                      finish_bundle, golden_verdict, normalize_pixels, outputs_readme, size_entries, size_golden, sizes_readme)

@@ -1,7 +1,7 @@
 """Compressed artifacts in the parity ladder (--precision int8 | w8 | palette4 | palette6 | w8a8): the QDQ graphs a
 run writes, the samples compressed hops are judged on, the hops, and the localization of a failed one.
 
-- The int8 QDQ graphs are built from the verified hub graph, once per encoding the requested targets need
+- The int8 QDQ graphs are built from the verified base graph, once per encoding the requested targets need
   (targets/graph/qdq.py): `NAME.int8.onnx` (onnx: uint8 activations, ONNX Runtime's fast path) and
   `NAME.int8.tensorrt.onnx` (tensorrt: int8 symmetric activations, what TensorRT's parser takes), with the same
   calibration and the same islands. The tensorrt graph is checked on ONNX Runtime CPU as hop `tensorrt-qdq` (the
@@ -36,6 +36,7 @@ import torch
 import torch.nn as nn
 
 from ...errors import VitedgeError
+from ...models.input_size import canonical
 from ...precisions import TABLE
 from ...targets.base import Artifact, Runner, StoredWeights, Target
 from ...targets.calibration import Calibration
@@ -44,7 +45,7 @@ from ...targets.graph.qdq import quantize_qdq
 from .calibrate import evaluation_indices
 from ..verdict.criteria import GroundTruth
 from ..verdict.emulate import compressed_reference
-from ..reparam.forms import build_deploy_form
+from ..reparam.build_forms import build_deploy_form
 from ..verdict.hops import open_runner
 from ..verdict.inputs import ParitySet
 from ..verdict.localize import localize_onnx, localize_torch
@@ -59,10 +60,10 @@ ORDER_SEED = 0
 LOCALIZE_SAMPLES = 4
 
 
-def write_qdq(hub: Path, calibration: Calibration, encoding: str, out_dir: Path, name: str) -> tuple[Path, dict]:
-    """The QDQ int8 graph of the hub in `encoding`, saved with the hub's metadata (precision int8, the
+def write_qdq(graph: Path, calibration: Calibration, encoding: str, out_dir: Path, name: str) -> tuple[Path, dict]:
+    """The QDQ int8 graph of the base graph in `encoding`, saved with its metadata (precision int8, the
     calibration record): (path, info)."""
-    fp32 = onnx.load(str(hub))
+    fp32 = onnx.load(str(graph))
     q = quantize_qdq(fp32, calibration.x, calibration_ids=calibration.ids, encoding=encoding)
     info = dict(q.info, calibration={**q.info["calibration"], **calibration.record()})
     meta = {**read_metadata(fp32), **read_metadata(q.model), "precision": "int8", "qdq_encoding": encoding}
@@ -115,7 +116,7 @@ class JudgedSamples:
     def with_emulation(self, truth: GroundTruth, seen: np.ndarray, kind: str) -> GroundTruth:
         """`truth` with the compressed rule's reference: the deploy-form compressed as `kind`, on `seen`."""
         if self.deploy is None:
-            self.deploy = build_deploy_form(copy.deepcopy(self.train), int(np.shape(seen)[-1]))[0]
+            self.deploy = build_deploy_form(copy.deepcopy(self.train), canonical(np.shape(seen)[-2:]))[0]
         return replace(truth, yq=compressed_reference(self.deploy, np.asarray(seen, np.float32), kind))
 
 
@@ -161,7 +162,7 @@ def compressed_hop(hop_name: str, target: Target, artifact: Artifact, tol: Toler
         return unverified(hop_name, hop.backend, f"--mode {mode} requested, but {target.name} runs here in "
                                                  f"{hop.mode} mode only", tol)
     with progress.step(f"{hop_name} weights check"):
-        judge_weights(hop, deploy, artifact.path, artifact.precision, target)
+        judge_weights(hop, deploy, artifact.path, artifact.precision, target, artifact.entry)
     if hop.status == "failed":
         with progress.step(f"localizing the {hop_name} divergence"):
             localize(hop, artifact, deploy, judged.x[:LOCALIZE_SAMPLES], target)
@@ -178,7 +179,8 @@ def localize(hop: Hop, artifact: Artifact, deploy: nn.Module, x: np.ndarray, tar
     try:
         graph = target.graph(artifact.path)
         # a target that says why it is not localized is not read for weights to localize with
-        stored = None if graph is not None or target.localization else target.read_weights(artifact.path)
+        stored = (None if graph is not None or target.localization else
+                  target.read_weights(artifact.path, **({"entry": artifact.entry} if artifact.entry else {})))
         if graph is not None:
             div = localize_onnx(graph, deploy, x, hop.tolerance)
             how = "ONNX Runtime per module"

@@ -1,4 +1,4 @@
-"""The re-parameterization engine: per-family fold plans, a summary of what was folded, the schedule check."""
+"""The re-parameterization engine: fold plans (one per model module), a summary of what was folded, schedule check."""
 from __future__ import annotations
 
 import copy
@@ -15,8 +15,8 @@ from ...errors import VitedgeError
 from ...models.layers.attention import ORDERS
 from ...models.layers.norms import LinearNorm
 from ...models.features import FeatureMaps
-from ...models.registry import create_model, families, resolve_imgsz, sized
-from .primitives import ChannelAffine, bn_affine, require_repbn_affine
+from ...models.registry import create_model, model_modules, resolve_imgsz, sized
+from .primitives import ChannelAffine, affine_after, bn_affine, require_repbn_affine
 
 
 @dataclass
@@ -135,8 +135,8 @@ def embedded_backbones(model: nn.Module) -> list[tuple[str, nn.Module]]:
 def plan_embedded(model: nn.Module, ctx: FoldContext) -> nn.Module:
     """The fold plan of a module without its own (a FeatureMaps, a user's head on a backbone): every embedded
     backbone folded by its family's plan and put back in place (its gate checks under its path), and a
-    FeatureMaps' detection norms folded into per-channel affines. The rest of the module (a user's neck and
-    heads) is kept as it is; the float64 gate covers the whole module."""
+    FeatureMaps' per-output modules folded (`fold_tap_module`). The rest of the module (a user's neck and heads)
+    is kept as it is; the float64 gate covers the whole module."""
     for path, backbone in embedded_backbones(model):
         first = len(ctx.blocks)
         folded = _PLANS[type(backbone)](backbone, ctx)
@@ -149,18 +149,35 @@ def plan_embedded(model: nn.Module, ctx: FoldContext) -> nn.Module:
         if hasattr(model.backbone, "head"):  # the classifier is no part of the feature maps' function
             model.backbone.head = nn.Identity()
         for t in model.taps:
-            norm = getattr(model, f"norm{t.index}", None)
-            if isinstance(norm, nn.LayerNorm):  # (the official Swin detection norms)
-                ctx.unfold(f"norm{t.index}", "a LayerNorm (the official detection norm) normalizes each position "
-                                             "by its own statistics: no constant affine to fold")
-                ctx.check(f"norm{t.index}", f"norm{t.index}")
-            elif norm is not None:
-                a, b = (bn_affine(norm) if isinstance(norm, nn.modules.batchnorm._BatchNorm)
-                        else require_repbn_affine(norm, f"norm{t.index}"))
-                setattr(model, f"norm{t.index}", ChannelAffine(a, b, dim=1))
-                ctx.fold("detection norm->affine")
-                ctx.check(f"norm{t.index}", f"norm{t.index}")
+            fold_tap_module(model, t.attr, ctx)
     return model
+
+
+def fold_tap_module(model: FeatureMaps, attr: str, ctx: FoldContext) -> None:
+    """A FeatureMaps' per-output module `attr`, folded in place: a BatchNorm or RepBN detection norm into a
+    per-channel affine; a LayerNorm kept (it normalizes each position by its own statistics); a sequence of layers
+    (XCiT's `fpn{i}`) with each BatchNorm folded into the (transposed) convolution before it, the rest kept."""
+    norm = getattr(model, attr, None)
+    if norm is None or not any(True for _ in norm.parameters()):  # none, an identity or a max-pool
+        return
+    if isinstance(norm, nn.LayerNorm):  # (the official Swin and CSWin dense-prediction norms)
+        ctx.unfold(attr, "a LayerNorm (the official detection norm) normalizes each position by its own "
+                         "statistics: no constant affine to fold")
+    elif isinstance(norm, nn.Sequential):
+        layers = list(norm)
+        for i, m in enumerate(layers):
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                if i == 0 or not isinstance(layers[i - 1], (nn.Conv2d, nn.ConvTranspose2d)):
+                    raise VitedgeError(f"{attr}.{i}: a BatchNorm that does not follow a convolution: no fold for it")
+                layers[i - 1], layers[i] = affine_after(layers[i - 1], *bn_affine(m)), nn.Identity()
+                ctx.fold("conv+bn")
+        setattr(model, attr, nn.Sequential(*layers))
+    else:
+        a, b = (bn_affine(norm) if isinstance(norm, nn.modules.batchnorm._BatchNorm)
+                else require_repbn_affine(norm, attr))
+        setattr(model, attr, ChannelAffine(a, b, dim=1))
+        ctx.fold("detection norm->affine")
+    ctx.check(attr, attr)
 
 
 # Old rewrite names, still accepted (with a FutureWarning) and read from deploy checkpoints that recorded them.
@@ -197,10 +214,10 @@ def resolve_rewrites(model: nn.Module, rewrites) -> frozenset:
 
 
 def _ensure_plans() -> None:
-    # The family list is the models registry's: each family names its fold plan module here, whose
+    # The module list is the models registry's: each model module names its fold plan module here, whose
     # @register_plan runs on import.
-    for family in families():
-        importlib.import_module(f"{__package__}.{family.plan}")
+    for module in model_modules():
+        importlib.import_module(f"{__package__}.{module.plan}")
 
 
 def schedule_state(model: nn.Module) -> list[dict]:

@@ -1,6 +1,6 @@
 """Fold primitives: pure functions on modules, each exact in real arithmetic.
 
-Per-family fold plans (one file per family beside this one) are short lists of calls to these.
+The fold plans (one file per model module beside this one) are short lists of calls to these.
 """
 from __future__ import annotations
 
@@ -33,6 +33,9 @@ def _clone_with_bias(m: nn.Module) -> nn.Module:
     w = m.weight
     if isinstance(m, nn.Linear):
         new = nn.Linear(m.in_features, m.out_features, bias=True)
+    elif isinstance(m, nn.ConvTranspose2d):  # (its positional arguments differ: output_padding)
+        new = nn.ConvTranspose2d(m.in_channels, m.out_channels, m.kernel_size, stride=m.stride, padding=m.padding,
+                                 output_padding=m.output_padding, groups=m.groups, bias=True, dilation=m.dilation)
     else:
         new = type(m)(m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding, m.dilation, m.groups,
                       bias=True, padding_mode=m.padding_mode)
@@ -52,6 +55,10 @@ def affine_after(m: nn.Module, a: torch.Tensor, b: torch.Tensor) -> nn.Module:
     """
     new = _clone_with_bias(m)
     shape = (-1,) + (1,) * (new.weight.dim() - 1)
+    if isinstance(m, nn.ConvTranspose2d):  # weight (in, out / groups, kh, kw): the outputs are its dim 1
+        if m.groups != 1:
+            raise ValueError("affine_after: a grouped transposed conv is not supported")
+        shape = (1, -1, 1, 1)
     new.weight.mul_(a.reshape(shape).to(new.weight))
     new.bias.mul_(a.to(new.bias)).add_(b.to(new.bias))
     return new

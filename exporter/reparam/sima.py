@@ -37,7 +37,8 @@ from ...errors import VitedgeError
 from ...models.layers.attention import l1_attention, order_record, resolve_order, sima_rule
 from ...models.layers.normalize import l1_normalize_div
 from ...models.input_size import as_hw
-from ...models.sima_xcit import ClassAttentionBlock, SimABlock, SimAVisionTransformer, patch_grid
+from ...models.sima_xcit import (ClassAttentionBlock, SimABlock, SimAVisionTransformer, patch_grid, xcit_intermediates,
+                                 xcit_out_indices)
 from .engine import FoldContext, register_plan
 from .primitives import (ChannelAffine, PatchEmbedDeploy, affine_before, affine_before_padded_depthwise, bn_affine,
                          fuse_conv_bn, scale_output)
@@ -180,7 +181,7 @@ class SimADeploy(nn.Module):
 
     def __init__(self, patch_embed: nn.Module, pos_embed: torch.Tensor | None, blocks: list, cls_token: torch.Tensor,
                  cls_attn_blocks: list, norm: nn.Module, head: nn.Module, input_hw: tuple[int, int],
-                 norm_cls_only: bool):
+                 norm_cls_only: bool, patch_size: int):
         super().__init__()
         self.patch_embed = patch_embed
         self.register_buffer("pos_embed", None if pos_embed is None else pos_embed.detach().clone())
@@ -189,14 +190,13 @@ class SimADeploy(nn.Module):
         self.cls_attn_blocks = nn.ModuleList(cls_attn_blocks)
         self.norm, self.head = norm, head
         self.input_hw, self.norm_cls_only = input_hw, norm_cls_only
+        self.grid = (patch_grid(input_hw[0], patch_size), patch_grid(input_hw[1], patch_size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not torch.jit.is_tracing() and tuple(x.shape[-2:]) != self.input_hw:
             raise VitedgeError(f"this SimA deploy-form was built for {self.input_hw[0]}x{self.input_hw[1]} inputs; "
                                f"got {x.shape[-2]}x{x.shape[-1]}: re-run reparameterize with that --imgsz")
-        x = self.patch_embed(x)
-        if self.pos_embed is not None:
-            x = x + self.pos_embed
+        x, _ = self.tokens_and_grid(x)
         for blk in self.blocks:
             x = blk(x)
         x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)
@@ -204,6 +204,14 @@ class SimADeploy(nn.Module):
             x = blk(x)
         x = self.norm(x[:, 0]) if self.norm_cls_only else self.norm(x)[:, 0]
         return self.head(x)
+
+    def tokens_and_grid(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        x = self.patch_embed(x)
+        return (x if self.pos_embed is None else x + self.pos_embed), self.grid
+
+    def forward_intermediates(self, x: torch.Tensor, indices) -> list[torch.Tensor]:
+        """The maps after the tapped blocks (models/sima_xcit.py SimAVisionTransformer.feature_info)."""
+        return xcit_intermediates(self, x, indices, xcit_out_indices(len(self.blocks)))
 
 
 # ----------------------------------------------------------------------------------------------- fold helpers
@@ -383,4 +391,4 @@ def plan_sima(model: SimAVisionTransformer, ctx: FoldContext) -> SimADeploy:
     else:
         norm = copy.deepcopy(norm)
     return SimADeploy(patch_embed, pos, blocks, model.cls_token, cls_blocks, norm, head, hw,
-                      norm_cls_only)
+                      norm_cls_only, model.patch_size)

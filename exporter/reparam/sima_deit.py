@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from ...errors import VitedgeError
+from ...models.features import token_map
 from ...models.input_size import as_hw
 from ...models.sima_deit import SimADeiT, SimADeiTBlock
 from .engine import FoldContext, register_plan
@@ -44,10 +45,17 @@ class SimADeiTDeploy(nn.Module):
         if not torch.jit.is_tracing() and tuple(x.shape[-2:]) != tuple(self.img_size):
             raise VitedgeError(f"this SimA-DeiT deploy-form was built for {self.img_size[0]}x{self.img_size[1]} "
                                f"inputs; got {x.shape[-2]}x{x.shape[-1]}: resize the input")
-        x = self.patch_embed(x) + self.pos_embed
-        x = self.blocks(torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1))
+        x = self.forward_tokens(x)
         x = self.norm(x[:, 0]) if self.norm_cls_only else self.norm(x)[:, 0]
         return self.head(x)
+
+    def forward_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(x) + self.pos_embed
+        return self.blocks(torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1))
+
+    def forward_intermediates(self, x: torch.Tensor, indices) -> list[torch.Tensor]:
+        """The last block's patch tokens as an NCHW map (models/sima_deit.py SimADeiT.feature_info)."""
+        return [token_map(self.forward_tokens(x), x.shape[-2:], self.patch_embed.proj.stride[0])]
 
 
 

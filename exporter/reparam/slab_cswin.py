@@ -22,8 +22,8 @@ import torch.nn.functional as F
 
 from ...errors import VitedgeError
 from ...models.input_size import as_hw
-from ...models.slab_cswin import (CSWinBlock, CSWinLinearAttention, CSWinTransformer, MergeBlock, from_windows,
-                                  to_windows)
+from ...models.slab_cswin import (CSWinBlock, CSWinLinearAttention, CSWinTransformer, MergeBlock,
+                                  cswin_intermediates, from_windows, to_windows)
 from ...models.slab_pvt import merge_heads, split_heads
 from .engine import FoldContext, register_plan
 from .primitives import ChannelAffine, affine_after, affine_before, scale_output
@@ -149,6 +149,9 @@ class CSWinDeploy(nn.Module):
             for blk in getattr(self, f"stage{i + 1}"):
                 x = blk(x)
         return self.head(x.mean(dim=1))
+
+    def forward_intermediates(self, x: torch.Tensor, indices) -> list[torch.Tensor]:
+        return cswin_intermediates(self, x, indices)
 
 
 def _fold_block(blk: CSWinBlock, path: str, ctx: FoldContext) -> CSWinBlockDeploy:

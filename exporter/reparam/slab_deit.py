@@ -34,9 +34,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...errors import VitedgeError
+from ...models.features import token_map
 from ...models.layers import Mlp, SimplifiedLinearAttention
 from ...models.layers.attention import order_reason, order_record, resolve_order, sla_rule
-from ...models.slab_deit import Attention, DeiTBase, PRepBNDeiT, SlabDeiT, token_map
+from ...models.slab_deit import Attention, DeiTBase, PRepBNDeiT, SlabDeiT
 from .engine import FoldContext, register_plan
 from .primitives import (ChannelAffine, ErfGELU, PositionPlanesPatchEmbed, PreNormBlockDeploy, affine_before,
                          linear_to_conv1x1, repbn_affine, scale_output, split_outputs, tile_depthwise)

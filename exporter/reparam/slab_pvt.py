@@ -162,6 +162,18 @@ class PVTDeploy(nn.Module):
                 x = x.reshape(b, *self.grids[i], -1).permute(0, 3, 1, 2)
         return self.head(x.mean(dim=1))
 
+    def forward_intermediates(self, x: torch.Tensor, indices) -> list[torch.Tensor]:
+        """Every stage at `indices` after its last block, NCHW (models/slab_pvt.py feature_info)."""
+        outs = []
+        for i in range(max(indices) + 1):
+            x = getattr(self, f"patch_embed{i + 1}")(x) + getattr(self, f"pos_embed{i + 1}")
+            for blk in getattr(self, f"block{i + 1}"):
+                x = blk(x)
+            x = x.reshape(x.shape[0], *self.grids[i], -1).permute(0, 3, 1, 2)
+            if i in indices:
+                outs.append(x)
+        return outs
+
 
 # ---------------------------------------------------------------- folds
 

@@ -31,7 +31,7 @@ from ...targets.graph.runtime import OnnxRuntimeRunner
 from ...targets.pytorch import TorchRunner
 from . import latency
 from ..core.settings import ExportSettings
-from ..reparam.forms import build_deploy_form, build_train_form
+from ..reparam.build_forms import build_deploy_form, build_train_form
 from .bench_report import BackendResult, BenchReport
 from ..verdict.criteria import GroundTruth, reference_block
 from ...targets.labels import class_names

@@ -38,11 +38,12 @@ from .bench_report import BackendResult, BenchReport
 from ...targets.labels import labels_of
 from ..verdict.predictions import predictions
 from ..quantize.compressed import JudgedSamples, judge_compressed
-from ..reparam.forms import build_train_form
+from ..reparam.build_forms import build_train_form
 from ..verdict.hops import parity_inputs_for
 from ..verdict.inputs import parity_inputs
 from ..verdict.parity import FLOAT64_TOLERANCES, ground_truth, profile_for, tolerances, with_fp16_reference
-from ..flow.verify import check_checkpoint, read_artifact, recorded_calibration_ids
+from ..flow.artifact_files import read_artifact
+from ..flow.verify import check_checkpoint, recorded_calibration_ids
 
 DEFAULT_PROVIDERS = ("cpu",)
 _ALIASES = {"directml": "DmlExecutionProvider", "trt": "TensorrtExecutionProvider"}

@@ -38,9 +38,9 @@ from .probe import PROBE_SAMPLES, deploy_reference, judge_probe, onnx_tensor, pr
 from .parity import REFERENCE_THREADS, check_hop, failed, fp16_reference, noise_rule, unverified
 from ..core.progress import Progress
 from ..core.report import ArtifactEntry, Hop, Report, Tolerance
-from ..core.target_plans import HUB_HOPS, artifact_key
+from ..core.target_plans import BASE_HOPS, artifact_key
 
-RAW_HOP = HUB_HOPS[0]  # the hub graph as exported, before onnxsim
+RAW_HOP = BASE_HOPS[0]  # the base graph as exported, before onnxsim
 from .truth_cache import cached_ground_truth
 from .weight_check import judge_weights
 from ...models.input_size import as_hw
@@ -50,7 +50,7 @@ LOCALIZE_SAMPLES = 4     # inputs used to localize a failed hop (its worst sampl
 # `vitedge export` runs its deploy-form and raw onnx hops on this many parity inputs (every input set in
 # proportion): the onnx-simplified hop runs the same deploy-form graph on all of them, and the float64 gate has
 # proved the folds. The raw hop runs on all of them again when the simplified one fails (did onnxsim do it?).
-PRE_HUB_SAMPLES = 64
+PRE_BASE_SAMPLES = 64
 DEPLOY_SUBSET = "the onnx-simplified hop runs the exported deploy-form on every input"
 RAW_SUBSET = ("the onnx-simplified hop runs this graph, simplified, on every input (this one runs all of them when "
               "that one fails)")
@@ -83,8 +83,8 @@ def parity_set_for(model: nn.Module, n: int, imgsz: int) -> np.ndarray:
 @dataclass
 class Ladder:
     """The parity set, the train-form's ground truth on it, and the deploy-form every localization compares with.
-    `train` may be None with `build_train` given (an export reusing a verified hub: exporter/flow/hub.py): the train-
-    form is then built only if a runner changes its inputs."""
+    `train` may be None with `build_train` given (an export reusing a verified base: exporter/flow/verified_base.py):
+    the train-form is then built only if a runner changes its inputs."""
     train: nn.Module | None
     deploy: nn.Module
     inputs: ParitySet

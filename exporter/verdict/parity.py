@@ -21,12 +21,13 @@ from ...errors import VitedgeError
 from ...models.features import as_outputs, output_names, pack
 from ...precisions import (EMULATED, FP16_ERROR, MEDIAN_MIN_SAMPLES, NOISE, Profile, profile_for,  # noqa: F401
                            profiles)  # profile_for: the precision table's, re-exported
-from ...targets.base import Runner, pad_batch
+from ...targets.base import Runner, chunk_size, pad_batch
 from .criteria import GroundTruth, NoiseRule, accuracy, accuracy_delta, effective_noise, sample_errors
 from .emulate import fp16_reference
 # The second float32 computation draws a random rounding of ROUNDING_ULPS float32 ulps at every module output,
 # seeded (rounding.py): see docs/parity_criteria.md for how it was measured against other implementations.
 from .rounding import ROUNDING_SEED, ROUNDING_ULPS, rounding_draw  # noqa: F401  (re-exported)
+from .float64_kernels import float64_depthwise  # (also importable from here, as before)
 from .metrics import COMPRESSED_ERROR, PSNR_CAP_DB, compute_metrics, set_bounds  # noqa: F401  (re-exported)
 from ..core.report import Hop, Metrics, Tolerance, allowed_count
 
@@ -85,7 +86,7 @@ REFERENCE_BATCH = 32
 # threads gave identical noise, and the rule was calibrated at 2 (docs/parity_criteria.md). Fixed, so the verdict
 # does not depend on the machine's core count; reported as report.json `reference.float32_threads`.
 REFERENCE_THREADS = 2
-GROUND_TRUTH_BATCH = 8   # float64 chunk: bounds the float64 run's memory on big models
+GROUND_TRUTH_BATCH = 8   # float64 chunk: bounds the float64 run's memory on big models (fewer on large inputs)
 
 
 def parse_tol(spec: str) -> tuple[str, str, float | None]:
@@ -129,9 +130,10 @@ def tolerances(overrides: dict | list | None = None,
 
 
 def run_batched(runner: Runner, x: np.ndarray, batch: int = REFERENCE_BATCH) -> np.ndarray:
-    """Run `x` through `runner` in chunks; a static-batch artifact gets exactly its batch (last chunk padded)."""
+    """Run `x` through `runner` in chunks (`batch` samples, fewer for large inputs: chunk_size); a static-batch
+    artifact gets exactly its batch (last chunk padded)."""
     static = runner.max_batch()
-    step = static or batch
+    step = static or chunk_size(batch, np.shape(x))
     outs = []
     for i in range(0, len(x), step):
         chunk = x[i:i + step]
@@ -292,13 +294,15 @@ def failed(hop: str, backend: str, reason: str, mode: str | None = None, toleran
 def ground_truth(model, x, sets: tuple[str, ...], labels=None, batch: int = GROUND_TRUTH_BATCH,
                  threads: int = REFERENCE_THREADS, threads64: int | None = None) -> GroundTruth:
     """The train-form `model` run on `x` in float64 (the truth) and in float32, in the default and the channels-last
-    layout (each sample's noise: their envelope, criteria.GroundTruth.noise), in chunks of `batch`. The float32
+    layout (each sample's noise: their envelope, criteria.GroundTruth.noise), in chunks of `batch` (fewer samples
+    for large inputs: chunk_size). The float32
     runs use exactly `threads` intra-op threads (their rounding depends on them: REFERENCE_THREADS); the float64 run, which dominates the cost and whose rounding is negligible, `threads64`
     (default: torch's setting, every core unless the caller lowered it; tiny models run faster on one). The model
     is not changed; torch's thread setting is restored."""
     import torch
 
     xt = torch.as_tensor(np.asarray(x))
+    batch = chunk_size(batch, tuple(xt.shape))
     outs, columns = {}, []
     before = torch.get_num_threads()
 
@@ -348,35 +352,3 @@ def _in_dtype(model, dtype):
         return model
     m = copy.deepcopy(model).to(dtype).eval()
     return float64_depthwise(m) if dtype == torch.float64 else m
-
-
-def float64_depthwise(model):
-    """`model` (float64, modified in place) with each depthwise Conv2d run as k*k shifted multiply-adds: torch's
-    float64 convolution has no fast kernel and loops over groups (a third of SLAB-DeiT-T's and SimA-Nano's float64
-    forward). Same sums in another order: the outputs move by float64 rounding (~1e-16 relative), a billion times
-    below the float32 noise they measure."""
-    import torch.nn as nn
-
-    for m in model.modules():
-        if (type(m) is nn.Conv2d and m.groups > 1 and m.groups == m.in_channels == m.out_channels
-                and m.padding_mode == "zeros" and not isinstance(m.padding, str)):
-            m._conv_forward = _depthwise_forward.__get__(m)
-    return model
-
-
-def _depthwise_forward(self, x, weight, bias):
-    import torch
-    import torch.nn.functional as F
-
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = weight.shape[-2:], self.stride, self.padding, self.dilation
-    xp = F.pad(x, (pw, pw, ph, ph))
-    h = (x.shape[2] + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-    w = (x.shape[3] + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-    out = None
-    for i in range(kh):
-        for j in range(kw):
-            tap = xp[:, :, i * dh: i * dh + sh * (h - 1) + 1: sh, j * dw: j * dw + sw * (w - 1) + 1: sw]
-            wij = weight[:, 0, i, j].view(1, -1, 1, 1)
-            # in place after the first tap: a fresh product per tap cost more than the multiply-add (1.8-3x)
-            out = torch.mul(tap, wij) if out is None else out.addcmul_(tap, wij)
-    return out if bias is None else out.add_(bias.view(1, -1, 1, 1))

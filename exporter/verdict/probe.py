@@ -31,6 +31,7 @@ import torch.nn as nn
 
 from .criteria import NoiseRule
 from .localize import _first_tensor, _with_outputs, capture_modules, module_outputs, param_owners
+from ...targets.base import chunk_size
 from .parity import run_batched
 
 PROBE_SAMPLES = 16
@@ -77,8 +78,9 @@ def probe_point(onnx_model: onnx.ModelProto, deploy: nn.Module, x1: np.ndarray) 
 
 @torch.no_grad()
 def module_output(model: nn.Module, path: str, x: torch.Tensor, batch: int = 8) -> np.ndarray:
-    """The output of `model`'s module `path` on `x`, in chunks of `batch`."""
+    """The output of `model`'s module `path` on `x`, in chunks of `batch` (fewer for large inputs: chunk_size)."""
     module = dict(model.named_modules())[path]
+    batch = chunk_size(batch, tuple(x.shape))
     got: list[torch.Tensor] = []
     handle = module.register_forward_hook(lambda _m, _i, out: got.append(_first_tensor(out).detach().clone()))
     try:

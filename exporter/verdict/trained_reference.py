@@ -176,7 +176,7 @@ def deploy_form(name: str):
 
 
 def onnx_fp32(name: str):
-    """The checked, simplified fp32 ONNX of the deploy-form (dynamic batch), as the pipeline builds its hub."""
+    """The checked, simplified fp32 ONNX of the deploy-form (dynamic batch), as the pipeline builds its base graph."""
     key = ("onnx", name)
     if key not in _CACHE:
         from ..onnx.onnx_export import check_onnx, export_onnx, simplify_onnx

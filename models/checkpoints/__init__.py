@@ -18,8 +18,8 @@ hub_sources.py          `hf-hub:` / `timm:` checkpoints, resolved through huggin
 
 The weights' sha256 is models/digest.py's (one file hash for every layer: targets/base.py shares it, torch-free).
 
-A family's own layouts stay beside its models and are registered there (registry.register_family): timm's and
-transformers' SwiftFormer names (models/swiftformer.py, models/swiftformer_hf.py), SLAB's norm layouts
+A model module's own layouts stay beside its models and are registered there (registry.register_model_module):
+timm's and transformers' SwiftFormer names (models/swiftformer.py, models/swiftformer_hf.py), SLAB's norm layouts
 (models/slab_deit.py). The eval preprocessing a checkpoint's folder names is read into models/preprocess.py's Recipe.
 """
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 What users hold, read the way the official dense-prediction code writes them:
 - an mmdet / mmseg checkpoint (`state_dict` with `backbone.*`, `neck.*`, `*_head.*` keys): the backbone's keys are
-  taken from under `backbone.`, its per-output norms (`backbone.norm{i}`) become the feature maps' detection norms,
-  every other key (neck, heads) is listed as ignored;
+  taken from under `backbone.`, its per-output modules (`backbone.norm{i}`, XCiT's `backbone.fpn{i}`) become the
+  feature maps' own, every other key (neck, heads) is listed as ignored;
 - the official `fork_feat` backbone's own state_dict (no prefix, `norm{i}` beside the backbone's keys);
 - a timm `features_only` model's state_dict (`stem_0.*`, `stages_1.*`: timm's flattened module names, then timm's
   key names): maps without detection norms, as timm gives them (the wrapper's norms are dropped).
@@ -60,14 +60,17 @@ def load_dense_checkpoint(model: FeatureMaps, checkpoint: str | os.PathLike) -> 
         sd = OrderedDict((_TIMM_FLAT.sub(r"\1.\2.", k), v) for k, v in sd.items())
         layout = "timm features_only"
         notes.append("timm features_only module names (stages_1 -> stages.1)")
-    taps = {f"norm{t.index}" for t in model.taps}
-    all_norms = {f"norm{t.index}" for t in model.backbone.feature_info()}
+    taps = {t.attr for t in model.taps}
+    all_norms = {t.attr for t in model.backbone.feature_info()}
     norms = OrderedDict((k, v) for k, v in sd.items() if k.split(".")[0] in all_norms)
     ignored += [k for k in norms if k.split(".")[0] not in taps]  # the maps not asked for
     norms = OrderedDict((k, v) for k, v in norms.items() if k.split(".")[0] in taps)
     body = OrderedDict((k, v) for k, v in sd.items() if k.split(".")[0] not in all_norms)
     backbone_sd = model.backbone.state_dict()
     body, remaps = remap_state_dict(body, backbone_sd)
+    remap = getattr(model.backbone, "dense_checkpoint_remap", None)  # a family's detection layout, where it differs
+    if remap is not None:
+        remaps += remap(body)
     expected = {k: v for k, v in backbone_sd.items() if k not in classifier_keys(model.backbone)}
     # SLAB's detection LinearNorm (mmdet_custom/prepbn.py) has no warm-up counter: warm = 0, as it behaves
     no_warm = [k for k in expected if k.endswith(".warm") and k not in body and k[:-4] + "iter" in body]
@@ -84,8 +87,8 @@ def load_dense_checkpoint(model: FeatureMaps, checkpoint: str | os.PathLike) -> 
                       f"({_few(masks)})")
     if not norms and layout == "timm features_only":  # timm's maps carry no detection norm
         for t in model.taps:
-            if hasattr(model, f"norm{t.index}"):
-                setattr(model, f"norm{t.index}", nn.Identity())
+            if hasattr(model, t.attr):
+                setattr(model, t.attr, nn.Identity())
         notes.append("no detection norms (timm's feature maps): outputs as timm's forward_intermediates")
     norm_sd = {k: v for k, v in model.state_dict().items() if k.split(".")[0] in taps}
     _cast_and_check(OrderedDict(**body, **norms), where)

@@ -9,8 +9,8 @@ Steps, each visible in the returned `LoadResult`:
 3. strip wrapper prefixes (`module.` from DDP, `_orig_mod.` from torch.compile);
 4. cast fp16/bf16 to fp32, refuse NaN/Inf;
 5. apply the layout remaps whose key pattern is detected against the *target model* - never guessed, always
-   listed in `result.remaps`. Each family keeps its remaps beside its models and registers them
-   (`registry.register_family`): timm's SwiftFormer names in models/swiftformer.py, SLAB's LinearNorm <-> RepBN
+   listed in `result.remaps`. Each model module keeps its remaps beside its models and registers them
+   (`registry.register_model_module`): timm's SwiftFormer names in models/swiftformer.py, SLAB's LinearNorm <-> RepBN
    norm layouts in models/slab_deit.py;
 6. compare keys and shapes; strict mode raises one line with the first few problems and a hint
    (e.g. "the checkpoint fits swiftformer_s") when another registered variant matches.

@@ -404,6 +404,35 @@ def _conv(a: OpArgs):
     return (np.ascontiguousarray(y, dtype=F32),)
 
 
+@op("conv_transpose")
+def _conv_transpose(a: OpArgs):
+    """2-D transposed convolution, ungrouped (weight (C_in, C_out, kh, kw)): each kernel tap scatters its products
+    stride apart into the full output, which `pad` (custom) then crops; `output_shape`, when given, must agree."""
+    x, w = _f(a["x"]), _f(a["weight"])
+    if x.ndim != 4 or int(a.scalar("groups", 1)) != 1:
+        raise ValueError("conv_transpose: only 2-D ungrouped transposed convolutions are implemented")
+    n, _, h, wd = x.shape
+    _, cout, kh, kw = w.shape
+    (sh, sw), (dh, dw) = a.ints("strides", [1, 1]), a.ints("dilations", [1, 1])
+    y = np.zeros((n, cout, (h - 1) * sh + (kh - 1) * dh + 1, (wd - 1) * sw + (kw - 1) * dw + 1), F32)
+    for i in range(kh):
+        for j in range(kw):
+            y[:, :, i * dh: i * dh + sh * (h - 1) + 1: sh, j * dw: j * dw + sw * (wd - 1) + 1: sw] += np.einsum(
+                "nchw,co->nohw", x, w[:, :, i, j])
+    pad_type = str(a.scalar("pad_type", "valid")).lower()
+    if pad_type == "custom":
+        pt, pb, pl, pr = a.ints("pad", [0, 0, 0, 0])
+        y = y[:, :, pt: y.shape[2] - pb, pl: y.shape[3] - pr]
+    elif pad_type != "valid":
+        raise ValueError(f"conv_transpose with pad_type {pad_type!r} is not implemented (valid, custom)")
+    want = a.ints("output_shape")
+    if want is not None and tuple(want[2:]) != y.shape[2:]:
+        raise ValueError(f"conv_transpose: output_shape {want} differs from the computed {list(y.shape)}")
+    if a.get("bias") is not None:
+        y += _f(a["bias"]).reshape(1, cout, 1, 1)
+    return (np.ascontiguousarray(y, dtype=F32),)
+
+
 def _pool(kind: str):
     def run(a: OpArgs):
         x = _f(a["x"])

@@ -107,9 +107,10 @@ class CoreMLTarget(Target):
 
     def plan_sizes(self, sizes: int, options: dict) -> dict:
         """One package of several sizes is a multifunction package: iOS 18+. With no --ios the target is raised to
-        18 and the options say so (`ios_raised`); an explicit lower --ios is a VitedgeError naming the floor."""
+        18 and the options say so (`ios_raised`), as with a target a compressed precision raised (w8a8: 17); an
+        explicit lower --ios is a VitedgeError naming the floor."""
         ios = options.get("ios")
-        if ios is None:
+        if ios is None or options.get("ios_raised"):
             return {**options, "ios": MULTIFUNCTION_IOS,
                     "ios_raised": f"{sizes} input sizes in one package (a multifunction .mlpackage) need iOS "
                                   f"{MULTIFUNCTION_IOS}+ / macOS 15+: the deployment target was raised from the "
@@ -163,7 +164,7 @@ class CoreMLTarget(Target):
         deploy_model = copy.deepcopy(deploy_model).float().eval()
         check_input(given, spec.batch, input_channels(deploy_model, spec.imgsz))
         opts = parse_options(spec.options, model_classes(deploy_model, spec.imgsz))
-        path = Path(spec.out_dir) / f"{spec.name}{self.suffix}"
+        path = Path(spec.out_dir) / self.file_name(spec.name, spec.precision)
         if spec.precision not in KINDS:
             return Artifact(self.name, path, spec.precision, info=convert(deploy_model, spec, opts, path))
         # compressed: the fp16 program (policy islands in fp32) first, beside the artifact, then its compression

@@ -226,9 +226,14 @@ class ExecuTorchTarget(Target):
                                "kernels have no int8 convolutions): drop --executorch-backend portable")
         return options
 
+    def file_name(self, name: str, precision: str) -> str:
+        """NAME.pte, NAME.int8.pte."""
+        stem = name if precision == "fp32" else f"{name}.{precision}"
+        return f"{stem}{self.suffix}"
+
     def lower(self, deploy_model: nn.Module, spec: LowerSpec) -> Artifact:
-        stem = spec.name if spec.precision == "fp32" else f"{spec.name}.{spec.precision}"
-        return self._write({"forward": (deploy_model, spec)}, Path(spec.out_dir) / f"{stem}{self.suffix}")
+        return self._write({"forward": (deploy_model, spec)},
+                           Path(spec.out_dir) / self.file_name(spec.name, spec.precision))
 
     def lower_sizes(self, parts: dict, path: Path) -> Artifact:
         """One program of one method per size (each exported and rewritten at its size), lowered together:

@@ -1,6 +1,6 @@
 """The `vitedge.*` metadata an exported ONNX graph carries (metadata_props), and the shape of its input.
 
-Written by the pipeline on the hub graph, copied onto the fp16 graph by the onnx target, read back by
+Written by the pipeline on the base graph, copied onto the fp16 graph by the onnx target, read back by
 `vitedge parity` to learn how an artifact was exported.
 """
 from __future__ import annotations

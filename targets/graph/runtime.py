@@ -1,4 +1,4 @@
-"""ONNX Runtime on an ONNX graph: the runtime of the hub graph every run verifies (its hops, localization per
+"""ONNX Runtime on an ONNX graph: the runtime of the base graph every run verifies (its hops, localization per
 module, the feature probe, `bench`) and of every backend whose artifact is an ONNX graph. Torch-free."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The `onnx` target: the simplified fp32 graph (built by the pipeline as the hub), an optional fp16 graph or
+"""The `onnx` target: the simplified fp32 graph (built by the pipeline as the base graph), an optional fp16 graph or
 static int8 QDQ graph (`NAME.int8.onnx`, targets/graph/qdq.py), and ONNX Runtime runners for them."""
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from ..rows import ONNX_ROW
 from ..graph.metadata import read_metadata, set_metadata
 from ..graph.onnx_fp16 import convert_onnx_fp16
 from ..graph.precision import default_policy
-from ..graph.runtime import THREADS_ENV, OnnxRuntimeRunner  # noqa: F401  (the hub graph's runtime, shared)
+from ..graph.runtime import THREADS_ENV, OnnxRuntimeRunner  # noqa: F401  (the base graph's runtime, shared)
 
 class OnnxTarget(Target):
     row = ONNX_ROW
-    # The fp32 artifact IS the pipeline's simplified hub graph, whose hop is "onnx-simplified".
+    # The fp32 artifact IS the pipeline's simplified base graph, whose hop is "onnx-simplified".
     hop_names = {p: f"onnx-{p}" for p in ONNX_ROW.precisions} | {"fp32": "onnx-simplified"}
     existing_hop_names = {"fp32": "onnx"}  # `parity --artifact X.onnx`: the graph as given, simplified or not
     qdq_encoding = "onnxruntime"

@@ -1,5 +1,5 @@
-"""The matrix cache re-hashes its shared hub files too: a hub whose ONNX (or deploy-form, or ground truth) was
-changed after it was verified is never served to a cell, and `--verify-cache` names it."""
+"""The matrix cache re-hashes its shared verified bases' files too (hubs/): a base whose ONNX (or deploy-form, or
+ground truth) was changed after it was verified is never served to a cell, and `--verify-cache` names it."""
 from __future__ import annotations
 
 import numpy as np
@@ -21,22 +21,22 @@ def _zero_one_conv(path):
     onnx.save(model, str(path))
 
 
-def test_a_corrupted_cached_hub_is_never_served(tmp_path, capsys):
+def test_a_corrupted_cached_verified_base_is_never_served(tmp_path, capsys):
     plan = write_plan(tmp_path / "plan", plan_of([XS], precisions=("fp32", "fp16")))
     out = tmp_path / "out"
     first = matrix(plan, out=out, workers=1, progress=False)
     assert first.exit_code == 0
     store = Cache(out / ".cache")
-    hubs = list(store.root.glob("hubs/*/*/hub.onnx"))
-    assert len(hubs) == 1
-    _zero_one_conv(hubs[0])
+    graphs = list(store.root.glob("hubs/*/*/hub.onnx"))
+    assert len(graphs) == 1
+    _zero_one_conv(graphs[0])
 
-    # --verify-cache re-hashes the hub against the record written when it was verified
+    # --verify-cache re-hashes the base against the record written when it was verified
     assert main(["-q", "matrix", "--out", str(out), "--verify-cache"]) == 1
     printed = capsys.readouterr().out
     assert "UNTRUSTED" in printed and "hub.onnx" in printed
 
-    # the cells' entries gone: they are rebuilt on a fresh hub, never on the corrupted graph
+    # the cells' entries gone: they are rebuilt on a fresh base, never on the corrupted graph
     for c in first.cells:
         store.drop(c.cache_key)
     second = matrix(plan, out=out, workers=1, progress=False)

@@ -26,7 +26,7 @@ from ..core.report import ReparamInfo
 
 DEMO_SEED = 0  # trained-like demo weights when no checkpoint is given
 
-__all__ = ["DEMO_SEED", "Loaded", "model_name", "hold_checkpoint", "carried_labels", "preprocess_recipe",
+__all__ = ["DEMO_SEED", "Loaded", "model_name", "identify_checkpoint", "carried_labels", "preprocess_recipe",
            "build_train_form", "resolve_imgsz", "build_deploy_form", "reparam_info"]
 
 
@@ -53,7 +53,7 @@ class Loaded:
         tables resampled, its windows padded: models/registry.py `set_input_size`); that train-form is the
         reference of every hop. Returns the size; `resized` says what changed."""
         imgsz = self.resolve_imgsz(imgsz)
-        if hasattr(self.model, "set_input_size") or self.resized is None:  # (a hub's deploy-form: its record kept)
+        if hasattr(self.model, "set_input_size") or self.resized is None:  # (a verified base's deploy-form: kept)
             self.resized = set_input_size(self.model, imgsz)
         return imgsz
 
@@ -73,37 +73,37 @@ def model_name(model: nn.Module) -> str:
     return getattr(model, "vitedge_name", None) or type(model).__name__.lower()
 
 
-def hold_checkpoint(model_or_name, checkpoint, overrides: dict | None = None, labels=None,
-                    option_labels=None, dense: bool = False) -> tuple[Identified | None, object]:
+def identify_checkpoint(model_or_name, checkpoint, overrides: dict | None = None, labels=None,
+                        option_labels=None, dense: bool = False) -> tuple[Identified | None, object]:
     """(the checkpoint read once and the model it determines (models/checkpoints/identify_model.py), the class
     names): the identified checkpoint is None without a checkpoint or for a module given as is; the class names are
     `labels`, else `option_labels` (options["labels"]), else those the checkpoint carries (`carried_labels`), else
     None. `dense` (--features): the checkpoint is a backbone's or a detection model's, read by
     models/checkpoints/dense.py when the train-form is built (not identified here)."""
-    held = None
+    identified = None
     if checkpoint is not None and dense and not isinstance(model_or_name, nn.Module):
         if model_or_name is None:  # a detection checkpoint does not say which backbone it holds
             raise VitedgeError("--features with --checkpoint needs --model: the backbone the checkpoint holds")
     elif checkpoint is not None and not isinstance(model_or_name, nn.Module):
-        held = identify(checkpoint, model_or_name, overrides)
+        identified = identify(checkpoint, model_or_name, overrides)
     elif model_or_name is None:
         raise VitedgeError("--model is needed (or a --checkpoint that names its model: a transformers folder with "
                            "config.json, or timm:NAME)")
     labels = labels if labels is not None else option_labels
-    return held, labels if labels is not None else carried_labels(held)
+    return identified, labels if labels is not None else carried_labels(identified)
 
 
-def carried_labels(held: Identified | None) -> CarriedLabels | None:
+def carried_labels(identified: Identified | None) -> CarriedLabels | None:
     """The class names a checkpoint carries, standing in for --labels (targets/labels.py)."""
-    if held is None or held.labels is None:
+    if identified is None or identified.labels is None:
         return None
-    return CarriedLabels(held.labels, f"the class names of {held.where} (config.json id2label)")
+    return CarriedLabels(identified.labels, f"the class names of {identified.where} (config.json id2label)")
 
 
-def preprocess_recipe(model: nn.Module, held: Identified | None = None, preprocess: dict | None = None) -> Recipe:
+def preprocess_recipe(model: nn.Module, identified: Identified | None = None, preprocess: dict | None = None) -> Recipe:
     """The eval preprocessing `model` is fed with: the checkpoint's preprocessor_config.json, else the model's
     registered one, with the user's `preprocess` fields (crop_pct, interpolation, mean, std) over it."""
-    base = held.recipe if held is not None and held.recipe is not None else recipe_of(model)
+    base = identified.recipe if identified is not None and identified.recipe is not None else recipe_of(model)
     given = dict(preprocess or {})
     unknown = sorted(set(given) - set(RECIPE_FLAGS))
     if unknown:
@@ -112,11 +112,11 @@ def preprocess_recipe(model: nn.Module, held: Identified | None = None, preproce
 
 
 def build_train_form(model_or_name, checkpoint: str | Path | None = None, overrides: dict | None = None,
-                     seed: int = DEMO_SEED, *, held: Identified | None = None,
+                     seed: int = DEMO_SEED, *, identified: Identified | None = None,
                      preprocess: dict | None = None, features=None) -> Loaded:
     """The train-form in eval mode: from a checkpoint, or seeded trained-like demo weights (untrained).
-    `model_or_name` None: the model the checkpoint names (a transformers folder). `held`: the checkpoint as
-    `hold_checkpoint` read it (not read again). `preprocess`: eval preprocessing fields over the model's own.
+    `model_or_name` None: the model the checkpoint names (a transformers folder). `identified`: the checkpoint as
+    `identify_checkpoint` read it (not read again). `preprocess`: eval preprocessing fields over the model's own.
     `features` ("default" or feature map positions): the backbone's feature maps instead of its logits
     (models/features.py FeatureMaps, its detection norms seeded trained-like without a checkpoint)."""
     overrides = dict(overrides or {})
@@ -139,11 +139,11 @@ def build_train_form(model_or_name, checkpoint: str | Path | None = None, overri
         weights, sha = "checkpoint", sha256_file(path) if path.is_file() else None
         features = None  # (wrapped already)
     elif model_or_name is None or isinstance(model_or_name, str):
-        held = held or hold_checkpoint(model_or_name, checkpoint, overrides)[0]
-        if held is not None:
-            model = create_model(held.name, **held.overrides)
-            load_checkpoint(model, held.raw, where=held.where)
-            weights, sha, overrides = "checkpoint", held.digest(), dict(held.overrides)
+        identified = identified or identify_checkpoint(model_or_name, checkpoint, overrides)[0]
+        if identified is not None:
+            model = create_model(identified.name, **identified.overrides)
+            load_checkpoint(model, identified.raw, where=identified.where)
+            weights, sha, overrides = "checkpoint", identified.digest(), dict(identified.overrides)
         else:
             model, weights = create_model(model_or_name, **overrides), "untrained"
             make_trained_like(model, seed)  # realistic statistics make the demo's parity meaningful
@@ -153,12 +153,12 @@ def build_train_form(model_or_name, checkpoint: str | Path | None = None, overri
         model = FeatureMaps(model, None if features == "default" else features)
         if weights == "untrained":
             make_trained_like_norms(model, seed)
-    model.vitedge_recipe = preprocess_recipe(model, held, preprocess)
+    model.vitedge_recipe = preprocess_recipe(model, identified, preprocess)
     if any(p.dtype != torch.float32 for p in model.parameters() if p.is_floating_point()):
         model = copy.deepcopy(model).float()  # the ladder's reference is the float32 train-form
-    notes = dict(held.notes, layout=held.layout) if held is not None else dense
-    return Loaded(model.eval(), model_name(model), weights, sha, overrides, carried_labels(held), notes,
-                  held.imgsz if held is not None else None)
+    notes = dict(identified.notes, layout=identified.layout) if identified is not None else dense
+    return Loaded(model.eval(), model_name(model), weights, sha, overrides, carried_labels(identified), notes,
+                  identified.imgsz if identified is not None else None)
 
 
 def build_deploy_form(model: nn.Module, imgsz: int, reparam: bool = True, attn_order: str = "auto",
