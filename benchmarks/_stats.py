@@ -19,8 +19,15 @@ def speedup(base_s: list[float], new_s: list[float]) -> dict:
     return latency.paired_ratio(base_s, new_s)
 
 
+def speedup_sessions(base_s: list[list[float]], new_s: list[list[float]]) -> dict:
+    """`speedup` over several sessions per candidate (fresh sessions, programs loaded anew): the interval is a
+    bootstrap over sessions, then rounds within them, so it includes the session-to-session spread."""
+    return latency.paired_ratio_sessions(base_s, new_s)
+
+
 def fmt_ratio(r: dict, unit: str = "x") -> str:
-    return f"{r['ratio']:.3f}{unit} (95% CI {r['ci'][0]:.3f}-{r['ci'][1]:.3f}, {r['pairs']} pairs)"
+    over = f", {r['sessions']} sessions" if "sessions" in r else ""
+    return f"{r['ratio']:.3f}{unit} (95% CI {r['ci'][0]:.3f}-{r['ci'][1]:.3f}, {r['pairs']} pairs{over})"
 
 
 def print_ratios(results: list[dict], field: str) -> None:

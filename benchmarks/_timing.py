@@ -79,6 +79,26 @@ def time_until_precise(fns: dict[str, Callable[[], object]], pairs: list[tuple[s
     return times
 
 
+def time_sessions(make: Callable[[int], tuple[dict[str, Callable[[], object]], Callable[[], None]]],
+                  pairs: list[tuple[str, str]], sessions: int, min_rounds: int, max_s: float, ci_width: float,
+                  block_s: float = 0.0, min_s: float = 0.0) -> dict[str, list[list[float]]]:
+    """`time_until_precise` in `sessions` epochs, its time budget split evenly between them. Epoch e calls
+    `make(e)` for fresh candidates (new ONNX Runtime sessions, programs loaded anew) and a function that releases
+    them, so each candidate is timed in several sessions: candidate -> its rounds per session, for
+    `_stats.speedup_sessions`. The ci_width stopping rule applies within each epoch."""
+    out: dict[str, list[list[float]]] = {}
+    for e in range(sessions):
+        fns, close = make(e)
+        try:
+            times = time_until_precise(fns, pairs, min_rounds, max_s / sessions, ci_width, block_s=block_s,
+                                       min_s=min_s / sessions)
+        finally:
+            close()
+        for k, v in times.items():
+            out.setdefault(k, []).append(v)
+    return out
+
+
 def ort(model: onnx.ModelProto, threads: int, spinning: bool | None = None) -> OnnxRuntimeRunner:
     """ONNX Runtime CPU session; threads=0 lets ORT use every core; spinning None = ORT's default (on)."""
     return OnnxRuntimeRunner(model, threads=threads, spinning=spinning)

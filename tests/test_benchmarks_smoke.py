@@ -23,7 +23,7 @@ SCRIPTS = ("attention_order", "export_time", "deploy_speed", "exporters", "matri
            "quantization", "compressed_profiles", "rewrite_ablation", "fp16_verdicts", "trained_verdicts",
            "compressed_verdicts")
 TIMEOUT_S = 600  # a generous ceiling for a busy shared machine; on a quiet one each takes about a minute
-CI_RE = re.compile(r"\d+\.\d+x \(95% CI \d+\.\d+-\d+\.\d+, \d+ pairs\)")
+CI_RE = re.compile(r"\d+\.\d+x \(95% CI \d+\.\d+-\d+\.\d+, \d+ pairs(, \d+ sessions)?\)")
 MACHINE_KEYS = {"cpu", "cores", "date", "load_start", "load_end", "load_note"}
 
 

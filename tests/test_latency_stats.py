@@ -87,3 +87,37 @@ def test_regression_gate_both_ways():
     assert [b["key"] for b in bad] == ["onnxruntime@224"]
     assert bad[0]["regression_pct"] == pytest.approx(15.0)
     assert regression_check({"new@224": 99.0}, base, 10.0) == []
+
+
+def test_session_ratio_interval_carries_the_spread_between_sessions():
+    """Four session pairs whose ratios differ by +-3 % (as identical ONNX Runtime sessions did here): pooling their
+    rounds into one paired interval would claim a precision the sessions do not have; the two-level interval covers
+    the per-session ratios' spread."""
+    from vitedge.exporter.timing.latency import paired_ratio_sessions
+
+    rng = np.random.default_rng(1)
+    shifts = [0.97, 1.0, 1.01, 1.03]
+    num = [list(0.010 * s * (1 + 0.002 * rng.standard_normal(200))) for s in shifts]
+    den = [list(0.010 * (1 + 0.002 * rng.standard_normal(200))) for _ in shifts]
+    two = paired_ratio_sessions(num, den)
+    pooled = paired_ratio(sum(num, []), sum(den, []))
+    assert two["sessions"] == 4 and two["pairs"] == 800
+    assert two["ratio"] == pytest.approx(pooled["ratio"])
+    assert len(two["per_session"]) == 4 and two["per_session"][0] < 0.98 < 1.02 < two["per_session"][3]
+    # the pooled interval is narrower than the spread of the sessions (0.97-1.03); the two-level one is far wider
+    assert pooled["ci"][1] - pooled["ci"][0] < 0.01
+    assert two["ci"][1] - two["ci"][0] > 3 * (pooled["ci"][1] - pooled["ci"][0])
+    assert two["ci"][0] < 0.99 and two["ci"][1] > 1.015
+
+
+def test_session_ratio_of_identical_sessions_matches_one_session():
+    from vitedge.exporter.timing.latency import paired_ratio_sessions
+
+    rng = np.random.default_rng(2)
+    a, b = list(1.2 + 0.01 * rng.standard_normal(100)), list(1.0 + 0.01 * rng.standard_normal(100))
+    r = paired_ratio_sessions([a], [b])
+    assert r["ratio"] == pytest.approx(paired_ratio(a, b)["ratio"]) and r["ci"][0] < 1.2 < r["ci"][1]
+    with pytest.raises(ValueError):
+        paired_ratio_sessions([a, a], [b])
+    with pytest.raises(ValueError):
+        paired_ratio_sessions([a], [b[:-1]])

@@ -133,6 +133,28 @@ def paired_ratio(num_s: Sequence[float], den_s: Sequence[float]) -> dict:
     return {"ratio": ratio, "ci": [float(lo), float(hi)], "pairs": int(a.size)}
 
 
+def paired_ratio_sessions(num_s: Sequence[Sequence[float]], den_s: Sequence[Sequence[float]]) -> dict:
+    """Ratio of medians num/den over several sessions' paired rounds (session i: num_s[i] against den_s[i]),
+    with a two-level bootstrap CI: sessions resampled, then rounds within each resampled session. Identical
+    sessions of one graph differ in speed by more than one session's rounds vary, so an interval over one session
+    pair is too narrow; this one carries the session-to-session spread. `per_session`: each pair's own ratio."""
+    pairs = [(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)) for a, b in zip(num_s, den_s)]
+    if not pairs or len(num_s) != len(den_s) or any(a.shape != b.shape or a.size == 0 for a, b in pairs):
+        raise ValueError("paired_ratio_sessions needs as many sessions on each side, each with equal-length timings")
+    a_all, b_all = np.concatenate([a for a, _ in pairs]), np.concatenate([b for _, b in pairs])
+    ratio = float(np.median(a_all) / np.median(b_all))
+    rng = np.random.default_rng(0)
+    boot = np.empty(BOOTSTRAP_RESAMPLES)
+    for r in range(BOOTSTRAP_RESAMPLES):
+        picked = [pairs[i] for i in rng.integers(0, len(pairs), len(pairs))]
+        idx = [rng.integers(0, a.size, a.size) for a, _ in picked]
+        boot[r] = (np.median(np.concatenate([a[i] for (a, _), i in zip(picked, idx)]))
+                   / np.median(np.concatenate([b[i] for (_, b), i in zip(picked, idx)])))
+    lo, hi = np.quantile(boot, [(1 - CONFIDENCE) / 2, 1 - (1 - CONFIDENCE) / 2])
+    return {"ratio": ratio, "ci": [float(lo), float(hi)], "pairs": int(a_all.size), "sessions": len(pairs),
+            "per_session": [float(np.median(a) / np.median(b)) for a, b in pairs]}
+
+
 def regression_check(current: dict[str, float], baseline: dict[str, float], max_regression_pct: float) -> list[dict]:
     """Compare p50 latencies by key; return the entries that regressed by more than the threshold.
 
