@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "benchmarks"
 # the files that hold rendered blocks
 FILES = ("README.md", "docs/onnx.md", "docs/parity.md", "docs/parity_criteria.md", "docs/quantization.md",
-         "docs/executorch.md", "docs/models.md", *(f"docs/benchmarks/{page}.md" for page in (
+         "docs/executorch.md", "docs/models.md", "docs/export_profile.md", *(f"docs/benchmarks/{page}.md" for page in (
              "index", "attention_order", "export_time", "deploy_speed", "resolution_scaling", "rewrite_ablation",
              "executorch_speed")))
 # a block (the markers on lines of their own) or a fragment inside a sentence (markers and figures on one line:
