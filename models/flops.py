@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from .registry import create_model, get_spec
+from .registry import create_model, get_spec, set_input_size
 
 
 @contextlib.contextmanager
@@ -73,4 +73,7 @@ def count_macs(model: nn.Module, imgsz: int | tuple[int, int], batch: int = 1, i
 def model_macs(name: str, imgsz: int | None = None, **overrides) -> int:
     """MACs of registered model `name` at `imgsz` (default: its default size), batch 1."""
     spec = get_spec(name)
-    return count_macs(meta_model(name, **overrides), imgsz or spec.default_imgsz)
+    model = meta_model(name, **overrides)
+    if imgsz is not None:  # at another size, as the export runs it: position tables resampled, windows padded
+        set_input_size(model, imgsz)
+    return count_macs(model, imgsz or spec.default_imgsz)

@@ -61,3 +61,15 @@ def test_an_export_without_samples_uses_and_reports_the_rule(tmp_path, monkeypat
     assert all(h["samples"] == MIN_SAMPLES for h in saved["parity"] if h["status"] == "passed")
     given = export("swiftformer_xs", "onnx", out=tmp_path / "g", imgsz=32, overrides=TINY, samples=4)
     assert given.samples == 4 and given.samples_rule is None
+
+
+@pytest.mark.parametrize("name", ["slab_deit_tiny", "sima_deit_tiny", "prepbn_deit_tiny", "slab_pvt_tiny",
+                                  "slab_swin_tiny", "slab_cswin_tiny"])
+def test_models_tied_to_their_size_are_counted_at_the_export_size(name):
+    """An export at another size without --samples counts the model as the export runs it: position tables
+    resampled, windows padded (a model left at its pretraining grid refused the other size: exit 2)."""
+    at_default, n = parity_cost.model_gmacs(name, 224), 256 * 320 / 224 ** 2
+    other = parity_cost.model_gmacs(name, (256, 320))
+    assert other >= 0.95 * n * at_default  # the work grows at least with the pixels (windows pad: more)
+    count, rule = parity_cost.default_samples(name, (256, 320))
+    assert MIN_SAMPLES <= count <= DEFAULT_SAMPLES and "256x320" in rule
