@@ -25,6 +25,12 @@ The count of samples above 1 must be 0. Every sample's error and effective noise
 ~/.cache/vitedge/false_failures/RESULTS/NAME.npz (RESULTS: the results file's name without .json), so `--reevaluate`
 recomputes every figure from them (another estimator, another K grid) without measuring again.
 
+The stopping rule (STOPPING_RULE, rendered beside the figures): every model is measured on 5000 samples; a model whose
+upper bound at 5000 is at or above the target is measured once more on 20000 samples, `--samples 20000 --models X`,
+and its row is that fit. The 20000 samples are not a superset of the 5000: the digits' augmented copies draw each
+parameter for all copies in turn from one generator, so after the first parameter the draws differ with the count.
+The 5000-sample fits so replaced are not kept.
+
 K and the floor are chosen here, not guessed: the estimate is made for each K of a grid (the floor fixed at the
 product's, which binds on no sample of these models), and the summary names the smallest K of the grid that meets
 the target on every model; the product's K (exporter/verdict/criteria.py) must be one that does. What a larger K
@@ -75,6 +81,9 @@ KS = (8.0, 10.0, 12.0, 15.0, 20.0)   # the K grid the rate is estimated for (the
 UPPER_METHOD = ("heuristic, not a confidence bound: the tail's shape at the top of its 95 % bootstrap interval "
                 f"({BOOT} resamples), the scale refitted at that shape; the scale's and the threshold's uncertainty "
                 "are not in it")
+STOPPING_RULE = (f"every model is measured on {SAMPLES} samples; one whose upper bound there is at or above the "
+                 "target is measured once more on 20000 samples (a fresh draw, not a superset of the first) and its "
+                 "row is that fit; the replaced fit is not kept")
 SMALL = ("swiftformer_digits", "slab_deit_digits")
 # every sample's error and effective noise, per model, in a folder per results file (a --quick run keeps its own)
 KEPT = Path.home() / ".cache" / "vitedge" / "false_failures"
@@ -313,7 +322,7 @@ def false_failures() -> str:
     verdict = "met" if s["met"] else "**not met**"
     smallest = "none of the grid" if s["smallest_k_meeting"] is None else f"K = {s['smallest_k_meeting']:g}"
     above = s["upper_above_target"]
-    return (f"{'; '.join(parts)}. The worst estimate over these models per K of the grid (floor "
+    return (f"{'; '.join(parts)}. Stopping rule: {STOPPING_RULE}. The worst estimate over these models per K of the grid (floor "
             f"{s['rule']['floor']:g}; upper bound in brackets): {grid}; the smallest K whose estimate meets the "
             f"target: {smallest}. At the product's K = {s['rule']['k']:g}, the target, a correct export failing "
             f"fewer than {s['target']:g} of the time at {s['extrapolated_to']} natural samples, is {verdict} by the "
