@@ -144,6 +144,8 @@ def test_the_false_failure_upper_bound_is_named_a_heuristic(rb, monkeypatch):
     assert "its upper bound (heuristic, not a confidence bound" in render()
     # the 20000-sample rows replaced 5000-sample fits: the rule that chose them is stated beside the figures
     assert "Stopping rule: every model is measured on 5000 samples; one whose upper bound" in render()
+    # raw and simplified ONNX with identical statistics are one artifact, not two
+    assert "samples (its raw and simplified ONNX identical, counted once)" in render()
     script = sys.modules[render.__module__]
     load = script.load
     moved = copy.deepcopy(load("false_failures.json"))
