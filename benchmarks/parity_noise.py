@@ -350,7 +350,8 @@ def verdict_headline() -> str:
             "worst sample error against float64, of the largest logit):\n\n" + "\n".join(lines) + "\n\n"
             f"A correct fp32 export's estimated chance of failing at {ff['extrapolated_to']} natural samples: at "
             f"most {sci(ff['worst_p_fail_at_n'])} over the trained models of `false_failures.json` (target "
-            f"{ff['target']:g}: {'met' if ff['met'] else '**not met**'}; the estimate's upper bound: at most "
+            f"{ff['target']:g}: {'met' if ff['met'] else '**not met**'}; the estimate's heuristic upper bound (not a "
+            "confidence bound): at most "
             f"{sci(ff['worst_p_fail_at_n_upper'])}). {false_failure_samples()}")
 
 

@@ -131,3 +131,24 @@ def test_the_verdict_headline_says_what_the_false_failure_samples_are(rb, monkey
     text = render()
     assert "per model 1000 original digits, 0 augmented copies and 24 photo views, judged on" in text
     assert f"judged on digit classifiers: {moved['models'][0]['model']} (" in text
+
+
+def test_the_false_failure_upper_bound_is_named_a_heuristic(rb, monkeypatch):
+    """The tail fit's upper bound fixes the shape at a bootstrap quantile and ignores the scale's and the threshold's
+    uncertainty: the rendered study and the headline call it a heuristic, and a method written into the JSON is
+    what the study's text says."""
+    import sys
+
+    assert "heuristic upper bound (not a confidence bound)" in rb.RENDERERS["verdict_headline"]()
+    render = rb.RENDERERS["false_failures"]
+    assert "its upper bound (heuristic, not a confidence bound" in render()
+    # the 20000-sample rows replaced 5000-sample fits: the rule that chose them is stated beside the figures
+    assert "Stopping rule: every model is measured on 5000 samples; one whose upper bound" in render()
+    # raw and simplified ONNX with identical statistics are one artifact, not two
+    assert "samples (its raw and simplified ONNX identical, counted once)" in render()
+    script = sys.modules[render.__module__]
+    load = script.load
+    moved = copy.deepcopy(load("false_failures.json"))
+    moved["summary"]["upper_method"] = "a method named in the JSON"
+    monkeypatch.setattr(script, "load", lambda name: moved if name == "false_failures.json" else load(name))
+    assert "its upper bound (a method named in the JSON) is" in render()
