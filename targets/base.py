@@ -214,6 +214,11 @@ class Target(ABC):
         `entries` implement it."""
         raise NotImplementedError(f"the {self.name} target writes one file per size")
 
+    def held_sizes(self, meta: dict) -> dict:
+        """{entry: [H, W]} of the sizes one artifact holds, from its decoded metadata (`read_metadata`) as this
+        target's `lower_sizes` wrote it; {} for an artifact of one size (each ONNX / TensorRT file is one size)."""
+        return {}
+
     def read_metadata(self, path: str | Path) -> dict:
         """What an artifact this target wrote says about itself (model, imgsz, precision, overrides, ...);
         string values may be JSON. {} when the artifact carries nothing."""
@@ -314,6 +319,12 @@ def umask_modes(path: str | Path) -> None:
     for p in [path, *(path.rglob("*") if path.is_dir() else ())]:
         if not p.is_symlink():
             os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
+
+
+def listed_sizes(meta: dict, key: str) -> dict:
+    """meta[key] where it is a non-empty {entry: [H, W]}, else {}: a `held_sizes` read of the key a target wrote."""
+    held = meta.get(key)
+    return held if isinstance(held, dict) and held else {}
 
 
 def size_bytes(path: str | Path) -> int:

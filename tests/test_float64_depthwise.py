@@ -1,4 +1,4 @@
-"""The float64 ground truth's depthwise convolutions (parity.float64_depthwise): the same function as torch's
+"""The float64 ground truth's depthwise convolutions (float64_kernels.float64_depthwise): the same function as torch's
 convolution to float64 rounding, for every stride, padding, dilation and kernel shape, with and without bias."""
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from vitedge.exporter.verdict.parity import _in_dtype, float64_depthwise
+from vitedge.exporter.verdict.float64_kernels import float64_depthwise
+from vitedge.exporter.verdict.parity import _in_dtype
 from vitedge.models import create_model
 
 

@@ -38,11 +38,10 @@ class ArtifactFile:
 
     @property
     def entries(self) -> dict:
-        held = self.meta.get(ENTRY_KEYS.get(row_of(self.tname).entries, ""))
-        return held if isinstance(held, dict) and held else {}
+        target = self.plan.target  # None: its module is missing, and so is the metadata (artifact_metadata)
+        return target.held_sizes(self.meta) if target is not None else {}
 
 
-ENTRY_KEYS = {"function": "functions", "method": "methods"}  # a row's `entries` -> the metadata key listing them
 SAME_EXPORT = ("model", "overrides", "checkpoint_sha256", "features", "preprocess")  # what every file shares
 
 

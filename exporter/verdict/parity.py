@@ -27,7 +27,7 @@ from .emulate import fp16_reference
 # The second float32 computation draws a random rounding of ROUNDING_ULPS float32 ulps at every module output,
 # seeded (rounding.py): see docs/parity_criteria.md for how it was measured against other implementations.
 from .rounding import ROUNDING_SEED, ROUNDING_ULPS, rounding_draw  # noqa: F401  (re-exported)
-from .float64_kernels import float64_depthwise  # (also importable from here, as before)
+from .float64_kernels import float64_depthwise  # for _in_dtype only: callers import it from float64_kernels
 from .metrics import COMPRESSED_ERROR, PSNR_CAP_DB, compute_metrics, set_bounds  # noqa: F401  (re-exported)
 from ..core.report import Hop, Metrics, Tolerance, allowed_count
 

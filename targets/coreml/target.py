@@ -19,7 +19,7 @@ import torch.nn as nn
 
 from ...errors import VitedgeError
 from ...models.input_size import as_hw
-from ..base import Artifact, LowerSpec, Runner, StoredWeights, Target, UnavailableError, reraise_interrupt
+from ..base import Artifact, LowerSpec, Runner, StoredWeights, Target, UnavailableError, listed_sizes, reraise_interrupt
 from ..rows import COREML_ROW
 from .compress import KINDS, MIN_IOS, compress_package, require_kmeans
 from ..labels import model_classes
@@ -187,6 +187,10 @@ class CoreMLTarget(Target):
         if spec.options.get("ios_raised"):
             info["ios_raised"] = spec.options["ios_raised"]
         return Artifact(self.name, path, spec.precision, info=info)
+
+    def held_sizes(self, meta: dict) -> dict:
+        """The sizes of a multi-size artifact: {"functions": {entry: [H, W]}} written by `lower_sizes`."""
+        return listed_sizes(meta, "functions")
 
     def read_metadata(self, path) -> dict:
         """What the package says about itself (model, imgsz, precision, ...)."""

@@ -28,7 +28,7 @@ from ...errors import VitedgeError
 from ...models.outputs import pack_arrays
 from ..graph.weights import StoredBias
 from ..base import (Artifact, LowerSpec, Runner, StoredWeights, Target, UnavailableError, pad_batch,
-                    reraise_interrupt)
+                    listed_sizes, reraise_interrupt)
 from ..rows import EXECUTORCH_ROW
 from .delegable import GATE_RTOL, gate, make_delegable
 from ...models.input_size import as_hw
@@ -297,6 +297,10 @@ class ExecuTorchTarget(Target):
         runner = ExecuTorchRunner(artifact.path, threads=kw.get("threads"), method=artifact.entry)
         runner.precision = artifact.precision
         return runner
+
+    def held_sizes(self, meta: dict) -> dict:
+        """The sizes of a multi-size artifact: {"methods": {entry: [H, W]}} written by `lower_sizes`."""
+        return listed_sizes(meta, "methods")
 
     def read_metadata(self, path: str | Path) -> dict:
         return read_metadata(path)
