@@ -123,6 +123,34 @@ def natural_samples(model_name: str, imgsz: int, n: int, photos: int) -> tuple[n
     return np.ascontiguousarray(x), ("user",) * len(xd) + ("natural",) * photos
 
 
+def photo_corpus(model_name: str, imgsz: int, n: int) -> tuple[np.ndarray, tuple[str, ...], dict]:
+    """`n` views of photographs, not digits: scikit-learn's two sample images (china, flower) and the shipped
+    photos, cycled; each photo's first view is its eval transform, the later ones random crops, every other one
+    flipped (exporter/verdict/inputs.photo_view, as the parity set's natural views). All `natural`."""
+    from sklearn.datasets import load_sample_images
+
+    from vitedge.exporter.verdict import images
+    from vitedge.exporter.verdict.inputs import photo_view
+    from vitedge.models.preprocess import Recipe
+
+    Image, _ = images._pil()
+    sk = load_sample_images()
+    photos = [(f"sklearn:{Path(f).stem}", Image.fromarray(a)) for f, a in zip(sk.filenames, sk.images)]
+    photos += [(f"shipped:{name}", images.photo(name)) for name in images.photo_names()]
+    spec = get_spec(model_name)
+    recipe = Recipe(spec.mean, spec.std)
+    x = np.empty((n, 3, imgsz, imgsz), np.float32)
+    names = []
+    for k in range(n):
+        name, img = photos[k % len(photos)]
+        x[k], view = photo_view(img, k // len(photos), k, imgsz, 0, recipe)
+        names.append(name + view)
+    what = {"distinct_photos": len(photos), "sklearn_sample_images": len(sk.images),
+            "shipped_photos": len(photos) - len(sk.images), "views": n,
+            "views_per_photo": [n // len(photos), -(-n // len(photos))]}
+    return x, ("natural",) * n, what
+
+
 def tail_estimate(ratios: np.ndarray, n: int = SAMPLES, boot: int = BOOT, seed: int = 0) -> dict:
     """P(the max over `n` samples > 1) from a generalized Pareto fit to the excesses over the TAIL_Q quantile: the
     fit's estimate (`p_fail_at_n`) and an upper bound with the shape at the upper end of its 95 % bootstrap interval
@@ -190,18 +218,26 @@ def models(quick: bool) -> list[tuple[str, str, Callable[[], torch.nn.Module], i
     return out
 
 
-def measure(name: str, registry: str, load, imgsz: int, weights: str, n: int, photos: int, keep: Path) -> dict:
-    """One model's row: its correct fp32 ONNX artifacts judged per sample; the samples' errors and effective noise
-    are kept in `keep`/NAME.npz."""
+def measure(name: str, registry: str, load, imgsz: int, weights: str, n: int, photos: int, keep: Path,
+            corpus: str = "digits") -> dict:
+    """One model's row: its correct fp32 ONNX artifacts judged per sample on `corpus` (digits: the digits, their
+    augmented copies and photo views; photos: photo views only, photo_corpus); the samples' errors and effective
+    noise are kept in `keep`/NAME.npz."""
     t0 = time.time()
     train = load()
-    x, sets = natural_samples(registry, imgsz, n, photos)
+    what = None
+    if corpus == "photos":
+        x, sets, what = photo_corpus(registry, imgsz, n)
+    else:
+        x, sets = natural_samples(registry, imgsz, n, photos)
     truth = ground_truth(train, x, sets, threads64=torch.get_num_threads())
     deploy = vitedge.reparameterize(copy.deepcopy(train), imgsz=imgsz)
     raw = check_onnx(export_onnx(deploy, imgsz, batch=None))
     simp, _ = simplify_keeping_fusions(raw)
     row = {"model": name, "registry": registry, "imgsz": imgsz, "weights": weights, "samples": len(x),
-           "sets": {s: sets.count(s) for s in dict.fromkeys(sets)}, "artifacts": {}}
+           "sets": {s: sets.count(s) for s in dict.fromkeys(sets)}, "corpus": corpus, "artifacts": {}}
+    if what is not None:
+        row["corpus_samples"] = what
     kept = {}
     for art, graph in (("onnx", raw), ("onnx-simplified", simp)):
         out = run_batched(OnnxRuntimeRunner(graph), x)
@@ -236,6 +272,9 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=None, help="comma-separated subset of the models to measure now (default: all)")
     ap.add_argument("--reevaluate", action="store_true",
                     help="recompute every model's figures from its kept samples (no measuring)")
+    ap.add_argument("--corpus", choices=("digits", "photos"), default="digits",
+                    help="digits (default: the digits, their augmented copies and photo views) or photos (views of "
+                         "scikit-learn's 2 sample images and the 14 shipped photos only; write it to its own --out)")
     args = ap.parse_args(argv)
     started, info = _script.begin("false_failures", args.quick, threads=2)
     n = args.samples or (300 if args.quick else SAMPLES)
@@ -245,7 +284,7 @@ def main(argv=None) -> int:
     keep = KEPT / results.stem
 
     def one(spec):
-        row = measure(*spec, n=n, photos=photos, keep=keep)
+        row = measure(*spec, n=n, photos=photos, keep=keep, corpus=args.corpus)
         print(f"{spec[0]}: done in {row['seconds']} s", flush=True)
         return [row]
 
@@ -265,7 +304,7 @@ def main(argv=None) -> int:
     worst = max(a["tail"]["p_fail_at_n"] for a in arts)
     above = sum(a["above_1"] for a in arts)
     upper = {r["model"]: max(a["tail"]["p_fail_at_n_upper"] for a in r["artifacts"].values()) for r in rows}
-    summary = {"rule": {"floor": FLOAT32_RULE.floor, "k": FLOAT32_RULE.k, "rounding_ulps": ROUNDING_ULPS}, "target": TARGET,
+    summary = {"corpus": args.corpus, "rule": {"floor": FLOAT32_RULE.floor, "k": FLOAT32_RULE.k, "rounding_ulps": ROUNDING_ULPS}, "target": TARGET,
                "samples": min(r["samples"] for r in rows), "extrapolated_to": SAMPLES,
                "worst_p_fail_at_n": worst, "above_1": above, "met": bool(worst < TARGET and above == 0),
                "worst_p_fail_at_n_upper": max(upper.values()), "upper_method": UPPER_METHOD,

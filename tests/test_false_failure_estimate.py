@@ -13,7 +13,7 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
-def tail_estimate():
+def study():
     import sys
 
     sys.path.insert(0, str(BENCH))  # the benchmark imports its sibling helpers (_script, _corpus)
@@ -23,7 +23,12 @@ def tail_estimate():
         spec.loader.exec_module(mod)
     finally:
         sys.path.remove(str(BENCH))
-    return mod.tail_estimate
+    return mod
+
+
+@pytest.fixture(scope="module")
+def tail_estimate(study):
+    return study.tail_estimate
 
 
 def test_light_tail_heavy_tail_and_the_upper_bound(tail_estimate):
@@ -39,3 +44,15 @@ def test_light_tail_heavy_tail_and_the_upper_bound(tail_estimate):
     # the exponential's exact P(one sample > 1), exp(-0.95 / 0.03), lies under the upper bound (the point estimate,
     # extrapolated this far beyond the data, may land orders of magnitude off either way)
     assert lt["p_sample_upper"] >= np.exp(-(1 - 0.05) / 0.03)
+
+
+def test_the_photo_corpus_is_photographs_each_counted_for_what_it_is(study):
+    """The non-digit corpus: views of scikit-learn's two sample images and the shipped photos, named per view, every
+    photo's first view its eval transform and the next ones crops."""
+    x, sets, what = study.photo_corpus("swiftformer_xs", 32, 40)
+    assert x.shape == (40, 3, 32, 32) and x.dtype == np.float32 and np.isfinite(x).all()
+    assert set(sets) == {"natural"} and what["views"] == 40
+    assert what["sklearn_sample_images"] == 2 and what["distinct_photos"] == 2 + what["shipped_photos"] >= 10
+    k = what["distinct_photos"]
+    assert len({x[i].tobytes() for i in range(40)}) == 40  # every view its own image
+    assert what["views_per_photo"] == [40 // k, -(-40 // k)]

@@ -62,10 +62,16 @@ def natural_view(k: int, photos: tuple[str, ...], perm: np.ndarray, imgsz: int, 
     (models/preprocess.py; its mean/std replace `mean`/`std`)."""
     recipe = recipe or Recipe(mean, std)
     name = photos[perm[k % len(photos)]]
-    rnd = k // len(photos)
-    img = images.photo(name)
+    x, view = photo_view(images.photo(name), k // len(photos), k, imgsz, seed, recipe)
+    return x, f"natural:{name}{view}"
+
+
+def photo_view(img, rnd: int, k: int, imgsz: int, seed: int, recipe: Recipe) -> tuple[np.ndarray, str]:
+    """View `rnd` of the PIL image `img` as the k-th sample of a set: round 0 its eval transform, later rounds a
+    random crop (30-100 % of the area, aspect 3/4-4/3) drawn from the per-sample stream (seed, k), every other
+    one flipped; (float64 (3, H, W), the view's name suffix)."""
     if rnd == 0:
-        return images.eval_transform(img, imgsz, mean, std, recipe=recipe), f"natural:{name}"
+        return images.eval_transform(img, imgsz, recipe.mean, recipe.std, recipe=recipe), ""
     rng = np.random.Generator(np.random.PCG64([seed, k]))  # per-sample stream: the set is prefix-stable
     w, h = img.size
     area = rng.uniform(0.3, 1.0) * w * h
@@ -75,7 +81,7 @@ def natural_view(k: int, photos: tuple[str, ...], perm: np.ndarray, imgsz: int, 
     flip = rnd % 2 == 1
     x = images.crop_transform(img, (left, top, left + cw, top + ch), imgsz, flip, recipe.mean, recipe.std,
                               recipe.interpolation)
-    return x, f"natural:{name}/crop{rnd}{'/flip' if flip else ''}"
+    return x, f"/crop{rnd}{'/flip' if flip else ''}"
 
 
 def natural_inputs(n: int, imgsz: int = 224, seed: int = 0, mean=IMAGENET_MEAN, std=IMAGENET_STD,
