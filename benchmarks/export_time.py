@@ -254,17 +254,22 @@ def _main_job_run(label: str, i: int, quick: bool, tmp: Path, cache_dir: Path, e
 def run_main_job(quick: bool, repeats: int, tmp: Path, allocator: bool = True) -> tuple[dict, dict, dict | None, dict]:
     """The README's main job in fresh processes, `repeats` cold runs (an empty ground-truth cache: a first export)
     interleaved with `repeats` warm ones (the cache primed by one uncounted run: a re-export of the same weights,
-    the CI case) and `repeats` cold ones with glibc's default allocator ($VITEDGE_KEEP_FREED_MEMORY=0: what
+    the CI case; --quick: by its first cold run, run first) and `repeats` cold ones with glibc's default allocator ($VITEDGE_KEEP_FREED_MEMORY=0: what
     exporter/core/allocator.py is worth), each round in a seeded random order; wall time, phases and load average per
     run. Returns (cold, warm, cold with the default allocator)."""
     warm_dir = tmp / "cache-warm"
-    print("  priming the warm runs' ground-truth cache (not counted)", flush=True)
-    _main_job_run("priming", 0, quick, tmp, warm_dir)
+    if not quick:
+        print("  priming the warm runs' ground-truth cache (not counted)", flush=True)
+        _main_job_run("priming", 0, quick, tmp, warm_dir)
     series = {"cold": [], "warm": [], **({"cold-default-malloc": []} if allocator else {}), PLAIN: []}
     order = random.Random(0)
     for i in range(repeats):
-        for label in order.sample(list(series), len(series)):
-            cache = warm_dir if label == "warm" else tmp / f"cache-{label}{i}"
+        labels = order.sample(list(series), len(series))
+        if quick and i == 0:  # --quick (the smoke test): the first cold run fills the warm runs' cache, one run fewer
+            labels.sort(key=lambda lbl: lbl != "cold")
+        for label in labels:
+            fills_warm = quick and i == 0 and label == "cold"
+            cache = warm_dir if label == "warm" or fills_warm else tmp / f"cache-{label}{i}"
             extra = {KEEP_FREED_ENV: "0"} if label == "cold-default-malloc" else None
             series[label].append(_main_job_run(label, i, quick, tmp, cache, extra))
     out = {k: {**_summary(runs, quick, "warm" if k == "warm" else "cold", k == PLAIN),
