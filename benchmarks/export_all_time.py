@@ -130,7 +130,9 @@ def export_all_sizes() -> str:
     passed = [m for m in ms if m["exit_code"] == 0 and m["status"] == "passed"]
     failed = [f"{m['model']} (exit {m['exit_code']}: {(m['error'] or [m['status']])[0]})" for m in ms
               if m not in passed]
-    return (f"**{len(passed)} of {len(ms)} registered models export and pass every hop at "
+    scope = ("registered models" if d["complete"] else
+             f"models measured (one or more per family; {len(list_models())} are registered)")
+    return (f"**{len(passed)} of {len(ms)} {scope} export and pass every hop at "
             f"{d['settings']['imgsz']}** (`vitedge export --model NAME --target onnx --imgsz {d['settings']['imgsz']}`, "
             f"default settings, seeded demo weights, {d['machine']['date'][:10]}"
             + (f"; not passed: {', '.join(failed)}" if failed else "") + f"; median "

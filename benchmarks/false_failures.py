@@ -383,7 +383,29 @@ def false_failures() -> str:
             + " (`benchmarks/results/false_failures.json`).")
 
 
-TABLES = {"false_failures": false_failures}
+def false_failures_photos() -> str:
+    """The same study on photographs only (--corpus photos): per model, its samples, median and largest ratio, the
+    count above 1 and the tail fit's estimate (false_failures_photos.json)."""
+    d = load("false_failures_photos.json")
+    s = d["summary"]
+    what = d["models"][0]["corpus_samples"]
+    parts = []
+    for m in d["models"]:
+        arts = list(m["artifacts"].values())
+        t = max((a["tail"] for a in arts), key=lambda t: t["p_fail_at_n_upper"])
+        parts.append(f"{m['model']} ({m['samples']} views): median ratio {max(a['q0.5'] for a in arts):.2f}, largest "
+                     f"{max(a['max'] for a in arts):.2f}, {sum(a['above_1'] for a in distinct(m['artifacts']))} above 1, "
+                     f"P(fail at {s['extrapolated_to']}) {sci(t['p_fail_at_n'])} (heuristic bound "
+                     f"{sci(t['p_fail_at_n_upper'])})")
+    return (f"On photographs only ({what['distinct_photos']} distinct photos: scikit-learn's "
+            f"{what['sklearn_sample_images']} sample images and the {what['shipped_photos']} shipped ones, each as its "
+            f"eval view, then random crops, every other flipped; the same digit-trained models, whose task they are "
+            f"not): {'; '.join(parts)}. Samples above 1: {s['above_1']}; at K = {s['rule']['k']:g} the estimate "
+            f"{'meets' if s['met'] else 'does **not** meet'} the target (worst {sci(s['worst_p_fail_at_n'])}; "
+            f"{d['machine']['date'][:10]}, `benchmarks/results/false_failures_photos.json`).")
+
+
+TABLES = {"false_failures": false_failures, "false_failures_photos": false_failures_photos}
 
 
 if __name__ == "__main__":
