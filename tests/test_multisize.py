@@ -447,3 +447,21 @@ def test_the_resolution_scaling_plot_and_table_take_non_square_sizes(tmp_path, m
     png = rs.plot(sizes, tmp_path / "plot.png")
     assert png.stat().st_size > 0
     sys.modules.pop("resolution_scaling", None)
+
+
+def test_bench_of_a_multi_size_program_times_every_method_at_its_own_size(planted, tmp_path):
+    """`vitedge bench --artifact` on a .pte of two methods: each method checked at its own size first (the planted
+    one fails and is not timed), the other timed; `--imgsz` picks one size, as for `parity`."""
+    pte, where = _artifact(planted, "executorch"), tmp_path / "bench.json"
+    quick = ["--min-iters", "3", "--warmup-s", "0", "--max-s", "0"]
+    assert cli.main(["bench", "--artifact", str(pte), *quick, "--report", str(where), "-q"]) == 0
+    d = json.loads(where.read_text())
+    rows = {tuple(r["imgsz"]) if isinstance(r["imgsz"], list) else (r["imgsz"], r["imgsz"]): r for r in d["results"]}
+    assert sorted(rows) == [(32, 32), (32, 64)] and d["artifact"]["entries"] == {"size_32x32": [32, 32],
+                                                                                 "size_32x64": [32, 64]}
+    bad, good = rows[tuple(map(int, PLANTED_PTE.split("x")))], rows[(32, 64)]
+    assert bad["status"] == "failed" and "parity failed" in bad["reason"] and not bad["valid"]
+    assert good["status"] == "ok" and good["valid"] and good["latency"]["iters"] >= 3
+    assert cli.main(["bench", "--artifact", str(pte), *quick, "--imgsz", "32x64", "--report", str(where), "-q"]) == 0
+    d = json.loads(where.read_text())
+    assert [r["status"] for r in d["results"]] == ["ok"] and list(d["artifact"]["entries"]) == ["size_32x64"]

@@ -10,7 +10,9 @@
 
 Parity runs first when the artifact's vitedge metadata names its model (vitedge wrote it): the train-form is
 rebuilt from the metadata (model, overrides, size; an artifact made from a checkpoint needs that `checkpoint`,
-checked by sha256) and every backend is checked as `vitedge bench` checks its own, a failed one not timed.
+checked by sha256) and every backend is checked as `vitedge bench` checks its own, a failed one not timed. An
+artifact of several sizes (Target.held_sizes: CoreML functions, ExecuTorch methods) is checked and timed entry by
+entry, each at its own size; `imgsz` picks one of them.
 Otherwise parity is not run and the report says why (`artifact.parity`). A compressed artifact (int8 QDQ graph,
 w8 / palette / w8a8 package: `vitedge.precision`) is judged as `export` and `parity` judge it: by its kind's
 profile, on the natural samples of the parity set that did not calibrate it (the ids it records), against float64
@@ -42,7 +44,9 @@ from ..reparam.build_forms import build_train_form
 from ..verdict.hops import parity_inputs_for
 from ..verdict.inputs import parity_inputs
 from ..verdict.parity import FLOAT64_TOLERANCES, ground_truth, profile_for, tolerances, with_fp16_reference
-from ..flow.artifact_files import read_artifact
+from ..core.settings import ExportSettings
+from ..flow.artifact_files import ArtifactFile, read_artifact, sizes_to_check
+from ...models.input_size import as_hw
 from ..flow.verify import check_checkpoint, recorded_calibration_ids
 
 DEFAULT_PROVIDERS = ("cpu",)
@@ -151,6 +155,7 @@ class _Plan:
         # the parity tolerance profile: fp32 / fp16, or a compressed kind's (judged on `judged`)
         self.precision = precision if precision in PRECISION_TABLE else None
         self.judged: JudgedSamples | None = None   # a compressed artifact's judged samples (natural, not calibration)
+        self.entry: str | None = None       # the function / method timed, of an artifact holding several sizes
 
 
 def bench_artifact(path: str | Path, *, providers=None, checkpoint: str | Path | None = None,
@@ -181,13 +186,18 @@ def bench_artifact(path: str | Path, *, providers=None, checkpoint: str | Path |
         raise VitedgeError(f"{path} carries no vitedge metadata, so its parity cannot be checked against {model}; "
                            "drop --model to time it without parity")
 
-    plan = _Plan(path, tname, meta, graph)
-    _parity_source(plan, checkpoint, imgsz)
-    batch = batch or (meta.get("batch") if isinstance(meta.get("batch"), int) else None)
-    _backends(plan, eps, batch, imgsz, threads, ort_spinning)
+    held = _held_entries(path, tname, meta, imgsz)  # [(function / method, size)] of a multi-size artifact
+    plans = []
+    for entry, size in held or [(None, None)]:
+        plan = _Plan(path, tname, meta, graph)
+        plan.entry = entry
+        _parity_source(plan, checkpoint, imgsz, at=size)
+        _backends(plan, eps, batch, None if entry else imgsz, threads, ort_spinning)
+        plans.append(plan)
+    plan = plans[0]
     labels = labels_of(meta)
     report = BenchReport(model=meta.get("model") or path.name, weights=meta.get("weights") or "unknown",
-                         batch=batch or 1, threads=threads, sizes=[plan.imgsz], baseline=baseline,
+                         batch=batch or 1, threads=threads, sizes=[p.imgsz for p in plans], baseline=baseline,
                          machine=machine_info(),
                          settings={"warmup_s": warmup_s, "min_iters": min_iters, "max_s": max_s,
                                    "parity_samples": PARITY_SAMPLES if plan.train is not None else 0,
@@ -199,8 +209,33 @@ def bench_artifact(path: str | Path, *, providers=None, checkpoint: str | Path |
                                    "exporter": meta.get("exporter"), "labels": len(labels) if labels else None,
                                    "parity": "run" if plan.train is not None else "not run",
                                    "parity_reason": plan.no_parity})
+    if held:  # each function / method is timed at its own size, one result per entry
+        report.artifact["entries"] = {p.entry: list(as_hw(p.imgsz)) for p in plans}
     log(f"{path.name}: {', '.join(plan.backends) or 'no host backend'}; parity "
-        + ("first, against the train-form" if plan.train is not None else f"not run: {plan.no_parity}"))
+        + ("first, against the train-form" if plan.train is not None else f"not run: {plan.no_parity}")
+        + (f"; {len(plans)} sizes, one entry each" if held else ""))
+    results = []
+    for plan in plans:
+        results += _bench_plan(plan, report, labels, batch, warmup_s, min_iters, max_s)
+    report.results = results
+    if phone is not None:
+        report.device = _on_phone(plans[0], phone, min_iters, log, device_runner, bundle_id)
+    return gate(report, base_p50, max_regression)
+
+
+def _held_entries(path: Path, tname: str, meta: dict, imgsz) -> list:
+    """[(entry, size)] for an artifact holding several sizes (Target.held_sizes), the sizes `imgsz` picks (all when
+    None, as `vitedge parity` picks them: artifact_files.sizes_to_check); [] for a one-size artifact."""
+    f = ArtifactFile.read(path, tname, meta.get("precision"))
+    if not f.entries:
+        return []
+    jobs = sizes_to_check([f], ExportSettings(imgsz=None if imgsz is None else (as_hw(imgsz),)), meta.get("imgsz"))
+    return [(entry, size) for size, files in jobs.items() for _, entry in files]
+
+
+def _bench_plan(plan: _Plan, report: BenchReport, labels, batch: int | None, warmup_s: float, min_iters: int,
+                max_s: float) -> list[BackendResult]:
+    """Parity, then timing, of every backend of one plan (one size of the artifact)."""
     results, runners = [], {}
     with contextlib.ExitStack() as stack:
         truth = _ground_truth(plan)
@@ -225,10 +260,7 @@ def bench_artifact(path: str | Path, *, providers=None, checkpoint: str | Path |
             results.append(res)
             runners[name] = (runner, res)
         time_backends(runners, plan.xb, batch or 1, warmup_s, min_iters, max_s)
-    report.results = results
-    if phone is not None:
-        report.device = _on_phone(plan, phone, min_iters, log, device_runner, bundle_id)
-    return gate(report, base_p50, max_regression)
+    return results
 
 
 def _check(plan: _Plan, res: BackendResult, runner: Runner, truth) -> None:
@@ -250,8 +282,9 @@ def _check(plan: _Plan, res: BackendResult, runner: Runner, truth) -> None:
         res.status, res.reason = "failed", f"parity failed: {hop.reason}"
 
 
-def _parity_source(plan: _Plan, checkpoint, imgsz: int | None) -> None:
-    """The train-form to check against, from the artifact's metadata (or why there is none)."""
+def _parity_source(plan: _Plan, checkpoint, imgsz: int | None, at=None) -> None:
+    """The train-form to check against, from the artifact's metadata (or why there is none); `at`: the size of the
+    entry timed (a multi-size artifact), else the size the artifact records."""
     meta = plan.meta
     if not meta.get("model"):
         plan.no_parity = (f"{plan.path.name} carries no vitedge metadata naming its model (vitedge.model), so there "
@@ -260,10 +293,10 @@ def _parity_source(plan: _Plan, checkpoint, imgsz: int | None) -> None:
     check_checkpoint(plan.path, meta, checkpoint)
     loaded = build_train_form(meta["model"], checkpoint, meta.get("overrides") or {})
     check_checkpoint(plan.path, meta, checkpoint, loaded.checkpoint_sha256)
-    if imgsz is not None and meta.get("imgsz") not in (None, imgsz):
+    if at is None and imgsz is not None and meta.get("imgsz") not in (None, imgsz):
         raise VitedgeError(f"{plan.path} was exported for imgsz {meta['imgsz']}; drop --imgsz")
     plan.train = loaded.model.eval()
-    plan.imgsz = loaded.at_size(meta.get("imgsz"))
+    plan.imgsz = loaded.at_size(at if at is not None else meta.get("imgsz"))
 
 
 def _backends(plan: _Plan, eps: list[str], batch: int | None, imgsz: int | None, threads: int,
@@ -296,7 +329,7 @@ def _target_runner(plan: _Plan, threads: int | None = None) -> Runner:
     here. `threads`: ExecuTorch's XNNPACK pool (--threads, as for ONNX Runtime)."""
     target = usable_target(plan.kind, lowers=False)
     precision = plan.meta.get("precision") or target.default_precision
-    runner = target.runner(Artifact(plan.kind, plan.path, precision), mode="device",
+    runner = target.runner(Artifact(plan.kind, plan.path, precision, entry=plan.entry), mode="device",
                            **({"threads": threads} if target.threaded else {}))
     runner.precision = precision  # its parity's tolerance profile (bench.runner_precision)
     return runner
