@@ -42,7 +42,11 @@ corpus cached by scripts/train_reference.py (benchmarks/_corpus.TRAINED_FULL: Sw
 config, SLAB-DeiT depth 6 / patch 8, SimA-Nano, PRepBN-PVT-Tiny; all at 64 px) where cached.
 --quick: the two small trained fixtures on 300 samples.
 
-    python benchmarks/false_failures.py [--quick] [--models A,B] [--samples N] [--reevaluate] [--out FILE]
+    python benchmarks/false_failures.py [--quick] [--models A,B] [--samples N] [--corpus photos] [--reevaluate]
+                                        [--out FILE]
+
+Length: one study (its two corpora, the tail fit, the measuring and re-evaluating driver) and the two renderers
+that read its results files, which share the row statistics and their once-counted artifacts.
 """
 from __future__ import annotations
 
