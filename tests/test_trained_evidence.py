@@ -92,3 +92,16 @@ def test_the_false_failure_target_is_met_at_the_product_s_rule():
     assert s["upper_above_target"] == [] and s["worst_p_fail_at_n_upper"] < s["target"]
     # the K the product uses is one whose estimate meets the target, and not below the smallest that does
     assert s["smallest_k_meeting"] is not None and FLOAT32_RULE.k >= s["smallest_k_meeting"]
+
+
+def test_the_photo_corpus_study_covers_every_family_with_no_false_failure():
+    d = _load("false_failures_photos.json")
+    rows = {m["model"]: m for m in d["models"]}
+    assert d["summary"]["corpus"] == "photos" and all(m["corpus"] == "photos" for m in rows.values())
+    for family in ("swiftformer", "slab", "sima"):  # one trained model of each family at least
+        assert any(name.startswith(family) for name in rows), family
+    for m in rows.values():
+        what = m["corpus_samples"]
+        assert what["sklearn_sample_images"] == 2 and what["views"] == m["samples"] >= 2000
+        assert all(a["above_1"] == 0 for a in m["artifacts"].values()), m["model"]
+    assert d["summary"]["above_1"] == 0 and d["summary"]["met"] is True
