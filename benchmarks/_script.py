@@ -12,6 +12,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -21,6 +22,17 @@ import numpy as np
 import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
+STEP_RE = re.compile(r"^\s+(.+): ([0-9.]+) s$")  # a finished progress step, as the CLI prints it on stderr
+
+
+def cli_steps(stderr: str) -> list[tuple[str, float]]:
+    """(step, seconds) of every finished progress step a `vitedge` command printed on stderr."""
+    return [(m.group(1), float(m.group(2))) for m in map(STEP_RE.match, stderr.splitlines()) if m]
+
+
+def set_flags(overrides: dict) -> list[str]:
+    """`--set KEY=VALUE` arguments for a `vitedge` command line (values as JSON, no spaces)."""
+    return [a for k, v in overrides.items() for a in ("--set", f"{k}={json.dumps(v).replace(' ', '')}")]
 
 
 def parser(script: str, doc: str) -> argparse.ArgumentParser:

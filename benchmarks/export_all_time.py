@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import re
 import subprocess
 import sys
 import tempfile
@@ -33,11 +32,6 @@ from vitedge.models import get_spec, list_models
 TARGET_S = 300.0
 QUICK_MODELS = ("swiftformer_xs", "sima_nano_12_p16")
 QUICK_ARGS = ["--imgsz", "64", "--samples", "8"]
-STEP_RE = re.compile(r"^\s+(.+): ([0-9.]+) s$")  # a finished progress step, as the CLI prints it on stderr
-
-
-def _set_flags(overrides: dict) -> list[str]:
-    return [a for k, v in overrides.items() for a in ("--set", f"{k}={json.dumps(v).replace(' ', '')}")]
 
 
 def export_once(name: str, tmp: Path, quick: bool, imgsz: str | None = None) -> dict:
@@ -46,7 +40,7 @@ def export_once(name: str, tmp: Path, quick: bool, imgsz: str | None = None) -> 
     out, cache = tmp / name, tmp / f"cache-{name}"
     argv = [sys.executable, "-m", "vitedge.cli", "export", "--model", name, "--target", "onnx", "--out", str(out)]
     if quick:
-        argv += QUICK_ARGS + _set_flags(_corpus.REDUCED[name])
+        argv += QUICK_ARGS + _script.set_flags(_corpus.REDUCED[name])
     if imgsz:
         argv += ["--imgsz", imgsz]
     env = {**os.environ, "VITEDGE_CACHE_DIR": str(cache)}
@@ -56,7 +50,7 @@ def export_once(name: str, tmp: Path, quick: bool, imgsz: str | None = None) -> 
     p = subprocess.run(argv, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
     report = json.loads((out / "report.json").read_text()) if (out / "report.json").is_file() else {}
-    steps = [(m.group(1), float(m.group(2))) for m in map(STEP_RE.match, p.stderr.splitlines()) if m]
+    steps = _script.cli_steps(p.stderr)
     return {"model": name, "imgsz": report.get("imgsz"), "exit_code": p.returncode, "wall_s": round(wall, 1),
             "load_before": load_before,
             "load_after": _script.load_average(), "samples": report.get("samples"),

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -37,7 +36,6 @@ from vitedge.targets.plants import plant_channel_scale, weight_nodes
 TARGET_S = 180.0   # the ladder at 800x1344 in under 3 minutes on the 2-core machine
 PLANTS = ("zero_layer", "sign_flip", "x1.01", "x1.001")
 MUST_FAIL = ("zero_layer", "sign_flip", "x1.01")
-STEP_RE = re.compile(r"^\s+(.+): ([0-9.]+) s$")  # a finished progress step, as the CLI prints it on stderr
 
 
 def vitedge(args: list[str], env: dict) -> tuple[subprocess.CompletedProcess, float]:
@@ -68,8 +66,7 @@ def main() -> int:
     p.add_argument("--imgsz", default="800x1344")
     args = p.parse_args()
     started, info = _script.begin("large_size_verdict", args.quick)
-    extra = (["--samples", "8"] + [a for k, v in _corpus.REDUCED[args.model].items()
-                                    for a in ("--set", f"{k}={json.dumps(v).replace(' ', '')}")]) if args.quick else []
+    extra = ["--samples", "8", *_script.set_flags(_corpus.REDUCED[args.model])] if args.quick else []
     imgsz = "64x96" if args.quick else args.imgsz
     with tempfile.TemporaryDirectory(prefix="vitedge-large-") as tmp:
         tmp = Path(tmp)
@@ -83,8 +80,7 @@ def main() -> int:
                   "load_after": _script.load_average(), "samples": report.get("samples"),
                   "samples_rule": report.get("samples_rule"), "status": report.get("status"),
                   "worst_noise_ratio": worst_ratio(report),
-                  "steps_s": [(m.group(1), float(m.group(2))) for m in map(STEP_RE.match, proc.stderr.splitlines())
-                              if m]}
+                  "steps_s": _script.cli_steps(proc.stderr)}
         print(f"export at {imgsz}: exit {proc.returncode}, {wall:.1f} s, {export['samples']} samples", flush=True)
         if proc.returncode != 0:
             raise SystemExit(f"the export failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
