@@ -31,7 +31,12 @@ class ArtifactFile:
 
     @classmethod
     def read(cls, path: Path, target: str | None, precision: str | None) -> "ArtifactFile":
-        tname, graph, meta = read_artifact(path, target)
+        return cls.of(path, *read_artifact(path, target), precision)
+
+    @classmethod
+    def of(cls, path: Path, tname: str, graph: onnx.ModelProto | None, meta: dict,
+           precision: str | None = None) -> "ArtifactFile":
+        """The file from what `read_artifact` already read of it (no second read)."""
         if precision is None:
             precision = meta.get("precision") or (onnx_precision(graph) if graph is not None else None)
         return cls(path, tname, graph, meta, resolve_targets(tname, precision)[0])

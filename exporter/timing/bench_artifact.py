@@ -186,7 +186,7 @@ def bench_artifact(path: str | Path, *, providers=None, checkpoint: str | Path |
         raise VitedgeError(f"{path} carries no vitedge metadata, so its parity cannot be checked against {model}; "
                            "drop --model to time it without parity")
 
-    held = _held_entries(path, tname, meta, imgsz)  # [(function / method, size)] of a multi-size artifact
+    held = _held_entries(path, tname, graph, meta, imgsz)  # [(function / method, size)] of a multi-size artifact
     plans = []
     for entry, size in held or [(None, None)]:
         plan = _Plan(path, tname, meta, graph)
@@ -223,10 +223,10 @@ def bench_artifact(path: str | Path, *, providers=None, checkpoint: str | Path |
     return gate(report, base_p50, max_regression)
 
 
-def _held_entries(path: Path, tname: str, meta: dict, imgsz) -> list:
+def _held_entries(path: Path, tname: str, graph: onnx.ModelProto | None, meta: dict, imgsz) -> list:
     """[(entry, size)] for an artifact holding several sizes (Target.held_sizes), the sizes `imgsz` picks (all when
     None, as `vitedge parity` picks them: artifact_files.sizes_to_check); [] for a one-size artifact."""
-    f = ArtifactFile.read(path, tname, meta.get("precision"))
+    f = ArtifactFile.of(path, tname, graph, meta)  # as the caller read it: no second read
     if not f.entries:
         return []
     jobs = sizes_to_check([f], ExportSettings(imgsz=None if imgsz is None else (as_hw(imgsz),)), meta.get("imgsz"))
