@@ -139,16 +139,12 @@ def photo_corpus(model_name: str, imgsz: int, n: int) -> tuple[np.ndarray, tuple
 
     Image, _ = images._pil()
     sk = load_sample_images()
-    photos = [(f"sklearn:{Path(f).stem}", Image.fromarray(a)) for f, a in zip(sk.filenames, sk.images)]
-    photos += [(f"shipped:{name}", images.photo(name)) for name in images.photo_names()]
+    photos = [Image.fromarray(a) for a in sk.images] + [images.photo(name) for name in images.photo_names()]
     spec = get_spec(model_name)
     recipe = Recipe(spec.mean, spec.std)
     x = np.empty((n, 3, imgsz, imgsz), np.float32)
-    names = []
     for k in range(n):
-        name, img = photos[k % len(photos)]
-        x[k], view = photo_view(img, k // len(photos), k, imgsz, 0, recipe)
-        names.append(name + view)
+        x[k] = photo_view(photos[k % len(photos)], k // len(photos), k, imgsz, 0, recipe)[0]
     what = {"distinct_photos": len(photos), "sklearn_sample_images": len(sk.images),
             "shipped_photos": len(photos) - len(sk.images), "views": n,
             "views_per_photo": [n // len(photos), -(-n // len(photos))]}
@@ -395,10 +391,10 @@ def false_failures_photos() -> str:
     what = d["models"][0]["corpus_samples"]
     parts = []
     for m in d["models"]:
-        arts = list(m["artifacts"].values())
+        arts = distinct(m["artifacts"])
         t = max((a["tail"] for a in arts), key=lambda t: t["p_fail_at_n_upper"])
         parts.append(f"{m['model']} ({m['samples']} views): median ratio {max(a['q0.5'] for a in arts):.2f}, largest "
-                     f"{max(a['max'] for a in arts):.2f}, {sum(a['above_1'] for a in distinct(m['artifacts']))} above 1, "
+                     f"{max(a['max'] for a in arts):.2f}, {sum(a['above_1'] for a in arts)} above 1, "
                      f"P(fail at {s['extrapolated_to']}) {sci(t['p_fail_at_n'])} (heuristic bound "
                      f"{sci(t['p_fail_at_n_upper'])})")
     return (f"On photographs only ({what['distinct_photos']} distinct photos: scikit-learn's "
