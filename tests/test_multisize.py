@@ -449,7 +449,7 @@ def test_the_resolution_scaling_plot_and_table_take_non_square_sizes(tmp_path, m
     sys.modules.pop("resolution_scaling", None)
 
 
-def test_bench_of_a_multi_size_program_times_every_method_at_its_own_size(planted, tmp_path):
+def test_bench_of_a_multi_size_program_times_every_method_at_its_own_size(planted, tmp_path, capsys):
     """`vitedge bench --artifact` on a .pte of two methods: each method checked at its own size first (the planted
     one fails and is not timed), the other timed; `--imgsz` picks one size, as for `parity`."""
     pte, where = _artifact(planted, "executorch"), tmp_path / "bench.json"
@@ -465,3 +465,9 @@ def test_bench_of_a_multi_size_program_times_every_method_at_its_own_size(plante
     assert cli.main(["bench", "--artifact", str(pte), *quick, "--imgsz", "32x64", "--report", str(where), "-q"]) == 0
     d = json.loads(where.read_text())
     assert [r["status"] for r in d["results"]] == ["ok"] and list(d["artifact"]["entries"]) == ["size_32x64"]
+    capsys.readouterr()
+    assert cli.main(["bench", "--artifact", str(pte), *quick, "--imgsz", "64", "--report", str(tmp_path / "no.json"),
+                     "-q"]) == 2  # a size the program does not hold: named with those it does, before any work
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--imgsz 64" in err and "32, 32x64" in err, err
+    assert not (tmp_path / "no.json").exists()
