@@ -209,6 +209,19 @@ def test_check_hop_with_ground_truth_reports_sets_and_fails_nonfinite():
     assert hop.sets["natural"]["noise_ratio"] == np.inf
 
 
+def test_an_artifact_with_another_output_shape_fails_its_hop_and_says_why():
+    """Another class count (an older artifact without its class count in the metadata, checked with another
+    --checkpoint): the hop fails naming both shapes, against the truth and against a float32 reference alike;
+    it is never a crash (exit 3)."""
+    truth = _truth()
+    wide = np.zeros((truth.y64.shape[0], truth.y64.shape[1] + 2))
+    for ref, kw in ((None, {"truth": truth}), (truth.y64, {})):
+        tol = parity.FLOAT64_TOLERANCES["fp32"] if ref is None else parity.DEFAULT_TOLERANCES["fp32"]
+        hop = parity.check_hop("onnx", ArrayRunner(wide), np.zeros((8, 3, 2, 2), np.float32), ref, tol, **kw)
+        assert hop.status == "failed" and hop.metrics is None
+        assert f"output shape {wide.shape} differs from the reference's {truth.y64.shape}" in hop.reason
+
+
 def test_check_hop_without_ground_truth_refuses_the_noise_keys():
     tol = parity.FLOAT64_TOLERANCES["fp32"]
     y = np.ones((2, 3))

@@ -86,6 +86,7 @@ def test_the_program_carries_its_metadata(exported):
     meta = read_metadata(out / f"{SMALL[0]}.pte")
     assert meta["model"] == SMALL[0] and meta["imgsz"] == SMALL[2] and meta["precision"] == "fp32"
     assert meta["labels"] == [f"class{i}" for i in range(10)]
+    assert meta["num_classes"] == 10  # checked against a --checkpoint's before any work
     assert meta["preprocess"] == rep["preprocess"] and meta["executorch_backend"] == "xnnpack"
 
 

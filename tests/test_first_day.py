@@ -84,14 +84,20 @@ def test_a_full_disk_under_out_is_said_and_nothing_half_written_is_kept(tmp_path
 
 
 @pytest.fixture(scope="module")
-def onnx_1000(tmp_path_factory):
-    """An untrained tiny SwiftFormer's ONNX export (1000 classes)."""
+def exported_1000(tmp_path_factory):
+    """An untrained tiny SwiftFormer's ONNX graph, CoreML package and ExecuTorch program (1000 classes)."""
     from vitedge.cli import main
 
     out = tmp_path_factory.mktemp("untrained") / "out"
     assert main(["-q", "export", "--model", "swiftformer_xs", "--imgsz", "32", "--set", "layers=[1,1,1,1]",
-                 "--set", "embed_dims=[8,8,16,16]", "--samples", "2", "--out", str(out)]) == 0
-    return out / "swiftformer_xs.onnx"
+                 "--set", "embed_dims=[8,8,16,16]", "--samples", "2", "--target", "onnx,coreml,executorch",
+                 "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def onnx_1000(exported_1000):
+    return exported_1000 / "swiftformer_xs.onnx"
 
 
 def test_parity_and_bench_check_report_paths_before_the_run(onnx_1000, tmp_path, capsys):
@@ -109,14 +115,21 @@ def test_parity_and_bench_check_report_paths_before_the_run(onnx_1000, tmp_path,
     assert "is a file, not a folder" in capsys.readouterr().err
 
 
-def test_an_onnx_with_another_class_count_than_the_checkpoint_is_a_usage_error(onnx_1000, tmp_path, capsys):
+@pytest.mark.parametrize("name", ["swiftformer_xs.onnx", "swiftformer_xs.mlpackage", "swiftformer_xs.pte"])
+def test_an_artifact_with_another_class_count_than_the_checkpoint_is_a_usage_error(exported_1000, name, tmp_path,
+                                                                                    capsys):
+    """The ONNX graph's output shape says its class count, the package's and the program's metadata theirs: a
+    5-class --checkpoint is refused before any work (the package used to crash in the ladder, exit 3)."""
     from vitedge.cli import main
     from vitedge.tests._matrix import save_checkpoint
 
     ckpt = save_checkpoint(tmp_path / "five.pth", seed=0)  # the same tiny model with 5 classes
-    assert main(["-q", "parity", "--artifact", str(onnx_1000), "--checkpoint", str(ckpt), "--samples", "2"]) == 2
+    report = tmp_path / "r.json"
+    assert main(["-q", "parity", "--artifact", str(exported_1000 / name), "--checkpoint", str(ckpt), "--samples", "2",
+                 "--report", str(report)]) == 2
     err = capsys.readouterr().err
     assert "outputs 1000 classes" in err and "has 5" in err and "internal error" not in err
+    assert not report.exists()
 
 
 def test_matrix_out_and_cache_that_cannot_be_written_are_usage_errors(tmp_path, monkeypatch, capsys):

@@ -162,6 +162,7 @@ def test_metadata_props(exported):
     assert meta["vitedge.weights"] == report.weights
     assert json.loads(meta["vitedge.versions"])["torch"] == torch.__version__
     assert json.loads(meta["vitedge.reparam"])["folded"] == report.reparam.folded
+    assert json.loads(meta["vitedge.num_classes"]) == model.graph.output[0].type.tensor_type.shape.dim[-1].dim_value
     assert [i.name for i in model.graph.input] == ["image"] and [o.name for o in model.graph.output] == ["logits"]
     onnx.checker.check_model(model, full_check=True)
 

@@ -253,6 +253,8 @@ def _metadata(loaded: Loaded, imgsz: int, run: ExportSettings, info: ReparamInfo
         extra["features"] = run.features if isinstance(run.features, str) else list(run.features)
     output = "logits" if not outputs or len(outputs) == 1 else "feature maps" if all(
         o.get("stride") for o in outputs) else "outputs"
+    if output == "logits" and isinstance(getattr(loaded.model, "num_classes", None), int):
+        extra["num_classes"] = loaded.model.num_classes  # checked against --checkpoint's before any work
     return {**extra, "model": loaded.name, "imgsz": size_json(imgsz), "input_size": list(as_hw(imgsz)),
             "batch": batch if batch else "dynamic", "mean": list(mean),
             "std": list(std), "input": "image: float32 NCHW, RGB, normalized with mean/std", "output": output,

@@ -258,6 +258,11 @@ def check_hop(hop: str, runner: Runner, inputs: np.ndarray, reference: np.ndarra
         truth = None if truth is None else truth.head(cap)
         names = None if names is None else names[:cap]
     out = run_batched(runner, inputs)
+    want = truth.y64 if truth is not None else reference
+    if want is not None and np.shape(out) != np.shape(want):  # another head or class count: never comparable
+        return failed(hop, runner.backend, f"output shape {np.shape(out)} differs from the reference's "
+                      f"{np.shape(want)}: the artifact computes another function (another head or class count); "
+                      "check it against the checkpoint it was exported from", runner.mode, tolerance)
     sets = None
     if truth is not None:
         metrics, sets, problems = judge(truth, out, tolerance, names)

@@ -254,6 +254,8 @@ def _set_metadata(ml, spec: LowerSpec, opts: CoreMLOptions, mean, std, fold_note
     }
     if opts.labels_path:
         user["labels"] = str(len(opts.labels))
+    if meta.get("num_classes"):  # a classifier's class count, checked against --checkpoint's before any work
+        user["num_classes"] = str(meta["num_classes"])
     if meta.get("outputs"):  # several outputs: each one's name, shape per sample and stride
         user["outputs"] = json.dumps(meta["outputs"], sort_keys=True)
     if meta.get("features") is not None:  # --features as exported (what `vitedge parity` rebuilds)
