@@ -29,7 +29,8 @@ The stopping rule (STOPPING_RULE, rendered beside the figures): every model is m
 upper bound at 5000 is at or above the target is measured once more on 20000 samples, `--samples 20000 --models X`,
 and its row is that fit. The 20000 samples are not a superset of the 5000: the digits' augmented copies draw each
 parameter for all copies in turn from one generator, so after the first parameter the draws differ with the count.
-The 5000-sample fits so replaced are not kept.
+The 5000-sample fits so replaced are kept beside them: `--models X --samples 5000 --out
+benchmarks/results/false_failures_first_draw.json`, rendered after the study.
 
 K and the floor are chosen here, not guessed: the estimate is made for each K of a grid (the floor fixed at the
 product's, which binds on no sample of these models), and the summary names the smallest K of the grid that meets
@@ -87,7 +88,7 @@ UPPER_METHOD = ("heuristic, not a confidence bound: the tail's shape at the top 
                 "are not in it")
 STOPPING_RULE = (f"every model is measured on {SAMPLES} samples; one whose upper bound there is at or above the "
                  "target is measured once more on 20000 samples (a fresh draw, not a superset of the first) and its "
-                 "row is that fit; the replaced fit is not kept")
+                 "row is that fit; the replaced 5000-sample fit is kept beside it (false_failures_first_draw.json)")
 SMALL = ("swiftformer_digits", "slab_deit_digits")
 # every sample's error and effective noise, per model, in a folder per results file (a --quick run keeps its own)
 KEPT = Path.home() / ".cache" / "vitedge" / "false_failures"
@@ -351,22 +352,25 @@ def distinct(artifacts: dict) -> list[dict]:
     return out
 
 
+def model_row(m: dict, extrapolated_to: int) -> str:
+    """One model's row of the study: its samples, median and largest ratio, count above 1, tail shape and estimate."""
+    arts = distinct(m["artifacts"])
+    t = max((a["tail"] for a in arts), key=lambda t: t["p_fail_at_n_upper"])
+    same = " (its raw and simplified ONNX identical, counted once)" if len(arts) < len(m["artifacts"]) else ""
+    return (f"{m['model']} ({m['weights']}, {m['samples']} samples{same}): median ratio "
+            f"{max(a['q0.5'] for a in arts):.2f}, largest {max(a['max'] for a in arts):.2f}, "
+            f"{sum(a['above_1'] for a in arts)} above 1, tail shape {t['shape']:.2f} "
+            f"[{t['shape_ci95'][0]:.2f}, {t['shape_ci95'][1]:.2f}], P(fail at {extrapolated_to}) "
+            f"{sci(t['p_fail_at_n'])} (upper bound {sci(t['p_fail_at_n_upper'])})")
+
+
 def false_failures() -> str:
     """The false-failure study: per model, the samples, median and largest ratio of its correct fp32 ONNX artifacts,
     the tail's shape and the estimated probability that a correct export fails at the extrapolated size (with its
     upper bound); then that estimate per K of the grid, and the K the product uses."""
     d = load("false_failures.json")
     s = d["summary"]
-    parts = []
-    for m in d["models"]:
-        arts = distinct(m["artifacts"])
-        t = max((a["tail"] for a in arts), key=lambda t: t["p_fail_at_n_upper"])
-        same = " (its raw and simplified ONNX identical, counted once)" if len(arts) < len(m["artifacts"]) else ""
-        parts.append(f"{m['model']} ({m['weights']}, {m['samples']} samples{same}): median ratio "
-                     f"{max(a['q0.5'] for a in arts):.2f}, largest {max(a['max'] for a in arts):.2f}, "
-                     f"{sum(a['above_1'] for a in arts)} above 1, tail shape {t['shape']:.2f} "
-                     f"[{t['shape_ci95'][0]:.2f}, {t['shape_ci95'][1]:.2f}], P(fail at {s['extrapolated_to']}) "
-                     f"{sci(t['p_fail_at_n'])} (upper bound {sci(t['p_fail_at_n_upper'])})")
+    parts = [model_row(m, s["extrapolated_to"]) for m in d["models"]]
     grid = ", ".join(f"K {k}: {sci(p)} ({sci(s['worst_p_fail_by_k_upper'][k])})"
                      for k, p in s["worst_p_fail_by_k"].items())
     verdict = "met" if s["met"] else "**not met**"
@@ -381,6 +385,32 @@ def false_failures() -> str:
                                                           f"{sci(s['worst_p_fail_at_n_upper'])})" if above
                                                           else "below it too")
             + " (`benchmarks/results/false_failures.json`).")
+
+
+def false_failures_first_draw() -> str:
+    """The 5000-sample fits that the stopping rule replaced, kept beside the study (false_failures_first_draw.json):
+    the same row per model, which of them the rule sent to the larger draw, and whether the larger draw's tail shape
+    lies inside the first draw's 95 % interval (the two draws telling the same story, the larger one more tightly)."""
+    d, study = load("false_failures_first_draw.json"), load("false_failures.json")
+    target, later = study["summary"]["target"], {m["model"]: m for m in study["models"]}
+
+    def shape(m):
+        return max((a["tail"] for a in distinct(m["artifacts"])), key=lambda t: t["p_fail_at_n_upper"])
+
+    rows, notes = d["models"], []
+    for m in rows:
+        first, again = shape(m), later[m["model"]]
+        inside = first["shape_ci95"][0] <= shape(again)["shape"] <= first["shape_ci95"][1]
+        notes.append(f"{m['model']}: its {again['samples']}-sample shape {shape(again)['shape']:.2f} lies "
+                     + ("inside" if inside else "**outside**") + " this draw's interval")
+    again = [m["model"] for m in rows if shape(m)["p_fail_at_n_upper"] >= target]
+    return (f"The first draws of the models measured again, kept ({d['machine']['date'][:10]}, "
+            f"`benchmarks/results/false_failures_first_draw.json`): "
+            + "; ".join(model_row(m, d["summary"]["extrapolated_to"]) for m in rows)
+            + f". Upper bound at or above the target {target:g} there, so measured again on more samples: "
+            + (", ".join(again) or "none") + "; the estimate itself above it: "
+            + (", ".join(m["model"] for m in rows if shape(m)["p_fail_at_n"] >= target) or "none") + "; "
+            + "; ".join(notes) + ".")
 
 
 def false_failures_photos() -> str:
@@ -405,7 +435,8 @@ def false_failures_photos() -> str:
             f"{d['machine']['date'][:10]}, `benchmarks/results/false_failures_photos.json`).")
 
 
-TABLES = {"false_failures": false_failures, "false_failures_photos": false_failures_photos}
+TABLES = {"false_failures": false_failures, "false_failures_first_draw": false_failures_first_draw,
+          "false_failures_photos": false_failures_photos}
 
 
 if __name__ == "__main__":

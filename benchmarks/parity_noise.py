@@ -352,7 +352,16 @@ def verdict_headline() -> str:
             f"most {sci(ff['worst_p_fail_at_n'])} over the trained models of `false_failures.json` (target "
             f"{ff['target']:g}: {'met' if ff['met'] else '**not met**'}; the estimate's heuristic upper bound (not a "
             "confidence bound): at most "
-            f"{sci(ff['worst_p_fail_at_n_upper'])}). {false_failure_samples()}")
+            f"{sci(ff['worst_p_fail_at_n_upper'])}). {_first_draws()}{false_failure_samples()}")
+
+
+def _first_draws() -> str:
+    """The models the false-failure study's stopping rule measured again, and their first draws' estimates."""
+    rows = load("false_failures_first_draw.json")["models"]
+    worst = {r["model"]: max(a["tail"]["p_fail_at_n"] for a in r["artifacts"].values()) for r in rows}
+    return (f"{len(rows)} of its models were measured again on 20000 samples because their 5000-sample bound was "
+            "above the target (the stopping rule); their first draws' estimates, kept in "
+            "`false_failures_first_draw.json`: " + ", ".join(f"{m} {sci(p)}" for m, p in worst.items()) + ". ")
 
 
 def false_failure_samples() -> str:

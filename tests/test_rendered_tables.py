@@ -144,6 +144,10 @@ def test_the_false_failure_upper_bound_is_named_a_heuristic(rb, monkeypatch):
     assert "its upper bound (heuristic, not a confidence bound" in render()
     # the 20000-sample rows replaced 5000-sample fits: the rule that chose them is stated beside the figures
     assert "Stopping rule: every model is measured on 5000 samples; one whose upper bound" in render()
+    assert "the replaced 5000-sample fit is kept beside it (false_failures_first_draw.json)" in render()
+    first = rb.RENDERERS["false_failures_first_draw"]()
+    assert "5000 samples (its raw and simplified ONNX identical, counted once)): median ratio" in first
+    assert "so measured again on more samples: " in first and "**outside**" not in first
     # raw and simplified ONNX with identical statistics are one artifact, not two
     assert "samples (its raw and simplified ONNX identical, counted once)" in render()
     script = sys.modules[render.__module__]

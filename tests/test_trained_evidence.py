@@ -94,6 +94,21 @@ def test_the_false_failure_target_is_met_at_the_product_s_rule():
     assert s["smallest_k_meeting"] is not None and FLOAT32_RULE.k >= s["smallest_k_meeting"]
 
 
+def test_the_stopping_rule_was_followed_and_the_replaced_draws_are_kept():
+    """A model measured on more than 5000 samples was sent there by its 5000-sample fit's upper bound (at or above the
+    target), and that first fit is kept: same model, 5000 samples, no sample above 1 either."""
+    d, first = _load("false_failures.json"), _load("false_failures_first_draw.json")
+    target = d["summary"]["target"]
+    again = {r["model"] for r in d["models"] if r["samples"] > 5000}
+    kept = {r["model"]: r for r in first["models"]}
+    assert again and set(kept) == again
+    for name, r in kept.items():
+        assert r["samples"] == 5000, name
+        assert all(a["above_1"] == 0 for a in r["artifacts"].values()), name
+        assert max(a["tail"]["p_fail_at_n_upper"] for a in r["artifacts"].values()) >= target, name
+    assert all(r["samples"] == 5000 for r in d["models"] if r["model"] not in again)
+
+
 def test_the_photo_corpus_study_covers_every_family_with_no_false_failure():
     d = _load("false_failures_photos.json")
     rows = {m["model"]: m for m in d["models"]}
