@@ -144,7 +144,8 @@ def verify_equivalence(train_model: nn.Module, deploy_model: nn.Module, imgsz: i
     t32_store, t32h = _capture(t32, [c.train_path for c in checks])
     d_store, dh = _capture(d, [c.deploy_path for c in checks])
     try:
-        y_t, y_d, y_32 = as_outputs(t(x)), as_outputs(d(x)), as_outputs(t32(x.float()))
+        with torch.no_grad():  # no autograd graph: three forwards' activations held would be GBs at large sizes
+            y_t, y_d, y_32 = as_outputs(t(x)), as_outputs(d(x)), as_outputs(t32(x.float()))
     finally:
         for h in th + dh + t32h:
             h.remove()
