@@ -505,7 +505,25 @@ def deploy_speed_line(name: str) -> str:
             f"{floor['ratios']} lower bounds ≥ {floor['threshold']:g}")
 
 
+def deploy_speed_run(name: str) -> str:
+    """How a run was made, from its JSON: when, where, the load around it, how long, the cell rules, how its
+    intervals were computed (over fresh sessions or one set of them), and the run's single-thread GEMM."""
+    d = load(name)
+    m, st, g = d["machine"], d["settings"], d["gemm"]
+    sessions = st.get("sessions")
+    how = (f"every ratio's 95 % interval is a bootstrap over {sessions} fresh sessions per graph, then the rounds "
+           "within them, so it includes the spread between identical sessions" if sessions else
+           "every ratio's 95 % interval is over the rounds of one set of sessions per cell, so it leaves out the "
+           "spread between identical sessions (up to 2.6 % here) and may be too narrow by that much")
+    per = g["gflops_per_cell"]
+    return (f"Run: {run_line(d)}, load average (1/5/15 min) {m['load_start']} at start, {m['load_end']} at end, "
+            f"{d['wall_s']:.0f} s (`{d['command'].split(' --out')[0]}`: {st['max_s_per_cell']:g} s per cell at most, "
+            f"CIs {100 * st['ci_width']:g} % wide); {how}. Single-thread fp32 GEMM ({g['n']}³, torch): median "
+            f"**{g['gflops_median']:.1f} GFLOP/s** over the 1-thread cells ({min(per):.1f}–{max(per):.1f}).")
+
+
 TABLES = {
+    "deploy_speed_run": deploy_speed_run,
     "deploy_speed_headline": deploy_speed_headline,
     "deploy_speed_model": deploy_speed_model,
     "deploy_speed_targets": deploy_speed_targets,

@@ -156,3 +156,21 @@ def test_the_false_failure_upper_bound_is_named_a_heuristic(rb, monkeypatch):
     moved["summary"]["upper_method"] = "a method named in the JSON"
     monkeypatch.setattr(script, "load", lambda name: moved if name == "false_failures.json" else load(name))
     assert "its upper bound (a method named in the JSON) is" in render()
+
+
+def test_a_speed_run_says_whether_its_intervals_cover_the_sessions_spread(rb, monkeypatch):
+    """deploy_speed's run line says how its intervals were made, from the JSON: over fresh sessions where the run
+    recorded them (`settings.sessions`), else over one set of sessions, and then that they may be too narrow."""
+    import sys
+
+    render = rb.RENDERERS["deploy_speed_run"]
+    script = sys.modules[render.__module__]
+    load = script.load
+    one = copy.deepcopy(load("deploy_speed_xeon.json"))
+    one["settings"].pop("sessions", None)
+    many = copy.deepcopy(one)
+    many["settings"]["sessions"] = 3
+    for d, words in ((one, "over the rounds of one set of sessions per cell"),
+                     (many, "a bootstrap over 3 fresh sessions per graph")):
+        monkeypatch.setattr(script, "load", lambda name, d=d: d)
+        assert words in render("any.json")
