@@ -498,7 +498,10 @@ def attention_order_sizes() -> str:
     s = d["settings"]
     head = (f"Other order / chosen order, median latency (> 1: the chosen orders are faster), batch 1, "
             f"{s['threads']} thread, at least {s['min_rounds']} interleaved rounds per backend; "
-            f"N = tokens per SLA / SimA block (N/N' where the keys are fewer).")
+            f"N = tokens per SLA / SimA block (N/N' where the keys are fewer). "
+            + (f"Each ratio's 95 % CI is over {s['sessions']} fresh sessions per candidate, then their rounds."
+               if s.get("sessions") else "Each ratio's 95 % CI is over the rounds of one session per candidate: it "
+               "leaves out the spread between identical sessions (up to 2.6 % here)."))
     return (head + "\n\n" + table(["model", "size", "N per block", "chosen", "ONNX Runtime", "ExecuTorch"], rows)
             + ("\n\n" + "\n".join(notes) if notes else ""))
 
