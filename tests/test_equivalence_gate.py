@@ -82,8 +82,8 @@ def test_a_planted_fold_error_in_the_saturated_model_still_fails(saturated):
 
 
 def test_the_gate_builds_no_autograd_graph(saturated):
-    """Its forwards hold no autograd graph: at 256x320 the three float64/float32 forwards' activations of a SimA-S
-    p8 kept that way took the export past 22 GB (killed for memory)."""
+    """Its forwards hold no autograd graph: with one, the three forwards' activations of a SimA-S p8 at 256x320
+    took the export past 22 GB (killed for memory), as a moved decorator once let happen."""
     train, deploy = saturated
     train, seen = copy.deepcopy(train), []
     train.head.register_forward_hook(lambda m, i, o: seen.append(torch.is_grad_enabled()))

@@ -94,7 +94,6 @@ def _max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(d) if torch.isfinite(d) else float("inf")
 
 
-@torch.no_grad()
 def _judge(name: str, a: torch.Tensor, b: torch.Tensor, a32: torch.Tensor, rtol: float, k64: float) -> dict:
     """One checked tensor: its float64 difference against the allowance scaled from float32's deviation."""
     scale = float(a.abs().max())
@@ -118,13 +117,13 @@ def _moved_float64(t: nn.Module, x: torch.Tensor, paths: list[str]) -> tuple[dic
                 q.add_(q * ((torch.rand(q.shape, generator=g, dtype=q.dtype) * 2 - 1) * eps))
     store, hooks = _capture(moved, paths)
     try:
-        with torch.no_grad():
-            return store, as_outputs(moved(x))
+        return store, as_outputs(moved(x))
     finally:
         for h in hooks:
             h.remove()
 
 
+@torch.no_grad()  # no autograd graph: three forwards' activations held take GBs at large sizes
 def verify_equivalence(train_model: nn.Module, deploy_model: nn.Module, imgsz: int | None = None,
                        inputs: torch.Tensor | None = None, samples: int = 6, rtol: float = DEFAULT_RTOL,
                        raise_on_fail: bool = True, k64: float = DEFAULT_K64) -> EquivalenceResult:
@@ -144,8 +143,7 @@ def verify_equivalence(train_model: nn.Module, deploy_model: nn.Module, imgsz: i
     t32_store, t32h = _capture(t32, [c.train_path for c in checks])
     d_store, dh = _capture(d, [c.deploy_path for c in checks])
     try:
-        with torch.no_grad():  # no autograd graph: three forwards' activations held would be GBs at large sizes
-            y_t, y_d, y_32 = as_outputs(t(x)), as_outputs(d(x)), as_outputs(t32(x.float()))
+        y_t, y_d, y_32 = as_outputs(t(x)), as_outputs(d(x)), as_outputs(t32(x.float()))
     finally:
         for h in th + dh + t32h:
             h.remove()
