@@ -449,7 +449,8 @@ def deploy_speed_headline(name: str = "deploy_speed.json") -> str:
                      _with_target(d, m["model"], "c/d", one["speedups"]["c/d"]) if "c/d" in one["speedups"] else ""])
     head = ["model", "deploy-form vs best plain export, 1 thread, batch 1", "same, all threads, batch 1",
             "vs timm's port (its best export), 1 thread"]
-    return f"Run: {run_line(d)} (`benchmarks/results/{name}`):\n\n" + table(head, rows, sep="| ---")
+    return (f"Run: {run_line(d)} (`benchmarks/results/{name}`); {_intervals(d)}:\n\n"
+            + table(head, rows, sep="| ---"))
 
 
 def deploy_speed_model(name: str, model: str) -> str:
@@ -505,16 +506,21 @@ def deploy_speed_line(name: str) -> str:
             f"{floor['ratios']} lower bounds ≥ {floor['threshold']:g}")
 
 
+def _intervals(d: dict) -> str:
+    """How a run's ratio intervals were made: over fresh sessions per graph, or over one set of them."""
+    n = d["settings"].get("sessions")
+    return (f"every ratio's 95 % interval is a bootstrap over {n} fresh sessions per graph, then the rounds within "
+            "them" if n else "every ratio's 95 % interval is over the rounds of one set of sessions per cell")
+
+
 def deploy_speed_run(name: str) -> str:
     """How a run was made, from its JSON: when, where, the load around it, how long, the cell rules, how its
     intervals were computed (over fresh sessions or one set of them), and the run's single-thread GEMM."""
     d = load(name)
     m, st, g = d["machine"], d["settings"], d["gemm"]
-    sessions = st.get("sessions")
-    how = (f"every ratio's 95 % interval is a bootstrap over {sessions} fresh sessions per graph, then the rounds "
-           "within them, so it includes the spread between identical sessions" if sessions else
-           "every ratio's 95 % interval is over the rounds of one set of sessions per cell, so it leaves out the "
-           "spread between identical sessions (up to 2.6 % here) and may be too narrow by that much")
+    how = _intervals(d) + (", so it includes the spread between identical sessions" if st.get("sessions") else
+                           ", so it leaves out the spread between identical sessions (up to 2.6 % here) and may be "
+                           "too narrow by that much")
     per = g["gflops_per_cell"]
     return (f"Run: {run_line(d)}, load average (1/5/15 min) {m['load_start']} at start, {m['load_end']} at end, "
             f"{d['wall_s']:.0f} s (`{d['command'].split(' --out')[0]}`: {st['max_s_per_cell']:g} s per cell at most, "
