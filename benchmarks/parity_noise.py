@@ -16,6 +16,9 @@ hops. `--from FILE` re-evaluates stored measurements without measuring again. do
 full run. Timing is irrelevant here (correctness numbers only).
 
     python benchmarks/parity_noise.py [--quick] [--configs A,B] [--out FILE] [--from FILE]
+
+Length: one study (measuring, evaluating, re-evaluating) and the renderers of the README's verdict headline, which
+gathers this study's figures with the fp16, compressed and false-failure studies' from their JSON.
 """
 from __future__ import annotations
 
