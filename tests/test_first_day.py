@@ -115,17 +115,19 @@ def test_parity_and_bench_check_report_paths_before_the_run(onnx_1000, tmp_path,
     assert "is a file, not a folder" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", [["parity", "--samples", "2"], ["bench"]])
 @pytest.mark.parametrize("name", ["swiftformer_xs.onnx", "swiftformer_xs.mlpackage", "swiftformer_xs.pte"])
-def test_an_artifact_with_another_class_count_than_the_checkpoint_is_a_usage_error(exported_1000, name, tmp_path,
-                                                                                    capsys):
+def test_an_artifact_with_another_class_count_than_the_checkpoint_is_a_usage_error(exported_1000, name, command,
+                                                                                    tmp_path, capsys):
     """The ONNX graph's output shape says its class count, the package's and the program's metadata theirs: a
-    5-class --checkpoint is refused before any work (the package used to crash in the ladder, exit 3)."""
+    5-class --checkpoint is refused before any work by `parity` and `bench --artifact` alike (the package used to
+    crash in parity's ladder, exit 3)."""
     from vitedge.cli import main
     from vitedge.tests._matrix import save_checkpoint
 
     ckpt = save_checkpoint(tmp_path / "five.pth", seed=0)  # the same tiny model with 5 classes
     report = tmp_path / "r.json"
-    assert main(["-q", "parity", "--artifact", str(exported_1000 / name), "--checkpoint", str(ckpt), "--samples", "2",
+    assert main(["-q", command[0], "--artifact", str(exported_1000 / name), "--checkpoint", str(ckpt), *command[1:],
                  "--report", str(report)]) == 2
     err = capsys.readouterr().err
     assert "outputs 1000 classes" in err and "has 5" in err and "internal error" not in err

@@ -130,7 +130,7 @@ def parity(model=None, artifact: str | Path | list | None = None, *, deploy_chec
         loaded.model.vitedge_recipe = Recipe.from_dict(meta["preprocess"])
     check_checkpoint(source, meta, checkpoint, loaded.checkpoint_sha256)
     for f in files:
-        _check_class_count(f, loaded.model, s.checkpoint)
+        check_class_count(f.path, f.graph, f.meta, loaded.model, s.checkpoint)
     several = len(jobs) > 1 or any(entry for judged in jobs.values() for _, entry in judged)
     run = _Run(s, model_or_name, loaded, meta, deploy, deploy_checkpoint, made_with, mode, tols, progress)
     reports = []
@@ -269,17 +269,18 @@ def check_checkpoint(source: Path, meta: dict, checkpoint, loaded_sha256: str | 
                            f"made from ({exported_from[:12]}...)")
 
 
-def _check_class_count(f: ArtifactFile, model: nn.Module, checkpoint) -> None:
+def check_class_count(source: Path, graph: onnx.ModelProto | None, meta: dict, model: nn.Module,
+                      checkpoint) -> None:
     """An artifact whose output has another class count than the model it is checked against (an untrained
-    1000-class export checked with a 5-class --checkpoint) is the user's mismatch: said before any work. An ONNX
-    graph says its count in its output's shape; a program or package in the metadata its export wrote."""
+    1000-class export checked with a 5-class --checkpoint) is the user's mismatch: said before any work (`parity`,
+    `bench --artifact`). An ONNX graph says its count in its output's shape; a program or package in the metadata
+    its export wrote."""
     want = getattr(model, "num_classes", None)
-    graph = f.graph
     dims = graph.graph.output[0].type.tensor_type.shape.dim if graph is not None and graph.graph.output else []
-    got = dims[-1].dim_value if dims and dims[-1].HasField("dim_value") else f.meta.get("num_classes")
+    got = dims[-1].dim_value if dims and dims[-1].HasField("dim_value") else meta.get("num_classes")
     if isinstance(want, int) and want > 0 and isinstance(got, int) and got and got != want:
         given = f"--checkpoint {checkpoint}" if checkpoint is not None else "the model's default (no --checkpoint)"
-        raise VitedgeError(f"{f.path} outputs {got} classes, the model built from {given} has {want}: they are "
+        raise VitedgeError(f"{source} outputs {got} classes, the model built from {given} has {want}: they are "
                            "not the same model; check the artifact against the checkpoint it was exported from")
 
 

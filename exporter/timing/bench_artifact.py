@@ -47,7 +47,7 @@ from ..verdict.parity import FLOAT64_TOLERANCES, ground_truth, profile_for, tole
 from ..core.settings import ExportSettings
 from ..flow.artifact_files import ArtifactFile, read_artifact, sizes_to_check
 from ...models.input_size import as_hw
-from ..flow.verify import check_checkpoint, recorded_calibration_ids
+from ..flow.verify import check_checkpoint, check_class_count, recorded_calibration_ids
 
 DEFAULT_PROVIDERS = ("cpu",)
 _ALIASES = {"directml": "DmlExecutionProvider", "trt": "TensorrtExecutionProvider"}
@@ -293,6 +293,7 @@ def _parity_source(plan: _Plan, checkpoint, imgsz: int | None, at=None) -> None:
     check_checkpoint(plan.path, meta, checkpoint)
     loaded = build_train_form(meta["model"], checkpoint, meta.get("overrides") or {})
     check_checkpoint(plan.path, meta, checkpoint, loaded.checkpoint_sha256)
+    check_class_count(plan.path, plan.graph, meta, loaded.model, checkpoint)
     if at is None and imgsz is not None and meta.get("imgsz") not in (None, imgsz):
         raise VitedgeError(f"{plan.path} was exported for imgsz {meta['imgsz']}; drop --imgsz")
     plan.train = loaded.model.eval()
