@@ -352,10 +352,15 @@ def distinct(artifacts: dict) -> list[dict]:
     return out
 
 
+def worst_tail(m: dict) -> dict:
+    """A model row's tail fit with the highest upper bound over its once-counted artifacts."""
+    return max((a["tail"] for a in distinct(m["artifacts"])), key=lambda t: t["p_fail_at_n_upper"])
+
+
 def model_row(m: dict, extrapolated_to: int) -> str:
     """One model's row of the study: its samples, median and largest ratio, count above 1, tail shape and estimate."""
     arts = distinct(m["artifacts"])
-    t = max((a["tail"] for a in arts), key=lambda t: t["p_fail_at_n_upper"])
+    t = worst_tail(m)
     same = " (its raw and simplified ONNX identical, counted once)" if len(arts) < len(m["artifacts"]) else ""
     return (f"{m['model']} ({m['weights']}, {m['samples']} samples{same}): median ratio "
             f"{max(a['q0.5'] for a in arts):.2f}, largest {max(a['max'] for a in arts):.2f}, "
@@ -393,23 +398,19 @@ def false_failures_first_draw() -> str:
     lies inside the first draw's 95 % interval (the two draws telling the same story, the larger one more tightly)."""
     d, study = load("false_failures_first_draw.json"), load("false_failures.json")
     target, later = study["summary"]["target"], {m["model"]: m for m in study["models"]}
-
-    def shape(m):
-        return max((a["tail"] for a in distinct(m["artifacts"])), key=lambda t: t["p_fail_at_n_upper"])
-
     rows, notes = d["models"], []
     for m in rows:
-        first, again = shape(m), later[m["model"]]
-        inside = first["shape_ci95"][0] <= shape(again)["shape"] <= first["shape_ci95"][1]
-        notes.append(f"{m['model']}: its {again['samples']}-sample shape {shape(again)['shape']:.2f} lies "
+        first, again = worst_tail(m), later[m["model"]]
+        inside = first["shape_ci95"][0] <= worst_tail(again)["shape"] <= first["shape_ci95"][1]
+        notes.append(f"{m['model']}: its {again['samples']}-sample shape {worst_tail(again)['shape']:.2f} lies "
                      + ("inside" if inside else "**outside**") + " this draw's interval")
-    again = [m["model"] for m in rows if shape(m)["p_fail_at_n_upper"] >= target]
+    sent = [m["model"] for m in rows if worst_tail(m)["p_fail_at_n_upper"] >= target]
     return (f"The first draws of the models measured again, kept ({d['machine']['date'][:10]}, "
             f"`benchmarks/results/false_failures_first_draw.json`): "
             + "; ".join(model_row(m, d["summary"]["extrapolated_to"]) for m in rows)
             + f". Upper bound at or above the target {target:g} there, so measured again on more samples: "
-            + (", ".join(again) or "none") + "; the estimate itself above it: "
-            + (", ".join(m["model"] for m in rows if shape(m)["p_fail_at_n"] >= target) or "none") + "; "
+            + (", ".join(sent) or "none") + "; the estimate itself above it: "
+            + (", ".join(m["model"] for m in rows if worst_tail(m)["p_fail_at_n"] >= target) or "none") + "; "
             + "; ".join(notes) + ".")
 
 
@@ -422,7 +423,7 @@ def false_failures_photos() -> str:
     parts = []
     for m in d["models"]:
         arts = distinct(m["artifacts"])
-        t = max((a["tail"] for a in arts), key=lambda t: t["p_fail_at_n_upper"])
+        t = worst_tail(m)
         parts.append(f"{m['model']} ({m['samples']} views): median ratio {max(a['q0.5'] for a in arts):.2f}, largest "
                      f"{max(a['max'] for a in arts):.2f}, {sum(a['above_1'] for a in arts)} above 1, "
                      f"P(fail at {s['extrapolated_to']}) {sci(t['p_fail_at_n'])} (heuristic bound "
