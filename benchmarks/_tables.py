@@ -1,5 +1,6 @@
 """What the benchmark scripts' tables share: their JSON results read once, a paired ratio and a Markdown table as
-every table prints them, a run's one-line description, and a figure in short scientific notation.
+every table prints them, a run's one-line description, how its intervals were made, and a figure in short
+scientific notation.
 
 Each script renders its own tables from its own JSON (its `TABLES`, beside the code that writes the JSON);
 scripts/render_benchmarks.py collects them and writes them between the `<!-- rendered: NAME -->` markers.
@@ -36,6 +37,18 @@ def table(head: list[str], rows: list[list], sep: str = "|---") -> str:
 def run_line(d: dict) -> str:
     m = d["machine"]
     return f"{m['date'][:16].replace('T', ' ')} UTC, {m['cpu']}, {m['cores']} cores, ONNX Runtime {m['onnxruntime']}"
+
+
+def intervals(settings: dict, per: str, once: str | None = None) -> str:
+    """How a speed run's ratio intervals were made, from its `settings`: a bootstrap over fresh sessions where the
+    run recorded `sessions`, else over the rounds of one session (`once`), which leaves out the spread between
+    identical sessions."""
+    n = settings.get("sessions")
+    if n:
+        return (f"every ratio's 95 % interval is a bootstrap over {n} fresh sessions per {per}, then the rounds "
+                "within them, so it includes the spread between identical sessions")
+    return (f"every ratio's 95 % interval is over the rounds of {once or f'one session per {per}'}, so it leaves out "
+            "the spread between identical sessions (up to 2.6 % here) and may be too narrow by that much")
 
 
 def sci(x: float) -> str:

@@ -36,7 +36,7 @@ import _corpus
 import _graphs
 import _script
 import _stats
-from _tables import load, ratio, table
+from _tables import intervals, load, ratio, run_line, table
 import _timing
 from vitedge.exporter.reparam import reparameterize
 from vitedge.models import create_model, list_models, make_trained_like
@@ -58,44 +58,74 @@ FIXED_SIZE = ("slab_deit_tiny", "slab_swin_tiny")
 SIZE_MODELS = ("slab_deit_tiny", "slab_pvt_tiny", "slab_swin_tiny", "sima_nano_12_p16")
 SIZES = ("224", "384", "640x640", "800x1344")
 MAX_ATTENTION_GB = 1.0  # the (Q K^T) matrices of one block, batch 1, float32: past this the variant is not built
-SIZE_TIMING = {"min_rounds": 3, "max_s": 4.0}  # few rounds: the machine is shared; the CIs say how sure
+SIZE_TIMING = {"min_rounds": 3, "max_s": 4.0, "sessions": 3}  # few rounds: the machine is shared; the CIs say how sure
+SESSIONS = 3  # fresh sessions (ORT sessions, torch modules copied, programs loaded anew) per candidate and point
 
 
 # ---- one point: both orders on both backends, interleaved ---------------------------------------------
 
-def measure_point(candidates: dict[tuple[str, str], tuple], x: np.ndarray, rule: str, rounds: int,
-                  max_s: float) -> dict:
-    """`candidates[(backend, order)] = (callable on x, output)`; returns per-backend stats and ratios.
+def time_fresh(make, x: np.ndarray, labels: tuple[str, ...], sessions: int, rounds: int,
+               max_s: float) -> dict[str, list[list[float]]]:
+    """`labels`' candidates timed interleaved on `x` in `sessions` epochs, each with candidates made anew by
+    `make(epoch)` (label -> run on x), the budget split between them: label -> rounds per session. No precision
+    stop (a width of 0 is never reached): each epoch runs its share of `max_s`, as one session's rounds did."""
+    def fresh(epoch):
+        runs = make(epoch)
+        return {k: (lambda f=runs[k]: f(x)) for k in labels}, runs.clear
+    return _timing.time_sessions(fresh, [labels[:2]], sessions, rounds, max_s, 0.0)
+
+
+def ort_maker(graphs: dict[str, object]):
+    """label -> ONNX graph: each epoch, new 1-thread sessions created in a seeded random order."""
+    def make(epoch):
+        return {k: r.run for k, r in _timing.ort_sessions(graphs, threads=1, seed=1000 * epoch).items()}
+    return make
+
+
+def torch_maker(modules: dict[str, nn.Module]):
+    """label -> module: each epoch, fresh copies (new memory, as a new session would get)."""
+    def make(epoch):
+        return {k: _torch_fn(copy.deepcopy(m)) for k, m in modules.items()}
+    return make
+
+
+def measure_point(makers: dict[str, object], x: np.ndarray, rule: str, rounds: int, max_s: float,
+                  sessions: int) -> dict:
+    """`makers[backend]`: `make(epoch)` -> {order: run}; returns per-backend stats and ratios, each interval a
+    bootstrap over the sessions, then their rounds.
 
     Each backend's two orders are interleaved with each other only: a torch call just before an ONNX
     Runtime call slows that call (caches evicted), which would bias whichever order follows it."""
     out = {}
     for b in BACKENDS:
-        t = _timing.time_rounds({o: (lambda f=candidates[(b, o)][0]: f(x)) for o in ORDERS}, rounds,
-                                max_s / len(BACKENDS))
+        per = time_fresh(makers[b], x, ORDERS, sessions, rounds, max_s / len(BACKENDS))
+        t = {o: [v for s in per[o] for v in s] for o in ORDERS}
         med = {o: float(np.median(t[o])) for o in ORDERS}
         best = min(ORDERS, key=med.get)
-        qk_kv = _stats.speedup(t["qk_first"], t["kv_first"])  # median(qk) / median(kv): > 1 = kv_first faster
-        penalty = ({"ratio": 1.0, "ci": [1.0, 1.0], "pairs": len(t[rule])} if rule == best
-                   else _stats.speedup(t[rule], t[best]))
+        # median(qk) / median(kv): > 1 = kv_first faster
+        qk_kv = _stats.speedup_sessions(per["qk_first"], per["kv_first"])
+        penalty = ({"ratio": 1.0, "ci": [1.0, 1.0], "pairs": len(t[rule]), "sessions": sessions} if rule == best
+                   else _stats.speedup_sessions(per[rule], per[best]))
         out[b] = {"latency": {o: _stats.stats(t[o]) for o in ORDERS}, "qk_over_kv": qk_kv, "best": best,
                   "rule_over_best": penalty}
     return out
 
 
-def check_orders_agree(candidates: dict, reference: np.ndarray) -> list[str]:
+def check_orders_agree(makers: dict, x: np.ndarray, reference: np.ndarray) -> list[str]:
     """Both orders compute the same function: every candidate's output against the torch reference."""
     probs = []
-    for (b, o), (_, y) in candidates.items():
-        bad = _graphs.parity_problems(reference.reshape(len(reference), -1), y.reshape(len(y), -1))
-        if bad:
-            probs.append(f"{b}:{o}: {'; '.join(bad)}")
+    for b, make in makers.items():
+        for o, run in make(0).items():
+            y = run(x)
+            bad = _graphs.parity_problems(reference.reshape(len(reference), -1), y.reshape(len(y), -1))
+            if bad:
+                probs.append(f"{b}:{o}: {'; '.join(bad)}")
     return probs
 
 
 # ---- SimA models at several sizes ---------------------------------------------------------------------
 
-def model_series(label: str, overrides: dict | None, sizes, rounds: int, max_s: float) -> dict:
+def model_series(label: str, overrides: dict | None, sizes, rounds: int, max_s: float, sessions: int) -> dict:
     train = make_trained_like(create_model(SIMA_MODEL, **(overrides or {})), seed=0).eval()
     d = next(m.head_dim for m in train.modules() if isinstance(m, SimAAttention))
     points = []
@@ -104,18 +134,13 @@ def model_series(label: str, overrides: dict | None, sizes, rounds: int, max_s: 
         x = np.random.default_rng(s).standard_normal((1, 3, s, s)).astype(np.float32)
         with torch.no_grad():
             ref = train(torch.from_numpy(x)).numpy()
-        cands = {}
-        for o in ORDERS:
-            deploy = reparameterize(train, s, attn_order=o)
-            sess = _timing.ort(_graphs.onnx_image_model(deploy, s, 1), threads=1)
-            cands[("onnxruntime", o)] = (sess.run, sess.run(x))
-            run_t = _torch_fn(deploy)
-            cands[("torch", o)] = (run_t, run_t(x))
+        deploys = {o: reparameterize(train, s, attn_order=o) for o in ORDERS}
+        makers = {"onnxruntime": ort_maker({o: _graphs.onnx_image_model(m, s, 1) for o, m in deploys.items()}),
+                  "torch": torch_maker(deploys)}
         # every SimA block sees the same N, so the rule picks one order for the whole model
         (rule,) = set(reparameterize(train, s).reparam_summary.attention_order.values())
-        problems = check_orders_agree(cands, ref)
-        point = {"N": n, "imgsz": s, "rule": rule, "parity_problems": problems,
-                 **measure_point(cands, x, rule, rounds, max_s)}
+        point = {"N": n, "imgsz": s, "rule": rule, "parity_problems": check_orders_agree(makers, x, ref),
+                 **measure_point(makers, x, rule, rounds, max_s, sessions)}
         points.append(point)
         _print_point(f"{SIMA_MODEL} {label}", point)
     return _series(f"{SIMA_MODEL} ({label}{'' if overrides is None else ' config'})", "model", d, overrides, points)
@@ -138,7 +163,7 @@ def _layer(kind: str, dim: int, heads: int, n: int) -> nn.Module:
     return SimAAttention(dim, num_heads=heads, qkv_bias=True)
 
 
-def layer_series(kind: str, dim: int, heads: int, ns, rounds: int, max_s: float) -> dict:
+def layer_series(kind: str, dim: int, heads: int, ns, rounds: int, max_s: float, sessions: int) -> dict:
     d = dim // heads
     points = []
     for n in ns:
@@ -147,16 +172,15 @@ def layer_series(kind: str, dim: int, heads: int, ns, rounds: int, max_s: float)
         x = np.random.default_rng(n).standard_normal((1, n, dim)).astype(np.float32)
         with torch.no_grad():
             ref = base(torch.from_numpy(x)).numpy()
-        cands = {}
+        mods = {}
         for o in ORDERS:
-            m = copy.deepcopy(base)
-            m.attn_order = o
-            sess = _timing.ort(_graphs.onnx_token_model(m, torch.from_numpy(x)), threads=1)
-            cands[("onnxruntime", o)] = (sess.run, sess.run(x))
-            run_t = _torch_fn(m)
-            cands[("torch", o)] = (run_t, run_t(x))
-        point = {"N": n, "rule": rule, "parity_problems": check_orders_agree(cands, ref),
-                 **measure_point(cands, x, rule, rounds, max_s)}
+            mods[o] = copy.deepcopy(base)
+            mods[o].attn_order = o
+        makers = {"onnxruntime": ort_maker({o: _graphs.onnx_token_model(m, torch.from_numpy(x))
+                                            for o, m in mods.items()}),
+                  "torch": torch_maker(mods)}
+        point = {"N": n, "rule": rule, "parity_problems": check_orders_agree(makers, x, ref),
+                 **measure_point(makers, x, rule, rounds, max_s, sessions)}
         points.append(point)
         _print_point(kind, point)
     return _series(f"{kind} (dim {dim}, {heads} heads)", "layer", d, None, points)
@@ -256,12 +280,11 @@ def _heads_windows(train: nn.Module, blocks: dict, hw: tuple[int, int]) -> None:
         b["heads_windows"] = getattr(mods[path], "num_heads", 1) * windows
 
 
-def _et_runner(target, deploy: nn.Module, name: str, hw: tuple[int, int], tmp: Path):
+def _et_artifact(target, deploy: nn.Module, name: str, hw: tuple[int, int], tmp: Path):
     from vitedge.targets.base import LowerSpec
 
     tmp.mkdir(parents=True, exist_ok=True)
-    art = target.lower(deploy, LowerSpec(name, hw, 1, "fp32", tmp, None, metadata={"mean": [0.0] * 3}))
-    return target.runner(art)
+    return target.lower(deploy, LowerSpec(name, hw, 1, "fp32", tmp, None, metadata={"mean": [0.0] * 3}))
 
 
 def size_point(name: str, size: str, executorch: bool) -> dict:
@@ -290,10 +313,8 @@ def size_point(name: str, size: str, executorch: bool) -> dict:
     x = np.random.default_rng(1).standard_normal((1, 3, *hw)).astype(np.float32)
     with torch.no_grad():
         ref = chosen(torch.from_numpy(x)).numpy()
-    cands, fns = {}, {}
-    for label, deploy in (("chosen", chosen), ("other", other)):
-        sess = _timing.ort(_graphs.onnx_image_model(deploy, canonical(hw), 1), threads=1)
-        cands[("onnxruntime", label)] = (sess.run, sess.run(x))
+    makers = {"onnxruntime": ort_maker({label: _graphs.onnx_image_model(deploy, canonical(hw), 1)
+                                        for label, deploy in (("chosen", chosen), ("other", other))})}
     if executorch:
         from vitedge.targets import get_target
         from vitedge.targets.executorch.target import set_threads
@@ -301,23 +322,21 @@ def size_point(name: str, size: str, executorch: bool) -> dict:
         set_threads(1)
         target = get_target("executorch")
         tmp = Path(tempfile.mkdtemp(prefix="attn-order-"))
-        for label, deploy in (("chosen", chosen), ("other", other)):
-            try:
-                r = _et_runner(target, deploy, name, hw, tmp / label)
-            except Exception as e:  # an unavailable runtime or a lowering failure: said, never timed
-                point["executorch"] = {"skipped": f"{type(e).__name__}: {str(e)[:300]}"}
-                break
-            cands[("executorch", label)] = (r.run, r.run(x))
-    point["parity_problems"] = [f"{b}:{o}: {p}" for (b, o), (_, y) in cands.items()
-                                for p in _graphs.parity_problems(ref.reshape(1, -1), y.reshape(1, -1))]
-    for backend in ("onnxruntime", "executorch"):
-        if (backend, "chosen") not in cands or (backend, "other") not in cands:
-            continue
-        t = _timing.time_rounds({o: (lambda f=cands[(backend, o)][0]: f(x)) for o in ("chosen", "other")},
-                                SIZE_TIMING["min_rounds"], SIZE_TIMING["max_s"])
-        point[backend] = {"latency": {o: _stats.stats(t[o]) for o in ("chosen", "other")},
+        try:
+            arts = {label: _et_artifact(target, deploy, name, hw, tmp / label)
+                    for label, deploy in (("chosen", chosen), ("other", other))}
+            target.runner(arts["chosen"])  # an unavailable runtime says so here, before any timing
+        except Exception as e:  # an unavailable runtime or a lowering failure: said, never timed
+            point["executorch"] = {"skipped": f"{type(e).__name__}: {str(e)[:300]}"}
+        else:  # each epoch loads both programs anew
+            makers["executorch"] = lambda epoch: {k: target.runner(a).run for k, a in arts.items()}
+    point["parity_problems"] = check_orders_agree(makers, x, ref)
+    for backend, make in makers.items():
+        per = time_fresh(make, x, ("chosen", "other"), SIZE_TIMING["sessions"], SIZE_TIMING["min_rounds"],
+                         SIZE_TIMING["max_s"])
+        point[backend] = {"latency": {o: _stats.stats([t for s in per[o] for t in s]) for o in ("chosen", "other")},
                           # median(other) / median(chosen): > 1 = the chosen orders are faster
-                          "other_over_chosen": _stats.speedup(t["other"], t["chosen"])}
+                          "other_over_chosen": _stats.speedup_sessions(per["other"], per["chosen"])}
     return point
 
 
@@ -416,17 +435,18 @@ def main(argv=None) -> int:
     if args.sizes:
         return run_sizes(args)
     started, info = _script.begin("attention_order", args.quick)  # the same single core as ONNX Runtime's session
-    rounds, max_s = (5, 0.15) if args.quick else (15, 1.5)
+    rounds, max_s, sessions = (5, 0.15, 2) if args.quick else (15, 1.5 * SESSIONS, SESSIONS)
     series = []
     if SIMA_MODEL not in list_models():
         print(f"  {SIMA_MODEL} is not registered: SimA model series skipped")
     else:
         for label, overrides, sizes in (MODEL_SERIES_QUICK if args.quick else MODEL_SERIES_FULL):
-            series.append(model_series(label, overrides, sizes, rounds, max_s))
+            series.append(model_series(label, overrides, sizes, rounds, max_s, sessions))
     for kind, dim, heads in LAYERS:
-        series.append(layer_series(kind, dim, heads, LAYER_N_QUICK if args.quick else LAYER_N_FULL, rounds, max_s))
+        series.append(layer_series(kind, dim, heads, LAYER_N_QUICK if args.quick else LAYER_N_FULL, rounds, max_s,
+                                   sessions))
     result = {"settings": {"threads": 1, "min_rounds": rounds, "max_s_per_point": max_s, "batch": 1,
-                           "backends": list(BACKENDS)},
+                           "sessions": sessions, "backends": list(BACKENDS)},
               "series": series, "fixed_size": fixed_size_orders(args.quick)}
     out = _script.out_path("attention_order", args)
     if out.exists() and "at_sizes" in json.loads(out.read_text()):  # --sizes' points: kept (they run apart)
@@ -498,15 +518,22 @@ def attention_order_sizes() -> str:
     s = d["settings"]
     head = (f"Other order / chosen order, median latency (> 1: the chosen orders are faster), batch 1, "
             f"{s['threads']} thread, at least {s['min_rounds']} interleaved rounds per backend; "
-            f"N = tokens per SLA / SimA block (N/N' where the keys are fewer). "
-            + (f"Each ratio's 95 % CI is over {s['sessions']} fresh sessions per candidate, then their rounds."
-               if s.get("sessions") else "Each ratio's 95 % CI is over the rounds of one session per candidate: it "
-               "leaves out the spread between identical sessions (up to 2.6 % here)."))
+            f"N = tokens per SLA / SimA block (N/N' where the keys are fewer); {intervals(s, 'candidate')}.")
     return (head + "\n\n" + table(["model", "size", "N per block", "chosen", "ONNX Runtime", "ExecuTorch"], rows)
             + ("\n\n" + "\n".join(notes) if notes else ""))
 
 
-TABLES = {"attention_order": attention_order, "attention_order_sizes": attention_order_sizes}
+def attention_order_run() -> str:
+    """How the token-count series were measured, from the JSON: when, where, the load, the rounds and sessions."""
+    d = load("attention_order.json")
+    m, s = d["machine"], d["settings"]
+    return (f"Run: {run_line(d)}, load average (1/5/15 min) {m['load_start']} at start, {m['load_end']} at end, "
+            f"{d['wall_s']:.0f} s. Batch {s['batch']}, {s['threads']} thread (ORT and torch), at least "
+            f"{s['min_rounds']} rounds per point and session; {intervals(s, 'candidate')}.")
+
+
+TABLES = {"attention_order": attention_order, "attention_order_sizes": attention_order_sizes,
+          "attention_order_run": attention_order_run}
 
 
 if __name__ == "__main__":

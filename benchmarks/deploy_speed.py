@@ -36,7 +36,7 @@ import _corpus
 import _graphs
 import _script
 import _stats
-from _tables import load, ratio, run_line, table
+from _tables import intervals, load, ratio, run_line, table
 import _timing
 from vitedge.exporter.onnx.onnx_export import OnnxExportError, check_onnx, export_onnx, simplify_onnx
 from vitedge.exporter.reparam import reparameterize
@@ -507,10 +507,7 @@ def deploy_speed_line(name: str) -> str:
 
 
 def _intervals(d: dict) -> str:
-    """How a run's ratio intervals were made: over fresh sessions per graph, or over one set of them."""
-    n = d["settings"].get("sessions")
-    return (f"every ratio's 95 % interval is a bootstrap over {n} fresh sessions per graph, then the rounds within "
-            "them" if n else "every ratio's 95 % interval is over the rounds of one set of sessions per cell")
+    return intervals(d["settings"], "graph", once="one set of sessions per cell")
 
 
 def deploy_speed_run(name: str) -> str:
@@ -518,9 +515,7 @@ def deploy_speed_run(name: str) -> str:
     intervals were computed (over fresh sessions or one set of them), and the run's single-thread GEMM."""
     d = load(name)
     m, st, g = d["machine"], d["settings"], d["gemm"]
-    how = _intervals(d) + (", so it includes the spread between identical sessions" if st.get("sessions") else
-                           ", so it leaves out the spread between identical sessions (up to 2.6 % here) and may be "
-                           "too narrow by that much")
+    how = _intervals(d)
     per = g["gflops_per_cell"]
     return (f"Run: {run_line(d)}, load average (1/5/15 min) {m['load_start']} at start, {m['load_end']} at end, "
             f"{d['wall_s']:.0f} s (`{d['command'].split(' --out')[0]}`: {st['max_s_per_cell']:g} s per cell at most, "

@@ -32,7 +32,7 @@ import _corpus
 import _graphs
 import _script
 import _stats
-from _tables import load, table
+from _tables import intervals, load, table
 import _timing
 from vitedge.exporter.reparam.build_forms import build_deploy_form, build_train_form
 from vitedge.exporter.verdict.inputs import natural_inputs
@@ -180,10 +180,8 @@ def executorch_speed() -> str:
                       f"{m['pte_bytes']['et.int8'] / 1e6:.1f} MB int8" for m in d["models"])
     met = sum(t["status"] == "PASS" for t in d["targets"])
     return (table(head, rows, sep="| ---") + f"\n\nMedians (batch {d['settings']['batch']}) on {mach['cpu']}, "
-            f"{mach['cores']} cores, {mach['date']}; ratios are 95 % intervals "
-            + (f"over {d['settings']['sessions']} fresh sessions per candidate (bootstrap over sessions, then rounds). "
-               if "sessions" in d["settings"] else "over one session per candidate (paired bootstrap over rounds). ")
-            + f"Program sizes: {sizes}.\n"
+            f"{mach['cores']} cores, {mach['date']}; {intervals(d['settings'], 'candidate')}. "
+            f"Program sizes: {sizes}.\n"
             f"Targets: {met} of {len(d['targets'])} met.")
 
 

@@ -362,8 +362,11 @@ def _first_draws() -> str:
     """The models the false-failure study's stopping rule measured again, and their first draws' estimates."""
     rows = load("false_failures_first_draw.json")["models"]
     worst = {r["model"]: max(a["tail"]["p_fail_at_n"] for a in r["artifacts"].values()) for r in rows}
-    return (f"{len(rows)} of its models were measured again on 20000 samples because their 5000-sample bound was "
-            "above the target (the stopping rule); their first draws' estimates, kept in "
+    again = {m["model"]: m["samples"] for m in load("false_failures.json")["models"] if m["model"] in worst}
+    n_again, n_first = "/".join(map(str, sorted(set(again.values())))), "/".join(
+        map(str, sorted({r["samples"] for r in rows})))
+    return (f"{len(rows)} of its models were measured again on {n_again} samples because their {n_first}-sample "
+            "bound was above the target (the stopping rule); their first draws' estimates, kept in "
             "`false_failures_first_draw.json`: " + ", ".join(f"{m} {sci(p)}" for m, p in worst.items()) + ". ")
 
 

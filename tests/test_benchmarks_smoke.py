@@ -76,6 +76,8 @@ def test_attention_order_quick(runs):
                 q = p[b]
                 assert set(q["latency"]) == {"qk_first", "kv_first"} and q["best"] in q["latency"]
                 assert q["qk_over_kv"]["ci"][0] <= q["qk_over_kv"]["ratio"] <= q["qk_over_kv"]["ci"][1]
+                # each interval is over fresh sessions, so it includes the spread between identical ones
+                assert q["qk_over_kv"]["sessions"] == data["settings"]["sessions"] >= 2
                 assert q["rule_over_best"]["ratio"] >= 1.0 or q["best"] != p["rule"]
         for b in ("onnxruntime", "torch"):
             assert {"crossover", "max_rule_over_best", "rule_significantly_slower_at",
@@ -190,6 +192,7 @@ def test_rewrite_ablation_quick(runs):
     assert {m["model"] for m in data["models"]} == {"swiftformer_xs", "slab_deit_tiny", "sima_nano_12_p16"}
     for m in data["models"]:
         assert m["parity_failed"] == {} and m["rounds"] >= 5
+        assert all(r["sessions"] == data["settings"]["sessions"] >= 2 for r in m["speedups"].values())
         # one ratio per rewrite of the family, each printed with its CI
         assert set(m["speedups"]) == {f"all/all-but-{r}" for r in m["rewrites"]} and len(m["rewrites"]) >= 2
         assert sum(f"{m['model']} (reduced) all/all-but-" in ln and bool(CI_RE.search(ln)) for ln in tail) == len(
@@ -246,6 +249,18 @@ def bench_modules():
         yield attention_order, deploy_speed
     finally:
         sys.path.remove(str(BENCH))
+
+
+def test_attention_order_at_a_size_times_both_orders_over_fresh_sessions(bench_modules, monkeypatch):
+    """--sizes' point: the chosen and the flipped orders agree, and their ratio is over fresh sessions (ONNX Runtime
+    only here: lowering ExecuTorch programs is minutes on this machine)."""
+    ao, _ = bench_modules
+    monkeypatch.setattr(ao, "SIZE_TIMING", {"min_rounds": 2, "max_s": 0.05, "sessions": 2})
+    p = ao.size_point("sima_nano_12_p16", "64", executorch=False)
+    assert p["parity_problems"] == [] and p["orders_chosen"] == ["qk_first"]  # N = 16 < d = 32
+    r = p["onnxruntime"]["other_over_chosen"]
+    assert r["sessions"] == 2 and len(r["per_session"]) == 2 and r["ci"][0] <= r["ratio"] <= r["ci"][1]
+    assert "executorch" not in p
 
 
 def _point(n: int, qk_over_kv: float) -> dict:

@@ -133,6 +133,26 @@ def test_the_verdict_headline_says_what_the_false_failure_samples_are(rb, monkey
     assert f"judged on digit classifiers: {moved['models'][0]['model']} (" in text
 
 
+def test_the_verdict_headline_reads_the_measured_again_sample_counts_from_the_json(rb, monkeypatch):
+    """The models the stopping rule measured again: their sample counts, first draw and re-measure, are the JSONs'."""
+    import sys
+
+    render = rb.RENDERERS["verdict_headline"]
+    assert "measured again on 20000 samples because their 5000-sample bound" in render()
+    script = sys.modules[render.__module__]
+    load = script.load
+    again = {r["model"] for r in load("false_failures_first_draw.json")["models"]}
+    moved = copy.deepcopy(load("false_failures.json"))
+    for m in moved["models"]:
+        m["samples"] = 40000 if m["model"] in again else m["samples"]
+    first = copy.deepcopy(load("false_failures_first_draw.json"))
+    for m in first["models"]:
+        m["samples"] = 6000
+    jsons = {"false_failures.json": moved, "false_failures_first_draw.json": first}
+    monkeypatch.setattr(script, "load", lambda name: jsons.get(name) or load(name))
+    assert "measured again on 40000 samples because their 6000-sample bound" in render()
+
+
 def test_the_false_failure_upper_bound_is_named_a_heuristic(rb, monkeypatch):
     """The tail fit's upper bound fixes the shape at a bootstrap quantile and ignores the scale's and the threshold's
     uncertainty: the rendered study and the headline call it a heuristic, and a method written into the JSON is
