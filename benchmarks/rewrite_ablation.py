@@ -134,7 +134,23 @@ def rewrite_ablation_run(name: str = "rewrite_ablation.json") -> str:
             "makes the graph faster, given the others).")
 
 
-TABLES = {"rewrite_ablation": rewrite_ablation, "rewrite_ablation_run": rewrite_ablation_run}
+def rewrite_ablation_summary(name: str = "rewrite_ablation.json") -> str:
+    """The rewrites whose interval lies above 1 (worth something, given the others), and how many others there are
+    (their intervals reach 1), with the run's date and machine."""
+    d = load(name)
+    worth, within = [], 0
+    for m in d["models"]:
+        for rw in m["rewrites"]:
+            r = m["speedups"][f"all/all-but-{rw}"]
+            if r["ci"][0] > 1.0:
+                worth.append(f"{m['model']} `{rw}` {ratio(r)}")
+            else:
+                within += 1
+    return (f"{run_line(d)}: " + "; ".join(worth) + f"; the other {within}: intervals reaching 1")
+
+
+TABLES = {"rewrite_ablation": rewrite_ablation, "rewrite_ablation_run": rewrite_ablation_run,
+          "rewrite_ablation_summary": rewrite_ablation_summary}
 
 
 if __name__ == "__main__":
