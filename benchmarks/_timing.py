@@ -99,6 +99,21 @@ def time_sessions(make: Callable[[int], tuple[dict[str, Callable[[], object]], C
     return out
 
 
+def ort_fresh(graphs: dict[str, onnx.ModelProto], threads: int, x: np.ndarray, spinning: bool | None = None,
+              copies: int = 1):
+    """`make(epoch)` for `time_sessions`: every graph in new ONNX Runtime sessions each epoch (`ort_sessions`, seeded
+    by the epoch), each run on `x`."""
+    def make(epoch):
+        made = ort_sessions(graphs, threads, spinning, seed=1000 * epoch, copies=copies)
+        return {k: (lambda s=s: s.run(x)) for k, s in made.items()}, made.clear
+    return make
+
+
+def pooled(per: dict[str, list[list[float]]]) -> dict[str, list[float]]:
+    """`time_sessions`' rounds per session, pooled per candidate (for latency statistics)."""
+    return {k: [t for s in v for t in s] for k, v in per.items()}
+
+
 def ort(model: onnx.ModelProto, threads: int, spinning: bool | None = None) -> OnnxRuntimeRunner:
     """ONNX Runtime CPU session; threads=0 lets ORT use every core; spinning None = ORT's default (on)."""
     return OnnxRuntimeRunner(model, threads=threads, spinning=spinning)

@@ -27,7 +27,7 @@ import _corpus
 import _graphs
 import _script
 import _stats
-from _tables import load, ratio, table
+from _tables import intervals, load, ratio, run_line, table
 import _timing
 from vitedge.exporter.verdict.hops import parity_inputs_for
 from vitedge.exporter.onnx.onnx_export import EXPORTERS, check_onnx, default_opset, export_onnx_info, simplify_onnx
@@ -70,7 +70,7 @@ def time_exports(deploy, imgsz: int, repeats: int) -> dict[str, list[float]]:
 
 
 def measure_cell(graphs: dict, label, threads: int, x: np.ndarray, timing: dict, valid: set) -> dict:
-    sessions = {k: _timing.ort(g, threads) for k, g in graphs.items() if k in valid}
+    sessions = {k: g for k, g in graphs.items() if k in valid}
     if not sessions:  # nothing passed parity: nothing is timed as if it were right
         print(f"    {label} thread(s): not timed: no graph passed parity", flush=True)
         return {"threads": label, "rounds": 0, "latency": {}, "speedups": {}, "not_timed": "no graph passed parity"}
@@ -79,9 +79,9 @@ def measure_cell(graphs: dict, label, threads: int, x: np.ndarray, timing: dict,
     pairs = [(d, t) for d in dyn for t in ts]
     t0 = time.perf_counter()
     block_s = 0.0 if threads == 1 else timing["block_s"]
-    times = _timing.time_until_precise({k: (lambda s=s: s.run(x)) for k, s in sessions.items()}, pairs,
-                                       timing["min_rounds"], timing["max_s"], timing["ci_width"], block_s,
-                                       timing["min_s"])
+    per = _timing.time_sessions(_timing.ort_fresh(sessions, threads, x), pairs, timing["sessions"],
+                                timing["min_rounds"], timing["max_s"], timing["ci_width"], block_s, timing["min_s"])
+    times = _timing.pooled(per)
     lat = {k: _stats.stats(v) for k, v in times.items()}
     cell = {"threads": label, "rounds": len(next(iter(times.values()))), "block_s": block_s or None,
             "seconds": round(time.perf_counter() - t0, 1), "latency": lat, "speedups": {}}
@@ -90,8 +90,8 @@ def measure_cell(graphs: dict, label, threads: int, x: np.ndarray, timing: dict,
         best_dyn = min(dyn, key=lambda k: lat[k]["p50_ms"])
         cell["baseline"] = best_ts
         for d in dyn:
-            cell["speedups"][f"{best_ts}/{d}"] = _stats.speedup(times[best_ts], times[d])
-        cell["speedups"]["torchscript-best/dynamo-best"] = _stats.speedup(times[best_ts], times[best_dyn])
+            cell["speedups"][f"{best_ts}/{d}"] = _stats.speedup_sessions(per[best_ts], per[d])
+        cell["speedups"]["torchscript-best/dynamo-best"] = _stats.speedup_sessions(per[best_ts], per[best_dyn])
     for k, s in lat.items():
         print(f"    {str(label):>3} thread(s) {k:<24} p50 {s['p50_ms']:8.3f} ms  CV {s['cv']:.3f}", flush=True)
     return cell
@@ -148,19 +148,21 @@ def main(argv=None) -> int:
     samples = args.samples or (4 if args.quick else 32)
     repeats = args.export_repeats or (2 if args.quick else 5)
     if args.quick:
-        timing = {"min_rounds": 5, "max_s": 0.5, "min_s": 0.0, "ci_width": 1.0, "block_s": 0.05,
+        timing = {"sessions": 2, "min_rounds": 5, "max_s": 0.5, "min_s": 0.0, "ci_width": 1.0, "block_s": 0.05,
                   "threads": THREAD_CONFIGS[:1]}
         plan = [(n, ov, "reduced", s) for n, (ov, s) in QUICK.items()]
     else:
-        timing = {"min_rounds": 8, "max_s": args.max_s_per_cell, "min_s": 5.0, "ci_width": args.ci_width,
-                  "block_s": BLOCK_S, "threads": THREAD_CONFIGS}
+        # fresh sessions per cell (_timing.time_sessions): the intervals include the spread between sessions
+        timing = {"sessions": 3, "min_rounds": 8, "max_s": args.max_s_per_cell, "min_s": 5.0,
+                  "ci_width": args.ci_width, "block_s": BLOCK_S, "threads": THREAD_CONFIGS}
         wanted = args.models.split(",") if args.models else list(MODELS)
         plan = [(n, {}, "real", get_spec(n).default_imgsz) for n in wanted if n in list_models()]
     missing = [n for n in (args.models.split(",") if args.models else []) if n not in list_models()]
     results = [measure_model(n, ov, cfg, s, samples, repeats, timing) for n, ov, cfg, s in plan]
     body = {"settings": {"samples": samples, "export_repeats": repeats,
                          "opsets": {e: default_opset(e) for e in EXPORTERS}, "torch_threads": 1,
-                         "ci_width": timing["ci_width"], "max_s_per_cell": timing["max_s"]},
+                         "ci_width": timing["ci_width"], "max_s_per_cell": timing["max_s"],
+                         "sessions": timing["sessions"]},
             "missing": missing, "models": results}
     path = _script.write_results(_script.out_path("exporters", args), "exporters", info, args, body, started)
     print(f"\nresults: {path}\n{info['load_note']}")
@@ -183,12 +185,13 @@ def main(argv=None) -> int:
 
 def exporters() -> str:
     """Per model: the faster TorchScript graph over the faster dynamo graph (> 1: dynamo faster), and export time."""
-    rows = []
-    for m in load("exporters.json")["models"]:
+    rows, d = [], load("exporters.json")
+    for m in d["models"]:
         lat = [ratio(c["speedups"]["torchscript-best/dynamo-best"]) for c in m["cells"]]
         t = m["export_time"]
         rows.append([m["model"]] + lat + [f"{t['dynamo']['p50_ms'] / t['torchscript']['p50_ms']:.1f}×"])
-    return table(["model", "latency, 1 thread", "all threads", "export time"], rows, sep="| ---")
+    return (table(["model", "latency, 1 thread", "all threads", "export time"], rows, sep="| ---")
+            + f"\n\nRun: {run_line(d)}; {intervals(d['settings'], 'graph')}.")
 
 
 TABLES = {"exporters": exporters}

@@ -32,7 +32,7 @@ import numpy as np
 import _corpus
 import _script
 import _stats
-from _tables import load, ratio, table
+from _tables import intervals, load, ratio, run_line, table
 import _timing
 from vitedge.exporter.quantize.calibrate import natural_calibration
 from vitedge.exporter.onnx.onnx_export import check_onnx, export_onnx, simplify_onnx
@@ -80,18 +80,18 @@ def latency_model(name: str, overrides: dict, imgsz: int, timing: dict) -> dict:
     out["bytes"]["fp32/int8"] = out["bytes"]["fp32-simplified"] / out["bytes"]["int8"]
     x = np.random.default_rng(100).standard_normal((1, 3, imgsz, imgsz)).astype(np.float32)
     for label, threads in timing["threads"]:
-        sessions = {k: _timing.ort(g, threads) for k, g in graphs.items()}
         pairs = [(k, b) for k in ("int8", "int8-tensorrt-encoding") for b in ("fp32-raw", "fp32-simplified")]
         block_s = 0.0 if threads == 1 else timing["block_s"]
         t0 = time.perf_counter()
-        times = _timing.time_until_precise({k: (lambda s=s: s.run(x)) for k, s in sessions.items()}, pairs,
-                                           timing["min_rounds"], timing["max_s"], timing["ci_width"], block_s,
-                                           timing["min_s"])
+        per = _timing.time_sessions(_timing.ort_fresh(graphs, threads, x), pairs, timing["sessions"],
+                                    timing["min_rounds"], timing["max_s"], timing["ci_width"], block_s,
+                                    timing["min_s"])
+        times = _timing.pooled(per)
         lat = {k: _stats.stats(v) for k, v in times.items()}
         base = min(("fp32-raw", "fp32-simplified"), key=lambda k: lat[k]["p50_ms"])
         cell = {"threads": label, "baseline": base, "rounds": len(times[base]),
                 "seconds": round(time.perf_counter() - t0, 1), "latency": lat,
-                "speedups": {f"{base}/{k}": _stats.speedup(times[base], times[k])
+                "speedups": {f"{base}/{k}": _stats.speedup_sessions(per[base], per[k])
                              for k in ("int8", "int8-tensorrt-encoding")}}
         for k, s in lat.items():
             print(f"    {str(label):>3} thread(s) {k:<24} p50 {s['p50_ms']:8.3f} ms  CV {s['cv']:.3f}", flush=True)
@@ -170,12 +170,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     started, info = _script.begin("quantization", args.quick)
     if args.quick:
-        timing = {"min_rounds": 5, "max_s": 0.5, "min_s": 0.0, "ci_width": 1.0, "block_s": 0.05,
+        timing = {"sessions": 2, "min_rounds": 5, "max_s": 0.5, "min_s": 0.0, "ci_width": 1.0, "block_s": 0.05,
                   "threads": THREAD_CONFIGS[:1]}
         lat_plan, size_plan = LATENCY_QUICK, SIZES_QUICK
     else:
-        timing = {"min_rounds": 8, "max_s": args.max_s_per_cell, "min_s": 5.0, "ci_width": args.ci_width,
-                  "block_s": BLOCK_S, "threads": THREAD_CONFIGS}
+        # fresh sessions per cell (_timing.time_sessions): the intervals include the spread between sessions
+        timing = {"sessions": 3, "min_rounds": 8, "max_s": args.max_s_per_cell, "min_s": 5.0,
+                  "ci_width": args.ci_width, "block_s": BLOCK_S, "threads": THREAD_CONFIGS}
         lat_plan, size_plan = LATENCY, SIZES
     work = Path(tempfile.mkdtemp(prefix="vitedge-quant-bench-"))
     try:
@@ -186,7 +187,7 @@ def main(argv=None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     body = {"settings": {"calibration_samples": CALIB, "ci_width": timing["ci_width"], "max_s_per_cell": timing["max_s"],
-                         "torch_threads": 1, "targets": TARGETS},
+                         "sessions": timing["sessions"], "torch_threads": 1, "targets": TARGETS},
             "latency": lat, "coreml_sizes": sizes, "fixtures": acc}
     path = _script.write_results(_script.out_path("quantization", args), "quantization", info, args, body, started)
     print(f"\nresults: {path}\n{info['load_note']}")
@@ -237,7 +238,8 @@ def quantization_speed() -> str:
             met = "" if goal is None else f" (target ≥ {goal:g}: {'met' if r['ratio'] >= goal else '**missed**'})"
             row.append(ratio(r) + met)
         rows.append(row + [f"{m['bytes']['fp32/int8']:.2f}×"])
-    return table(["model", "int8 speed-up, 1 thread", "all threads", "ONNX size fp32 / int8"], rows, sep="| ---")
+    return (table(["model", "int8 speed-up, 1 thread", "all threads", "ONNX size fp32 / int8"], rows, sep="| ---")
+            + f"\n\nRun: {run_line(d)}; {intervals(d['settings'], 'graph')}.")
 
 
 def quantization_fixtures() -> str:

@@ -30,7 +30,7 @@ import _corpus
 import _graphs
 import _script
 import _stats
-from _tables import load
+from _tables import intervals, load, run_line
 import _timing
 from vitedge.exporter.core.settings import as_size, parse_sizes, size_side, written
 from vitedge.models.input_size import canonical
@@ -91,7 +91,7 @@ def measure_size(size, quick: bool, timing: dict) -> dict:
     print(f"\n{written(size)} px", flush=True)
     h, w = as_size(size)
     x = np.random.default_rng(size).standard_normal((1, 3, h, w)).astype(np.float32)
-    sessions, per_model = {}, {}
+    graphs, per_model = {}, {}
     for name, choice in MODELS:
         if name not in list_models():
             per_model[name] = {"missing": "not registered"}
@@ -105,39 +105,42 @@ def measure_size(size, quick: bool, timing: dict) -> dict:
         ref = _graphs.ground_truth_on(facts.pop("train"), x)  # float64, judged by the pipeline's noise rule
         parity = {}
         for label, m in mods.items():
-            sess = _timing.ort(_graphs.onnx_image_model(m, size, 1), threads=1)
-            problems = _graphs.parity_problems(ref, sess.run(x))
+            g = _graphs.onnx_image_model(m, size, 1)
+            problems = _graphs.parity_problems(ref, _timing.ort(g, threads=1).run(x))
             if problems:
                 parity[label] = problems
-            sessions[(name, label)] = sess
+            graphs[(name, label)] = g
         per_model[name] = {**facts, "labels": list(mods), "parity_problems": parity}
         print(f"  {name}: candidates {', '.join(mods)}; rule {facts['rule']}; GMACs "
               + ", ".join(f"{k} {v:.2f}" for k, v in facts["gmacs"].items())
               + "".join(f"; {why}" for why in facts["skipped"].values()), flush=True)
-    keys = {f"{n}:{lbl}": s for (n, lbl), s in sessions.items()}
+    keys = {f"{n}:{lbl}": g for (n, lbl), g in graphs.items()}
     pairs = [(f"{n}:kv_first", f"{n}:qk_first") for n, m in per_model.items()
              if "labels" in m and {"qk_first", "kv_first"} <= set(m["labels"])]
     t0 = time.perf_counter()
-    times = _timing.time_until_precise({k: (lambda s=s: s.run(x)) for k, s in keys.items()}, pairs,
-                                       timing["min_rounds"], timing["max_s"], timing["ci_width"], 0.0, timing["min_s"])
+    # every candidate in fresh sessions per epoch: the intervals include the spread between sessions
+    per = _timing.time_sessions(_timing.ort_fresh(keys, 1, x), pairs, timing["sessions"], timing["min_rounds"],
+                                timing["max_s"], timing["ci_width"], 0.0, timing["min_s"]) if keys else {}
+    times = _timing.pooled(per)
     out = {"imgsz": size, "rounds": len(next(iter(times.values()))) if times else 0,
            "seconds": round(time.perf_counter() - t0, 1), "models": {}}
     for name, m in per_model.items():
         if "labels" not in m:
             out["models"][name] = m
             continue
-        out["models"][name] = summarize_model(name, m, times)
+        out["models"][name] = summarize_model(name, m, per)
         _print_model(name, out["models"][name])
     base = out["models"].get(BASE_MODEL, {}).get("best")
     for name, m in out["models"].items():
         if name != BASE_MODEL and base and m.get("best"):
             # this model's latency over swiftformer_xs's (> 1: slower), paired by round
-            m["over_" + BASE_MODEL] = _stats.speedup(times[f"{name}:{m['best']}"], times[f"{BASE_MODEL}:{base}"])
+            m["over_" + BASE_MODEL] = _stats.speedup_sessions(per[f"{name}:{m['best']}"], per[f"{BASE_MODEL}:{base}"])
     return out
 
 
-def summarize_model(name: str, m: dict, times: dict) -> dict:
+def summarize_model(name: str, m: dict, per: dict) -> dict:
     labels = [lbl for lbl in m["labels"] if lbl not in m["parity_problems"]]
+    times = _timing.pooled(per)
     lat = {lbl: _stats.stats(times[f"{name}:{lbl}"]) for lbl in m["labels"]}
     med = {lbl: lat[lbl]["p50_ms"] for lbl in labels}
     best = min(med, key=med.get) if med else None
@@ -146,15 +149,16 @@ def summarize_model(name: str, m: dict, times: dict) -> dict:
     if "rule_orders" in m:
         res["rule_orders"] = sorted(set(m["rule_orders"].values()))
     if {"qk_first", "kv_first"} <= set(labels):
-        res["qk_over_kv"] = _stats.speedup(times[f"{name}:qk_first"], times[f"{name}:kv_first"])
+        res["qk_over_kv"] = _stats.speedup_sessions(per[f"{name}:qk_first"], per[f"{name}:kv_first"])
     if m["rule"] != "-" and best:
         rule = m["rule"] if m["rule"] in labels else None
         if rule is None:
             res["rule_over_best"] = None
         elif rule == best:
-            res["rule_over_best"] = {"ratio": 1.0, "ci": [1.0, 1.0], "pairs": len(times[f"{name}:{rule}"])}
+            res["rule_over_best"] = {"ratio": 1.0, "ci": [1.0, 1.0], "pairs": len(times[f"{name}:{rule}"]),
+                                     "sessions": len(per[f"{name}:{rule}"])}
         else:
-            res["rule_over_best"] = _stats.speedup(times[f"{name}:{rule}"], times[f"{name}:{best}"])
+            res["rule_over_best"] = _stats.speedup_sessions(per[f"{name}:{rule}"], per[f"{name}:{best}"])
         res["rule_is_best"] = rule == best
     return res
 
@@ -266,8 +270,8 @@ def main(argv=None) -> int:
     started, info = _script.begin("resolution_scaling", args.quick)
     sizes = ([canonical(z) for z in parse_sizes(args.sizes, "--sizes")] if args.sizes
              else list(QUICK_SIZES if args.quick else SIZES))  # S, or (H, W): a non-square size
-    timing = ({"min_rounds": 3, "min_s": 0.0, "max_s": 0.05, "ci_width": CI_WIDTH} if args.quick else
-              {"min_rounds": 5, "min_s": 3.0, "max_s": args.max_s_per_size, "ci_width": CI_WIDTH})
+    timing = ({"sessions": 2, "min_rounds": 3, "min_s": 0.0, "max_s": 0.05, "ci_width": CI_WIDTH} if args.quick else
+              {"sessions": 3, "min_rounds": 5, "min_s": 3.0, "max_s": args.max_s_per_size, "ci_width": CI_WIDTH})
     results = [measure_size(s, args.quick, timing) for s in sizes]
     dis = disagreements(results)
     out = _script.out_path("resolution_scaling", args)
@@ -306,7 +310,8 @@ def main(argv=None) -> int:
 def resolution_scaling() -> str:
     """ONNX Runtime p50 per size and model, with the measured best attention order and the rule's verdict: the
     table resolution_scaling.py rendered from its own `sizes` and stored beside them in the JSON."""
-    return load("resolution_scaling.json")["markdown"]
+    d = load("resolution_scaling.json")
+    return d["markdown"] + f"\n\nRun: {run_line(d)}; {intervals(d['settings'], 'graph')}."
 
 
 TABLES = {"resolution_scaling": resolution_scaling}
