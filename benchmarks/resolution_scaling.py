@@ -314,7 +314,29 @@ def resolution_scaling() -> str:
     return d["markdown"] + f"\n\nRun: {run_line(d)}; {intervals(d['settings'], 'graph')}."
 
 
-TABLES = {"resolution_scaling": resolution_scaling}
+def resolution_scaling_summary() -> str:
+    """In words, from the JSON: how far apart the two orders are per model (qk/kv at the first and last size both
+    ran), and each model's latency over swiftformer_xs's (its range over the sizes)."""
+    d = load("resolution_scaling.json")
+    sizes = d["sizes"]
+    parts = []
+    for name in d["settings"]["models"]:
+        both = [(s["imgsz"], s["models"][name]["qk_over_kv"]["ratio"]) for s in sizes
+                if s["models"].get(name, {}).get("qk_over_kv")]
+        if both:
+            (s0, r0), (s1, r1) = both[0], both[-1]
+            parts.append(f"kv_first is {r0:.2f}× faster than qk_first for {name} at {written(s0)} px and {r1:.2f}× at "
+                         f"{written(s1)} px")
+    over = []
+    for name in d["settings"]["models"]:
+        rs = [s["models"][name]["over_" + BASE_MODEL]["ratio"] for s in sizes
+              if s["models"].get(name, {}).get("over_" + BASE_MODEL)]
+        if rs:
+            over.append(f"{name} {min(rs):.2f}–{max(rs):.2f}×")
+    return "; ".join(parts) + f". Latency over {BASE_MODEL}'s, over the sizes: " + ", ".join(over)
+
+
+TABLES = {"resolution_scaling": resolution_scaling, "resolution_scaling_summary": resolution_scaling_summary}
 
 
 if __name__ == "__main__":
