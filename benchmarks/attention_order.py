@@ -99,7 +99,7 @@ def measure_point(makers: dict[str, object], x: np.ndarray, rule: str, rounds: i
     out = {}
     for b in BACKENDS:
         per = time_fresh(makers[b], x, ORDERS, sessions, rounds, max_s / len(BACKENDS))
-        t = {o: [v for s in per[o] for v in s] for o in ORDERS}
+        t = _timing.pooled(per)
         med = {o: float(np.median(t[o])) for o in ORDERS}
         best = min(ORDERS, key=med.get)
         # median(qk) / median(kv): > 1 = kv_first faster
@@ -334,7 +334,8 @@ def size_point(name: str, size: str, executorch: bool) -> dict:
     for backend, make in makers.items():
         per = time_fresh(make, x, ("chosen", "other"), SIZE_TIMING["sessions"], SIZE_TIMING["min_rounds"],
                          SIZE_TIMING["max_s"])
-        point[backend] = {"latency": {o: _stats.stats([t for s in per[o] for t in s]) for o in ("chosen", "other")},
+        t = _timing.pooled(per)
+        point[backend] = {"latency": {o: _stats.stats(t[o]) for o in ("chosen", "other")},
                           # median(other) / median(chosen): > 1 = the chosen orders are faster
                           "other_over_chosen": _stats.speedup_sessions(per["other"], per["chosen"])}
     return point

@@ -201,7 +201,7 @@ def measure_cell(graphs: dict, keys: list, config: tuple, batch: int, imgsz: int
     block_s = 0.0 if threads == 1 else timing["block_s"]
     per = _timing.time_sessions(fresh, pairs, timing["sessions"], timing["min_rounds"], timing["max_s"],
                                 timing["ci_width"], block_s, timing["min_s"])
-    times = {k: [t for s in v for t in s] for k, v in per.items()}
+    times = _timing.pooled(per)
     cell_s = time.perf_counter() - t0
     gemm_gflops = None
     if threads == 1:

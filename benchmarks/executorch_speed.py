@@ -105,7 +105,7 @@ def measure_model(name: str, overrides: dict, config: str, imgsz: int, thread_co
         per = _timing.time_sessions(fresh, list(PAIRS), timing["sessions"], timing["min_rounds"], timing["max_s"],
                                     timing["ci_width"], block_s=timing["block_s"] if threads > 1 else 0.0,
                                     min_s=timing["min_s"])
-        times = {k: [t for s in v for t in s] for k, v in per.items()}
+        times = _timing.pooled(per)
         cell = {"threads": threads, "latency_ms": {k: _stats.stats(v) for k, v in times.items()},
                 "speedups": {f"{new} vs {base}": _stats.speedup_sessions(per[base], per[new]) for new, base in PAIRS}}
         cells.append(cell)

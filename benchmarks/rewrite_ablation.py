@@ -47,17 +47,13 @@ def measure_model(name: str, overrides: dict, config: str, imgsz: int, timing: d
     checked.clear()
     nodes = {k: _graphs.total_nodes(g) for k, g in graphs.items()}
     passed = [k for k in graphs if not parity[k]]
-    xi = x[:1]
-
-    def fresh(epoch):  # every passing graph in new sessions per epoch: the intervals include the sessions' spread
-        made = _timing.ort_sessions({k: graphs[k] for k in passed}, threads=1, seed=1000 * epoch, copies=COPIES)
-        return {k: (lambda r=r: r.run(xi)) for k, r in made.items()}, made.clear
-
+    # every passing graph in new sessions per epoch: the intervals include the sessions' spread
+    fresh = _timing.ort_fresh({k: graphs[k] for k in passed}, 1, x[:1], copies=COPIES)
     pairs = [("all", k) for k in passed if k != "all"] if "all" in passed else []
     t0 = time.perf_counter()
     per = _timing.time_sessions(fresh, pairs, timing["sessions"], timing["min_rounds"], timing["max_s"],
                                 timing["ci_width"], min_s=timing["min_s"])
-    times = {k: [t for s in v for t in s] for k, v in per.items()}
+    times = _timing.pooled(per)
     return {"model": name, "config": config, "overrides": overrides, "imgsz": imgsz, "rewrites": list(rewrites),
             "variants": variants, "nodes": nodes, "parity_failed": {k: v for k, v in parity.items() if v},
             "seconds": round(time.perf_counter() - t0, 1), "rounds": len(next(iter(times.values()), [])),
