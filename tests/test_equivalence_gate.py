@@ -28,15 +28,16 @@ def ill():
     return train, deploy
 
 
-def test_correct_fold_of_an_ill_conditioned_model_passes_where_a_fixed_rtol_fails(ill):
+def test_correct_fold_of_an_ill_conditioned_model_passes(ill):
+    """Whether a fixed rtol alone (k64=0) fails this fold depends on the CPU's float64 kernels: it did on an AMD
+    EPYC, not on an Intel Xeon (6.2e-10 against 6.4e-8). The saturated model below fails the scaled estimate on
+    both, so the gate's need for a noise-based bound is tested there."""
     train, deploy = ill
     res = verify_equivalence(train, deploy, samples=6, raise_on_fail=False)
     assert res.passed, res.describe()
     assert res.fp32_noise > 1e-3 * res.scale  # it is ill-conditioned: float32 is far from float64
     worst = max(b["max_abs"] / b["allowed"] for b in res.blocks)
     assert worst < 1.0
-    old = verify_equivalence(train, deploy, samples=6, raise_on_fail=False, k64=0.0)
-    assert not old.passed and old.diverging_module is not None  # float64 rounding at depth, not a fold error
 
 
 def test_planted_fold_error_in_the_ill_conditioned_model_still_fails(ill):

@@ -1,7 +1,7 @@
 """Both directions of the parity verdict, end to end through the CLI, for every family (small configs): a correct
 export passes (`vitedge export`, exit 0, every hop well inside its allowance); the same ONNX with one output
-channel of one mid-network weight scaled by 1.01, and by 1.001, fails `vitedge parity` (exit 1) and the report
-names the module holding that weight. Also: localization of a torch deploy-form by the same noise rule, and a
+channel of one mid-network weight scaled by 1.01 (and by 1.001 where that stands clear of the allowance on every
+CPU measured) fails `vitedge parity` (exit 1) and the report names the module holding that weight. Also: localization of a torch deploy-form by the same noise rule, and a
 deliberately ill-conditioned but correct model that must pass (better demo weights must not hide the rule)."""
 from __future__ import annotations
 
@@ -37,10 +37,14 @@ FAMILIES = {
     "sima": ("sima_nano_12_p16", reduced("sima"), 64),
     "sima_deit": ("sima_deit_tiny", reduced("sima_deit"), 64),
 }
-SAMPLES = "12"  # 9 natural + 3 stress: the planted x1.001 stands 1.4x (sima_deit) to 140x above its allowance
-# All small configs are well-conditioned (float32 noise ~1e-7..6e-7 of max|y|): x1.001 is caught in each. At full
-# size it is not everywhere (docs/parity.md "Parity sensitivity"; benchmarks/results/parity_noise.json).
-FACTORS = (1.01, 1.001)
+SAMPLES = "12"  # 9 natural + 3 stress
+# x1.01 (the 1 % channel every verdict must catch) stands 6x (swiftformer) to 990x above its allowance here.
+# x1.001 stands near the allowance in four families: its worst ratio on these 12 samples read 0.59 (swiftformer),
+# 1.74 (prepbn_deit), 0.83 (slab_pvt) and 0.84 (sima_deit) on an Intel Xeon (2026-12-06), 1.1-2.3 on an AMD EPYC
+# (parity_noise.json's 24 samples): whether it is caught there depends on the CPU's float32 rounding. It is planted
+# in the six where it read >= 3.1x on both (docs/parity.md "Parity sensitivity").
+FACTORS = (1.01,)
+FINER = {"slab_deit", "slab_swin", "prepbn_swin", "prepbn_pvt", "slab_cswin", "sima"}  # also x1.001
 # A correct export's worst ratio to its allowance: the kernels' rounding differs by CPU (slab_swin's onnx hop read
 # 0.503 on natural images on an AMD EPYC, under 0.5 on an Intel Xeon); the verdict's own bound is 1.
 MARGIN = 0.75
@@ -67,7 +71,7 @@ def test_cli_passes_the_correct_export_and_fails_a_planted_channel_naming_its_mo
     graph = onnx.load(str(out / f"{name}.onnx"))
     deploy, _ = build_deploy_form(build_train_form(name, overrides=overrides).model, imgsz)
     capsys.readouterr()
-    for factor in FACTORS:
+    for factor in FACTORS + ((1.001,) if family in FINER else ()):
         bad, where = plant_channel_scale(graph, factor)
         path = tmp_path / f"planted{factor}.onnx"
         onnx.save(bad, str(path))
