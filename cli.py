@@ -225,8 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     3 an internal error (its traceback saved to a file), 130 interrupted."""
     from vitedge.errors import VitedgeError
     from vitedge.exporter.core.allocator import keep_freed_memory
+    from vitedge.targets.coreml.coremltools_import import lean_coremltools_import
 
     keep_freed_memory()  # this process is vitedge's own: freed activations are reused, not page-faulted back
+    lean_coremltools_import()  # and no user code here wants coremltools' converters for other libraries
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         try:

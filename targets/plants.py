@@ -115,7 +115,8 @@ def change_weight(w: np.ndarray, plant: str) -> np.ndarray:
 def _fp16_weights(package, function: str = "main") -> tuple:
     """(the package's Model protobuf, its spec file, its weight.bin, [(const value, bytes, data offset, shape)] of
     `function`'s float16 weights of rank >= 2 in weight.bin, in program order)."""
-    from .coreml.mil_interpreter import package_paths, quiet_coremltools
+    from .coreml.mil_interpreter import package_paths
+    from .coreml.coremltools_import import quiet_coremltools
 
     with quiet_coremltools():
         from coremltools.proto import Model_pb2
@@ -176,7 +177,8 @@ MIL_DTYPES = {10: np.float16, 11: np.float32}
 def package_compression_blobs(package) -> list[tuple[str, int, int, np.dtype, list[int]]]:
     """(op name, offset, bytes, dtype, shape) of each compressed weight's scale or lookup table in weight.bin, in
     program order."""
-    from .coreml.mil_interpreter import package_paths, quiet_coremltools
+    from .coreml.mil_interpreter import package_paths
+    from .coreml.coremltools_import import quiet_coremltools
 
     with quiet_coremltools():
         from coremltools.proto import Model_pb2
@@ -298,7 +300,8 @@ def plant_pte_int8_data(src, dst, weight: np.ndarray, plant: str) -> None:
 def _blob(package: Path, op_type: str, param: str) -> tuple[Path, int, int]:
     """(weight.bin, data offset, data bytes) of `param` of the program's first `op_type` op stored in weight.bin.
     A blob entry starts with a 64-byte header: sentinel 0xDEADBEEF, dtype, size in bytes, data offset."""
-    from .coreml.mil_interpreter import package_paths, quiet_coremltools
+    from .coreml.mil_interpreter import package_paths
+    from .coreml.coremltools_import import quiet_coremltools
 
     with quiet_coremltools():
         from coremltools.proto import Model_pb2
@@ -348,7 +351,8 @@ def plant_int8_bias_scale(src, dst, bias: str, plant: str) -> None:
 def plant_package_bias(src, dst, bias: str, plant: str) -> None:
     """Copy the .mlpackage `src` to `dst` with `plant` applied to the float16 bias const of the deploy-form parameter
     `bias` (MIL name `<bias with _>_to_fp16`), in weight.bin itself."""
-    from .coreml.mil_interpreter import package_paths, quiet_coremltools
+    from .coreml.mil_interpreter import package_paths
+    from .coreml.coremltools_import import quiet_coremltools
 
     with quiet_coremltools():
         from coremltools.proto import Model_pb2

@@ -20,7 +20,7 @@ ct = pytest.importorskip("coremltools")
 
 from vitedge.targets.coreml import fixes  # noqa: E402
 from vitedge.targets.coreml.convert import _no_progress_bars  # noqa: E402
-from vitedge.targets.coreml.mil_interpreter import quiet_coremltools  # noqa: E402
+from vitedge.targets.coreml.coremltools_import import quiet_coremltools  # noqa: E402
 
 EXAMPLE = torch.randn(1, 3, 4, 4, generator=torch.Generator().manual_seed(0))
 

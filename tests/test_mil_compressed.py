@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vitedge.targets.coreml.mil_interpreter import quiet_coremltools
+from vitedge.targets.coreml.coremltools_import import quiet_coremltools
 from vitedge.targets.coreml.mil_ops import OPS, OpArgs
 from vitedge.targets.coreml.mil_ops_compressed import unpack_bits
 

@@ -35,7 +35,8 @@ from ...precisions import TABLE
 from ..rows import COREML_ROW
 from ..calibration import calibration_record
 from .convert import _no_progress_bars
-from .mil_interpreter import load_program, package_paths, quiet_coremltools
+from .mil_interpreter import load_program, package_paths
+from .coremltools_import import quiet_coremltools
 from .mlpackage import load_program_spec, make_package_deterministic
 
 KINDS = tuple(p for p in COREML_ROW.precisions if TABLE[p].compressed)  # the compressed kinds coreml offers

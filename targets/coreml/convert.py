@@ -31,7 +31,8 @@ from ...models.registry import IMAGENET_MEAN, IMAGENET_STD
 from ..base import LowerSpec
 from ..graph.precision import default_policy
 from . import fixes
-from .mil_interpreter import load_program, quiet_coremltools
+from .mil_interpreter import load_program
+from .coremltools_import import quiet_coremltools
 from .mlpackage import make_package_deterministic
 from .options import CoreMLOptions
 from .validate_once import validate_once

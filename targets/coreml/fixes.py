@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .mil_interpreter import quiet_coremltools
+from .coremltools_import import quiet_coremltools
 
 RELEASE_OUTPUT_TYPES = "vitedge::release_output_types"
 

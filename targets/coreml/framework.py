@@ -9,7 +9,7 @@ import platform
 import sys
 from pathlib import Path
 
-from .mil_interpreter import quiet_coremltools
+from .coremltools_import import quiet_coremltools
 
 
 MIN_ANE_SHARE = 0.5  # --require-ane: at least this share of the estimated cost (else of the ops) on the ANE

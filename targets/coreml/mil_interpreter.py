@@ -26,6 +26,7 @@ import numpy as np
 
 from ...errors import VitedgeError
 from ..base import UnavailableError
+from .coremltools_import import quiet_coremltools
 from . import mil_ops_compressed  # noqa: F401  (registers the compressed programs' kernels in OPS)
 from .fp16_cast import round_fp16
 from .mil_ops import OPS, OpArgs
@@ -44,26 +45,6 @@ class UnsupportedOpError(UnavailableError):
 
 class MILProgramError(VitedgeError):
     """The package cannot be read as an ML Program."""
-
-
-@contextlib.contextmanager
-def quiet_coremltools():
-    """Import/use coremltools without its Linux noise ("Failed to load _MLModelProxy", untested-torch warnings, and
-    where torchao is installed (the executorch extra), the torchao import coremltools makes: its CUDA kernels that
-    cannot load, torch's pytree deprecation note)."""
-    loggers = [logging.getLogger(n) for n in ("coremltools", "torchao", "torch.utils._pytree")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with contextlib.redirect_stderr(io.StringIO()):
-                import coremltools  # noqa: F401  (first import prints the noise)
-            yield
-    finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
 
 
 _BLAS: list = []  # [ctypes lib or None], looked up once

@@ -12,7 +12,8 @@ import uuid
 from pathlib import Path
 
 from ..base import umask_modes
-from .mil_interpreter import load_program, package_paths, quiet_coremltools
+from .mil_interpreter import load_program, package_paths
+from .coremltools_import import quiet_coremltools
 
 _MANIFEST_NS = uuid.UUID("6f1d9d2e-6a43-4d3b-9a56-7c0a7a2f9e11")  # namespace of our deterministic item ids
 

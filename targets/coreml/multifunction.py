@@ -14,7 +14,8 @@ import shutil
 from pathlib import Path
 
 from .convert import _no_progress_bars
-from .mil_interpreter import package_paths, quiet_coremltools
+from .mil_interpreter import package_paths
+from .coremltools_import import quiet_coremltools
 from .mlpackage import load_program_spec, make_package_deterministic
 
 MULTIFUNCTION_IOS = 18  # the first deployment target with multifunction packages (coremltools: iOS 18 / macOS 15)

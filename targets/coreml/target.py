@@ -24,7 +24,7 @@ from ..rows import COREML_ROW
 from .compress import KINDS, MIN_IOS, compress_package, require_kmeans
 from ..labels import model_classes
 from .convert import convert, input_channels
-from .mil_interpreter import quiet_coremltools
+from .coremltools_import import quiet_coremltools
 from .mlpackage import read_metadata
 from .multifunction import MULTIFUNCTION_IOS, merge_functions
 from .weights import read_package

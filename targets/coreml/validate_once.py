@@ -13,7 +13,7 @@ import contextlib
 import threading
 from typing import Iterator
 
-from .mil_interpreter import quiet_coremltools
+from .coremltools_import import quiet_coremltools
 
 _state = threading.local()  # depth of apply_pipeline calls inside validate_once() on this thread
 
