@@ -16,7 +16,8 @@
    verification: child_plain), the baseline of the ratios printed last (cold / plain and warm / plain, wall time
    and CPU seconds, paired bootstrap CIs) and of the targets: cold <= 1.5x plain with its CI, cold <= 20 s.
    `--main-only` measures this part (without the allocator series) and keeps the committed per-target results.
-2. **`vitedge models`**, as a user starts it (a fresh process), median of 3.
+2. **`vitedge models`**, as a user starts it (a fresh process), median of 3; and coremltools' first import in a
+   fresh interpreter, the CLI's lean import against the import as installed (IMPORT_PAIRS interleaved pairs).
 3. **Per target** for one small model per family: onnx (fp32), onnx fp16, coreml (off macOS its hop runs on
    the numpy MIL interpreter, "emulated"), tensorrt (timed only where it can run), interleaved round by
    round with `--samples` (4) parity inputs; ratios: each target's wall time over the onnx fp32 pipeline's.
@@ -46,6 +47,7 @@ from vitedge.exporter.core.allocator import ENV as KEEP_FREED_ENV
 from vitedge.exporter.core.progress import Progress  # light: the child process times the heavy imports
 
 MODELS = ("swiftformer_xs", "slab_deit_tiny", "sima_nano_12_p16")  # one small model per family
+IMPORT_PAIRS = 6  # fresh-interpreter pairs timing coremltools' first import, lean and as installed
 QUICK_MODELS = ("swiftformer_xs",)
 # (label, target, precision); the first is the baseline of the ratios.
 RUNS = (("onnx", "onnx", "fp32"), ("onnx-fp16", "onnx", "fp16"), ("coreml", "coreml", None),
@@ -137,9 +139,13 @@ class _SubPhases:
 def child_main_job(out_json: str, argv: list[str]) -> int:
     """Run `vitedge <argv>` in this process with the step hook and sub-phase wrappers; write the phases."""
     t0 = time.perf_counter()
-    import coremltools  # noqa: F401  (imported here so its wrappers exist; the job imports it anyway)
     import torch  # noqa: F401
     import vitedge.cli
+    from vitedge.targets.coreml.coremltools_import import lean_coremltools_import, quiet_coremltools
+
+    lean_coremltools_import()  # what cli.main does first: coremltools is imported below as the job imports it
+    with quiet_coremltools():  # (imported here so its wrappers exist; the job imports it anyway)
+        pass
     import vitedge.exporter.flow.pipeline  # noqa: F401
     import vitedge.exporter.core.progress as progress_mod
     from vitedge.targets.coreml import mil_interpreter  # noqa: F401
@@ -333,6 +339,33 @@ def time_models_command(repeats: int = 3) -> dict:
             "rows": len(p.stdout.splitlines()) - 1}
 
 
+# ---- 2b. coremltools' import, as the CLI makes it and as installed ----------------------------------------------
+
+IMPORT_PROBE = ("import sys, time\n"
+                "from vitedge.targets.coreml import coremltools_import as ci\n"
+                "if sys.argv[1] == 'lean': ci.lean_coremltools_import()\n"
+                "t = time.perf_counter()\n"
+                "with ci.quiet_coremltools(): pass\n"
+                "print(time.perf_counter() - t)")
+
+
+def time_coremltools_import(pairs: int) -> dict:
+    """coremltools' first import in fresh interpreters (after vitedge's own), `pairs` pairs in a seeded order: lean
+    (the CLI's: without the packages it imports only for converters vitedge never calls) and as installed. Ratio:
+    as installed / lean (> 1: the CLI's import is faster)."""
+    times = {"installed": [], "lean": []}
+    order = random.Random(1)
+    for _ in range(pairs):
+        for mode in order.sample(list(times), 2):
+            p = subprocess.run([sys.executable, "-c", IMPORT_PROBE, mode], capture_output=True, text=True)
+            if p.returncode != 0:
+                raise RuntimeError(f"coremltools import probe ({mode}) failed: {p.stderr[-500:]}")
+            times[mode].append(float(p.stdout.split()[-1]))
+    return {"seconds": {k: [round(t, 3) for t in v] for k, v in times.items()},
+            "median_s": {k: round(statistics.median(v), 3) for k, v in times.items()},
+            "ratio": latency.paired_ratio(times["installed"], times["lean"])}
+
+
 # ---- 3. per target ------------------------------------------------------------------------------------
 
 def availability(target: str) -> str | None:
@@ -446,13 +479,17 @@ def main(argv=None) -> int:
         models_cmd = time_models_command()
         print(f"\nvitedge models: median {models_cmd['median_s']:.2f} s over 3 fresh processes "
               f"({', '.join(f'{w:.2f}' for w in models_cmd['walls_s'])} s; {models_cmd['rows']} models)", flush=True)
+        ct_import = time_coremltools_import(1 if args.quick else IMPORT_PAIRS)
+        print(f"coremltools' first import in a fresh process: as installed median {ct_import['median_s']['installed']:.2f}"
+              f" s, the CLI's (lean) {ct_import['median_s']['lean']:.2f} s", flush=True)
 
         if args.main_only:  # the per-target part of the committed results, kept with its own provenance
             kept = load("export_time.json")
             runs = [tuple(r) for r in RUNS if r[0] in kept["settings"]["runs"]]
             unavailable, missing, results = kept["unavailable"], kept["missing"], kept["models"]
             per_target_measured = kept.get("per_target_measured") or {
-                "date": kept["machine"]["date"], "command": kept["command"], "load_note": kept["machine"]["load_note"]}
+                "date": kept["machine"]["date"], "cpu": kept["machine"]["cpu"], "command": kept["command"],
+                "load_note": kept["machine"]["load_note"]}
             samples, args.repeats, args.threads = (kept["settings"][k] for k in ("samples", "repeats", "torch_threads"))
     if not args.main_only:
         per_target_measured = None
@@ -485,12 +522,13 @@ def main(argv=None) -> int:
                         "ratio_met": against_plain["cold/plain"]["ci"][1] <= TARGET_RATIO,
                         "cold_s": main_job["wall_median_s"], "cold_met": main_job["wall_median_s"] <= TARGET_COLD_S},
             "per_target_measured": per_target_measured,
-            "models_command": models_cmd,
+            "models_command": models_cmd, "coremltools_import": ct_import,
             "unavailable": unavailable, "missing": missing, "models": results}
     path = _script.write_results(_script.out_path("export_time", args), "export_time", info, args, body, started)
     print(f"\nresults: {path}\n{info['load_note']}")
     print(f"\nmain job, cold: glibc's default allocator / the command's own setting (exporter/core/allocator.py): "
           f"{_stats.fmt_ratio(allocator)}")
+    print(f"coremltools' first import: as installed / the CLI's lean import: {_stats.fmt_ratio(ct_import['ratio'])}")
     print(f"\nratios (pipeline wall time relative to the onnx fp32 pipeline, {samples} parity samples):")
     for label, why in unavailable.items():
         print(f"  {label}: unavailable ({why})")
@@ -524,8 +562,10 @@ def export_time_targets() -> str:
             rows.append([m["model"], key, f"{t['wall']['p50_ms'] / 1000:.2f}",
                          ", ".join(f"{w:.2f}" for w in t["walls_s"]),
                          _last_hop(t), ratio(r) if r else "1 (baseline)"])
-    s = d["settings"]
-    intro = (f"Run: {run_line(d)}; {s['samples']} parity samples per hop, {s['repeats']} interleaved rounds per model, "
+    s, kept = d["settings"], d.get("per_target_measured")
+    when = (f"{kept['date'][:16].replace('T', ' ')} UTC, {kept.get('cpu', 'CPU not recorded')} (the last full run; "
+            f"`--main-only` keeps it)" if kept else run_line(d))
+    intro = (f"Run: {when}; {s['samples']} parity samples per hop, {s['repeats']} interleaved rounds per model, "
              f"torch {s['torch_threads']} thread(s).")
     unavailable = "".join(f"\n\n- **{k}: unavailable here** — {v}" for k, v in d.get("unavailable", {}).items())
     return intro + unavailable + "\n\n" + table(["model", "target", "wall s (median)", "rounds (s)", "target hop",
@@ -574,9 +614,39 @@ def export_main_job() -> str:
 
 
 def export_allocator() -> str:
-    """The cold main job with glibc's default allocator, over the command's own setting."""
+    """The cold main job with glibc's default allocator, over the command's own setting, and which run measured it
+    (a --main-only run keeps the full run's)."""
     d = load("export_time.json")
-    return f"**{ratio(d['allocator_ratio'])}** as long ({d['main_job_default_malloc']['wall_median_s']:.1f} s)"
+    kept = d.get("per_target_measured")
+    when = (f"measured in the full run of {kept['date'][:16].replace('T', ' ')} UTC, which `--main-only` keeps"
+            if kept else "interleaved in the same run")
+    return f"**{ratio(d['allocator_ratio'])}** as long ({d['main_job_default_malloc']['wall_median_s']:.1f} s; {when})"
+
+
+def export_time_run() -> str:
+    """Which run measured the main job: date, machine, load."""
+    d = load("export_time.json")
+    loads = [x for k in ("main_job", "main_job_warm", "main_job_plain") for r in d[k]["runs"]
+             for x in (r["load_before"] or [])[:1]]
+    return (f"`benchmarks/results/export_time.json`, {d['machine']['date'][:16].replace('T', ' ')} UTC, "
+            f"{d['machine']['cpu']}, {d['machine']['cores']} cores, 1-min load {min(loads):.1f}–{max(loads):.1f}")
+
+
+def export_cold_phases() -> str:
+    """The cold main job's largest phases (medians), and the imports."""
+    job = load("export_time.json")["main_job"]
+    steps = sorted((p for p in job["phases"] if p["kind"] == "step"), key=lambda p: -p["median_s"])[:3]
+    return ", ".join([f"{p['phase']} {p['median_s']:.1f} s" for p in steps[:1]] +
+                     [f"imports {job['imports_median_s']:.1f} s"] +
+                     [f"{p['phase']} {p['median_s']:.1f} s" for p in steps[1:]])
+
+
+def export_coremltools_import() -> str:
+    """coremltools' first import, as installed and as the command makes it (lean)."""
+    imp = load("export_time.json")["coremltools_import"]
+    m = imp["median_s"]
+    return (f"{m['installed']:.1f} s as installed against {m['lean']:.1f} s as the command imports it, "
+            f"**{ratio(imp['ratio'])}**")
 
 
 def export_time_headline() -> str:
@@ -607,6 +677,9 @@ TABLES = {
     "export_time_summary": export_time_summary,
     "export_main_job": export_main_job,
     "export_allocator": export_allocator,
+    "export_time_run": export_time_run,
+    "export_cold_phases": export_cold_phases,
+    "export_coremltools_import": export_coremltools_import,
 }
 
 

@@ -118,6 +118,12 @@ def test_export_time_quick(runs):
     assert {p["phase"] for p in plain["phases"]} == {
         "torch.onnx.export", "onnxsim", "coremltools.convert (exported program, fp16)"}
     assert set(data["against_plain"]) == {"cold/plain", "cold/plain (cpu)", "warm/plain", "warm/plain (cpu)"}
+    # coremltools' first import, the CLI's lean one against the import as installed, in fresh interpreters
+    imp = data["coremltools_import"]
+    assert imp["ratio"]["pairs"] == len(imp["seconds"]["lean"]) == len(imp["seconds"]["installed"]) >= 1
+    assert all(t > 0 for ts in imp["seconds"].values() for t in ts)
+    assert any(ln.startswith("coremltools' first import: as installed / the CLI's lean import") and CI_RE.search(ln)
+               for ln in lines)
     assert data["targets"]["ratio_met"] == (data["against_plain"]["cold/plain"]["ci"][1] <= 1.5)
     plain_tail = _tail_after(lines, "the main job against the plain conversions")
     assert sum(bool(CI_RE.search(ln)) for ln in plain_tail) == 4 and plain_tail[-1].startswith("target: cold/plain")
