@@ -34,9 +34,14 @@ def table(head: list[str], rows: list[list], sep: str = "|---") -> str:
     return "\n".join([line, rule] + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
 
 
+def utc(date: str) -> str:
+    """A results file's ISO date as the pages write it: `YYYY-MM-DD HH:MM UTC`."""
+    return f"{date[:16].replace('T', ' ')} UTC"
+
+
 def run_line(d: dict) -> str:
     m = d["machine"]
-    return f"{m['date'][:16].replace('T', ' ')} UTC, {m['cpu']}, {m['cores']} cores, ONNX Runtime {m['onnxruntime']}"
+    return f"{utc(m['date'])}, {m['cpu']}, {m['cores']} cores, ONNX Runtime {m['onnxruntime']}"
 
 
 def intervals(settings: dict, per: str, once: str | None = None) -> str:

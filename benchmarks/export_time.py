@@ -222,7 +222,7 @@ if __name__ == "__main__" and sys.argv[1:2] == ["--plain-child"]:
 import _corpus  # noqa: E402
 import _script  # noqa: E402
 import _stats  # noqa: E402
-from _tables import load, ratio, run_line, table  # noqa: E402
+from _tables import load, ratio, run_line, table, utc  # noqa: E402
 from vitedge.exporter.timing import latency  # noqa: E402
 from vitedge.exporter.flow.pipeline import export  # noqa: E402
 from vitedge.exporter.core.target_plans import resolve_targets  # noqa: E402
@@ -480,8 +480,9 @@ def main(argv=None) -> int:
         print(f"\nvitedge models: median {models_cmd['median_s']:.2f} s over 3 fresh processes "
               f"({', '.join(f'{w:.2f}' for w in models_cmd['walls_s'])} s; {models_cmd['rows']} models)", flush=True)
         ct_import = time_coremltools_import(1 if args.quick else IMPORT_PAIRS)
-        print(f"coremltools' first import in a fresh process: as installed median {ct_import['median_s']['installed']:.2f}"
-              f" s, the CLI's (lean) {ct_import['median_s']['lean']:.2f} s", flush=True)
+        imp_s = ct_import["median_s"]
+        print(f"coremltools' first import in a fresh process: as installed median {imp_s['installed']:.2f} s, "
+              f"the CLI's (lean) {imp_s['lean']:.2f} s", flush=True)
 
         if args.main_only:  # the per-target part of the committed results, kept with its own provenance
             kept = load("export_time.json")
@@ -563,7 +564,7 @@ def export_time_targets() -> str:
                          ", ".join(f"{w:.2f}" for w in t["walls_s"]),
                          _last_hop(t), ratio(r) if r else "1 (baseline)"])
     s, kept = d["settings"], d.get("per_target_measured")
-    when = (f"{kept['date'][:16].replace('T', ' ')} UTC, {kept.get('cpu', 'CPU not recorded')} (the last full run; "
+    when = (f"{utc(kept['date'])}, {kept.get('cpu', 'CPU not recorded')} (the last full run; "
             f"`--main-only` keeps it)" if kept else run_line(d))
     intro = (f"Run: {when}; {s['samples']} parity samples per hop, {s['repeats']} interleaved rounds per model, "
              f"torch {s['torch_threads']} thread(s).")
@@ -618,27 +619,30 @@ def export_allocator() -> str:
     (a --main-only run keeps the full run's)."""
     d = load("export_time.json")
     kept = d.get("per_target_measured")
-    when = (f"measured in the full run of {kept['date'][:16].replace('T', ' ')} UTC, which `--main-only` keeps"
+    when = (f"measured in the full run of {utc(kept['date'])}, which `--main-only` keeps"
             if kept else "interleaved in the same run")
     return f"**{ratio(d['allocator_ratio'])}** as long ({d['main_job_default_malloc']['wall_median_s']:.1f} s; {when})"
 
 
-def export_time_run() -> str:
-    """Which run measured the main job: date, machine, load."""
-    d = load("export_time.json")
+def _main_job_conditions(d: dict) -> str:
+    """When, where and under what load the main job's series ran: date, machine, the 1-min load before each run."""
     loads = [x for k in ("main_job", "main_job_warm", "main_job_plain") for r in d[k]["runs"]
              for x in (r["load_before"] or [])[:1]]
-    return (f"`benchmarks/results/export_time.json`, {d['machine']['date'][:16].replace('T', ' ')} UTC, "
-            f"{d['machine']['cpu']}, {d['machine']['cores']} cores, 1-min load {min(loads):.1f}–{max(loads):.1f}")
+    m = d["machine"]
+    return f"{utc(m['date'])}, {m['cpu']}, {m['cores']} cores, 1-min load {min(loads):.1f}–{max(loads):.1f}"
+
+
+def export_time_run() -> str:
+    """Which run measured the main job: date, machine, load."""
+    return f"`benchmarks/results/export_time.json`, {_main_job_conditions(load('export_time.json'))}"
 
 
 def export_cold_phases() -> str:
-    """The cold main job's largest phases (medians), and the imports."""
+    """The cold main job's largest phases (medians), and the imports after the largest."""
     job = load("export_time.json")["main_job"]
-    steps = sorted((p for p in job["phases"] if p["kind"] == "step"), key=lambda p: -p["median_s"])[:3]
-    return ", ".join([f"{p['phase']} {p['median_s']:.1f} s" for p in steps[:1]] +
-                     [f"imports {job['imports_median_s']:.1f} s"] +
-                     [f"{p['phase']} {p['median_s']:.1f} s" for p in steps[1:]])
+    first, *rest = [f"{p['phase']} {p['median_s']:.1f} s" for p in
+                    sorted((p for p in job["phases"] if p["kind"] == "step"), key=lambda p: -p["median_s"])[:3]]
+    return ", ".join([first, f"imports {job['imports_median_s']:.1f} s", *rest])
 
 
 def export_coremltools_import() -> str:
@@ -655,15 +659,13 @@ def export_time_headline() -> str:
     if "against_plain" not in d:
         return "The main job against the plain conversions: not measured in `export_time.json` yet."
     cold, warm, plain, q, t = d["main_job"], d["main_job_warm"], d["main_job_plain"], d["against_plain"], d["targets"]
-    loads = [x for job in (cold, warm, plain) for r in job["runs"] for x in (r["load_before"] or [])[:1]]
 
     def met(ok: bool) -> str:
         return "met" if ok else "**missed**"
     return (f"The README's main job (`{cold['command']}`) against the same conversions done plainly "
             f"({plain['command']}: {plain['wall_median_s']:.1f} s), interleaved in fresh processes "
-            f"(`benchmarks/export_time.py`, {d['machine']['date'][:16].replace('T', ' ')} UTC, "
-            f"{d['machine']['cpu']}, {d['machine']['cores']} cores, 1-min load {min(loads):.1f}–{max(loads):.1f} "
-            f"during the runs): cold {cold['wall_median_s']:.1f} s, **{ratio(q['cold/plain'])}** the plain time "
+            f"(`benchmarks/export_time.py`, {_main_job_conditions(d)} during the runs): "
+            f"cold {cold['wall_median_s']:.1f} s, **{ratio(q['cold/plain'])}** the plain time "
             f"(target ≤ {t['ratio_at_most']:g} with its CI: {met(t['ratio_met'])}; ≤ {t['cold_at_most_s']:g} s: "
             f"{met(t['cold_met'])}); re-exporting the same weights {warm['wall_median_s']:.1f} s, "
             f"{ratio(q['warm/plain'])}. In CPU seconds (less sensitive to other processes): cold "

@@ -8,6 +8,7 @@ mlpackage.py        the package on disk: deterministic bytes, its spec and user 
 runners.py          CoreML itself on macOS ("device"), the MIL interpreter elsewhere ("emulated")
 framework.py        CoreML.framework (macOS): loading, the compute plan, the Neural Engine residency check
 target.py           CoreMLTarget, the Target behind get_target("coreml")
+coremltools_import.py  coremltools' first import: quiet, and in the CLI without the converters vitedge never calls
 mil_interpreter.py  reads a saved ML Program and runs it with numpy, op by op, honouring each op's dtype
 mil_ops.py          the numpy kernel of every MIL op the emulator knows
 mil_ops_compressed.py  the kernels of compressed programs (constexpr dequantize / LUT ops, quantize / dequantize)
