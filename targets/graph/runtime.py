@@ -10,6 +10,7 @@ import onnx
 
 from ...models.outputs import pack_arrays
 from ..base import Runner, UnavailableError, reraise_interrupt
+from . import int8_kernels
 
 THREADS_ENV = "VITEDGE_THREADS"  # default intra-op threads of sessions not given `threads` (set by matrix workers)
 _NP_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}
@@ -24,7 +25,8 @@ class OnnxRuntimeRunner(Runner):
     alternating variants) the spinning workers of one compete with the next for the cores; turning spinning
     off steadies them (measured figures: README "vitedge bench" and docs/benchmarks/index.md).
     `threads=None` reads $VITEDGE_THREADS (0 when unset), so that processes running side by side (the
-    `vitedge matrix` workers) keep workers x threads within the cores."""
+    `vitedge matrix` workers) keep workers x threads within the cores. On an x86 CPU without VNNI a QDQ graph runs
+    with ONNX Runtime's int8 fusion off, and the backend says so (int8_kernels.py: the fused kernels saturate)."""
     mode = "device"
 
     def __init__(self, model: str | Path | bytes | onnx.ModelProto, providers: list[str] | None = None,
@@ -34,6 +36,7 @@ class OnnxRuntimeRunner(Runner):
         except ImportError as e:  # pragma: no cover - onnxruntime is a dependency
             reraise_interrupt(e)
             raise UnavailableError(f"onnxruntime is not installed ({e}); pip install onnxruntime") from e
+        self.int8_unfused = int8_kernels.unfuse(model)
         if isinstance(model, onnx.ModelProto):
             model = model.SerializeToString()
         elif isinstance(model, Path):
@@ -45,6 +48,8 @@ class OnnxRuntimeRunner(Runner):
         opts.log_severity_level = 3
         if spinning is not None:
             opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+        if self.int8_unfused:
+            opts.add_session_config_entry(int8_kernels.SETTING, "1")
         self.threads, self.spinning = threads, spinning
         self.session = ort.InferenceSession(model, opts, providers=providers or ["CPUExecutionProvider"])
         self.input = self.session.get_inputs()[0]
@@ -52,6 +57,8 @@ class OnnxRuntimeRunner(Runner):
         self.backend = f"onnxruntime {ort.__version__} ({self.session.get_providers()[0]})"
         if spinning is False:
             self.backend += ", no spinning"
+        if self.int8_unfused:
+            self.backend += f", {int8_kernels.NOTE}"
 
     def run(self, x: np.ndarray) -> np.ndarray:
         # several graph outputs (feature maps): side by side per sample, in graph order (models/outputs.py)
@@ -71,7 +78,8 @@ class OnnxRuntimeRunner(Runner):
         if self.session is None:
             return {}
         return {"providers": self.session.get_providers(), "intra_op_threads": self.threads,
-                "spinning": {None: "default", True: "on", False: "off"}[self.spinning]}
+                "spinning": {None: "default", True: "on", False: "off"}[self.spinning],
+                **({"int8_kernels": int8_kernels.NOTE} if self.int8_unfused else {})}
 
     def close(self) -> None:
         self.session = None  # the session owns its thread pool and arena: freed with it
