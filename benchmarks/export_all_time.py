@@ -7,10 +7,14 @@ only make a re-export faster). Smallest model first; the JSON is rewritten after
 average before and after every export, the parity sample count, exit code and each pipeline step's seconds (from
 the progress lines). The summary printed last: the slowest exports and how many are within the target.
 
-    python benchmarks/export_all_time.py [--quick] [--models a,b] [--update] [--out FILE]
+    python benchmarks/export_all_time.py [--quick] [--models a,b] [--update] [--compare REV] [--out FILE]
 
 --quick: two reduced configs at 64 px with 8 samples (the smoke test), not a result to quote.
 --update: re-measure only --models and keep the other rows of the existing results file.
+--compare REV: before and after in one run: every model exported by the code committed at REV and at HEAD (each
+unpacked with `git archive` and imported ahead of the installed vitedge), the two exports of a model back to back
+in alternating order, into export_all_time_compare.json. Printed last: the median and the slowest model's time on
+each side, and the ratio of the medians (before / after) with a bootstrap interval over the models, paired.
 """
 from __future__ import annotations
 
@@ -26,24 +30,27 @@ from pathlib import Path
 import _corpus
 import _graphs
 import _script
+from _stats import fmt_ratio, speedup
 from _tables import load
+from vitedge.exporter.timing.latency import bootstrap_ci
 from vitedge.models import get_spec, list_models
 
+ROOT = Path(__file__).resolve().parents[1]
 TARGET_S = 300.0
 QUICK_MODELS = ("swiftformer_xs", "sima_nano_12_p16")
 QUICK_ARGS = ["--imgsz", "64", "--samples", "8"]
 
 
-def export_once(name: str, tmp: Path, quick: bool, imgsz: str | None = None) -> dict:
+def export_once(name: str, tmp: Path, quick: bool, imgsz: str | None = None, code: Path | None = None) -> dict:
     """One `vitedge export --model NAME --target onnx` in a fresh process with an empty ground-truth cache (at
-    `imgsz` when given, else the model's default size)."""
+    `imgsz` when given, else the model's default size), importing vitedge from `code` when given (source_tree)."""
     out, cache = tmp / name, tmp / f"cache-{name}"
     argv = [sys.executable, "-m", "vitedge.cli", "export", "--model", name, "--target", "onnx", "--out", str(out)]
     if quick:
         argv += QUICK_ARGS + _script.set_flags(_corpus.REDUCED[name])
     if imgsz:
         argv += ["--imgsz", imgsz]
-    env = {**os.environ, "VITEDGE_CACHE_DIR": str(cache)}
+    env = {**os.environ, "VITEDGE_CACHE_DIR": str(cache), **({"PYTHONPATH": str(code)} if code else {})}
     env.pop("VITEDGE_TRUTH_CACHE", None)
     load_before = _script.load_average()
     t0 = time.perf_counter()
@@ -61,6 +68,72 @@ def export_once(name: str, tmp: Path, quick: bool, imgsz: str | None = None) -> 
             "steps_s": steps, "error": None if p.returncode in (0, 1) else p.stderr.strip().splitlines()[-1:]}
 
 
+def source_tree(rev: str, into: Path) -> dict:
+    """The tree committed at `rev`, unpacked as `into`/vitedge: a process with PYTHONPATH=`into` imports that code
+    ahead of the installed (editable) vitedge, which a fresh interpreter checks. {"rev", "commit", "path"}."""
+    commit = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT, capture_output=True,
+                            text=True)
+    if commit.returncode != 0:
+        raise SystemExit(f"--compare {rev}: not a commit of this repository ({commit.stderr.strip()})")
+    sha, pkg = commit.stdout.strip(), into / "vitedge"
+    pkg.mkdir(parents=True)
+    tree = subprocess.run(["git", "archive", sha], cwd=ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(pkg)], input=tree, check=True)
+    where = subprocess.run([sys.executable, "-c", "import vitedge; print(vitedge.__file__)"], capture_output=True,
+                           text=True, env={**os.environ, "PYTHONPATH": str(into)}).stdout.strip()
+    if not where or Path(where).resolve().parent != pkg.resolve():
+        raise SystemExit(f"the code of {rev} unpacked in {pkg} is not what a fresh process imports ({where!r})")
+    return {"rev": rev, "commit": sha, "path": into}
+
+
+def compare(names: list[str], rev: str, args, info: dict, started: float) -> None:
+    """--compare: each model exported by the code at `rev` (before) and at HEAD (after), back to back."""
+    path = Path(args.out or _script.RESULTS / f"export_all_time_compare{'.quick' if args.quick else ''}.json")
+    rows = {"before": [], "after": []}
+    with tempfile.TemporaryDirectory(prefix="vitedge-export-compare-") as tmp:
+        code = {side: source_tree(r, Path(tmp) / side) for side, r in (("before", rev), ("after", "HEAD"))}
+        for i, name in enumerate(names):
+            for side in (("before", "after") if i % 2 == 0 else ("after", "before")):  # neither always first
+                rows[side].append(export_once(name, Path(tmp) / f"out-{side}", args.quick, args.imgsz,
+                                              code[side]["path"]))
+            body = {"settings": {"command": "vitedge export --model NAME --target onnx --out DIR" +
+                                 (" " + " ".join(QUICK_ARGS) + " --set (reduced config)" if args.quick else "") +
+                                 (f" --imgsz {args.imgsz}" if args.imgsz else ""), "imgsz": args.imgsz,
+                                 "truth_cache": "empty (cold) per export", "order": "alternating per model"},
+                    "revisions": {side: {k: c[k] for k in ("rev", "commit")} for side, c in code.items()},
+                    **rows, "complete": len(rows["after"]) == len(list_models()),
+                    "summary": compare_summary(rows)}
+            _script.write_results(path, "export_all_time", dict(info), args, body, started)
+            b, a = rows["before"][-1], rows["after"][-1]
+            print(f"{name:20s} before {b['wall_s']:7.1f} s (exit {b['exit_code']})  after {a['wall_s']:7.1f} s "
+                  f"(exit {a['exit_code']})  {a['samples']} samples  (1-min load {b['load_before'][:1]})", flush=True)
+    s = compare_summary(rows)
+    print(f"\nresults: {path}\n")
+    for side in ("before", "after"):
+        q = s[side]
+        print(f"{side} ({code[side]['commit'][:10]}): median {q['median_s']:.1f} s, slowest {q['slowest']['model']} "
+              f"{q['slowest']['wall_s']:.1f} s, {q['exit_0']}/{q['models']} exit 0")
+    print("\nratios (before / after; > 1: the export got faster):")
+    print(f"  median model's time: {fmt_ratio(s['median_ratio'])}")
+    print(f"  per model, median of the ratios: {s['per_model_median']:.3f}x (95% CI {s['per_model_ci'][0]:.3f}-"
+          f"{s['per_model_ci'][1]:.3f}, {s['median_ratio']['pairs']} models)")
+
+
+def compare_summary(rows: dict) -> dict:
+    """Each side's median and slowest export, and before / after over the models measured on both sides."""
+    def side(rs):
+        worst = max(rs, key=lambda r: r["wall_s"])
+        return {"models": len(rs), "exit_0": sum(r["exit_code"] == 0 for r in rs),
+                "median_s": round(statistics.median(r["wall_s"] for r in rs), 1),
+                "slowest": {"model": worst["model"], "wall_s": worst["wall_s"]}}
+
+    before, after = [r["wall_s"] for r in rows["before"]], [r["wall_s"] for r in rows["after"]]
+    per_model = [b / a for b, a in zip(before, after)]
+    return {"before": side(rows["before"]), "after": side(rows["after"]), "median_ratio": speedup(before, after),
+            "per_model_median": statistics.median(per_model), "per_model_ci": list(bootstrap_ci(per_model)),
+            "per_model": {r["model"]: round(q, 3) for r, q in zip(rows["after"], per_model)}}
+
+
 def main() -> None:
     p = _script.parser("export_all_time", __doc__)
     p.add_argument("--models", default=None, help="comma-separated model names (default: all registered)")
@@ -68,6 +141,8 @@ def main() -> None:
     p.add_argument("--imgsz", default=None,
                    help="export every model at this size (S or HxW, e.g. 256x320) instead of its default; write the "
                         "results to their own file (--out)")
+    p.add_argument("--compare", default=None, metavar="REV",
+                   help="before and after: every model exported by the code at REV and at HEAD, interleaved")
     args = p.parse_args()
     names = args.models.split(",") if args.models else list(QUICK_MODELS if args.quick else list_models())
     names.sort(key=lambda n: _graphs.gflop(n, 64, _corpus.REDUCED[n]) if args.quick
@@ -75,6 +150,8 @@ def main() -> None:
     info = _script.machine()
     _script.banner("export_all_time", info, args.quick)
     started = time.time()
+    if args.compare:
+        return compare(names, args.compare, args, info, started)
     path = Path(_script.out_path("export_all_time", args))
     kept = []
     if args.update and path.is_file():

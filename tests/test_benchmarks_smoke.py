@@ -435,3 +435,25 @@ def test_export_all_time_quick(tmp_path):
         assert m["wall_s"] > 0 and m["load_before"] and set(m["hops"]) == {"deploy-form", "onnx", "onnx-simplified"}
     tail = _tail_after([ln for ln in r.stdout.splitlines() if ln.strip()], "slowest exports")
     assert tail[-1] == "within 300 s and exit 0: 2/2"
+
+
+def test_export_all_time_compares_the_code_of_two_commits(tmp_path):
+    # before and after in one run: each commit's code unpacked and imported by fresh processes (here HEAD twice)
+    out = tmp_path / "c.json"
+    argv = [sys.executable, str(BENCH / "export_all_time.py"), "--quick", "--models", "swiftformer_xs", "--out", str(out)]
+    r = subprocess.run(argv + ["--compare", "HEAD"], cwd=BENCH, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads(out.read_text())
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=BENCH, capture_output=True, text=True, check=True)
+    assert data["revisions"] == {side: {"rev": "HEAD", "commit": head.stdout.strip()} for side in ("before", "after")}
+    for side in ("before", "after"):
+        (row,) = data[side]
+        assert (row["model"], row["exit_code"], row["status"], row["samples"]) == ("swiftformer_xs", 0, "passed", 8)
+    s = data["summary"]
+    assert s["before"]["slowest"] == {"model": "swiftformer_xs", "wall_s": data["before"][0]["wall_s"]}
+    assert s["per_model"]["swiftformer_xs"] == round(data["before"][0]["wall_s"] / data["after"][0]["wall_s"], 3)
+    tail = _tail_after([ln for ln in r.stdout.splitlines() if ln.strip()], "ratios (before / after")
+    assert CI_RE.search(tail[0]) and tail[0].strip().startswith("median model's time")
+    bad = subprocess.run(argv + ["--compare", "no-such-revision"], cwd=BENCH, capture_output=True, text=True,
+                         timeout=TIMEOUT_S)
+    assert bad.returncode != 0 and "not a commit of this repository" in bad.stderr and "Traceback" not in bad.stderr
