@@ -13,7 +13,8 @@ the progress lines). The summary printed last: the slowest exports and how many 
 --update: re-measure only --models and keep the other rows of the existing results file.
 --compare REV: before and after in one run: every model exported by the code committed at REV and at HEAD (each
 unpacked with `git archive` and imported ahead of the installed vitedge), the two exports of a model back to back
-in alternating order, into export_all_time_compare.json. Printed last: the median and the slowest model's time on
+in alternating order, into export_all_time_compare.json (rewritten after each model; the models in an order whose every
+prefix spans their sizes, so that an interrupted run is still a spread sample). Printed last: the median and the slowest model's time on
 each side, and the ratio of the medians (before / after) with a bootstrap interval over the models, paired.
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ import _corpus
 import _graphs
 import _script
 from _stats import fmt_ratio, speedup
-from _tables import load
+from _tables import load, ratio, run_line
 from vitedge.exporter.timing.latency import bootstrap_ci
 from vitedge.models import get_spec, list_models
 
@@ -86,8 +87,23 @@ def source_tree(rev: str, into: Path) -> dict:
     return {"rev": rev, "commit": sha, "path": into}
 
 
+def spread(names: list[str]) -> list[str]:
+    """`names` (smallest first) in an order whose every prefix spans their sizes: the largest, the smallest, then
+    midpoints by bisection. A --compare run stopped early still holds the slowest model and a spread of the rest."""
+    order, intervals = [len(names) - 1, 0][:len(names)], [(0, len(names) - 1)]
+    while intervals:
+        lo, hi = intervals.pop(0)
+        if hi - lo >= 2:
+            mid = (lo + hi) // 2
+            order.append(mid)
+            intervals += [(lo, mid), (mid, hi)]
+    return [names[i] for i in order]
+
+
 def compare(names: list[str], rev: str, args, info: dict, started: float) -> None:
-    """--compare: each model exported by the code at `rev` (before) and at HEAD (after), back to back."""
+    """--compare: each model exported by the code at `rev` (before) and at HEAD (after), back to back, the models
+    in `spread` order."""
+    names = spread(names)
     path = Path(args.out or _script.RESULTS / f"export_all_time_compare{'.quick' if args.quick else ''}.json")
     rows = {"before": [], "after": []}
     with tempfile.TemporaryDirectory(prefix="vitedge-export-compare-") as tmp:
@@ -99,7 +115,9 @@ def compare(names: list[str], rev: str, args, info: dict, started: float) -> Non
             body = {"settings": {"command": "vitedge export --model NAME --target onnx --out DIR" +
                                  (" " + " ".join(QUICK_ARGS) + " --set (reduced config)" if args.quick else "") +
                                  (f" --imgsz {args.imgsz}" if args.imgsz else ""), "imgsz": args.imgsz,
-                                 "truth_cache": "empty (cold) per export", "order": "alternating per model"},
+                                 "truth_cache": "empty (cold) per export",
+                                 "order": "models in spread order (the largest, the smallest, then bisection); "
+                                          "before and after alternate which goes first"},
                     "revisions": {side: {k: c[k] for k in ("rev", "commit")} for side, c in code.items()},
                     **rows, "complete": len(rows["after"]) == len(list_models()),
                     "summary": compare_summary(rows)}
@@ -209,6 +227,22 @@ def export_all_sizes() -> str:
             + (f"; not passed: {', '.join(failed)}" if failed else "") + f"; median "
             f"{statistics.median(m['wall_s'] for m in ms):.0f} s, slowest {max(m['wall_s'] for m in ms):.0f} s "
             "on the shared 2-core machine, under other load: `benchmarks/results/export_all_time_256x320.json`).")
+
+
+def export_all_compare() -> str:
+    """Before and after, from export_all_time_compare.json (--compare)."""
+    d = load("export_all_time_compare.json")
+    s, rev = d["summary"], d["revisions"]
+    n, total = s["after"]["models"], len(list_models())
+    scope = f"all {n} registered models" if d["complete"] else (
+        f"{n} of the {total} registered models (the run was stopped; its order makes them a spread of sizes, the "
+        "largest included)")
+    side = {k: f"median {s[k]['median_s']:.0f} s, slowest {s[k]['slowest']['model']} {s[k]['slowest']['wall_s']:.0f} s"
+            for k in ("before", "after")}
+    return (f"before (`{rev['before']['commit'][:10]}`): {side['before']}; after (`{rev['after']['commit'][:10]}`): "
+            f"{side['after']}; the median model's time **{ratio(s['median_ratio'])}** faster, per model the median "
+            f"ratio {s['per_model_median']:.3f}× [{s['per_model_ci'][0]:.3f}–{s['per_model_ci'][1]:.3f}], over "
+            f"{scope} ({run_line(d)})")
 
 
 TABLES = {"export_all_time": export_all_time, "export_all_sizes": export_all_sizes}

@@ -457,3 +457,20 @@ def test_export_all_time_compares_the_code_of_two_commits(tmp_path):
     bad = subprocess.run(argv + ["--compare", "no-such-revision"], cwd=BENCH, capture_output=True, text=True,
                          timeout=TIMEOUT_S)
     assert bad.returncode != 0 and "not a commit of this repository" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 8, 35])
+def test_compare_order_spans_the_sizes_at_every_prefix(n):
+    """--compare's model order: a permutation, the largest then the smallest first, and every prefix a spread (no
+    gap between measured sizes more than twice the smallest one possible), so that a stopped run is a sample."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        from export_all_time import spread
+    finally:
+        sys.path.remove(str(BENCH))
+    order = spread(list(range(n)))
+    assert sorted(order) == list(range(n)) and order[0] == n - 1 and order[-1 if n == 1 else 1] == 0
+    for k in range(2, n + 1):
+        done = sorted(order[:k])
+        assert done[0] == 0 and done[-1] == n - 1
+        assert max(b - a for a, b in zip(done, done[1:])) <= max(1, 2 * -(-(n - 1) // (k - 1)))
