@@ -92,3 +92,10 @@ def test_on_this_cpu_the_runner_computes_the_graphs_arithmetic(tmp_path):
     fused = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"]).run(None, {"x": X})[0]
     if not int8_kernels.this_cpu_saturates():
         np.testing.assert_array_equal(fused, got)
+
+
+def test_a_file_that_is_not_a_graph_is_left_to_onnx_runtime_to_refuse(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a protobuf at all")
+    assert int8_kernels.has_qdq(bad) is False and int8_kernels.has_qdq(b"\x00garbage") is False
+    assert int8_kernels.has_qdq(_qdq_matmul()) and int8_kernels.has_qdq(_qdq_matmul().SerializeToString())

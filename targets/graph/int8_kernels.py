@@ -56,10 +56,14 @@ def this_cpu_saturates() -> bool:
 
 
 def has_qdq(model: bytes | str | onnx.ModelProto) -> bool:
-    """Whether the graph (ModelProto, serialized bytes or a path) quantizes anything (a QuantizeLinear node)."""
+    """Whether the graph (ModelProto, serialized bytes or a path) quantizes anything (a QuantizeLinear node). A file
+    that does not parse counts as no: the session built from it next says what is wrong with it, as it always did."""
     if not isinstance(model, onnx.ModelProto):
-        model = (onnx.load_from_string(model) if isinstance(model, bytes)
-                 else onnx.load(str(model), load_external_data=False))
+        try:
+            model = (onnx.load_from_string(model) if isinstance(model, bytes)
+                     else onnx.load(str(model), load_external_data=False))
+        except Exception:  # noqa: BLE001 - onnx raises DecodeError, OSError or ValueError by cause
+            return False
     return any(n.op_type == "QuantizeLinear" for n in model.graph.node)
 
 
