@@ -240,12 +240,13 @@ def export_all_compare() -> str:
     side = {k: f"median {s[k]['median_s']:.0f} s, slowest {s[k]['slowest']['model']} {s[k]['slowest']['wall_s']:.0f} s"
             for k in ("before", "after")}
     return (f"before (`{rev['before']['commit'][:10]}`): {side['before']}; after (`{rev['after']['commit'][:10]}`): "
-            f"{side['after']}; the median model's time **{ratio(s['median_ratio'])}** faster, per model the median "
-            f"ratio {s['per_model_median']:.3f}× [{s['per_model_ci'][0]:.3f}–{s['per_model_ci'][1]:.3f}], over "
-            f"{scope} ({run_line(d)})")
+            f"{side['after']}; before / after (above 1: faster after), the median model's time "
+            f"**{ratio(s['median_ratio'])}**, the median of the per-model ratios {s['per_model_median']:.3f}× "
+            f"[{s['per_model_ci'][0]:.3f}–{s['per_model_ci'][1]:.3f}]; over {scope} ({run_line(d)})")
 
 
-TABLES = {"export_all_time": export_all_time, "export_all_sizes": export_all_sizes}
+TABLES = {"export_all_time": export_all_time, "export_all_sizes": export_all_sizes,
+          "export_all_compare": export_all_compare}
 
 
 if __name__ == "__main__":
