@@ -69,6 +69,14 @@ def export_once(name: str, tmp: Path, quick: bool, imgsz: str | None = None, cod
             "steps_s": steps, "error": None if p.returncode in (0, 1) else p.stderr.strip().splitlines()[-1:]}
 
 
+def settings(args) -> dict:
+    """The export command every row ran, as the results file records it (both modes)."""
+    return {"command": "vitedge export --model NAME --target onnx --out DIR" +
+            (" " + " ".join(QUICK_ARGS) + " --set (reduced config)" if args.quick else "") +
+            (f" --imgsz {args.imgsz}" if args.imgsz else ""), "imgsz": args.imgsz,
+            "truth_cache": "empty (cold) per export"}
+
+
 def source_tree(rev: str, into: Path) -> dict:
     """The tree committed at `rev`, unpacked as `into`/vitedge: a process with PYTHONPATH=`into` imports that code
     ahead of the installed (editable) vitedge, which a fresh interpreter checks. {"rev", "commit", "path"}."""
@@ -112,10 +120,7 @@ def compare(names: list[str], rev: str, args, info: dict, started: float) -> Non
             for side in (("before", "after") if i % 2 == 0 else ("after", "before")):  # neither always first
                 rows[side].append(export_once(name, Path(tmp) / f"out-{side}", args.quick, args.imgsz,
                                               code[side]["path"]))
-            body = {"settings": {"command": "vitedge export --model NAME --target onnx --out DIR" +
-                                 (" " + " ".join(QUICK_ARGS) + " --set (reduced config)" if args.quick else "") +
-                                 (f" --imgsz {args.imgsz}" if args.imgsz else ""), "imgsz": args.imgsz,
-                                 "truth_cache": "empty (cold) per export",
+            body = {"settings": {**settings(args),
                                  "order": "models in spread order (the largest, the smallest, then bisection); "
                                           "before and after alternate which goes first"},
                     "revisions": {side: {k: c[k] for k in ("rev", "commit")} for side, c in code.items()},
@@ -180,10 +185,7 @@ def main() -> None:
             r = export_once(name, Path(tmp), args.quick, args.imgsz)
             rows.append(r)
             every = sorted(kept + rows, key=lambda r: r["wall_s"])
-            body = {"settings": {"command": "vitedge export --model NAME --target onnx --out DIR" +
-                                 (" " + " ".join(QUICK_ARGS) + " --set (reduced config)" if args.quick else "") +
-                                 (f" --imgsz {args.imgsz}" if args.imgsz else ""), "imgsz": args.imgsz,
-                                 "truth_cache": "empty (cold) per export", "target_s": TARGET_S},
+            body = {"settings": {**settings(args), "target_s": TARGET_S},
                     "models": every, "complete": len(every) == (len(names) if args.quick else len(list_models()))}
             _script.write_results(path, "export_all_time", dict(info), args, body, started)  # survives an interruption
             print(f"{name:20s} exit {r['exit_code']}  {r['wall_s']:7.1f} s  {r['samples']} samples  "

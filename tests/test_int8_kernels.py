@@ -73,6 +73,10 @@ def test_the_runner_unfuses_a_qdq_graph_only_where_the_kernels_saturate(cpu_satu
         assert (r.info().get("int8_kernels") == int8_kernels.NOTE) is cpu_saturates
         if cpu_saturates:  # run as written: the graph's own arithmetic
             np.testing.assert_array_equal(r.run(X), np.full((1, 4), EXACT, np.float32))
+    with pytest.warns(UserWarning, match="not in available provider names"):  # this build has no GPU provider
+        gpu_first = OnnxRuntimeRunner(qdq, providers=["CUDAExecutionProvider", "CPUExecutionProvider"], threads=1)
+    with gpu_first as r:  # a GPU provider takes the Q/DQ nodes itself: never unfused
+        assert not r.int8_unfused and int8_kernels.NOTE not in r.backend
     for model in (f32, f32.SerializeToString()):  # a float graph never: nothing to unfuse
         with OnnxRuntimeRunner(model, threads=1) as r:
             assert not r.int8_unfused and int8_kernels.NOTE not in r.backend

@@ -15,9 +15,6 @@ because in an fp16 op that named intermediate is fp16. An op the kernels in `mil
 from __future__ import annotations
 
 import contextlib
-import io
-import logging
-import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path

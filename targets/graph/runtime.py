@@ -36,7 +36,9 @@ class OnnxRuntimeRunner(Runner):
         except ImportError as e:  # pragma: no cover - onnxruntime is a dependency
             reraise_interrupt(e)
             raise UnavailableError(f"onnxruntime is not installed ({e}); pip install onnxruntime") from e
-        self.int8_unfused = int8_kernels.unfuse(model)
+        providers = providers or ["CPUExecutionProvider"]
+        # the saturating kernels are the CPU provider's; a GPU provider takes the Q/DQ nodes as they are
+        self.int8_unfused = providers[0] == "CPUExecutionProvider" and int8_kernels.unfuse(model)
         if isinstance(model, onnx.ModelProto):
             model = model.SerializeToString()
         elif isinstance(model, Path):
@@ -51,7 +53,7 @@ class OnnxRuntimeRunner(Runner):
         if self.int8_unfused:
             opts.add_session_config_entry(int8_kernels.SETTING, "1")
         self.threads, self.spinning = threads, spinning
-        self.session = ort.InferenceSession(model, opts, providers=providers or ["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(model, opts, providers=providers)
         self.input = self.session.get_inputs()[0]
         self.in_dtype = _NP_TYPES.get(self.input.type, np.float32)
         self.backend = f"onnxruntime {ort.__version__} ({self.session.get_providers()[0]})"
