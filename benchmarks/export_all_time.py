@@ -231,9 +231,9 @@ def export_all_sizes() -> str:
             "on the shared 2-core machine, under other load: `benchmarks/results/export_all_time_256x320.json`).")
 
 
-def export_all_compare() -> str:
-    """Before and after, from export_all_time_compare.json (--compare)."""
-    d = load("export_all_time_compare.json")
+def export_all_compare(name: str = "export_all_time_compare.json") -> str:
+    """Before and after, from a --compare run's JSON (by default export_all_time_compare.json)."""
+    d = load(name)
     s, rev = d["summary"], d["revisions"]
     n, total = s["after"]["models"], len(list_models())
     scope = f"all {n} registered models" if d["complete"] else (
@@ -247,8 +247,13 @@ def export_all_compare() -> str:
             f"[{s['per_model_ci'][0]:.3f}–{s['per_model_ci'][1]:.3f}]; over {scope} ({run_line(d)})")
 
 
+def export_all_compare_earlier() -> str:
+    """Before and after against the code of the committed all-models run (export_all_time_compare_ab46b7e.json)."""
+    return export_all_compare("export_all_time_compare_ab46b7e.json")
+
+
 TABLES = {"export_all_time": export_all_time, "export_all_sizes": export_all_sizes,
-          "export_all_compare": export_all_compare}
+          "export_all_compare": export_all_compare, "export_all_compare_earlier": export_all_compare_earlier}
 
 
 if __name__ == "__main__":
