@@ -73,9 +73,20 @@ def test_the_runner_unfuses_a_qdq_graph_only_where_the_kernels_saturate(cpu_satu
         assert (r.info().get("int8_kernels") == int8_kernels.NOTE) is cpu_saturates
         if cpu_saturates:  # run as written: the graph's own arithmetic
             np.testing.assert_array_equal(r.run(X), np.full((1, 4), EXACT, np.float32))
+    gpu_first = ["CUDAExecutionProvider", "CPUExecutionProvider"]
     with pytest.warns(UserWarning, match="not in available provider names"):  # this build has no GPU provider
-        gpu_first = OnnxRuntimeRunner(qdq, providers=["CUDAExecutionProvider", "CPUExecutionProvider"], threads=1)
-    with gpu_first as r:  # a GPU provider takes the Q/DQ nodes itself: never unfused
+        fallback = OnnxRuntimeRunner(qdq, providers=gpu_first, threads=1)
+    with fallback as r:  # ONNX Runtime falls back to the CPU provider, whose kernels then run the graph
+        assert r.session.get_providers()[0] == "CPUExecutionProvider"
+        assert r.int8_unfused is cpu_saturates and (int8_kernels.NOTE in r.backend) is cpu_saturates
+        if cpu_saturates:
+            np.testing.assert_array_equal(r.run(X), np.full((1, 4), EXACT, np.float32))
+    # where the build has the GPU provider, it takes the Q/DQ nodes itself: never unfused (the session itself
+    # still falls back here, as this build cannot run CUDA; only the runner's decision is under test)
+    monkeypatch.setattr(ort, "get_available_providers", lambda: gpu_first)
+    with pytest.warns(UserWarning, match="not in available provider names"):
+        gpu = OnnxRuntimeRunner(qdq, providers=gpu_first, threads=1)
+    with gpu as r:
         assert not r.int8_unfused and int8_kernels.NOTE not in r.backend
     for model in (f32, f32.SerializeToString()):  # a float graph never: nothing to unfuse
         with OnnxRuntimeRunner(model, threads=1) as r:

@@ -37,8 +37,12 @@ class OnnxRuntimeRunner(Runner):
             reraise_interrupt(e)
             raise UnavailableError(f"onnxruntime is not installed ({e}); pip install onnxruntime") from e
         providers = providers or ["CPUExecutionProvider"]
-        # the saturating kernels are the CPU provider's; a GPU provider takes the Q/DQ nodes as they are
-        self.int8_unfused = providers[0] == "CPUExecutionProvider" and int8_kernels.unfuse(model)
+        # the saturating kernels are the CPU provider's; a GPU provider takes the Q/DQ nodes as they are. The
+        # provider that runs is the first one this build has: ONNX Runtime drops the missing ones and falls back
+        # to the CPU, which then runs the graph.
+        available = ort.get_available_providers()
+        runs_on = next((p for p in providers if p in available), "CPUExecutionProvider")
+        self.int8_unfused = runs_on == "CPUExecutionProvider" and int8_kernels.unfuse(model)
         if isinstance(model, onnx.ModelProto):
             model = model.SerializeToString()
         elif isinstance(model, Path):
