@@ -12,7 +12,8 @@ TEST = "tests/test_swiftformer.py::test_golden_eval_output"
 
 def _run(golden: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, VITEDGE_GOLDEN=golden)
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", TEST], cwd=REPO, env=env,
+    # -n 0: one process for one test (the suite's own -n 2 would start two workers for it)
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", TEST], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
 
 
