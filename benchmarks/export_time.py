@@ -1,8 +1,8 @@
 """Wall time of the export pipeline: the README's main job phase by phase, `vitedge models`, and per target.
 
 1. **The main job**, exactly as the README runs it (`vitedge export --model swiftformer_xs --target
-   onnx,coreml --out DIR`, default settings, 256 parity inputs), in a fresh process per run, median of
-   `--main-repeats` (3) runs with the 1-min load average beside each, three series interleaved: **cold** (an
+   onnx,coreml --out DIR`, default settings, so the default parity set: 64 inputs), in a fresh process per run,
+   median of `--main-repeats` (3) runs with the 1-min load average beside each, three series interleaved: **cold** (an
    empty float64 ground-truth cache: a first export of these weights), **warm** (the cache primed by one uncounted
    run: a re-export, the CI case; exporter/verdict/truth_cache.py) and cold with glibc's default allocator
    (VITEDGE_KEEP_FREED_MEMORY=0; its ratio to cold prints last). Each run is split into phases:
@@ -45,6 +45,7 @@ from pathlib import Path
 
 from vitedge.exporter.core.allocator import ENV as KEEP_FREED_ENV
 from vitedge.exporter.core.progress import Progress  # light: the child process times the heavy imports
+from vitedge.exporter.verdict.parity_cost import DEFAULT_SAMPLES  # torch-free
 
 MODELS = ("swiftformer_xs", "slab_deit_tiny", "sima_nano_12_p16")  # one small model per family
 IMPORT_PAIRS = 6  # fresh-interpreter pairs timing coremltools' first import, lean and as installed
@@ -514,7 +515,7 @@ def main(argv=None) -> int:
                 for label, t, p in runs:
                     pipeline_call("swiftformer_xs", t, p, _corpus.REDUCED["swiftformer_xs"], 64, 1, Path(tmp), [])()
             results = [measure_model(m, runs, args.quick, samples, args.repeats, Path(tmp)) for m in models]
-    body = {"settings": {"samples": samples, "pipeline_default_samples": 256, "repeats": args.repeats,
+    body = {"settings": {"samples": samples, "pipeline_default_samples": DEFAULT_SAMPLES, "repeats": args.repeats,
                          "main_repeats": main_repeats, "torch_threads": args.threads, "runs": [r[0] for r in runs]},
             "main_job": main_job, "main_job_warm": main_job_warm,
             "main_job_default_malloc": main_job_default_malloc, "allocator_ratio": allocator,
@@ -662,7 +663,9 @@ def export_time_headline() -> str:
 
     def met(ok: bool) -> str:
         return "met" if ok else "**missed**"
-    return (f"The README's main job (`{cold['command']}`) against the same conversions done plainly "
+    n = d["settings"].get("pipeline_default_samples")
+    return (f"The README's main job (`{cold['command']}`{f', {n} parity inputs' if n else ''}) against the same "
+            f"conversions done plainly "
             f"({plain['command']}: {plain['wall_median_s']:.1f} s), interleaved in fresh processes "
             f"(`benchmarks/export_time.py`, {_main_job_conditions(d)} during the runs): "
             f"cold {cold['wall_median_s']:.1f} s, **{ratio(q['cold/plain'])}** the plain time "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import VitedgeError
 
-MAX_IMGSZ = 2048     # the largest --imgsz: the parity set at 2048 px is already 50 MB an image, 12.9 GB at 256 samples
+MAX_IMGSZ = 2048     # the largest --imgsz: the parity set at 2048 px is already 50 MB an image, 3.2 GB at 64 samples
 
 
 class SizeLimitError(VitedgeError):

@@ -109,7 +109,7 @@ def rewrites(value: str):
 def add_parity_flags(p: argparse.ArgumentParser) -> None:
     # Building the parser imports no torch, so `vitedge --help` and usage errors stay instant.
     p.add_argument("--samples", type=positive_int, default=None,
-                   help="parity inputs (default: 256, fewer for models over 2 GMACs by a fixed rule on GMACs, "
+                   help="parity inputs (default: 64, fewer for models over 8 GMACs by a fixed rule on GMACs, "
                         "reported as samples_rule)")
     p.add_argument("--tol", action="append", default=[], metavar="PROFILE.KEY=VALUE",
                    help="override a tolerance, e.g. --tol fp32.max_rel=2e-4 --tol fp16.psnr_db=30 (value none "

@@ -36,7 +36,7 @@ from ...models.input_size import as_hw
 
 CATEGORIES = ("noise", "gradient", "checker", "smooth", "blocks", "extreme")
 SETS = ("natural", "stress", "user")
-DEFAULT_SAMPLES = 256
+DEFAULT_SAMPLES = 64
 STRESS_EVERY = 4        # every 4th sample of the default set is a stress sample: 3 natural : 1 stress
 USER_STRESS = 16        # stress samples that still run beside a user's images
 
