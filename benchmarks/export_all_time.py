@@ -231,14 +231,26 @@ def export_all_sizes() -> str:
             "on the shared 2-core machine, under other load: `benchmarks/results/export_all_time_256x320.json`).")
 
 
+def _given_models(command: str) -> list[str] | None:
+    """The --models of a results file's command line, or None."""
+    words = command.split()
+    return words[words.index("--models") + 1].split(",") if "--models" in words else None
+
+
 def export_all_compare(name: str = "export_all_time_compare.json") -> str:
     """Before and after, from a --compare run's JSON (by default export_all_time_compare.json)."""
     d = load(name)
     s, rev = d["summary"], d["revisions"]
     n, total = s["after"]["models"], len(list_models())
-    scope = f"all {n} registered models" if d["complete"] else (
-        f"{n} of the {total} registered models (the run was stopped; its order makes them a spread of sizes, the "
-        "largest included)")
+    given = _given_models(d["command"])
+    if given:
+        scope = f"all {n} models given by `--models`" if n == len(given) else (
+            f"{n} of the {len(given)} models given by `--models` (the run was stopped; its order makes them a spread "
+            "of their sizes, the largest included)")
+    else:
+        scope = f"all {n} registered models" if d["complete"] else (
+            f"{n} of the {total} registered models (the run was stopped; its order makes them a spread of sizes, the "
+            "largest included)")
     side = {k: f"median {s[k]['median_s']:.0f} s, slowest {s[k]['slowest']['model']} {s[k]['slowest']['wall_s']:.0f} s"
             for k in ("before", "after")}
     return (f"before (`{rev['before']['commit'][:10]}`): {side['before']}; after (`{rev['after']['commit'][:10]}`): "
@@ -252,8 +264,15 @@ def export_all_compare_earlier() -> str:
     return export_all_compare("export_all_time_compare_ab46b7e.json")
 
 
+def export_all_compare_gmacs_v2() -> str:
+    """Before and after over the models whose default parity set the 64-input cap changed
+    (export_all_time_compare_gmacs_v2.json)."""
+    return export_all_compare("export_all_time_compare_gmacs_v2.json")
+
+
 TABLES = {"export_all_time": export_all_time, "export_all_sizes": export_all_sizes,
-          "export_all_compare": export_all_compare, "export_all_compare_earlier": export_all_compare_earlier}
+          "export_all_compare": export_all_compare, "export_all_compare_earlier": export_all_compare_earlier,
+          "export_all_compare_gmacs_v2": export_all_compare_gmacs_v2}
 
 
 if __name__ == "__main__":
