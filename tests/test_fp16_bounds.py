@@ -41,22 +41,20 @@ def pvt_stress(tmp_path_factory):
     return truth, x, path
 
 
-def _judge(truth, x, path):
-    out = parity.run_batched(OnnxRuntimeRunner(onnx.load(str(path)), threads=2), x, 8)
-    return parity.judge(truth, out, FP16)
+def _run(x, path):
+    return parity.run_batched(OnnxRuntimeRunner(onnx.load(str(path)), threads=2), x, 8)
 
 
 def test_a_correct_fp16_graph_passes_where_fp16_itself_misses_the_fixed_bounds(pvt_stress):
     truth, x, path = pvt_stress
     ref = parity.compute_metrics(truth.y64, truth.y16)
     assert ref.cosine < FP16.cosine and ref.top1_agreeing < len(x)      # fp16 itself misses them here
-    _, sets, problems = _judge(truth, x, path)
+    out = _run(x, path)
+    _, sets, problems = parity.judge(truth, out, FP16)
     assert problems == [], problems
     assert set(sets["stress"]["metric_bounds"]) == {"cosine", "psnr_db", "top1_agreement"}
     # the fixed bounds alone fail the same correct graph
-    fixed = replace(FP16, fp16_median=None)
-    out = parity.run_batched(OnnxRuntimeRunner(onnx.load(str(path)), threads=2), x, 8)
-    assert any("cosine" in p for p in parity.judge(truth, out, fixed)[2])
+    assert any("cosine" in p for p in parity.judge(truth, out, replace(FP16, fp16_median=None))[2])
 
 
 @pytest.mark.parametrize("plant", ["x0", "sign_flip"])
@@ -64,7 +62,7 @@ def test_a_planted_fp16_graph_still_fails(pvt_stress, tmp_path, plant):
     truth, x, path = pvt_stress
     bad = tmp_path / f"{plant}.onnx"
     plant_fp16_initializer(path, bad, plant, 0.5)
-    _, _, problems = _judge(truth, x, bad)
+    _, _, problems = parity.judge(truth, _run(x, bad), FP16)
     assert problems, f"{plant} passed"
 
 

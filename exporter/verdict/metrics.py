@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -47,11 +48,23 @@ def compute_metrics(reference: np.ndarray, candidate: np.ndarray) -> Metrics:
                    top5_agreement=top5, samples=n, top1_agreeing=top1_n, top5_agreeing=top5_n)
 
 
-# per reference kind: (its median bound in Tolerance, the GroundTruth field of its reference outputs, the bounds it
-# may loosen). The compressed kinds' top-1 bound stays fixed: their evidence (compressed_verdicts.json) was measured
-# that way. An fp16 computation flips the top-1 class where logits are near-tied, as the fp16 reference shows.
-REFERENCES = {COMPRESSED_ERROR: ("compressed_median", "yq", ("cosine", "psnr_db")),
-              FP16_ERROR: ("fp16_median", "y16", ("cosine", "psnr_db", "top1_agreement"))}
+class Reference(NamedTuple):
+    """A per-sample rule's reference computation (the fp16 reference, a compressed kind's emulation): where its
+    median bound, its report keys and its outputs live, and the fixed bounds it may loosen (set_bounds)."""
+    median: str                  # the Tolerance field of its median bound
+    median_key: str              # the report's per-set median ratio
+    error_key: str               # the report's largest reference error per set
+    name: str                    # as messages name it
+    field: str                   # the GroundTruth field of its outputs
+    loosens: tuple[str, ...]     # the fixed bounds that follow it where it misses them itself
+
+
+# The compressed kinds' top-1 bound stays fixed: their evidence (compressed_verdicts.json) was measured that way. An
+# fp16 computation flips the top-1 class where logits are near-tied, as the fp16 reference shows.
+REFERENCES = {FP16_ERROR: Reference("fp16_median", "fp16_median_ratio", "reference_fp16_error", "fp16 reference", "y16",
+                                    ("cosine", "psnr_db", "top1_agreement")),
+              COMPRESSED_ERROR: Reference("compressed_median", "compressed_median_ratio", "reference_compressed_error",
+                                          "kind's emulation", "yq", ("cosine", "psnr_db"))}
 
 
 def set_bounds(tolerance: Tolerance, truth: GroundTruth, idx: np.ndarray, what: str,
@@ -66,19 +79,19 @@ def set_bounds(tolerance: Tolerance, truth: GroundTruth, idx: np.ndarray, what: 
     computation of PRepBN-PVT-T misses cosine 0.999 on stress images (docs/parity.md, "fp16"). Only the profile's
     own `defaults` are loosened: a bound a user set with --tol stands as given. The fp32 profile, sets under
     MEDIAN_MIN_SAMPLES samples, or no median bound: the fixed bounds."""
-    if what not in REFERENCES:
+    reference = REFERENCES.get(what)
+    if reference is None:
         return tolerance, {}
-    margin_key, field, keys = REFERENCES[what]
-    margin, ref = getattr(tolerance, margin_key), getattr(truth, field)
+    margin, ref = getattr(tolerance, reference.median), getattr(truth, reference.field)
     if not margin or ref is None or len(idx) < MEDIAN_MIN_SAMPLES:
         return tolerance, {}
     mq = compute_metrics(truth.y64[idx], ref[idx])
     n = len(idx)
     loose = {"cosine": 1.0 - margin ** 2 * (1.0 - mq.cosine), "psnr_db": mq.psnr_db - 20 * math.log10(margin),
              "top1_agreement": max(0, n - math.ceil(margin * (n - mq.top1_agreeing))) / n}
-    changed = {k: loose[k] for k in keys if getattr(tolerance, k) is not None and loose[k] < getattr(tolerance, k)
+    changed = {k: loose[k] for k in reference.loosens
+               if getattr(tolerance, k) is not None and loose[k] < getattr(tolerance, k)
                and defaults is not None and getattr(tolerance, k) == getattr(defaults, k)}
-    name = "fp16 reference" if what == FP16_ERROR else "kind's emulation"
-    notes = {k: f" (the looser of the profile's {getattr(tolerance, k):.4g} and the {name}'s "
+    notes = {k: f" (the looser of the profile's {getattr(tolerance, k):.4g} and the {reference.name}'s "
                 f"{getattr(mq, k):.4g} on these samples with margin {margin:.3g})" for k in changed}
     return replace(tolerance, **changed), notes

@@ -28,7 +28,7 @@ from .emulate import fp16_reference
 # seeded (rounding.py): see docs/parity_criteria.md for how it was measured against other implementations.
 from .rounding import ROUNDING_SEED, ROUNDING_ULPS, rounding_draw  # noqa: F401  (re-exported)
 from .float64_kernels import float64_depthwise  # for _in_dtype only: callers import it from float64_kernels
-from .metrics import COMPRESSED_ERROR, PSNR_CAP_DB, compute_metrics, set_bounds  # noqa: F401  (re-exported)
+from .metrics import COMPRESSED_ERROR, PSNR_CAP_DB, REFERENCES, compute_metrics, set_bounds  # noqa: F401  (re-exported)
 from ..core.report import Hop, Metrics, Tolerance, allowed_count
 
 # the Tolerance keys of each rule's floor, K and median bound (the noise rule has no median bound)
@@ -166,11 +166,6 @@ def sample_rule(tolerance: Tolerance, truth: GroundTruth) -> tuple[NoiseRule, np
     return None
 
 
-MEDIANS = {FP16_ERROR: ("fp16_median", "fp16_median_ratio", "reference_fp16_error", "fp16 reference"),
-           COMPRESSED_ERROR: ("compressed_median", "compressed_median_ratio", "reference_compressed_error",
-                              "kind's emulation")}
-
-
 def with_fp16_reference(truth: GroundTruth, model, x: np.ndarray) -> GroundTruth:
     """`truth` with the fp16 rule's reference outputs of `model` on `x` (the inputs `truth` was computed on)."""
     return replace(truth, y16=fp16_reference(model, x))
@@ -210,7 +205,9 @@ def judge(truth: GroundTruth, out: np.ndarray, tolerance: Tolerance,
                 found.append(f"{s}: noise_ratio {ratio:.3g} > 1 ({who}: error {err_w[i]:.3g} vs allowance "
                              f"max({rule.floor:.3g}, {rule.k:.3g} x {what} {eff_w:.3g}))")
         median = None
-        bound_key, median_key, ref_key, ref_name = MEDIANS.get(what, (None,) * 4)
+        ref = REFERENCES.get(what)
+        bound_key, median_key, ref_key, ref_name = ((ref.median, ref.median_key, ref.error_key, ref.name) if ref
+                                                    else (None,) * 4)
         bound = getattr(tolerance, bound_key) if bound_key else None
         if bound is not None and len(idx) >= MEDIAN_MIN_SAMPLES:
             # each sample's error over its (floored) reference error: the rule's allowance at K = 1; the worst
