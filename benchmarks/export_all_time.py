@@ -11,11 +11,14 @@ the progress lines). The summary printed last: the slowest exports and how many 
 
 --quick: two reduced configs at 64 px with 8 samples (the smoke test), not a result to quote.
 --update: re-measure only --models and keep the other rows of the existing results file.
---compare REV: before and after in one run: every model exported by the code committed at REV and at HEAD (each
+--compare REV [--update]: before and after in one run: every model exported by the code committed at REV and at HEAD (each
 unpacked with `git archive` and imported ahead of the installed vitedge), the two exports of a model back to back
 in alternating order, into export_all_time_compare.json (rewritten after each model; the models in an order whose every
 prefix spans their sizes, so that an interrupted run is still a spread sample). Printed last: the median and the slowest model's time on
-each side, and the ratio of the medians (before / after) with a bootstrap interval over the models, paired.
+each side, and the ratio of the medians (before / after) with a bootstrap interval over the models, paired. With
+--update, the --out file of an interrupted --compare run is resumed: its rows are kept, the commit its after side
+measured is measured again (not today's HEAD), only the models it lacks are exported, and its earlier sessions'
+machine records are kept beside this one's (`earlier_sessions`).
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ import _corpus
 import _graphs
 import _script
 from _stats import fmt_ratio, speedup
-from _tables import load, ratio, run_line
+from _tables import load, ratio, run_line, utc
 from vitedge.exporter.timing.latency import bootstrap_ci
 from vitedge.models import get_spec, list_models
 
@@ -108,15 +111,34 @@ def spread(names: list[str]) -> list[str]:
     return [names[i] for i in order]
 
 
+def resumed(path: Path, rev: str) -> tuple[dict, str, list]:
+    """--compare --update: the rows of an interrupted run's file, the commit its after side measured (the resumed
+    run measures the same code, whatever HEAD is now) and its earlier sessions' machine records."""
+    old = json.loads(path.read_text())
+    before = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    if old["revisions"]["before"]["commit"] != before:
+        raise SystemExit(f"--update: {path} compared against {old['revisions']['before']['commit'][:10]}, not {rev}")
+    earlier = old.get("earlier_sessions", []) + [{k: old[k] for k in ("machine", "wall_s", "command")} |
+                                                 {"models": [r["model"] for r in old["after"]]}]
+    return {side: old[side] for side in ("before", "after")}, old["revisions"]["after"]["commit"], earlier
+
+
 def compare(names: list[str], rev: str, args, info: dict, started: float) -> None:
     """--compare: each model exported by the code at `rev` (before) and at HEAD (after), back to back, the models
-    in `spread` order."""
+    in `spread` order. With --update, an interrupted run's file is resumed: its rows kept, its after commit
+    measured again in place of HEAD, and only the models it lacks exported."""
     names = spread(names)
     path = Path(args.out or _script.RESULTS / f"export_all_time_compare{'.quick' if args.quick else ''}.json")
-    rows = {"before": [], "after": []}
+    rows, after, earlier = {"before": [], "after": []}, "HEAD", []
+    if args.update and path.is_file():
+        rows, after, earlier = resumed(path, rev)
+    done = {r["model"] for r in rows["after"]}
     with tempfile.TemporaryDirectory(prefix="vitedge-export-compare-") as tmp:
-        code = {side: source_tree(r, Path(tmp) / side) for side, r in (("before", rev), ("after", "HEAD"))}
+        code = {side: source_tree(r, Path(tmp) / side) for side, r in (("before", rev), ("after", after))}
         for i, name in enumerate(names):
+            if name in done:
+                continue
             for side in (("before", "after") if i % 2 == 0 else ("after", "before")):  # neither always first
                 rows[side].append(export_once(name, Path(tmp) / f"out-{side}", args.quick, args.imgsz,
                                               code[side]["path"]))
@@ -125,7 +147,7 @@ def compare(names: list[str], rev: str, args, info: dict, started: float) -> Non
                                           "before and after alternate which goes first"},
                     "revisions": {side: {k: c[k] for k in ("rev", "commit")} for side, c in code.items()},
                     **rows, "complete": len(rows["after"]) == len(list_models()),
-                    "summary": compare_summary(rows)}
+                    "summary": compare_summary(rows), **({"earlier_sessions": earlier} if earlier else {})}
             _script.write_results(path, "export_all_time", dict(info), args, body, started)
             b, a = rows["before"][-1], rows["after"][-1]
             print(f"{name:20s} before {b['wall_s']:7.1f} s (exit {b['exit_code']})  after {a['wall_s']:7.1f} s "
@@ -160,7 +182,8 @@ def compare_summary(rows: dict) -> dict:
 def main() -> None:
     p = _script.parser("export_all_time", __doc__)
     p.add_argument("--models", default=None, help="comma-separated model names (default: all registered)")
-    p.add_argument("--update", action="store_true", help="re-measure --models only; keep the other rows")
+    p.add_argument("--update", action="store_true", help="re-measure --models only; keep the other rows (with "
+                   "--compare: resume the --out file's interrupted run)")
     p.add_argument("--imgsz", default=None,
                    help="export every model at this size (S or HxW, e.g. 256x320) instead of its default; write the "
                         "results to their own file (--out)")
@@ -256,7 +279,21 @@ def export_all_compare(name: str = "export_all_time_compare.json") -> str:
     return (f"before (`{rev['before']['commit'][:10]}`): {side['before']}; after (`{rev['after']['commit'][:10]}`): "
             f"{side['after']}; before / after (above 1: faster after), the median model's time "
             f"**{ratio(s['median_ratio'])}**, the median of the per-model ratios {s['per_model_median']:.3f}× "
-            f"[{s['per_model_ci'][0]:.3f}–{s['per_model_ci'][1]:.3f}]; over {scope} ({run_line(d)})")
+            f"[{s['per_model_ci'][0]:.3f}–{s['per_model_ci'][1]:.3f}]; over {scope} ({_sessions_line(d)})")
+
+
+def _sessions_line(d: dict) -> str:
+    """The run line of a --compare file, naming every session of a resumed run (--update) with its models."""
+    earlier = d.get("earlier_sessions", [])
+    if not earlier:
+        return run_line(d)
+    counts = [len(e["models"]) for e in earlier]
+    counts.append(d["summary"]["after"]["models"] - sum(counts))
+    cpus = sorted({e["machine"]["cpu"] for e in earlier} | {d["machine"]["cpu"]})
+    return (f"{len(counts)} sessions on the same two commits: "
+            + "; ".join(f"{utc(m['date'])}, {n} model{'s' if n != 1 else ''}" for m, n in
+                        zip([e["machine"] for e in earlier] + [d["machine"]], counts))
+            + f"; {' / '.join(cpus)}, {d['machine']['cores']} cores, ONNX Runtime {d['machine']['onnxruntime']}")
 
 
 def export_all_compare_earlier() -> str:

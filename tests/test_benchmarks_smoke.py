@@ -457,6 +457,35 @@ def test_export_all_time_compares_the_code_of_two_commits(tmp_path):
     bad = subprocess.run(argv + ["--compare", "no-such-revision"], cwd=BENCH, capture_output=True, text=True,
                          timeout=TIMEOUT_S)
     assert bad.returncode != 0 and "not a commit of this repository" in bad.stderr and "Traceback" not in bad.stderr
+    # --update resumes the stopped run: its row kept, only the model it lacks exported, its session recorded
+    more = [a if a != "swiftformer_xs" else "swiftformer_xs,sima_nano_12_p16" for a in argv]
+    r = subprocess.run(more + ["--compare", "HEAD", "--update"], cwd=BENCH, capture_output=True, text=True,
+                       timeout=TIMEOUT_S)
+    assert r.returncode == 0, r.stderr[-3000:]
+    resumed = json.loads(out.read_text())
+    # the after side is the commit the stopped run measured, named by its hash
+    assert {k: v["commit"] for k, v in resumed["revisions"].items()} == {
+        k: v["commit"] for k, v in data["revisions"].items()}
+    assert resumed["revisions"]["after"]["rev"] == data["revisions"]["after"]["commit"]
+    for side in ("before", "after"):
+        assert resumed[side][0] == data[side][0] and [x["model"] for x in resumed[side]] == [
+            "swiftformer_xs", "sima_nano_12_p16"]
+    (first,) = resumed["earlier_sessions"]
+    assert first["models"] == ["swiftformer_xs"] and first["machine"] == data["machine"]
+    sys.path.insert(0, str(BENCH))
+    try:
+        from export_all_time import _sessions_line
+    finally:
+        sys.path.remove(str(BENCH))
+    assert _sessions_line(resumed).startswith("2 sessions on the same two commits: ") and " 1 model; " in \
+        _sessions_line(resumed)
+    # a file compared against another commit is not resumed
+    data["revisions"]["before"]["commit"] = "0" * 40
+    out.write_text(json.dumps(data))
+    bad = subprocess.run(more + ["--compare", "HEAD", "--update"], cwd=BENCH, capture_output=True, text=True,
+                         timeout=TIMEOUT_S)
+    assert bad.returncode != 0 and "compared against 0000000000, not HEAD" in bad.stderr
+    assert "Traceback" not in bad.stderr
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 8, 35])
