@@ -80,14 +80,19 @@ def settings(args) -> dict:
             "truth_cache": "empty (cold) per export"}
 
 
-def source_tree(rev: str, into: Path) -> dict:
-    """The tree committed at `rev`, unpacked as `into`/vitedge: a process with PYTHONPATH=`into` imports that code
-    ahead of the installed (editable) vitedge, which a fresh interpreter checks. {"rev", "commit", "path"}."""
+def commit_of(rev: str) -> str:
+    """The full hash of the commit `rev` names; exits with a one-line message where it names none."""
     commit = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT, capture_output=True,
                             text=True)
     if commit.returncode != 0:
         raise SystemExit(f"--compare {rev}: not a commit of this repository ({commit.stderr.strip()})")
-    sha, pkg = commit.stdout.strip(), into / "vitedge"
+    return commit.stdout.strip()
+
+
+def source_tree(rev: str, into: Path) -> dict:
+    """The tree committed at `rev`, unpacked as `into`/vitedge: a process with PYTHONPATH=`into` imports that code
+    ahead of the installed (editable) vitedge, which a fresh interpreter checks. {"rev", "commit", "path"}."""
+    sha, pkg = commit_of(rev), into / "vitedge"
     pkg.mkdir(parents=True)
     tree = subprocess.run(["git", "archive", sha], cwd=ROOT, capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(pkg)], input=tree, check=True)
@@ -115,9 +120,7 @@ def resumed(path: Path, rev: str) -> tuple[dict, str, list]:
     """--compare --update: the rows of an interrupted run's file, the commit its after side measured (the resumed
     run measures the same code, whatever HEAD is now) and its earlier sessions' machine records."""
     old = json.loads(path.read_text())
-    before = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
-    if old["revisions"]["before"]["commit"] != before:
+    if old["revisions"]["before"]["commit"] != commit_of(rev):
         raise SystemExit(f"--update: {path} compared against {old['revisions']['before']['commit'][:10]}, not {rev}")
     earlier = old.get("earlier_sessions", []) + [{k: old[k] for k in ("machine", "wall_s", "command")} |
                                                  {"models": [r["model"] for r in old["after"]]}]

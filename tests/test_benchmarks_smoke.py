@@ -477,8 +477,8 @@ def test_export_all_time_compares_the_code_of_two_commits(tmp_path):
         from export_all_time import _sessions_line
     finally:
         sys.path.remove(str(BENCH))
-    assert _sessions_line(resumed).startswith("2 sessions on the same two commits: ") and " 1 model; " in \
-        _sessions_line(resumed)
+    line = _sessions_line(resumed)
+    assert line.startswith("2 sessions on the same two commits: ") and " 1 model; " in line
     # a file compared against another commit is not resumed
     data["revisions"]["before"]["commit"] = "0" * 40
     out.write_text(json.dumps(data))
