@@ -1,7 +1,8 @@
 """scripts/gpu_check.sh and scripts/mac_check.sh cannot run here (no GPU, no Mac): their syntax, the flags their
 `vitedge` steps pass (each must be a real flag of that subcommand), the Python snippets they run, the one
 PASS/FAIL/INCONCLUSIVE/SKIP line per step that the shared step helper prints, and gpu_check.sh's setup steps,
-run here with a fake `tensorrt` (tests/trt_fake.py) and its whole log written to one file."""
+run here with a fake `tensorrt` (tests/trt_fake.py) and its whole log written to one file; and
+scripts/suite_cpu.py, the suite's CPU seconds per test file, on a suite of two small files."""
 from __future__ import annotations
 
 import ast
@@ -174,3 +175,31 @@ def test_bench_checks_say_why_an_untimed_backend_failed(tmp_path, script, backen
     r = subprocess.run([sys.executable, "-c", snippet, str(report)], capture_output=True, text=True)
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert "not timed: parity failed" in r.stdout
+
+
+def test_suite_cpu_counts_each_files_cpu_with_its_subprocesses(tmp_path):
+    """scripts/suite_cpu.py (the suite's time in docs/contributing.md): a file's CPU includes the subprocesses its
+    tests waited for, tests are counted per file, and pytest's exit code comes back."""
+    import json
+    import sys
+
+    (tmp_path / "test_busy.py").write_text(
+        "import subprocess, sys\n"
+        "def test_child():\n"
+        "    subprocess.run([sys.executable, '-c', 'import time\\nt = time.process_time()\\n"
+        "while time.process_time() - t < 0.5: pass'], check=True)\n"
+        "def test_fails():\n"
+        "    assert False\n")
+    (tmp_path / "test_idle.py").write_text("def test_nothing():\n    pass\n")
+    out = tmp_path / "cpu.json"
+    r = subprocess.run([sys.executable, str(SCRIPTS / "suite_cpu.py"), "--out", str(out), "--", "-p", "no:cacheprovider",
+                        "-p", "no:xdist", "test_busy.py", "test_idle.py"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]  # the planted failure
+    data = json.loads(out.read_text())
+    assert data["pytest_exit_code"] == 1 and data["processes"] == 1
+    rows = {row["file"]: row for row in data["files"]}
+    assert {f: row["tests"] for f, row in rows.items()} == {"test_busy.py": 2, "test_idle.py": 1}
+    assert rows["test_busy.py"]["cpu_s"] >= 0.5 > rows["test_idle.py"]["cpu_s"]  # the child's 0.5 s included
+    assert [row["file"] for row in data["files"]] == ["test_busy.py", "test_idle.py"]
+    assert "test_busy.py" in r.stdout and r.stdout.rstrip().endswith(f"written to {out}")
