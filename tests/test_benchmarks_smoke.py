@@ -421,11 +421,15 @@ def test_trained_verdicts_quick(runs):
                                "of": 1, "not_measured": []}
 
 
+def _export_all_time(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(BENCH / "export_all_time.py"), *args], cwd=BENCH, capture_output=True,
+                          text=True, timeout=TIMEOUT_S)
+
+
 def test_export_all_time_quick(tmp_path):
     # every registered model's default export, timed in a fresh process each (here: two reduced configs)
     out = tmp_path / "e.json"
-    r = subprocess.run([sys.executable, str(BENCH / "export_all_time.py"), "--quick", "--out", str(out)], cwd=BENCH,
-                       capture_output=True, text=True, timeout=TIMEOUT_S)
+    r = _export_all_time("--quick", "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads(out.read_text())
     assert data["script"] == "export_all_time" and data["complete"] and MACHINE_KEYS <= set(data["machine"])
@@ -440,8 +444,8 @@ def test_export_all_time_quick(tmp_path):
 def test_export_all_time_compares_the_code_of_two_commits(tmp_path):
     # before and after in one run: each commit's code unpacked and imported by fresh processes (here HEAD twice)
     out = tmp_path / "c.json"
-    argv = [sys.executable, str(BENCH / "export_all_time.py"), "--quick", "--models", "swiftformer_xs", "--out", str(out)]
-    r = subprocess.run(argv + ["--compare", "HEAD"], cwd=BENCH, capture_output=True, text=True, timeout=TIMEOUT_S)
+    argv = ["--quick", "--models", "swiftformer_xs", "--out", str(out)]
+    r = _export_all_time(*argv, "--compare", "HEAD")
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads(out.read_text())
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=BENCH, capture_output=True, text=True, check=True)
@@ -454,13 +458,11 @@ def test_export_all_time_compares_the_code_of_two_commits(tmp_path):
     assert s["per_model"]["swiftformer_xs"] == round(data["before"][0]["wall_s"] / data["after"][0]["wall_s"], 3)
     tail = _tail_after([ln for ln in r.stdout.splitlines() if ln.strip()], "ratios (before / after")
     assert CI_RE.search(tail[0]) and tail[0].strip().startswith("median model's time")
-    bad = subprocess.run(argv + ["--compare", "no-such-revision"], cwd=BENCH, capture_output=True, text=True,
-                         timeout=TIMEOUT_S)
+    bad = _export_all_time(*argv, "--compare", "no-such-revision")
     assert bad.returncode != 0 and "not a commit of this repository" in bad.stderr and "Traceback" not in bad.stderr
     # --update resumes the stopped run: its row kept, only the model it lacks exported, its session recorded
     more = [a if a != "swiftformer_xs" else "swiftformer_xs,sima_nano_12_p16" for a in argv]
-    r = subprocess.run(more + ["--compare", "HEAD", "--update"], cwd=BENCH, capture_output=True, text=True,
-                       timeout=TIMEOUT_S)
+    r = _export_all_time(*more, "--compare", "HEAD", "--update")
     assert r.returncode == 0, r.stderr[-3000:]
     resumed = json.loads(out.read_text())
     # the after side is the commit the stopped run measured, named by its hash
@@ -482,8 +484,7 @@ def test_export_all_time_compares_the_code_of_two_commits(tmp_path):
     # a file compared against another commit is not resumed
     data["revisions"]["before"]["commit"] = "0" * 40
     out.write_text(json.dumps(data))
-    bad = subprocess.run(more + ["--compare", "HEAD", "--update"], cwd=BENCH, capture_output=True, text=True,
-                         timeout=TIMEOUT_S)
+    bad = _export_all_time(*more, "--compare", "HEAD", "--update")
     assert bad.returncode != 0 and "compared against 0000000000, not HEAD" in bad.stderr
     assert "Traceback" not in bad.stderr
 
