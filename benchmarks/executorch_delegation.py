@@ -3,8 +3,10 @@ and without vitedge's delegable rewrites.
 
 For every family's reduced config (the test suite's, tests/_families.py) it lowers the deploy-form four ways
 (fp32 / int8 x rewrites on / off; int8 calibrated on 8 views of the shipped photos) and records the ops outside
-the delegate, the delegate calls, the rewrites applied and their float64 gate, and the lowering time. The suite
-checks fp32 per family and int8 on the trained references; this records int8 for every family.
+the delegate, the delegate calls, the rewrites applied and their float64 gate, the lowering time, and what the
+program computes: its largest difference from the deploy-form on 2 of the views, relative to the largest output
+(fp32 within 1e-4). The default test run lowers two families live (SwiftFormer and SLAB DeiT) and checks this
+file for every family; `python -m pytest -m benchmarks` lowers each family live.
 
     python benchmarks/executorch_delegation.py [--quick] [--out FILE]
 """
@@ -13,6 +15,9 @@ from __future__ import annotations
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
+import torch
 
 import _script
 from vitedge.exporter.reparam.build_forms import build_deploy_form, build_train_form
@@ -24,6 +29,7 @@ from vitedge.targets.calibration import Calibration
 from vitedge.tests._families import CASES
 
 QUICK = ("swiftformer",)
+FP32_REL_ERR = 1e-4  # an fp32 program computes the deploy-form's function (tests/test_executorch_delegation.py)
 
 
 def main(argv=None) -> int:
@@ -50,10 +56,17 @@ def main(argv=None) -> int:
                        "outside_delegate": art.info["outside_delegate"], "delegate_calls": art.info["delegate_calls"],
                        "fully_delegated": art.info["fully_delegated"], "rewrite_record": art.info.get("rewrites"),
                        "lower_s": round(time.perf_counter() - t0, 1)}
+                with target.runner(art) as runner:
+                    y = runner.run(x[:2].numpy())
+                with torch.no_grad():
+                    ref = deploy(x[:2]).numpy()
+                row["max_rel_err"] = float(np.abs(y - ref).max() / np.abs(ref).max())
                 rows.append(row)
                 left = ", ".join(f"{k} x{v}" for k, v in row["outside_delegate"].items()) or "none"
                 print(f"  {family:<12} {precision} rewrites {rewrites:<3}: outside XNNPACK: {left}", flush=True)
-    body = {"settings": {"configs": "tests/_families.py CASES", "calibration": "8 natural views"}, "rows": rows}
+    body = {"settings": {"configs": "tests/_families.py CASES", "calibration": "8 natural views",
+                         "max_rel_err": "max|program - deploy-form| / max|deploy-form| on 2 views",
+                         "fp32_rel_err_at_most": FP32_REL_ERR}, "rows": rows}
     path = _script.write_results(_script.out_path("executorch_delegation", args), "executorch_delegation",
                                  info, args, body, started)
     whole = [r for r in rows if r["rewrites"] == "on"]

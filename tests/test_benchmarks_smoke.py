@@ -2,8 +2,11 @@
 docs/benchmarks/ are rendered from.
 
 The scripts run concurrently in subprocesses, as a user runs them (`python benchmarks/NAME.py`);
-their timings are meaningless here (the point is that they run and report). The ratio and target logic
-is checked on synthetic numbers.
+their timings are meaningless here (the point is that they run and report). Those runs are minutes of CPU (most of
+it exports), so they carry the `benchmarks` marker and stay out of the default run: `python -m pytest -m benchmarks`
+runs them (docs/contributing.md: before committing a benchmark's JSON, or after changing what a script imports).
+The default run checks what breaks a script silently: every name a script imports from vitedge or from the
+benchmarks' helpers exists. The ratio and target logic is checked on synthetic numbers.
 
 Length: one smoke check per benchmark script, all fed by one concurrent run of the scripts (the `runs` fixture).
 """
@@ -62,6 +65,7 @@ def _tail_after(lines: list[str], header: str) -> list[str]:
     return tail
 
 
+@pytest.mark.benchmarks
 def test_attention_order_quick(runs):
     lines, data = _result(runs, "attention_order")
     tail = _tail_after(lines, "ratios (qk_first / kv_first")
@@ -88,6 +92,7 @@ def test_attention_order_quick(runs):
         assert "missing" in f or (f["imgsz"] == 224 and f["orders"])
 
 
+@pytest.mark.benchmarks
 def test_export_time_quick(runs):
     lines, data = _result(runs, "export_time")
     tail = _tail_after(lines, "ratios (pipeline wall time")
@@ -141,6 +146,7 @@ def test_export_time_quick(runs):
     assert data["models_command"]["rows"] > 30 and data["models_command"]["median_s"] > 0
 
 
+@pytest.mark.benchmarks
 def test_deploy_speed_quick(runs):
     lines, data = _result(runs, "deploy_speed")
     tail = _tail_after(lines, "speedups (base latency / new latency")
@@ -175,6 +181,7 @@ def test_deploy_speed_quick(runs):
     assert statuses <= {"PASS", "MISS", "NOT MEASURED"} and len(data["targets"]) >= 3
 
 
+@pytest.mark.benchmarks
 def test_exporters_quick(runs):
     lines, data = _result(runs, "exporters")
     tail = _tail_after(lines, "ratios (latency: TorchScript")
@@ -194,6 +201,7 @@ def test_exporters_quick(runs):
         assert all(r["sessions"] == data["settings"]["sessions"] >= 2 for r in cell["speedups"].values())
 
 
+@pytest.mark.benchmarks
 def test_rewrite_ablation_quick(runs):
     lines, data = _result(runs, "rewrite_ablation")
     tail = _tail_after(lines, "ratios (latency of all but one rewrite")
@@ -211,6 +219,7 @@ def test_rewrite_ablation_quick(runs):
     assert swift["nodes"]["all-but-l2_normalize_reduce_l2"]["by_op"].get("ReduceL2", 0) == 0
 
 
+@pytest.mark.benchmarks
 def test_matrix_scale_quick(runs):
     lines, data = _result(runs, "matrix_scale")
     tail = _tail_after(lines, "ratios and figures")
@@ -224,6 +233,7 @@ def test_matrix_scale_quick(runs):
     assert data["targets"][0]["status"] in ("PASS", "MISS")
 
 
+@pytest.mark.benchmarks
 def test_resolution_scaling_quick(runs):
     lines, data = _result(runs, "resolution_scaling")
     tail = _tail_after(lines, "ratios (95% CI")
@@ -245,6 +255,80 @@ def test_resolution_scaling_quick(runs):
     flagged = {(d["model"], d["imgsz"]) for d in data["rule_vs_measured"]}
     assert flagged == {(n, s["imgsz"]) for s in data["sizes"] for n, m in s["models"].items()
                        if m.get("rule_is_best") is False}
+
+
+# ---- every name a script takes from vitedge or from the helpers exists (the default run's check) ----------
+
+def _module(name: str):
+    import importlib
+    return importlib.import_module(name)
+
+
+def _exists(module, attr: str) -> bool:
+    """`attr` is defined by `module`, or is a submodule of it (`from vitedge.exporter import reparam`)."""
+    if hasattr(module, attr):
+        return True
+    try:
+        _module(f"{module.__name__}.{attr}")
+        return True
+    except ModuleNotFoundError:
+        return False
+
+
+def _ours(name: str) -> bool:
+    return name == "vitedge" or name.startswith("vitedge.") or (name.startswith("_") and (BENCH / f"{name}.py").exists())
+
+
+def unresolved_names(script: Path) -> list[str]:
+    """`module.name` for each name `script` imports, or reads as an attribute of a module it imported, that
+    vitedge or the benchmarks' helper modules no longer define."""
+    import ast
+
+    tree = ast.parse(script.read_text(), str(script))
+    bound, missing = {}, []  # local name -> the module it is bound to
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if _ours(a.name):
+                    bound[a.asname or a.name] = _module(a.name) if a.asname else _module(a.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and _ours(node.module):
+            mod = _module(node.module)
+            for a in node.names:
+                if not _exists(mod, a.name):
+                    missing.append(f"{node.module}.{a.name}")
+                elif isinstance(getattr(mod, a.name, None), type(mod)):
+                    bound[a.asname or a.name] = getattr(mod, a.name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound:
+            mod = bound[node.value.id]
+            if not _exists(mod, node.attr):
+                missing.append(f"{mod.__name__}.{node.attr}")
+    return sorted(set(missing))
+
+
+def test_every_name_the_scripts_import_exists():
+    """A rename in vitedge or in a helper breaks the script that imports the old name, and only a run of that
+    script would show it; this finds it without running any (the runs: `python -m pytest -m benchmarks`)."""
+    scripts = sorted(BENCH.glob("*.py"))
+    assert len(scripts) > len(SCRIPTS)
+    sys.path.insert(0, str(BENCH))
+    try:
+        missing = {p.name: unresolved_names(p) for p in scripts}
+    finally:
+        sys.path.remove(str(BENCH))
+    assert {k: v for k, v in missing.items() if v} == {}
+
+
+def test_a_renamed_name_is_found(tmp_path, monkeypatch):
+    """The check above both ways: a script importing a name vitedge lacks, or reading one off a module, is named."""
+    script = tmp_path / "renamed.py"
+    script.write_text("from vitedge.exporter.verdict.parity import ground_truth, ground_truth_v2\n"
+                      "from vitedge.exporter.verdict import parity\n"
+                      "import vitedge.models.reduced as red\n"
+                      "parity.compute_metrics, parity.no_such_function, red.REDUCED, red.REDUCD\n")
+    assert unresolved_names(script) == ["vitedge.exporter.verdict.parity.ground_truth_v2",
+                                        "vitedge.exporter.verdict.parity.no_such_function",
+                                        "vitedge.models.reduced.REDUCD"]
 
 
 # ---- the logic, on synthetic numbers ----------------------------------------------------------------------
@@ -350,6 +434,7 @@ def test_block_rounds_pair_the_second_half_of_each_block():
     assert len(t["x"]) == len(t["y"]) == 4
 
 
+@pytest.mark.benchmarks
 def test_quantization_quick(runs):
     lines, data = _result(runs, "quantization")
     tail = _tail_after(lines, "ratios (")
@@ -369,6 +454,7 @@ def test_quantization_quick(runs):
             assert lo <= v["top1"] <= hi and v["n"] == 364
 
 
+@pytest.mark.benchmarks
 def test_compressed_profiles_quick(runs):
     """The thresholds' evidence: every correct artifact passes its profile, every planted-broken one fails."""
     lines, data = _result(runs, "compressed_profiles")
@@ -383,6 +469,7 @@ def test_compressed_profiles_quick(runs):
         assert entry["correct_failed"] == [] and entry["planted_passed"] == []
 
 
+@pytest.mark.benchmarks
 def test_fp16_verdicts_quick(runs):
     """The fp16 rule's evidence: correct fp16 artifacts of a trained model pass, plants in the saved ones fail."""
     lines, data = _result(runs, "fp16_verdicts")
@@ -395,6 +482,7 @@ def test_fp16_verdicts_quick(runs):
     assert data["summary"]["correct_failed"] == [] and data["summary"]["worst_correct_ratio"] < data["summary"]["k"]
 
 
+@pytest.mark.benchmarks
 def test_compressed_verdicts_quick(runs):
     """The compressed rule's and the weights check's evidence: correct int8 / w8 artifacts of a trained model pass,
     a zeroed layer, a sign-flipped channel and a x1.1 channel planted in the saved int8 scales / weight.bin fail."""
@@ -409,6 +497,7 @@ def test_compressed_verdicts_quick(runs):
     assert data["summary"]["correct_failed"] == []
 
 
+@pytest.mark.benchmarks
 def test_trained_verdicts_quick(runs):
     """A trained model's correct artifacts pass on its labelled digits, and plants in the saved ONNX fail."""
     lines, data = _result(runs, "trained_verdicts")
@@ -426,6 +515,7 @@ def _export_all_time(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=TIMEOUT_S)
 
 
+@pytest.mark.benchmarks
 def test_export_all_time_quick(tmp_path):
     # every registered model's default export, timed in a fresh process each (here: two reduced configs)
     out = tmp_path / "e.json"
@@ -441,6 +531,7 @@ def test_export_all_time_quick(tmp_path):
     assert tail[-1] == "within 300 s and exit 0: 2/2"
 
 
+@pytest.mark.benchmarks
 def test_export_all_time_compares_the_code_of_two_commits(tmp_path):
     # before and after in one run: each commit's code unpacked and imported by fresh processes (here HEAD twice)
     out = tmp_path / "c.json"

@@ -1,4 +1,6 @@
-"""The noise study scripts run (`--quick`) and write the JSON that docs/parity_criteria.md and docs/parity.md quote."""
+"""The noise study scripts run (`--quick`) and write the JSON that docs/parity_criteria.md and docs/parity.md quote.
+
+Minutes of CPU: `benchmarks`-marked, run by `python -m pytest -m benchmarks` (see tests/test_benchmarks_smoke.py)."""
 from __future__ import annotations
 
 import json
@@ -6,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+pytestmark = pytest.mark.benchmarks
 
 
 def _run(script: str, out: Path) -> dict:
