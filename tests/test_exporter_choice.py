@@ -1,10 +1,14 @@
-"""`--exporter dynamo|torchscript` through the pipeline API (issue 20): every family's small config exported with
+"""`--exporter dynamo|torchscript` through the pipeline API (issue 20): small configs exported with
 each exporter by `vitedge.export` (parity ladder passed, rewrites in the graph, the exporter in report.json and in
 the ONNX metadata), a planted corruption in each exported graph failed by `vitedge.parity` with the corrupted
 module named, the per-model fallback recorded, and the choice carried by bench, package and the matrix keys.
 
-Each family's two exports are made once per module and shared by the tests (tests/test_exporters.py checks the
-exporters themselves, below the pipeline).
+Each family's two exports are made once per module and shared by the tests. tests/test_exporters.py checks the
+exporters themselves, below the pipeline, on every family: parity with the train-form, the rewrites in both graphs
+and a planted corruption localized. What the pipeline adds (the ladder, report.json, the graph's metadata, `parity`
+rebuilding the model from that metadata alone) does not depend on the family, so it runs here on two: SwiftFormer
+(a convolutional network) and the two-branch CSWin, whose overrides (a locality split string, an attention type,
+per-stage lists) are the most a metadata round trip has to carry.
 """
 from __future__ import annotations
 
@@ -43,7 +47,8 @@ def _export(root, family: str, exporter: str):
     return _BUILT[key]
 
 
-BOTH = [(f, e) for f in CASES for e in EXPORTERS]
+PIPELINE_FAMILIES = ("swiftformer", "slab_cswin")
+BOTH = [(f, e) for f in PIPELINE_FAMILIES for e in EXPORTERS]
 
 
 @pytest.mark.parametrize("family,exporter", BOTH, ids=[f"{f}-{e}" for f, e in BOTH])
@@ -74,7 +79,7 @@ def test_export_parity_and_a_planted_corruption_localized(root, family, exporter
     assert (checked.model, checked.exporter, checked.opset) == (report.model, exporter, default_opset(exporter))
 
 
-@pytest.mark.parametrize("family", list(CASES))
+@pytest.mark.parametrize("family", PIPELINE_FAMILIES)
 def test_the_rewrites_are_in_both_exporters_graphs(root, family):
     (ts, _), (dyn, _) = (_export(root, family, e) for e in ("torchscript", "dynamo"))
     assert ts.reparam.rewrites and dyn.reparam.rewrites == ts.reparam.rewrites
