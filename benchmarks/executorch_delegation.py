@@ -52,7 +52,8 @@ def main(argv=None) -> int:
                                                      metadata={"mean": list(mean)},
                                                      options={"executorch_rewrites": rewrites},
                                                      calibration=calib if precision == "int8" else None))
-                row = {"family": family, "model": name, "imgsz": imgsz, "precision": precision, "rewrites": rewrites,
+                row = {"family": family, "model": name, "overrides": overrides, "imgsz": imgsz,
+                       "precision": precision, "rewrites": rewrites,
                        "outside_delegate": art.info["outside_delegate"], "delegate_calls": art.info["delegate_calls"],
                        "fully_delegated": art.info["fully_delegated"], "rewrite_record": art.info.get("rewrites"),
                        "lower_s": round(time.perf_counter() - t0, 1)}

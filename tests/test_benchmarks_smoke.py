@@ -12,6 +12,8 @@ Length: one smoke check per benchmark script, all fed by one concurrent run of t
 """
 from __future__ import annotations
 
+import ast
+import importlib
 import json
 import re
 import subprocess
@@ -259,17 +261,12 @@ def test_resolution_scaling_quick(runs):
 
 # ---- every name a script takes from vitedge or from the helpers exists (the default run's check) ----------
 
-def _module(name: str):
-    import importlib
-    return importlib.import_module(name)
-
-
 def _exists(module, attr: str) -> bool:
     """`attr` is defined by `module`, or is a submodule of it (`from vitedge.exporter import reparam`)."""
     if hasattr(module, attr):
         return True
     try:
-        _module(f"{module.__name__}.{attr}")
+        importlib.import_module(f"{module.__name__}.{attr}")
         return True
     except ModuleNotFoundError:
         return False
@@ -282,17 +279,15 @@ def _ours(name: str) -> bool:
 def unresolved_names(script: Path) -> list[str]:
     """`module.name` for each name `script` imports, or reads as an attribute of a module it imported, that
     vitedge or the benchmarks' helper modules no longer define."""
-    import ast
-
     tree = ast.parse(script.read_text(), str(script))
     bound, missing = {}, []  # local name -> the module it is bound to
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for a in node.names:
                 if _ours(a.name):
-                    bound[a.asname or a.name] = _module(a.name) if a.asname else _module(a.name.split(".")[0])
+                    bound[a.asname or a.name] = importlib.import_module(a.name if a.asname else a.name.split(".")[0])
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and _ours(node.module):
-            mod = _module(node.module)
+            mod = importlib.import_module(node.module)
             for a in node.names:
                 if not _exists(mod, a.name):
                     missing.append(f"{node.module}.{a.name}")
@@ -319,7 +314,7 @@ def test_every_name_the_scripts_import_exists():
     assert {k: v for k, v in missing.items() if v} == {}
 
 
-def test_a_renamed_name_is_found(tmp_path, monkeypatch):
+def test_a_renamed_name_is_found(tmp_path):
     """The check above both ways: a script importing a name vitedge lacks, or reading one off a module, is named."""
     script = tmp_path / "renamed.py"
     script.write_text("from vitedge.exporter.verdict.parity import ground_truth, ground_truth_v2\n"

@@ -57,8 +57,9 @@ def test_the_committed_evidence_has_every_family_delegated_whole_and_computing_i
     rows = {r["family"]: r for r in data["rows"] if r["precision"] == "fp32" and r["rewrites"] == "on"}
     assert set(rows) == set(CASES), "re-run benchmarks/executorch_delegation.py: a family is missing from its JSON"
     for family, row in rows.items():
-        name, _, imgsz = CASES[family]
-        assert (row["model"], row["imgsz"]) == (name, imgsz), f"{family}: the JSON is of another config: re-run it"
+        name, overrides, imgsz = CASES[family]
+        assert (row["model"], row["overrides"], row["imgsz"]) == (name, overrides, imgsz), (
+            f"{family}: the JSON is of another config than the suite's: re-run benchmarks/executorch_delegation.py")
         assert row["outside_delegate"] == {} and row["fully_delegated"] and row["delegate_calls"] == 1, row
         assert row["rewrite_record"]["applied"] and not row["rewrite_record"].get("refused"), row
         assert row["max_rel_err"] <= FP32_REL_ERR, row
