@@ -633,22 +633,22 @@ def _main_job_conditions(d: dict) -> str:
     return f"{utc(m['date'])}, {m['cpu']}, {m['cores']} cores, 1-min load {min(loads):.1f}–{max(loads):.1f}"
 
 
-def export_time_run() -> str:
-    """Which run measured the main job: date, machine, load."""
-    return f"`benchmarks/results/export_time.json`, {_main_job_conditions(load('export_time.json'))}"
+def export_time_run(name: str = "export_time.json") -> str:
+    """Which run measured the main job: date, machine, load (a saved run's JSON by `name`)."""
+    return f"`benchmarks/results/{name}`, {_main_job_conditions(load(name))}"
 
 
-def export_cold_phases() -> str:
+def export_cold_phases(name: str = "export_time.json") -> str:
     """The cold main job's largest phases (medians), and the imports after the largest."""
-    job = load("export_time.json")["main_job"]
+    job = load(name)["main_job"]
     first, *rest = [f"{p['phase']} {p['median_s']:.1f} s" for p in
                     sorted((p for p in job["phases"] if p["kind"] == "step"), key=lambda p: -p["median_s"])[:3]]
     return ", ".join([first, f"imports {job['imports_median_s']:.1f} s", *rest])
 
 
-def export_coremltools_import() -> str:
+def export_coremltools_import(name: str = "export_time.json") -> str:
     """coremltools' first import, as installed and as the command makes it (lean)."""
-    imp = load("export_time.json")["coremltools_import"]
+    imp = load(name)["coremltools_import"]
     m = imp["median_s"]
     return (f"{m['installed']:.1f} s as installed against {m['lean']:.1f} s as the command imports it, "
             f"**{ratio(imp['ratio'])}**")
@@ -656,6 +656,12 @@ def export_coremltools_import() -> str:
 
 def _met(ok: bool) -> str:
     return "met" if ok else "**missed**"
+
+
+def _targets(t: dict) -> str:
+    """The main job's two targets and whether a run met them (export_time.json's `targets`)."""
+    return (f"≤ {t['ratio_at_most']:g} with its CI: {_met(t['ratio_met'])}; ≤ {t['cold_at_most_s']:g} s: "
+            f"{_met(t['cold_met'])}")
 
 
 def export_time_headline() -> str:
@@ -670,8 +676,7 @@ def export_time_headline() -> str:
             f"({plain['command']}: {plain['wall_median_s']:.1f} s), interleaved in fresh processes "
             f"(`benchmarks/export_time.py`, {_main_job_conditions(d)} during the runs): "
             f"cold {cold['wall_median_s']:.1f} s, **{ratio(q['cold/plain'])}** the plain time "
-            f"(target ≤ {t['ratio_at_most']:g} with its CI: {_met(t['ratio_met'])}; ≤ {t['cold_at_most_s']:g} s: "
-            f"{_met(t['cold_met'])}); re-exporting the same weights {warm['wall_median_s']:.1f} s, "
+            f"(target {_targets(t)}); re-exporting the same weights {warm['wall_median_s']:.1f} s, "
             f"{ratio(q['warm/plain'])}. In CPU seconds (less sensitive to other processes): cold "
             f"{ratio(q['cold/plain (cpu)'])}, warm {ratio(q['warm/plain (cpu)'])}.")
 
@@ -681,10 +686,9 @@ def export_time_brief(name: str) -> str:
     sentence: the 20 s target is a wall time, so it depends on the CPU as much as on vitedge."""
     d = load(name)
     cold, plain, q, t = d["main_job"], d["main_job_plain"], d["against_plain"], d["targets"]
-    return (f"`benchmarks/results/{name}`, {_main_job_conditions(d)}: the plain conversions "
+    return (f"{export_time_run(name)}: the plain conversions "
             f"{plain['wall_median_s']:.1f} s, the main job cold {cold['wall_median_s']:.1f} s, "
-            f"**{ratio(q['cold/plain'])}** the plain time (≤ {t['ratio_at_most']:g} with its CI: "
-            f"{_met(t['ratio_met'])}; ≤ {t['cold_at_most_s']:g} s: {_met(t['cold_met'])})")
+            f"**{ratio(q['cold/plain'])}** the plain time ({_targets(t)})")
 
 
 def export_time_machines(*names: str) -> str:
